@@ -1,0 +1,39 @@
+# Two entry points that do all setup on a fresh machine:
+#   make study   - create .venv, install, run the quickstart study, write its report
+#   make test    - create .venv, install, run the default test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# On machines without an NVIDIA GPU the CPU build of torch is installed first, so that the
+# package's open `torch>=2.3` requirement is already met and no multi-GB CUDA build is pulled.
+# Override TORCH_SPEC / TORCH_INDEX_URL for other machines (e.g. PyTorch's CPU wheel index).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+CONFIG ?= experiments/configs/quickstart.toml
+OUT ?= runs/quickstart
+
+.PHONY: study test bench clean setup
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "no GPU found: installing the CPU build of torch ($(TORCH_SPEC))"; \
+		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)); \
+	fi
+	$(BIN)/python -m pip install -q -e ".[test,dask]"
+	touch $@
+
+study: setup
+	$(BIN)/sparsescale study $(CONFIG) --out $(OUT)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/sparsescale bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .benchmarks

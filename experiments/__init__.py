@@ -1,0 +1,1 @@
+"""sparsescale.experiments: study specs, search, store, runner, reports and the CLI."""

@@ -1,0 +1,376 @@
+"""Data sets as in-memory tensors, behind a small registry.
+
+``load(name, **options) -> Dataset``. Every data set is held as tensors (no DataLoader): the
+trainers index mini-batches directly. A validation split is carved deterministically (by ``seed``)
+from the training data; the test split is only returned when asked (``test=True``).
+
+Registered data sets (``list_datasets()``):
+
+- ``mnist1d``: generated offline with the ``mnist1d`` package (Greydanus 2020), cached as ``.npz``
+  under ``$SPARSESCALE_CACHE`` (else ``$XDG_CACHE_HOME/sparsescale`` or ``~/.cache/sparsescale``).
+- ``mnist``, ``fashion_mnist``: IDX files (gzipped or raw) in a folder given as ``root=`` or
+  ``$SPARSESCALE_DATA`` (a sub-folder named after the data set is also searched).
+- ``cifar10``: the python pickle batches (``data_batch_1..5``, ``test_batch``), same lookup.
+- ``teacher``: labels from a random teacher MLP (synthetic classification).
+- ``linreg``: Gaussian linear regression y = x . w* + noise with known noise (theory ground truth).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import pickle
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    """A data set could not be loaded: names the file or option and what was expected."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """An in-memory data set split into train / validation (/ test when asked).
+
+    ``task`` is ``"classification"`` (integer labels, ``num_classes`` classes) or ``"regression"``
+    (float targets of shape ``[n]``). ``input_shape`` excludes the batch dimension.
+    ``provenance`` records how the data were made (generator, seed, files, sizes).
+    """
+
+    name: str
+    task: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    x_test: torch.Tensor | None = None
+    y_test: torch.Tensor | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def n_val(self) -> int:
+        return int(self.x_val.shape[0])
+
+    def to(self, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> "Dataset":
+        """Copy onto ``device``; inputs (and regression targets) cast to ``dtype`` if given."""
+
+        def move(t: torch.Tensor | None, is_target: bool = False) -> torch.Tensor | None:
+            if t is None:
+                return None
+            cast = dtype if (dtype is not None and (not is_target or self.task == "regression")) else None
+            return t.to(device=device, dtype=cast) if cast is not None else t.to(device)
+
+        return Dataset(
+            name=self.name, task=self.task,
+            x_train=move(self.x_train), y_train=move(self.y_train, True),
+            x_val=move(self.x_val), y_val=move(self.y_val, True),
+            num_classes=self.num_classes, input_shape=self.input_shape,
+            x_test=move(self.x_test), y_test=move(self.y_test, True),
+            provenance=dict(self.provenance),
+        )
+
+
+Loader = Callable[..., Dataset]
+_REGISTRY: dict[str, Loader] = {}
+
+
+def register(name: str) -> Callable[[Loader], Loader]:
+    """Decorator adding a loader to the registry under ``name``."""
+
+    def add(fn: Loader) -> Loader:
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def list_datasets() -> list[str]:
+    """Names accepted by :func:`load`."""
+    return sorted(_REGISTRY)
+
+
+def load(name: str, **options: Any) -> Dataset:
+    """Load data set ``name`` (see the module docstring for the registry and options).
+
+    Common options: ``seed`` (validation split and synthetic generation), ``val_fraction``
+    (default 0.1, as Lee et al.), ``test`` (also return the test split).
+    """
+    if name not in _REGISTRY:
+        raise DataError(f"unknown data set {name!r}; allowed: {', '.join(list_datasets())}")
+    try:
+        return _REGISTRY[name](**options)
+    except TypeError as exc:
+        raise DataError(f"bad options for data set {name!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def cache_dir() -> Path:
+    """Folder for generated data: ``$SPARSESCALE_CACHE`` or the user cache dir."""
+    if os.environ.get("SPARSESCALE_CACHE"):
+        return Path(os.environ["SPARSESCALE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sparsescale"
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, seed: int):
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n = x.shape[0]
+    n_val = max(1, int(round(n * val_fraction)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    val, train = perm[:n_val], perm[n_val:]
+    return x[train], y[train], x[val], y[val]
+
+
+def _finish(name: str, task: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+            seed: int, val_fraction: float, test: bool, x_test: torch.Tensor | None,
+            y_test: torch.Tensor | None, provenance: dict[str, Any]) -> Dataset:
+    x_tr, y_tr, x_va, y_va = _split(x, y, val_fraction, seed)
+    provenance = dict(provenance, split_seed=seed, val_fraction=val_fraction,
+                      n_train=int(x_tr.shape[0]), n_val=int(x_va.shape[0]))
+    return Dataset(name=name, task=task, x_train=x_tr, y_train=y_tr, x_val=x_va, y_val=y_va,
+                   num_classes=num_classes, input_shape=tuple(x.shape[1:]),
+                   x_test=x_test if test else None, y_test=y_test if test else None,
+                   provenance=provenance)
+
+
+def _data_root(name: str, root: str | os.PathLike | None) -> Path:
+    base = root if root is not None else os.environ.get("SPARSESCALE_DATA")
+    if base is None:
+        raise DataError(
+            f"data set {name!r} is read from local files: pass root=FOLDER or set SPARSESCALE_DATA "
+            f"(no download code); expected files are listed in the README")
+    base = Path(base)
+    sub = base / name
+    return sub if sub.is_dir() else base
+
+
+# ---------------------------------------------------------------------------------------------
+# MNIST-1D
+
+
+@register("mnist1d")
+def load_mnist1d(num_samples: int = 10_000, seed: int = 0, data_seed: int = 42,
+                 val_fraction: float = 0.1, test: bool = False, cache: bool = True) -> Dataset:
+    """MNIST-1D (Greydanus 2020) generated offline with ``mnist1d.data.make_dataset``.
+
+    ``num_samples`` examples (80 % train pool / 20 % test, as the package), generated with
+    ``data_seed`` (the package's default 42); ``seed`` carves the validation split. The caller's
+    numpy and ``random`` RNG states are restored after generation.
+    """
+    if num_samples < 20:
+        raise DataError(f"mnist1d num_samples must be >= 20, got {num_samples}")
+    path = cache_dir() / f"mnist1d_n{num_samples}_s{data_seed}.npz"
+    arrays = None
+    if cache and path.exists():
+        try:
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in ("x", "y", "x_test", "y_test")}
+        except (OSError, ValueError, KeyError):
+            arrays = None  # a corrupt cache file is regenerated, not trusted
+    if arrays is None:
+        arrays = _generate_mnist1d(num_samples, data_seed)
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, **arrays)
+            os.replace(tmp, path)
+    x = torch.tensor(arrays["x"], dtype=torch.float32)
+    y = torch.tensor(arrays["y"], dtype=torch.long)
+    xt = torch.tensor(arrays["x_test"], dtype=torch.float32)
+    yt = torch.tensor(arrays["y_test"], dtype=torch.long)
+    return _finish("mnist1d", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+                   {"generator": "mnist1d.data.make_dataset", "num_samples": num_samples,
+                    "data_seed": data_seed})
+
+
+def _generate_mnist1d(num_samples: int, data_seed: int) -> dict[str, np.ndarray]:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = num_samples
+    args.seed = data_seed
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        d = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    return {"x": d["x"].astype(np.float32), "y": d["y"].astype(np.int64),
+            "x_test": d["x_test"].astype(np.float32), "y_test": d["y_test"].astype(np.int64)}
+
+
+# ---------------------------------------------------------------------------------------------
+# IDX (MNIST, Fashion-MNIST)
+
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path: Path, expected_magic: int) -> np.ndarray:
+    """Read one IDX file (gzipped or raw): big-endian header, magic 2051 images / 2049 labels,
+    type byte 0x08 (uint8)."""
+    fmt = "IDX images (magic 2051)" if expected_magic == 2051 else "IDX labels (magic 2049)"
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); expected {fmt}, gzipped or raw") from None
+    if len(raw) < 8:
+        raise DataError(f"{path}: truncated header; expected {fmt}")
+    magic = int.from_bytes(raw[0:4], "big")
+    if magic != expected_magic:
+        raise DataError(f"{path}: wrong magic number {magic}; expected {fmt}")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated header; expected {fmt}")
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    count = int(np.prod(dims))
+    if len(raw) - header != count:
+        raise DataError(f"{path}: expected {count} bytes of data for shape {tuple(dims)}, "
+                        f"found {len(raw) - header} (truncated or wrong format: {fmt})")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find(folder: Path, stem: str) -> Path:
+    for candidate in (folder / stem, folder / (stem + ".gz")):
+        if candidate.exists():
+            return candidate
+    raise DataError(f"missing file {folder / stem}[.gz]: expected the IDX file {stem} "
+                    f"(gzipped or raw) in {folder}")
+
+
+def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool) -> Dataset:
+    folder = _data_root(name, root)
+    arrays = {}
+    for split, (img, lab) in _IDX_FILES.items():
+        if split == "test" and not test:
+            continue
+        x = read_idx(_find(folder, img), 2051)
+        y = read_idx(_find(folder, lab), 2049)
+        if x.shape[0] != y.shape[0]:
+            raise DataError(f"{folder / img}: {x.shape[0]} images but {y.shape[0]} labels")
+        arrays[split] = (torch.tensor(x, dtype=torch.float32).div_(255.0).unsqueeze(1),
+                         torch.tensor(y, dtype=torch.long))
+    x, y = arrays["train"]
+    xt, yt = arrays.get("test", (None, None))
+    return _finish(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+                   {"folder": str(folder), "format": "idx", "scaling": "pixels / 255"})
+
+
+@register("mnist")
+def load_mnist(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
+               test: bool = False) -> Dataset:
+    """MNIST from local IDX files (``train-images-idx3-ubyte[.gz]`` and friends), pixels / 255."""
+    return _load_idx_dataset("mnist", root, seed, val_fraction, test)
+
+
+@register("fashion_mnist")
+def load_fashion_mnist(root: str | os.PathLike | None = None, seed: int = 0,
+                       val_fraction: float = 0.1, test: bool = False) -> Dataset:
+    """Fashion-MNIST from local IDX files (same names as MNIST), pixels / 255."""
+    return _load_idx_dataset("fashion_mnist", root, seed, val_fraction, test)
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 python batch: pickle (encoding="bytes") with b"data" (n x 3072 uint8,
+    R, G, B planes) and b"labels"."""
+    fmt = 'a CIFAR-10 python batch (pickle with b"data" n x 3072 uint8 and b"labels")'
+    if not path.exists():
+        raise DataError(f"missing file {path}: expected {fmt}")
+    try:
+        with open(path, "rb") as f:
+            d = pickle.load(f, encoding="bytes")
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        labels = np.asarray(d[b"labels"], dtype=np.int64)
+    except Exception as exc:  # pickle raises many types on bad input
+        raise DataError(f"{path}: not {fmt} ({type(exc).__name__}: {exc})") from None
+    if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
+        raise DataError(f"{path}: data shape {data.shape} with {labels.shape[0]} labels; expected {fmt}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+@register("cifar10")
+def load_cifar10(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
+                 test: bool = False) -> Dataset:
+    """CIFAR-10 from local python batches (``data_batch_1..5``, ``test_batch``; a
+    ``cifar-10-batches-py`` sub-folder is searched too). Pixels / 255, then standardized per
+    channel with the training-pool mean and std."""
+    folder = _data_root("cifar10", root)
+    if (folder / "cifar-10-batches-py").is_dir():
+        folder = folder / "cifar-10-batches-py"
+    parts = [read_cifar_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
+    x = torch.tensor(np.concatenate([p[0] for p in parts]), dtype=torch.float32).div_(255.0)
+    y = torch.tensor(np.concatenate([p[1] for p in parts]), dtype=torch.long)
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    std = x.std(dim=(0, 2, 3), keepdim=True)
+    x = (x - mean) / std
+    xt = yt = None
+    if test:
+        xt_np, yt_np = read_cifar_batch(folder / "test_batch")
+        xt = (torch.tensor(xt_np, dtype=torch.float32).div_(255.0) - mean) / std
+        yt = torch.tensor(yt_np, dtype=torch.long)
+    return _finish("cifar10", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+                   {"folder": str(folder), "format": "cifar10-python",
+                    "scaling": "pixels / 255, per-channel standardization"})
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    # distinct streams per data set for the same seed
+    digest = hashlib.sha256(f"{name}:{seed}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+@register("teacher")
+def load_teacher(n: int = 2000, dim: int = 20, num_classes: int = 4, hidden: int = 32,
+                 seed: int = 0, val_fraction: float = 0.2, test: bool = False) -> Dataset:
+    """Classification with labels from a random teacher MLP (dim -> hidden -> num_classes, tanh):
+    x ~ N(0, I), y = argmax teacher(x). A test set of ``n // 4`` fresh points when asked."""
+    g = _generator(seed, "teacher")
+    w1 = torch.randn(dim, hidden, generator=g) / dim ** 0.5
+    w2 = torch.randn(hidden, num_classes, generator=g) / hidden ** 0.5
+    x = torch.randn(n + n // 4, dim, generator=g)
+    y = torch.argmax(torch.tanh(x @ w1) @ w2, dim=1)
+    return _finish("teacher", "classification", x[:n], y[:n], num_classes, seed, val_fraction,
+                   test, x[n:], y[n:], {"generator": "teacher-mlp", "n": n, "dim": dim,
+                                        "hidden": hidden, "seed": seed})
+
+
+@register("linreg")
+def load_linreg(n: int = 1000, dim: int = 10, noise: float = 0.5, seed: int = 0,
+                val_fraction: float = 0.2, test: bool = False) -> Dataset:
+    """Gaussian linear regression: x ~ N(0, I_dim), y = x . w* + noise * N(0, 1), w* ~ N(0, I).
+    ``provenance["w_star"]`` and ``provenance["noise"]`` hold the ground truth."""
+    g = _generator(seed, "linreg")
+    w = torch.randn(dim, generator=g)
+    x = torch.randn(n + n // 4, dim, generator=g)
+    y = x @ w + noise * torch.randn(n + n // 4, generator=g)
+    return _finish("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
+                   {"generator": "linreg", "n": n, "dim": dim, "noise": noise, "seed": seed,
+                    "w_star": w.tolist()})

@@ -1,0 +1,75 @@
+"""Losses, goal metrics and divergence: one definition shared by every trainer and probe.
+
+Classification: mean cross-entropy loss, goal metric ``error`` (fraction misclassified).
+Regression: loss 1/2 mean (f(x) - y)^2, goal metric ``loss``.
+A goal is met when ``metric < target`` (``strict=True``, Shallue et al. 2019) or ``<=``
+(``strict=False``, Lee et al. 2021).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .schedules import ConfigError
+
+METRICS = ("error", "loss")
+
+# A trial whose training loss exceeds this multiple of its initial loss (or is not finite) has
+# diverged: its weights are no longer meaningful and it is frozen.
+DIVERGENCE_FACTOR = 1e3
+
+
+def loss_fn(task: str):
+    """Per-batch mean loss for ``task``: cross-entropy or half squared error."""
+    if task == "classification":
+        return F.cross_entropy
+    if task == "regression":
+        return lambda out, y: 0.5 * (out - y).pow(2).mean()
+    raise ConfigError(f"unknown task {task!r}; allowed: classification, regression")
+
+
+@dataclass(frozen=True)
+class Goal:
+    """Target on a validation metric, e.g. ``Goal("error", 0.1)``."""
+
+    metric: str = "error"
+    target: float = 0.1
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ConfigError(f"goal metric {self.metric!r}; allowed: {', '.join(METRICS)}")
+        if not (isinstance(self.target, (int, float)) and math.isfinite(self.target)):
+            raise ConfigError(f"goal target must be a finite number, got {self.target!r}")
+
+    def met(self, value):
+        """True where ``value`` meets the goal (floats or tensors)."""
+        return value < self.target if self.strict else value <= self.target
+
+
+def as_goal(target: "Goal | float | None", task: str) -> Goal | None:
+    """A Goal from a bare target (metric chosen by task: error or loss)."""
+    if target is None or isinstance(target, Goal):
+        return target
+    return Goal("error" if task == "classification" else "loss", float(target))
+
+
+def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+    """Goal metric of outputs ``out`` against labels ``y`` (leading dims are kept for batched
+    outputs of shape [..., n, classes])."""
+    if metric == "error":
+        if task != "classification":
+            raise ConfigError("goal metric 'error' needs a classification data set; use 'loss'")
+        return (out.argmax(-1) != y).to(out.dtype).mean(-1)
+    if task == "classification":
+        logp = out.log_softmax(-1)
+        return -logp.gather(-1, y.expand(out.shape[:-1]).unsqueeze(-1)).squeeze(-1).mean(-1)
+    return 0.5 * (out - y).pow(2).mean(-1)
+
+
+def is_diverged(loss: float, initial_loss: float) -> bool:
+    return not math.isfinite(loss) or loss > DIVERGENCE_FACTOR * max(initial_loss, 1e-12)

@@ -1,0 +1,187 @@
+"""Models as plain ``torch.nn.Module`` objects, behind a registry.
+
+``build(name, dataset, seed=0, **options)``. Initialisation is PyTorch's default for every layer
+(Linear / Conv: weights Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from a generator seeded by ``seed`` without
+touching the caller's global RNG state.
+
+- ``mlp``: flatten -> Linear/ReLU per hidden width (default 100-100) -> Linear; the MNIST-1D
+  baseline (Greydanus 2020).
+- ``cnn1d``: the MNIST-1D convolutional baseline: Conv1d(1, 25, 5, stride 2, pad 1) -> ReLU ->
+  Conv1d(25, 25, 3, 2, 1) -> ReLU -> Conv1d(25, 25, 3, 2, 1) -> ReLU -> flatten -> Linear.
+- ``simple_cnn``: Shallue et al. (2019)'s Simple CNN: 5x5 conv (same padding) -> ReLU -> 2x2 max
+  pool, twice, then a dense ReLU layer and the output; widths ``base`` (32, 64, 1024),
+  ``narrow`` (16, 32, 512), ``wide`` (64, 128, 2048). Images only.
+- ``resnet8``: ResNet-8 without batch norm (Lee et al. 2021; Shallue et al. 2019): 3x3 conv 16,
+  three stages of one basic block (16, 32, 64 channels, stride 1, 2, 2, 1x1 projection shortcuts
+  where the shape changes), global average pool, Linear. Images only.
+- ``linear``: one Linear layer (logistic regression, or linear regression with one output).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .data import Dataset
+
+
+class ModelError(ValueError):
+    """A model cannot be built for the given data set or options."""
+
+
+Builder = Callable[..., nn.Module]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    def add(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def list_models() -> list[str]:
+    """Names accepted by :func:`build`."""
+    return sorted(_REGISTRY)
+
+
+def output_size(dataset: Dataset) -> int:
+    return dataset.num_classes if dataset.task == "classification" else 1
+
+
+def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Module:
+    """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
+    if name not in _REGISTRY:
+        raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = _REGISTRY[name](dataset, **options)
+        except TypeError as exc:
+            raise ModelError(f"bad options for model {name!r}: {exc}") from None
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class Flatten1dOutput(nn.Module):
+    """Squeeze a single regression output to shape [batch]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.squeeze(-1)
+
+
+def _head(layers: list[nn.Module], dataset: Dataset) -> nn.Sequential:
+    if dataset.task == "regression":
+        layers.append(Flatten1dOutput())
+    return nn.Sequential(*layers)
+
+
+@register("mlp")
+def mlp(dataset: Dataset, hidden: tuple[int, ...] | list[int] = (100, 100)) -> nn.Module:
+    d_in = math.prod(dataset.input_shape)
+    layers: list[nn.Module] = [nn.Flatten()]
+    for width in hidden:
+        layers += [nn.Linear(d_in, int(width)), nn.ReLU()]
+        d_in = int(width)
+    layers.append(nn.Linear(d_in, output_size(dataset)))
+    return _head(layers, dataset)
+
+
+@register("linear")
+def linear(dataset: Dataset) -> nn.Module:
+    return _head([nn.Flatten(), nn.Linear(math.prod(dataset.input_shape), output_size(dataset))],
+                 dataset)
+
+
+def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
+    return (length + 2 * padding - kernel) // stride + 1
+
+
+@register("cnn1d")
+def cnn1d(dataset: Dataset, channels: int = 25) -> nn.Module:
+    if len(dataset.input_shape) != 1:
+        raise ModelError(f"cnn1d needs 1-D inputs (length,), got input shape {dataset.input_shape}")
+    length = dataset.input_shape[0]
+    for k in (5, 3, 3):
+        length = _conv_out(length, k, 2, 1)
+    if length < 1:
+        raise ModelError(f"cnn1d: input length {dataset.input_shape[0]} is too short")
+    return _head([
+        nn.Unflatten(1, (1, dataset.input_shape[0])),
+        nn.Conv1d(1, channels, 5, stride=2, padding=1), nn.ReLU(),
+        nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(channels * length, output_size(dataset)),
+    ], dataset)
+
+
+SIMPLE_CNN_WIDTHS = {"narrow": (16, 32, 512), "base": (32, 64, 1024), "wide": (64, 128, 2048)}
+
+
+def _image_shape(name: str, dataset: Dataset) -> tuple[int, int, int]:
+    if len(dataset.input_shape) != 3:
+        raise ModelError(f"{name} needs image inputs (channels, height, width), "
+                         f"got input shape {dataset.input_shape}")
+    return dataset.input_shape  # type: ignore[return-value]
+
+
+@register("simple_cnn")
+def simple_cnn(dataset: Dataset, width: str = "base") -> nn.Module:
+    if width not in SIMPLE_CNN_WIDTHS:
+        raise ModelError(f"simple_cnn width {width!r}; allowed: {', '.join(SIMPLE_CNN_WIDTHS)}")
+    c, h, w = _image_shape("simple_cnn", dataset)
+    c1, c2, dense = SIMPLE_CNN_WIDTHS[width]
+    flat = c2 * (h // 4) * (w // 4)
+    return _head([
+        nn.Conv2d(c, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2, 2),
+        nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2, 2),
+        nn.Flatten(), nn.Linear(flat, dense), nn.ReLU(), nn.Linear(dense, output_size(dataset)),
+    ], dataset)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs with a ReLU between, identity or 1x1-projection shortcut, no batch norm."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1)
+        self.shortcut = (nn.Conv2d(c_in, c_out, 1, stride=stride)
+                         if stride != 1 or c_in != c_out else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv2(torch.relu(self.conv1(x)))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet8(nn.Module):
+    def __init__(self, c_in: int, classes: int, widths: tuple[int, int, int] = (16, 32, 64)):
+        super().__init__()
+        self.stem = nn.Conv2d(c_in, widths[0], 3, padding=1)
+        self.stages = nn.Sequential(
+            BasicBlock(widths[0], widths[0], 1),
+            BasicBlock(widths[0], widths[1], 2),
+            BasicBlock(widths[1], widths[2], 2),
+        )
+        self.fc = nn.Linear(widths[2], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(torch.relu(self.stem(x)))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+@register("resnet8")
+def resnet8(dataset: Dataset, widths: tuple[int, int, int] | list[int] = (16, 32, 64)) -> nn.Module:
+    c, _, _ = _image_shape("resnet8", dataset)
+    if dataset.task != "classification":
+        raise ModelError("resnet8 supports classification data sets only")
+    return ResNet8(c, dataset.num_classes, tuple(int(w) for w in widths))

@@ -1,0 +1,42 @@
+"""Result types shared by the trainers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Training curve at evaluation steps: ``train_loss`` is the mean mini-batch loss of the
+    updates since the previous evaluation (at step 0: the first mini-batch's loss at the initial
+    weights); ``metric`` is the goal metric on the validation split after ``step`` updates."""
+
+    step: np.ndarray
+    train_loss: np.ndarray
+    metric: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def rows(self) -> list[tuple[int, float, float]]:
+        return [(int(s), float(l), float(m)) for s, l, m in zip(self.step, self.train_loss, self.metric)]
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """Outcome of :func:`training.train_reference`.
+
+    ``steps_to_result``: first evaluation step at which the goal was met (None if never);
+    ``diverged`` / ``diverged_step``: the run ended on a non-finite or exploding loss;
+    ``steps_run``: updates taken; ``state``: final parameters by name.
+    """
+
+    steps_to_result: int | None
+    diverged: bool
+    diverged_step: int | None
+    steps_run: int
+    curve: Curve
+    state: dict[str, torch.Tensor]
