@@ -86,7 +86,7 @@ class EvalSchedule:
     """When the goal metric is evaluated (always at step 0 and at the last step).
 
     ``kind="interval"``: every ``every`` steps. ``kind="geometric"``: steps ``first * ratio**k``
-    rounded up, distinct, at least ``min_gap`` apart then every ``max_gap`` steps at most.
+    rounded up and distinct, never more than ``max_gap`` apart (when given).
     """
 
     kind: str = "interval"
@@ -109,14 +109,14 @@ class EvalSchedule:
             out = list(range(0, max_steps + 1, int(self.every)))
         else:
             out, s = [0], float(self.first)
-            while s < max_steps:
-                step = int(math.ceil(s))
-                if self.max_gap is not None and step - out[-1] > self.max_gap:
-                    step = out[-1] + int(self.max_gap)
-                    s = float(step)
-                if step > out[-1]:
-                    out.append(step)
-                s = max(s * self.ratio, s + 1)
+            while True:
+                step = max(math.ceil(s), out[-1] + 1)
+                if self.max_gap is not None:
+                    step = min(step, out[-1] + int(self.max_gap))
+                if step >= max_steps:
+                    break
+                out.append(step)
+                s *= self.ratio
         if out[-1] != max_steps:
             out.append(max_steps)
         return out

@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+import training
+from training.data import Dataset
+from training.models import ModelError, build, count_parameters, list_models
+
+
+def image_dataset(shape, classes=10, n=6):
+    x = torch.randn(n, *shape)
+    y = torch.randint(0, classes, (n,))
+    return Dataset("fake", "classification", x, y, x, y, classes, tuple(shape))
+
+
+MNIST1D = Dataset("fake1d", "classification", torch.randn(6, 40), torch.zeros(6, dtype=torch.long),
+                  torch.randn(6, 40), torch.zeros(6, dtype=torch.long), 10, (40,))
+
+
+@pytest.mark.parametrize("name, ds, options, params", [
+    ("mlp", MNIST1D, {}, 40 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10),            # 15210
+    ("mlp", MNIST1D, {"hidden": [32]}, 40 * 32 + 32 + 32 * 10 + 10),
+    ("cnn1d", MNIST1D, {}, (1 * 25 * 5 + 25) + 2 * (25 * 25 * 3 + 25) + (25 * 5 * 10 + 10)),  # 5210
+    ("linear", MNIST1D, {}, 40 * 10 + 10),
+    ("simple_cnn", image_dataset((1, 28, 28)), {},
+     (25 * 32 + 32) + (32 * 25 * 64 + 64) + (64 * 7 * 7 * 1024 + 1024) + (1024 * 10 + 10)),  # 3274634
+    ("simple_cnn", image_dataset((1, 28, 28)), {"width": "narrow"},
+     (25 * 16 + 16) + (16 * 25 * 32 + 32) + (32 * 7 * 7 * 512 + 512) + (512 * 10 + 10)),
+    ("simple_cnn", image_dataset((1, 28, 28)), {"width": "wide"},
+     (25 * 64 + 64) + (64 * 25 * 128 + 128) + (128 * 7 * 7 * 2048 + 2048) + (2048 * 10 + 10)),
+    ("resnet8", image_dataset((3, 32, 32)), {}, 77706),
+])
+def test_parameter_counts_and_output_shapes(name, ds, options, params):
+    net = build(name, ds, **options)
+    assert count_parameters(net) == params
+    assert net(ds.x_train).shape == (ds.x_train.shape[0], ds.num_classes)
+
+
+def test_resnet8_parameter_count_by_layer():
+    net = build("resnet8", image_dataset((3, 32, 32)))
+    conv = lambda ci, co, k: ci * co * k * k + co  # noqa: E731
+    expected = (conv(3, 16, 3) + 2 * conv(16, 16, 3) + conv(16, 32, 3) + conv(32, 32, 3) + conv(16, 32, 1)
+                + conv(32, 64, 3) + conv(64, 64, 3) + conv(32, 64, 1) + 64 * 10 + 10)
+    assert count_parameters(net) == expected == 77706
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+
+
+def test_regression_output_is_flat():
+    ds = training.data.load("linreg", n=50, dim=3)
+    for name in ("linear", "mlp"):
+        assert build(name, ds)(ds.x_train).shape == (ds.n_train,)
+
+
+def test_seeded_init_is_deterministic_and_leaves_global_rng_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    a = build("mlp", MNIST1D, seed=1)
+    assert torch.equal(torch.rand(3), expected)
+    b = build("mlp", MNIST1D, seed=1)
+    c = build("mlp", MNIST1D, seed=2)
+    pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_default_init_bounds():
+    # PyTorch default: weights and biases within 1/sqrt(fan_in)
+    net = build("mlp", MNIST1D)
+    first = net[1]
+    bound = 1 / 40 ** 0.5
+    assert float(first.weight.detach().abs().max()) <= bound and float(first.bias.detach().abs().max()) <= bound
+    assert float(first.weight.detach().abs().max()) > 0.9 * bound
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: build("vgg", MNIST1D), "unknown model 'vgg'; allowed: cnn1d, linear, mlp, resnet8, simple_cnn"),
+    (lambda: build("simple_cnn", MNIST1D), r"simple_cnn needs image inputs"),
+    (lambda: build("cnn1d", image_dataset((1, 28, 28))), r"cnn1d needs 1-D inputs"),
+    (lambda: build("simple_cnn", image_dataset((1, 28, 28)), width="huge"), "width 'huge'; allowed"),
+    (lambda: build("mlp", MNIST1D, depth=3), "bad options for model 'mlp'"),
+])
+def test_bad_models(call, message):
+    with pytest.raises(ModelError, match=message):
+        call()
+
+
+def test_list_models():
+    assert list_models() == ["cnn1d", "linear", "mlp", "resnet8", "simple_cnn"]
