@@ -1,1 +1,20 @@
-"""sparsescale.pruning"""
+"""sparsescale.pruning: sparsity masks by published criteria, and structured channel pruning.
+
+Public API::
+
+    mask = pruning.prune(net, "snip", sparsity=0.9, data=ds)   # -> pruning.Mask
+    mask.sparsity(); mask.apply(net)
+    pruning.list_methods()        # random, magnitude, snip, grasp, synflow, imp
+    pruning.report(net, mask)     # per-layer kept / total weights and FLOPs (pandas DataFrame)
+    small, rep = pruning.structured.prune_channels(net, x[:1], param_fraction=0.5)
+"""
+
+from . import accounting, criteria, iterative, select, structured
+from .accounting import report
+from .mask import Mask, MaskError, prunable_parameters
+from .methods import list_methods, prune
+from .structured import StructuredReport, prune_channels
+
+__all__ = ["accounting", "criteria", "iterative", "select", "structured", "report", "Mask",
+           "MaskError", "prunable_parameters", "list_methods", "prune", "StructuredReport",
+           "prune_channels"]

@@ -1,0 +1,120 @@
+"""Pruning criteria: one score per prunable weight, in each paper's own convention.
+
+Every function takes the model and its prunable parameters (name -> Parameter) and returns
+name -> score tensor of the parameter's shape. None of them changes the model's weights or
+``.grad`` (gradients come from ``torch.autograd.grad``). Which end of the scores is kept is stated
+per criterion (``methods.py`` turns them into keep-priorities).
+
+- random: U(0, 1) scores from ``torch.Generator().manual_seed(seed)``, drawn per parameter in order.
+- magnitude: |w| (Han et al. 2015). Keep the largest.
+- SNIP (Lee, Ajanthan & Torr 2019): |dL/dw * w| on one mini-batch, model in eval mode. Keep the
+  largest (normalising by the global sum, as the paper does, does not change the ranking).
+- GraSP (Wang, Zhang & Grosse 2020): S = -w * (H g), g = dL_T/dw and H = d^2 L_T/dw^2 of the
+  cross-entropy on logits / T (T = 200), over the prunable weights only, model in eval mode.
+  Remove the LARGEST S, i.e. keep the smallest.
+- SynFlow (Tanaka et al. 2020): data-free. With every parameter replaced by its absolute value,
+  R = sum(f(1)) for an all-ones input of batch 1; score |w * dR/dw|. Keep the largest. Computed
+  in float64 because R is a product over layers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from training.data import Dataset
+from training.goal import loss_fn
+
+Params = Mapping[str, torch.Tensor]
+
+# Pruning batches (Synaptic-Flow's choices, Tanaka et al. 2020; Wang et al. 2020 for GraSP).
+SNIP_PER_CLASS = 10
+GRASP_PER_CLASS = 25
+GRASP_TEMPERATURE = 200.0
+
+
+def pruning_batch(data: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deterministic batch data-driven criteria score on: for classification, the first
+    ``per_class`` examples of every class in ``data.x_train`` order (fewer if a class has fewer),
+    classes in increasing order; for regression, the first ``per_class * 10`` examples."""
+    if per_class < 1:
+        raise ValueError(f"examples per class must be >= 1, got {per_class}")
+    if data.task == "classification":
+        idx = torch.cat([torch.nonzero(data.y_train == c).flatten()[:per_class]
+                         for c in range(data.num_classes)])
+    else:
+        idx = torch.arange(min(per_class * 10, data.n_train))
+    if idx.numel() == 0:
+        raise ValueError(f"data set {data.name!r} has no training examples to score on")
+    return data.x_train[idx], data.y_train[idx]
+
+
+def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: Params,
+                    create_graph: bool = False):
+    was_training = model.training
+    model.eval()
+    try:
+        loss = loss_of_output(model(x))
+        return torch.autograd.grad(loss, list(params.values()), create_graph=create_graph)
+    finally:
+        model.train(was_training)
+
+
+def random_scores(params: Params, seed: int) -> dict[str, torch.Tensor]:
+    """U(0, 1) scores, reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(int(seed))
+    return {k: torch.rand(p.shape, generator=g, dtype=torch.float64) for k, p in params.items()}
+
+
+def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
+    """|w|."""
+    return {k: p.detach().abs() for k, p in params.items()}
+
+
+def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                task: str = "classification") -> dict[str, torch.Tensor]:
+    """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y)."""
+    loss = loss_fn(task)
+    grads = _eval_mode_grad(model, lambda out: loss(out, y.to(x.device)), x, params)
+    return {k: (g * p).detach().abs() for (k, p), g in zip(params.items(), grads)}
+
+
+def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                 task: str = "classification",
+                 temperature: float = GRASP_TEMPERATURE) -> dict[str, torch.Tensor]:
+    """GraSP scores -w * (H g) with a Hessian-vector product by double backward; the logits are
+    divided by ``temperature`` (classification only; regression uses the plain loss)."""
+    if temperature <= 0:
+        raise ValueError(f"GraSP temperature must be > 0, got {temperature}")
+    loss = loss_fn(task)
+    scale = temperature if task == "classification" else 1.0
+    tempered = lambda out: loss(out / scale, y.to(x.device))  # noqa: E731
+    g = [t.detach() for t in _eval_mode_grad(model, tempered, x, params)]
+    g_graph = _eval_mode_grad(model, tempered, x, params, create_graph=True)
+    z = sum((a * b).sum() for a, b in zip(g_graph, g))
+    hg = torch.autograd.grad(z, list(params.values()))
+    return {k: (-p * h).detach() for (k, p), h in zip(params.items(), hg)}
+
+
+def synflow_scores(model: nn.Module, params: Params,
+                   input_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """SynFlow scores |w * dR/dw| with R = sum(f(1)). ``model`` must already hold the absolute
+    values of its parameters (see :func:`linearized_copy`); its dtype sets the input's."""
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    ones = torch.ones((1, *input_shape), dtype=dtype, device=device)
+    grads = _eval_mode_grad(model, lambda out: out.sum(), ones, params)
+    return {k: (g * p).detach().abs() for (k, p), g in zip(params.items(), grads)}
+
+
+@torch.no_grad()
+def linearized_copy(model: nn.Module, dtype: torch.dtype = torch.float64) -> nn.Module:
+    """A copy of ``model`` in ``dtype`` with every parameter replaced by its absolute value (the
+    SynFlow network: with non-negative weights and input, ReLUs pass everything through)."""
+    work = copy.deepcopy(model).to(dtype=dtype)
+    for p in work.parameters():
+        p.abs_()
+    return work

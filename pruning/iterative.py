@@ -1,0 +1,94 @@
+"""Pruning in rounds with the exponential schedule, and iterative magnitude pruning (IMP).
+
+Round r = 0 .. R-1 keeps density^((r+1)/R) of the prunable weights (Tanaka et al. 2020's
+exponential schedule; the last round hits the requested sparsity exactly). Each round scores the
+network with the previous round's mask applied (pruned weights are zero) and never revives a
+pruned weight: its score is -inf. One round is the one-shot criterion.
+
+IMP (Frankle & Carbin 2019, weight rewinding to initialization): each round trains the masked
+network from the initial weights with ``train_fn(model, mask) -> trained model``, then keeps the
+largest |w| of the trained weights; the next round starts again from the initial weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from training.data import Dataset
+from training.reference import train_reference
+
+from .mask import Mask
+from .select import top_k_mask
+
+# work model, its prunable parameters, current 0/1 mask -> keep-priority scores
+ScoreFn = Callable[[nn.Module, Mapping[str, nn.Parameter], Mapping[str, torch.Tensor]],
+                   Mapping[str, torch.Tensor]]
+TrainFn = Callable[[nn.Module, Mask], nn.Module]
+
+# Default IMP training run per round (a short heavy-ball run of training.train_reference).
+IMP_STEPS = 200
+IMP_BATCH = 64
+IMP_LR = 0.1
+IMP_MOMENTUM = 0.9
+
+
+def round_sparsities(sparsity: float, rounds: int) -> list[float]:
+    """Sparsity after each round: 1 - (1 - sparsity)^((r+1)/rounds); the last is ``sparsity``."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    density = 1.0 - sparsity
+    return [1.0 - density ** ((r + 1) / rounds) for r in range(rounds - 1)] + [sparsity]
+
+
+def prune_in_rounds(work: nn.Module, params: Mapping[str, nn.Parameter], score_fn: ScoreFn,
+                    sparsity: float, rounds: int, scope: str) -> dict[str, torch.Tensor]:
+    """Run the schedule on ``work`` (modified: pruned weights are zeroed in place) and return the
+    final name -> 0/1 mask."""
+    current = {k: torch.ones(p.shape) for k, p in params.items()}
+    for s in round_sparsities(sparsity, rounds):
+        with torch.no_grad():
+            for k, p in params.items():
+                p.mul_(current[k].to(device=p.device, dtype=p.dtype))
+        scores = score_fn(work, params, current)
+        scores = {k: torch.where(current[k] > 0, v.detach().cpu().to(torch.float64),
+                                 torch.tensor(float("-inf"), dtype=torch.float64))
+                  for k, v in scores.items()}
+        current = top_k_mask(scores, s, scope)
+    return current
+
+
+def default_train_fn(data: Dataset, seed: int = 0, steps: int = IMP_STEPS,
+                     batch_size: int = IMP_BATCH, lr: float = IMP_LR,
+                     momentum: float = IMP_MOMENTUM) -> TrainFn:
+    """IMP's default training run: ``training.train_reference`` with heavy-ball momentum
+    (defaults: 200 steps, batch 64, lr 0.1, momentum 0.9, data seed ``seed``), masked."""
+    def train(model: nn.Module, mask: Mask) -> nn.Module:
+        result = train_reference(model, data, batch_size=min(batch_size, data.n_train), lr=lr,
+                                 momentum=momentum, optimizer="momentum", steps=steps, seed=seed,
+                                 mask=mask)
+        trained = copy.deepcopy(model)
+        trained.load_state_dict(result.state, strict=False)
+        return trained
+
+    return train
+
+
+def imp_score_fn(train_fn: TrainFn) -> ScoreFn:
+    """IMP round scores: |w| after ``train_fn`` trains a copy of the rewound, masked network."""
+    def score(work: nn.Module, params: Mapping[str, nn.Parameter],
+              current: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        trained = train_fn(copy.deepcopy(work), Mask(current, {"method": "imp-round"}))
+        if not isinstance(trained, nn.Module):
+            raise TypeError(f"imp train_fn must return the trained nn.Module, "
+                            f"got {type(trained).__name__}")
+        trained_params = dict(trained.named_parameters())
+        missing = [k for k in params if k not in trained_params]
+        if missing:
+            raise ValueError(f"imp train_fn returned a model without parameters {missing}")
+        return {k: trained_params[k].detach().abs() for k in params}
+
+    return score

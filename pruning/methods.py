@@ -1,0 +1,151 @@
+"""``prune(model, method, sparsity, ...) -> Mask``: the registry of pruning methods.
+
+Every method ranks the prunable weights (``mask.prunable_parameters``) by a keep-priority and
+keeps exactly round(N * (1 - sparsity)) of them (``select.top_k_mask``), in one round or in
+several with the exponential schedule (``iterative.prune_in_rounds``). The caller's model is never
+modified: scores are computed on a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from training.data import Dataset
+
+from . import criteria
+from .iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
+from .mask import Mask, prunable_parameters
+from .select import check_scope, check_sparsity
+
+
+@dataclass(frozen=True)
+class Method:
+    """A pruning method: whether it needs ``data``, its default number of rounds, a summary."""
+
+    name: str
+    needs_data: bool
+    default_rounds: int
+    summary: str
+
+
+METHODS = {m.name: m for m in (
+    Method("random", False, 1, "uniformly random weights kept (seeded)"),
+    Method("magnitude", False, 1, "largest |w| kept (Han et al. 2015)"),
+    Method("snip", True, 1, "largest |dL/dw * w| on 10 examples per class kept (Lee et al. 2019)"),
+    Method("grasp", True, 1, "smallest -w * (H g) on 25 examples per class, logits / 200, kept "
+                             "(Wang et al. 2020)"),
+    Method("synflow", False, 100, "largest |w * dR/dw|, R = sum f(1) on |w|, 100 rounds with the "
+                                  "exponential schedule (Tanaka et al. 2020)"),
+    Method("imp", True, 5, "iterative magnitude pruning with rewinding to init, trained between "
+                           "rounds (Frankle & Carbin 2019)"),
+)}
+
+
+def list_methods() -> list[str]:
+    """Names accepted by :func:`prune`."""
+    return list(METHODS)
+
+
+@dataclass(frozen=True)
+class _Context:
+    data: Dataset | None
+    seed: int
+    per_class: int | None
+    temperature: float
+    input_shape: tuple[int, ...] | None
+    train_fn: TrainFn | None
+
+
+def _batch(ctx: _Context, work: nn.Module, default_per_class: int):
+    x, y = criteria.pruning_batch(ctx.data, ctx.per_class or default_per_class)
+    p = next(work.parameters())
+    return x.to(device=p.device, dtype=p.dtype), y.to(p.device)
+
+
+def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module], ScoreFn]:
+    """(how to make the working copy, keep-priority score function) for method ``name``."""
+    if name == "random":
+        return copy.deepcopy, lambda work, params, cur: criteria.random_scores(params, ctx.seed)
+    if name == "magnitude":
+        return copy.deepcopy, lambda work, params, cur: criteria.magnitude_scores(params)
+    if name == "snip":
+        def snip(work, params, cur):
+            x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
+            return criteria.snip_scores(work, params, x, y, ctx.data.task)
+        return copy.deepcopy, snip
+    if name == "grasp":
+        def grasp(work, params, cur):
+            x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
+            scores = criteria.grasp_scores(work, params, x, y, ctx.data.task, ctx.temperature)
+            return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
+        return copy.deepcopy, grasp
+    if name == "synflow":
+        return criteria.linearized_copy, lambda work, params, cur: criteria.synflow_scores(
+            work, params, ctx.input_shape)
+    if name == "imp":
+        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.data, ctx.seed))
+    raise AssertionError(name)  # unreachable: names are checked against METHODS first
+
+
+def prune(model: nn.Module, method: str, sparsity: float, data: Dataset | None = None,
+          scope: str = "global", rounds: int | None = None, seed: int = 0,
+          prune_biases: bool = False, *, per_class: int | None = None,
+          temperature: float = criteria.GRASP_TEMPERATURE,
+          input_shape: tuple[int, ...] | None = None,
+          train_fn: TrainFn | None = None) -> Mask:
+    """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
+
+    - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
+    - ``data``: a ``training.Dataset``; required by snip, grasp and imp. SNIP scores on the first
+      10 training examples of every class, GraSP on 25 per class (``per_class`` overrides both),
+      see ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
+    - ``scope``: ``"global"`` (one ranking across layers) or ``"layer"`` (every layer at the same
+      sparsity, within one weight).
+    - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 5 for
+      imp, 1 otherwise).
+    - ``seed``: random scores (random) and IMP's default training data order.
+    - ``prune_biases``: also prune Linear / Conv biases (default: weights only).
+    - ``input_shape``: SynFlow's input shape without batch (default ``data.input_shape``).
+    - ``train_fn(model, mask) -> trained model``: IMP's training run per round (default
+      :func:`iterative.default_train_fn`); it receives the initial weights with the mask applied.
+
+    The returned mask's ``info`` records the method and options (and ``input_shape`` when
+    known, which ``pruning.report`` uses to count FLOPs).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+    spec = METHODS[method]
+    sparsity = check_sparsity(sparsity)
+    check_scope(scope)
+    if data is not None and not isinstance(data, Dataset):
+        raise ValueError(f"data must be a training.Dataset, got {type(data).__name__}")
+    if spec.needs_data and data is None and not (method == "imp" and train_fn is not None):
+        raise ValueError(f"pruning method {method!r} needs data=training.Dataset")
+    if input_shape is None and data is not None:
+        input_shape = tuple(data.input_shape)
+    if method == "synflow" and input_shape is None:
+        raise ValueError("pruning method 'synflow' needs input_shape=(...) or data=Dataset "
+                         "to build its all-ones input")
+    rounds = spec.default_rounds if rounds is None else rounds
+    ctx = _Context(data, int(seed), per_class, float(temperature), input_shape, train_fn)
+    make_work, score_fn = _scorer(method, ctx)
+    work = make_work(model)
+    params = prunable_parameters(work, prune_biases)
+    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope)
+    info: dict[str, Any] = {"method": method, "sparsity": sparsity, "scope": scope,
+                            "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases}
+    if input_shape is not None:
+        info["input_shape"] = list(input_shape)
+    if method in ("snip", "grasp"):
+        info["per_class"] = per_class or (criteria.SNIP_PER_CLASS if method == "snip"
+                                          else criteria.GRASP_PER_CLASS)
+    if method == "grasp":
+        info["temperature"] = float(temperature)
+    if data is not None:
+        info["data"] = data.name
+    return Mask(entries, info)

@@ -1,0 +1,27 @@
+"""Fixtures for the pruning tests: tiny models and data sets."""
+
+import pytest
+import torch
+
+import training
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The tiny models here run faster on one thread, and two threads stall badly when the shared
+    # 2-core machine is busy; restore the session's setting afterwards.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def teacher():
+    """4-class teacher-MLP data, 20 inputs: instant."""
+    return training.data.load("teacher", n=400, dim=20, num_classes=4)
+
+
+@pytest.fixture
+def small_mlp(teacher):
+    return training.models.build("mlp", teacher, hidden=(16, 12), seed=1)

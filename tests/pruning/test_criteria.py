@@ -1,0 +1,169 @@
+"""Each criterion against an independent computation of its formula."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+import pruning
+from pruning import criteria, prunable_parameters
+from pruning.select import top_k_mask
+
+
+def first_per_class(ds, per_class):
+    """Independent construction of the documented batch: first examples of each class."""
+    idx = []
+    for c in range(ds.num_classes):
+        idx += [i for i in range(ds.n_train) if int(ds.y_train[i]) == c][:per_class]
+    return ds.x_train[idx], ds.y_train[idx]
+
+
+def flat_loss(model, names, x, y, temperature=1.0):
+    """Loss as a function of the prunable weights concatenated into one vector."""
+    params = dict(model.named_parameters())
+    shapes = [params[k].shape for k in names]
+    sizes = [params[k].numel() for k in names]
+
+    def f(theta):
+        parts = dict(zip(names, (t.reshape(s) for t, s in zip(theta.split(sizes), shapes))))
+        out = functional_call(model, {**params, **parts}, (x,))
+        return F.cross_entropy(out / temperature, y)
+
+    theta0 = torch.cat([params[k].detach().reshape(-1) for k in names])
+    return f, theta0, sizes, shapes
+
+
+def unflatten(vec, names, sizes, shapes):
+    return {k: v.reshape(s) for k, v, s in zip(names, vec.split(sizes), shapes)}
+
+
+def test_pruning_batch_is_class_balanced(teacher):
+    x, y = criteria.pruning_batch(teacher, 10)
+    ex, ey = first_per_class(teacher, 10)
+    assert torch.equal(x, ex) and torch.equal(y, ey)
+    assert torch.bincount(y).tolist() == [10] * teacher.num_classes
+
+
+def test_snip_equals_abs_grad_times_weight(teacher, small_mlp):
+    x, y = first_per_class(teacher, 10)
+    names = list(prunable_parameters(small_mlp))
+    f, theta, sizes, shapes = flat_loss(small_mlp, names, x, y)
+    g = torch.func.grad(f)(theta)
+    expected = unflatten((g * theta).abs(), names, sizes, shapes)
+
+    got = criteria.snip_scores(small_mlp, prunable_parameters(small_mlp), x, y)
+    for k in names:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-8)
+    assert all(p.grad is None for p in small_mlp.parameters())  # model untouched
+
+    mask = pruning.prune(small_mlp, "snip", 0.8, data=teacher)
+    assert mask == top_k_mask(expected, 0.8)
+
+
+def test_grasp_equals_minus_w_hessian_gradient(teacher):
+    import training
+
+    model = training.models.build("mlp", teacher, hidden=(6,), seed=3).double()
+    x, y = first_per_class(teacher, 25)
+    x = x.double()
+    names = list(prunable_parameters(model))
+    f, theta, sizes, shapes = flat_loss(model, names, x, y, temperature=200.0)
+    hessian = torch.autograd.functional.hessian(f, theta)  # dense, 162 x 162
+    g = torch.func.grad(f)(theta)
+    expected = unflatten(-theta * (hessian @ g), names, sizes, shapes)
+
+    got = criteria.grasp_scores(model, prunable_parameters(model), x, y, temperature=200.0)
+    for k in names:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-6, atol=1e-18)
+    assert max(v.abs().max() for v in expected.values()) > 0
+
+    # GraSP removes the largest scores: the kept ones are the smallest
+    mask = pruning.prune(model, "grasp", 0.7, data=teacher)
+    assert mask == top_k_mask({k: -v for k, v in expected.items()}, 0.7)
+
+
+def test_synflow_one_round_closed_form_two_layer_linear():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(7, 5), nn.Linear(5, 3)).double()
+    w1, b1 = net[0].weight.detach().abs(), net[0].bias.detach().abs()
+    w2 = net[1].weight.detach().abs()
+    # R = 1' |W2| (|W1| 1 + |b1|) + 1' |b2|
+    expected = {"0.weight": w1 * w2.sum(0)[:, None],
+                "1.weight": w2 * (w1.sum(1) + b1)[None, :]}
+    work = criteria.linearized_copy(net)
+    got = criteria.synflow_scores(work, prunable_parameters(work), (7,))
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-12, atol=0)
+
+    mask = pruning.prune(net, "synflow", 0.6, rounds=1, input_shape=(7,))
+    assert mask == top_k_mask(expected, 0.6)
+    # ReLUs change nothing: with |w| and an all-ones input every pre-activation is >= 0
+    relu_net = nn.Sequential(net[0], nn.ReLU(), net[1])
+    relu_mask = pruning.prune(relu_net, "synflow", 0.6, rounds=1, input_shape=(7,))
+    assert torch.equal(relu_mask["0.weight"], mask["0.weight"])
+    assert torch.equal(relu_mask["2.weight"], mask["1.weight"])
+
+
+def test_synflow_rounds_rescore_the_pruned_network():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 2)).double()
+    # independent two-round schedule: density 0.25 -> 0.5 then 0.25
+    w1, b1 = net[0].weight.detach().abs(), net[0].bias.detach().abs()
+    w2 = net[1].weight.detach().abs()
+    m = top_k_mask({"0.weight": w1 * w2.sum(0)[:, None],
+                    "1.weight": w2 * (w1.sum(1) + b1)[None, :]}, 0.5)
+    v1, v2 = w1 * m["0.weight"], w2 * m["1.weight"]
+    s = {"0.weight": v1 * v2.sum(0)[:, None], "1.weight": v2 * (v1.sum(1) + b1)[None, :]}
+    s = {k: torch.where(m[k] > 0, s[k], torch.tensor(float("-inf"), dtype=s[k].dtype)) for k in s}
+    expected = top_k_mask(s, 0.75)
+    assert pruning.prune(net, "synflow", 0.75, rounds=2, input_shape=(6,)) == expected
+
+
+def test_magnitude_and_random(small_mlp):
+    params = prunable_parameters(small_mlp)
+    mask = pruning.prune(small_mlp, "magnitude", 0.5)
+    assert mask == top_k_mask({k: p.detach().abs() for k, p in params.items()}, 0.5)
+    layer = pruning.prune(small_mlp, "magnitude", 0.5, scope="layer")
+    for k, p in params.items():
+        assert abs(layer.kept(k) - p.numel() / 2) <= 1
+        kept, dropped = p.detach().abs()[layer[k] > 0], p.detach().abs()[layer[k] == 0]
+        assert kept.min() >= dropped.max()
+    r0 = pruning.prune(small_mlp, "random", 0.5, seed=0)
+    assert r0 == pruning.prune(small_mlp, "random", 0.5, seed=0)
+    assert r0 != pruning.prune(small_mlp, "random", 0.5, seed=1)
+
+
+def test_prune_leaves_the_model_unchanged(teacher, small_mlp):
+    before = copy.deepcopy(small_mlp.state_dict())
+    for method in ("snip", "grasp", "synflow"):
+        pruning.prune(small_mlp, method, 0.9, data=teacher, rounds=3)
+    for k, v in small_mlp.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.grad is None for p in small_mlp.parameters())
+
+
+def test_prune_biases_option(teacher, small_mlp):
+    mask = pruning.prune(small_mlp, "snip", 0.5, data=teacher, prune_biases=True)
+    assert list(mask) == [k for k, _ in small_mlp.named_parameters()]
+    assert mask.kept() == round(sum(p.numel() for p in small_mlp.parameters()) * 0.5)
+
+
+def test_bad_arguments(teacher, small_mlp):
+    with pytest.raises(ValueError, match="unknown pruning method 'snp'; allowed: random, "
+                                         "magnitude, snip, grasp, synflow, imp"):
+        pruning.prune(small_mlp, "snp", 0.5, data=teacher)
+    with pytest.raises(ValueError, match=r"sparsity must be a number in \[0, 1\)"):
+        pruning.prune(small_mlp, "magnitude", 1.0)
+    with pytest.raises(ValueError, match="'snip' needs data"):
+        pruning.prune(small_mlp, "snip", 0.5)
+    with pytest.raises(ValueError, match="'synflow' needs input_shape"):
+        pruning.prune(small_mlp, "synflow", 0.5)
+    with pytest.raises(ValueError, match="scope 'all'"):
+        pruning.prune(small_mlp, "magnitude", 0.5, scope="all")
+    with pytest.raises(ValueError, match="data must be a training.Dataset"):
+        pruning.prune(small_mlp, "snip", 0.5, data=teacher.x_train)
+    with pytest.raises(ValueError, match="GraSP temperature"):
+        pruning.prune(small_mlp, "grasp", 0.5, data=teacher, temperature=0)

@@ -1,0 +1,180 @@
+"""Kept counts, layer collapse, IMP and masks in the trainers."""
+
+import copy
+
+import pytest
+import torch
+
+import pruning
+import training
+from pruning import Mask, prunable_parameters
+
+LEVELS = (0.5, 0.7, 0.9, 0.99)
+
+
+def scaled_train_fn(calls):
+    """A deterministic stand-in for training: multiplies each weight by a fixed factor, and
+    records what it was given."""
+    def train(model, mask):
+        calls.append((copy.deepcopy(model.state_dict()), mask))
+        out = copy.deepcopy(model)
+        with torch.no_grad():
+            for k, p in out.named_parameters():
+                g = torch.Generator().manual_seed(len(k))
+                p.mul_(torch.rand(p.shape, generator=g, dtype=p.dtype) * 4)
+        return out
+    return train
+
+
+@pytest.fixture(scope="module")
+def mnist1d():
+    return training.data.load("mnist1d", num_samples=1000)
+
+
+@pytest.fixture(scope="module")
+def mlp(mnist1d):
+    return training.models.build("mlp", mnist1d)
+
+
+@pytest.mark.parametrize("method", pruning.list_methods())
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_exact_kept_counts(mnist1d, mlp, method, scope):
+    n = sum(p.numel() for p in prunable_parameters(mlp).values())
+    extra = {"train_fn": scaled_train_fn([])} if method == "imp" else {}
+    for s in LEVELS:
+        mask = pruning.prune(mlp, method, s, data=mnist1d, scope=scope, rounds=None, **extra)
+        assert mask.kept() == round(n * (1 - s)), (method, s)
+        assert mask.info["method"] == method and mask.info["sparsity"] == s
+        if scope == "layer":
+            for k, p in prunable_parameters(mlp).items():
+                assert abs(mask.kept(k) - p.numel() * (1 - s)) < 1
+
+
+def test_exact_kept_counts_on_a_cnn(mnist1d):
+    cnn = training.models.build("cnn1d", mnist1d, channels=6)
+    n = sum(p.numel() for p in prunable_parameters(cnn).values())
+    for method in ("snip", "grasp", "synflow"):
+        for s in LEVELS:
+            assert pruning.prune(cnn, method, s, data=mnist1d, rounds=5).kept() == \
+                round(n * (1 - s))
+
+
+def test_synflow_does_not_collapse_layers_at_99(mnist1d, mlp):
+    mask = pruning.prune(mlp, "synflow", 0.99, data=mnist1d)
+    assert mask.info["rounds"] == 100
+    assert all(mask.kept(k) > 0 for k in mask), mask.to_dict()["layers"]
+    # the pruned network still connects input to output: without biases, its synaptic flow
+    # (sum of outputs of |w| on an all-ones input) is positive only through a kept path
+    work = mask.apply(pruning.criteria.linearized_copy(mlp))
+    with torch.no_grad():
+        for name, p in work.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+        assert float(work(torch.ones(1, 40, dtype=torch.float64)).sum()) > 0
+    # the check has teeth: global magnitude pruning does collapse this MLP at 99 %
+    magnitude = pruning.prune(mlp, "magnitude", 0.99)
+    assert min(magnitude.kept(k) for k in magnitude) == 0
+
+
+def test_imp_rewinds_to_init_each_round(teacher, small_mlp):
+    calls = []
+    mask = pruning.prune(small_mlp, "imp", 0.75, rounds=2, train_fn=scaled_train_fn(calls))
+    init = small_mlp.state_dict()
+    assert len(calls) == 2
+    for state, round_mask in calls:
+        for k, v in init.items():  # initial weights with the current mask applied
+            expected = v * round_mask[k] if k in round_mask else v
+            assert torch.equal(state[k], expected)
+    assert calls[0][1].sparsity() == 0.0
+    assert calls[1][1].sparsity() == pytest.approx(0.5, abs=1e-3)
+    # independent recomputation: magnitude of the "trained" weights, round by round
+    trained = scaled_train_fn([])
+    params = prunable_parameters(small_mlp)
+    scores = {k: p.detach().abs() for k, p in prunable_parameters(trained(small_mlp, None)).items()}
+    m1 = pruning.select.top_k_mask(scores, 0.5)
+    scores2 = {k: torch.where(m1[k] > 0, scores[k].double(), torch.tensor(float("-inf"),
+                              dtype=torch.float64)) for k in params}
+    assert mask == pruning.select.top_k_mask(scores2, 0.75)
+
+
+def test_imp_with_reference_training(teacher, small_mlp):
+    train = pruning.iterative.default_train_fn(teacher, steps=40)
+    mask = pruning.prune(small_mlp, "imp", 0.8, data=teacher, rounds=2, train_fn=train)
+    n = sum(p.numel() for p in prunable_parameters(small_mlp).values())
+    assert mask.kept() == round(n * 0.2)
+    # the trained weights, not the initial ones, decide: differs from one-shot magnitude
+    assert mask != pruning.prune(small_mlp, "magnitude", 0.8)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
+def test_mask_survives_reference_training(mnist1d, mlp, optimizer):
+    mask = pruning.prune(mlp, "snip", 0.9, data=mnist1d)
+    res = training.train_reference(mlp, mnist1d, batch_size=32, lr=0.05, momentum=0.9,
+                                   optimizer=optimizer, steps=100, mask=mask)
+    assert res.steps_run == 100 and not res.diverged
+    init = dict(mlp.named_parameters())
+    for k, m in mask.items():
+        w = res.state[k]
+        assert torch.all(w[m == 0] == 0)
+        assert not torch.equal(w[m > 0], init[k].detach()[m > 0])  # kept weights trained
+
+
+@pytest.mark.skipif(not hasattr(training, "train_trials"), reason="train_trials not written yet")
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
+def test_masks_survive_vectorized_training(mnist1d, mlp, optimizer):
+    masks = [pruning.prune(mlp, "random", s, seed=i) for i, s in enumerate((0.5, 0.9))]
+    trials = [{"lr": 0.05, "momentum": 0.9}] * 2
+    per_trial = training.train_trials(mlp, mnist1d, batch_size=32, trials=trials,
+                                      optimizer=optimizer, target=None, max_steps=100,
+                                      masks=Mask.stack(masks), seed=0)
+    shared = training.train_trials(mlp, mnist1d, batch_size=32, trials=trials,
+                                   optimizer=optimizer, target=None, max_steps=100,
+                                   masks=masks[1], seed=0)
+    init = dict(mlp.named_parameters())
+    for res, trial_masks in ((per_trial, masks), (shared, [masks[1]] * 2)):
+        assert res.steps_run == 100
+        for i, mask in enumerate(trial_masks):
+            state = res.state(i)
+            for k, m in mask.items():
+                assert torch.all(state[k][m == 0] == 0)
+                assert not torch.equal(state[k][m > 0], init[k].detach()[m > 0])
+
+
+def test_rounds_never_revive_pruned_weights(small_mlp):
+    calls = []
+
+    def fresh_weights(model, mask):
+        # ignores the mask on purpose: pruned weights come back non-zero
+        calls.append(mask)
+        out = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in out.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(calls))))
+        return out
+
+    final = pruning.prune(small_mlp, "imp", 0.9, rounds=3, train_fn=fresh_weights)
+    masks = calls[1:] + [final]
+    for earlier, later in zip(masks, masks[1:]):
+        for k in later:
+            assert torch.all(later[k] <= earlier[k])
+        assert later.kept() < earlier.kept()
+
+
+def test_regression_data_sets():
+    ds = training.data.load("linreg", n=200, dim=6)
+    net = training.models.build("mlp", ds, hidden=(8,))
+    x, y = pruning.criteria.pruning_batch(ds, 10)
+    assert torch.equal(x, ds.x_train[:100]) and torch.equal(y, ds.y_train[:100])
+    n = sum(p.numel() for p in prunable_parameters(net).values())
+    for method in ("snip", "grasp", "synflow"):
+        mask = pruning.prune(net, method, 0.5, data=ds, rounds=2)
+        assert mask.kept() == round(n * 0.5)
+
+
+def test_saved_prune_mask_keeps_its_recipe(tmp_path, teacher, small_mlp):
+    mask = pruning.prune(small_mlp, "grasp", 0.9, data=teacher)
+    back = Mask.load(mask.save(tmp_path / "grasp90"))
+    assert back == mask
+    assert back.info == {"method": "grasp", "sparsity": 0.9, "scope": "global", "rounds": 1,
+                         "seed": 0, "prune_biases": False, "input_shape": [20], "per_class": 25,
+                         "temperature": 200.0, "data": "teacher"}
