@@ -1,1 +1,17 @@
-"""sparsescale.experiments: study specs, search, store, runner, reports and the CLI."""
+"""sparsescale.experiments: study specs, search, store, runner, reports and the CLI.
+
+Public API::
+
+    run_dir = experiments.run_study("experiments/configs/quickstart.toml", out="runs/quickstart")
+    res = experiments.load_results(run_dir)     # pandas DataFrames: study, groups, trials, ...
+    spec = experiments.load_spec("quickstart")  # validated Spec (raises SpecError)
+"""
+
+from .runner import plan, run_study
+from .spec import Spec, SpecError
+from .spec import load as load_spec
+from .spec import loads as loads_spec
+from .store import Results, StoreError, load_results
+
+__all__ = ["plan", "run_study", "Spec", "SpecError", "load_spec", "loads_spec", "Results",
+           "StoreError", "load_results"]

@@ -1,1 +1,8 @@
 """sparsescale.theory"""
+from . import bounds, nqm, predict, scaling
+from .errors import TheoryError
+from .scaling import ScalingFit, fit_scaling
+from .predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
+from . import curvature, functional, noise
+from .curvature import LocalLipschitz, TraceEstimate, hessian_top_eigenvalues, hessian_trace, local_lipschitz
+from .noise import NoiseEstimate, NoiseStream, gradient_noise, two_batch_estimates, two_batch_noise

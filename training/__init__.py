@@ -8,14 +8,18 @@ Public API::
 """
 
 from . import data, goal, models, order, schedules
+from . import costmodel
 from .data import Dataset, DataError
 from .goal import Goal
 from .models import ModelError
 from .reference import train_reference
 from .results import Curve, ReferenceResult
 from .schedules import ConfigError, EvalSchedule, Trial
+from .trials import TrialsResult, train_trials
 
 __all__ = [
     "data", "goal", "models", "order", "schedules", "Dataset", "DataError", "Goal", "ModelError",
     "train_reference", "Curve", "ReferenceResult", "ConfigError", "EvalSchedule", "Trial",
+    "train_trials", "TrialsResult",
+    "costmodel",
 ]

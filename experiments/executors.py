@@ -1,0 +1,116 @@
+"""Executors for the runner: any ``concurrent.futures.Executor`` works.
+
+- :func:`local_pool`: a ``ProcessPoolExecutor`` whose workers run one torch thread each (spawned,
+  not forked: forking a process that already ran torch's OpenMP pool can hang the child).
+- :func:`dask_executor`: a Dask distributed executor, ``address`` = ``tcp://host:port`` of a running
+  scheduler or ``"local"`` for a ``LocalCluster`` on loopback. Dask is an optional extra
+  (``pip install 'sparsescale[dask]'``).
+
+A worker computes with ONE torch thread (:func:`single_thread`) wherever it runs, so a group's
+floating-point results do not depend on which executor ran it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+
+
+class ExecutorError(ValueError):
+    """An executor cannot be created as asked (e.g. dask is not installed)."""
+
+
+def _init_worker() -> None:
+    import signal
+
+    import torch
+
+    torch.set_num_threads(1)
+    # Ctrl-C is the driver's business: it stops submitting and ends the pool (LocalPool.terminate)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class LocalPool(ProcessPoolExecutor):
+    """A process pool that can be ended at once on Ctrl-C (:meth:`terminate`)."""
+
+    def terminate(self) -> None:
+        """Kill the workers now (a running group is lost; it was never written, so a rerun
+        redoes it) and shut the pool down without waiting."""
+        # ProcessPoolExecutor has no public way to stop running work; _processes is stable
+        # since Python 3.2 and this is best effort
+        for proc in list(getattr(self, "_processes", {}).values()):
+            proc.terminate()
+        self.shutdown(wait=False, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the body with one torch intra-op thread, restoring the previous setting after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+               (os.cpu_count() or 1))
+
+
+def local_pool(workers: int | None = None) -> LocalPool:
+    """A process pool of ``workers`` (default: the usable CPU count) single-threaded workers."""
+    n = default_workers() if workers is None else int(workers)
+    if n < 1:
+        raise ExecutorError(f"workers must be >= 1, got {workers}")
+    return LocalPool(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
+                     initializer=_init_worker)
+
+
+class DaskExecutor(Executor):
+    """A Dask ``ClientExecutor`` plus the client (and local cluster) it owns; ``shutdown`` closes
+    all of them."""
+
+    def __init__(self, address: str, workers: int | None = None):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise ExecutorError(
+                "--dask needs the optional dask extra: pip install 'sparsescale[dask]' "
+                "(dask[distributed])") from None
+        self.cluster = None
+        if address == "local":
+            self.cluster = LocalCluster(n_workers=workers or default_workers(),
+                                        threads_per_worker=1, host="127.0.0.1",
+                                        dashboard_address=None, processes=True)
+            self.client = Client(self.cluster)
+        else:
+            try:
+                self.client = Client(address, timeout="20s")
+            except (OSError, TimeoutError) as exc:
+                raise ExecutorError(f"--dask {address}: cannot reach the scheduler ({exc})") from None
+        self.executor: Executor = self.client.get_executor(pure=False)
+
+    def submit(self, fn, *args, **kwargs):
+        return self.executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self.executor.shutdown(wait=wait)
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def dask_executor(address: str, workers: int | None = None) -> DaskExecutor:
+    """Executor on a Dask cluster at ``address`` (``"local"``: a LocalCluster on 127.0.0.1 with
+    ``workers`` single-threaded worker processes)."""
+    return DaskExecutor(address, workers)

@@ -1,0 +1,65 @@
+"""Trial-steps per second of train_trials against the plain PyTorch loop (pytest-benchmark).
+
+With the default ``--benchmark-disable`` each runs once as a quick test; run
+``pytest tests/benchmarks --benchmark-enable`` to time them (``python -m training.bench`` prints
+the full table with ratios and GFLOP/s).
+"""
+
+import math
+
+import pytest
+import torch
+
+import training
+from training.bench import format_table, main, plain_loop, training_flops, vectorized
+
+STEPS, TRIALS = 20, 32
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+@pytest.mark.parametrize("batch_size", [8, 64])
+def test_vectorized_trainer(benchmark, mnist1d_small, model, batch_size):
+    net = training.models.build(model, mnist1d_small, seed=0)
+    res = benchmark(vectorized, net, mnist1d_small, batch_size, TRIALS, STEPS)
+    assert res.steps_run == STEPS and res.steps_taken == [STEPS] * TRIALS
+    assert all(math.isfinite(c.train_loss[-1]) for c in res.curves)
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+@pytest.mark.parametrize("batch_size", [8, 64])
+def test_plain_loop(benchmark, mnist1d_small, model, batch_size):
+    net = training.models.build(model, mnist1d_small, seed=0)
+    loss = benchmark(plain_loop, net, mnist1d_small, batch_size, STEPS)
+    assert math.isfinite(loss) and 0 < loss < 10
+
+
+def test_training_flops_closed_form(mnist1d_small):
+    mlp = training.models.build("mlp", mnist1d_small)  # 40-100-100-10
+    macs = 40 * 100 + 100 * 100 + 100 * 10
+    assert training_flops(mlp, (40,), 8) == 8 * (6 * macs - 2 * 40 * 100)
+    cnn = training.models.build("cnn1d", mnist1d_small)  # lengths 40 -> 19 -> 10 -> 5
+    macs = 25 * 5 * 19 + 25 * 25 * 3 * 10 + 25 * 25 * 3 * 5 + 125 * 10
+    assert training_flops(cnn, (40,), 2) == 2 * (6 * macs - 2 * 25 * 5 * 19)
+
+
+def test_bench_command_prints_ratio_table(capsys):
+    before = torch.get_num_threads()
+    try:
+        assert main(["--models", "mlp", "--batch-sizes", "8", "--trials", "2", "--seconds",
+                     "0.01", "--samples", "1000", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert "fp32 matmul peak" in out
+    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[3]) > 0 and float(cells[4]) > 0
+    assert cells[5].endswith("x") and float(cells[5][:-1]) == pytest.approx(
+        float(cells[4]) / float(cells[3]), rel=0.06)
+
+
+def test_format_table_rows():
+    from training.bench import Row
+
+    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0)])
+    assert table.splitlines()[-1] == "| mlp | 8 | 32 | 1000 | 25000 | 25.0x | 50.0 | 25 % |"

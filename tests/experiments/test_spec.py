@@ -1,0 +1,141 @@
+"""Spec validation: every problem reported at once, one line each naming the key."""
+
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cli
+from experiments.spec import Budget, SpecError, load, loads, resolve_config
+
+from .conftest import TINY
+
+
+def edit(old: str, new: str) -> str:
+    assert old in TINY, old
+    return TINY.replace(old, new)
+
+
+# (spec text, the key path the message must name, a word the message must contain)
+BAD_SPECS = [
+    (edit("trials = 4", "trails = 4"), "trails", "did you mean 'trials'"),
+    (edit('optimizer = "momentum"', 'optimizer = "adam"'), "optimizer", "nesterov"),
+    (edit("target = 0.3", 'target = 0.3\ncomparison = "=="'), "goal.comparison", "<="),
+    (edit("target = 0.3", ""), "goal.target", "missing"),
+    (edit("batch_sizes = [8, 32, 128]", "batch_sizes = {min = 3, max = 64}"),
+     "batch_sizes.min", "power of two"),
+    (edit("batch_sizes = [8, 32, 128]", "batch_sizes = []"), "batch_sizes", "non-empty"),
+    (edit("sparsities = [0.0, 0.5]", "sparsities = [0.0, 1.0]"), "sparsities[1]", "[0.0, 1.0)"),
+    (edit("sparsities = [0.0, 0.5]", "sparsities = [0.5, 0.5]"), "sparsities", "duplicates"),
+    (edit('scale = "log", min = 0.01', 'scale = "cubic", min = 0.01'), "search.lr.scale",
+     "reverse-log"),
+    (edit("min = 0.01, max = 1.0", "min = 1.0, max = 0.01"), "search.lr", "min <= max"),
+    (edit("min = 0.01, max = 1.0", "min = 0.0, max = 1.0"), "search.lr.min", "allowed"),
+    (edit("min = 0.5, max = 0.99", "min = 0.5, max = 1.5"), "search.momentum.max", "[0.0, 1.0)"),
+    (edit("momentum = {", "momentm = {"), "search.momentm", "did you mean 'momentum'"),
+    (edit("trials = 4", "trials = 0"), "trials", ">= 1"),
+    (edit("examples = 8000", "examples = 8000\nmax_steps = 10"), "budget", "one of them"),
+    (edit("every = 10", "every = 0"), "eval.every", ">= 1"),
+    (edit('dataset = "teacher"', 'dataset = "mnist2d"'), "workload.dataset", "mnist1d"),
+    (edit('model = "mlp"', 'model = "resnet99"'), "workload.model", "resnet8"),
+    (edit("enabled = false", 'enabled = "yes"'), "probes.enabled", "true or false"),
+    (edit("[probes]", "[executor]\nworkers = 0\n[probes]"), "executor.workers", ">= 1"),
+    (edit("seeds = [0]", "seeds = [-1]"), "seeds[0]", ">= 0"),
+    (edit("enabled = false", "batch_size = 64"), "probes.batch_size", "8, 32, 128"),
+    (edit('metric = "error"', 'metric = "accuracy"'), "goal.metric", "error, loss"),
+    (edit("[workload]", "[workload]\ndata = 1"), "workload.data", "did you mean 'dataset'"),
+    (TINY + "\n[pruning]\nmethod = \"snipp\"\n", "pruning.method", "did you mean 'snip'"),
+    (edit('name = "tiny"', 'name = "tiny'), "(toml)", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,key,word", BAD_SPECS, ids=[b[1] for b in BAD_SPECS])
+def test_bad_spec_via_cli(text, key, word, tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    status = cli.main(["study", str(path), "--dry-run", "--out", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), err
+    hit = [line for line in lines if line.startswith(f"error: {key}")]
+    assert hit, f"no line names {key!r}: {err}"
+    assert word in hit[0], hit[0]
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_problem_is_reported_at_once():
+    text = edit("trials = 4", "trials = -2").replace('optimizer = "momentum"', 'optimizer = "x"')
+    text = text.replace("every = 10", "every = 0")
+    with pytest.raises(SpecError) as info:
+        loads(text)
+    keys = sorted(p.split(":")[0] for p in info.value.problems)
+    assert keys == ["eval.every", "optimizer", "trials"]
+
+
+def test_batch_size_larger_than_training_set(tiny_toml, capsys):
+    # teacher n=600 with val_fraction 0.2 leaves 480 training examples
+    tiny_toml.write_text(TINY.replace("[8, 32, 128]", "[8, 1024]"))
+    assert cli.main(["study", str(tiny_toml), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("error: batch_sizes: found 1024 > 480 (the training set size); "
+                           "allowed: 1..480")
+
+
+@pytest.mark.parametrize("text", [BAD_SPECS[0][0], BAD_SPECS[5][0]])
+def test_bad_spec_subprocess(text, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "study", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert all(line.startswith("error: ") for line in proc.stderr.strip().splitlines())
+
+
+def test_valid_spec_values(tiny_toml):
+    spec = load(tiny_toml)
+    assert spec.batch_sizes == (8, 32, 128) and spec.sparsities == (0.0, 0.5)
+    assert spec.strict is True and spec.target == 0.3 and spec.optimizer == "momentum"
+    assert spec.search["lr"].scale == "log" and spec.search["end_factor"].fixed
+    assert spec.budget.steps(8) == 200 and spec.budget.steps(128) == 63
+    assert spec.budget.steps(4096) == 20
+
+
+def test_powers_of_two_range_and_lee_comparison():
+    spec = loads(edit("batch_sizes = [8, 32, 128]", "batch_sizes = {min = 2, max = 32}")
+                 .replace("target = 0.3", 'target = 0.3\ncomparison = "<="'))
+    assert spec.batch_sizes == (2, 4, 8, 16, 32)
+    assert spec.strict is False
+
+
+def test_hash_ignores_formatting_but_not_values():
+    a = loads(TINY)
+    b = loads("# a comment\n" + TINY)
+    c = loads(TINY.replace("target = 0.3", "target = 0.31"))
+    assert a.hash == b.hash != c.hash
+
+
+def test_optimizer_list_splits_into_variants():
+    spec = loads(edit('optimizer = "momentum"', 'optimizer = ["sgd", "nesterov"]'))
+    names = [(v.optimizer, v.name) for v in spec.variants()]
+    assert names == [("sgd", "tiny-sgd"), ("nesterov", "tiny-nesterov")]
+    assert len({v.hash for v in spec.variants()}) == 2
+
+
+def test_budget_rule():
+    assert Budget(examples=1000, min=5, max=50).steps(8) == 50
+    assert Budget(examples=1000, min=5, max=50).steps(64) == 16
+    assert Budget(examples=1000, min=5, max=50).steps(1024) == 5
+    assert Budget(max_steps=7).steps(3) == 7
+
+
+def test_bundled_configs_validate():
+    from experiments.spec import list_configs
+
+    names = list_configs()
+    assert {"quickstart", "shallue_mnist1d", "lee_sparsity_mnist1d"} <= set(names)
+    for name in names:
+        spec = load(resolve_config(name))
+        assert spec.trials >= 1 and spec.batch_sizes

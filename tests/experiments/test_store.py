@@ -1,0 +1,76 @@
+"""The SQLite store: round trip, one transaction per group, refusal of a different study."""
+
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from experiments.store import (COLUMNS, GroupRecord, ProbeRow, StoreError, StudyInfo, TrialRow,
+                               load_results, open_store)
+
+STUDY = StudyInfo("s", "a = 1\n", "hash-a", '{"name": "s"}')
+
+
+def record(key="k1", status="done", trials=2):
+    rows = tuple(TrialRow(trial=i, lr=0.1 * (i + 1), momentum=0.9, decay_steps=None if i else 50,
+                          end_factor=1.0, status="reached" if i == 0 else "diverged",
+                          hit_step=12 if i == 0 else None, final_metric=0.2 if i == 0 else None,
+                          curve=((0, 2.3, 0.9), (10, 1.1, 0.35), (12, 0.9, 0.28)))
+                 for i in range(trials))
+    return GroupRecord(key=key, sparsity=0.5, batch_size=32, seed=0, status=status,
+                       steps_to_result=12, best_trial=0, max_steps=100, wall_time=1.5,
+                       trial_steps=24, config_json="{}", trials=rows)
+
+
+def test_round_trip(tmp_path):
+    with open_store(tmp_path, STUDY) as store:
+        store.write_group(record())
+        store.write_probes(0.5, [ProbeRow(0.5, "init", 0, None, "b_simple", 3.5),
+                                 ProbeRow(0.5, "trajectory", 10, 32, "hessian_top", 7.0)])
+    res = load_results(tmp_path)
+    assert list(res.study.columns) == list(COLUMNS["study"]) and len(res.study) == 1
+    assert res.spec == {"name": "s"}
+    g = res.groups.iloc[0]
+    assert (g.key, g.sparsity, g.batch_size, g.steps_to_result, g.n_trials, g.n_reached,
+            g.n_diverged) == ("k1", 0.5, 32, 12, 2, 1, 1)
+    assert g.lib_version and g.torch_version
+    t = res.trials
+    assert list(t.trial) == [0, 1] and list(t.status) == ["reached", "diverged"]
+    assert t.effective_lr.tolist() == pytest.approx([0.1 / 0.1, 0.2 / 0.1])
+    assert t.hit_step.tolist()[0] == 12 and pd.isna(t.hit_step.iloc[1])
+    assert t.decay_steps.tolist()[0] == 50 and pd.isna(t.decay_steps.iloc[1])
+    assert len(res.curves) == 6 and res.curves.metric.iloc[-1] == pytest.approx(0.28)
+    assert sorted(res.probes.quantity) == ["b_simple", "hessian_top"]
+    assert res.predictions.empty
+
+
+def test_different_study_is_refused(tmp_path):
+    open_store(tmp_path, STUDY).close()
+    open_store(tmp_path, STUDY).close()   # same study: fine
+    with pytest.raises(StoreError, match="different study"):
+        open_store(tmp_path, StudyInfo("s", "a = 2\n", "hash-b", "{}"))
+
+
+def test_group_written_in_one_transaction(tmp_path):
+    with open_store(tmp_path, STUDY) as store:
+        bad = record(key="k2")
+        # a trial status the schema rejects makes the LAST insert fail: nothing may remain
+        broken = GroupRecord(**{**bad.__dict__, "trials": bad.trials + (
+            TrialRow(9, 0.1, 0.0, None, 1.0, "exploded", None, None),)})
+        with pytest.raises(sqlite3.IntegrityError):
+            store.write_group(broken)
+        assert store.done_keys() == set()
+        for table in ("groups", "trials", "curves"):
+            assert store.frame(table).empty
+        store.write_group(record(key="k2", status="failed", trials=0))
+        assert store.done_keys() == set()      # failed groups are retried
+        store.write_group(record(key="k2"))    # a retry replaces the failed attempt
+        assert store.done_keys() == {"k2"} and len(store.frame("trials")) == 2
+
+
+def test_wal_and_missing_store(tmp_path):
+    open_store(tmp_path, STUDY).close()
+    mode = sqlite3.connect(tmp_path / "results.sqlite").execute("PRAGMA journal_mode").fetchone()
+    assert mode[0] == "wal"
+    with pytest.raises(StoreError, match="no results store"):
+        load_results(tmp_path / "nowhere")

@@ -1,0 +1,119 @@
+"""Faults during training: a learning rate that produces NaN, a worker process killed mid-group."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+import experiments
+import training
+from experiments.runner import plan
+
+from .conftest import SPEC, edit
+
+# lr spans 1e-2 .. 1e12: the large ones overflow to inf / NaN within a few steps
+WILD = edit('lr = {scale = "log", min = 0.01, max = 1.0}', 'lr = {scale = "log", min = 0.01, '
+            'max = 1e12}').replace("trials = 2", "trials = 4")
+
+
+def test_nan_learning_rate_marks_the_trial_diverged_and_the_study_goes_on(tmp_path):
+    path = tmp_path / "wild.toml"
+    path.write_text(WILD)
+    run_dir = experiments.run_study(path, out=tmp_path / "run", executor=ThreadPoolExecutor(1),
+                                    quiet=True, report=False)
+    res = experiments.load_results(run_dir)
+    assert list(res.groups.status) == ["done", "done"]
+    statuses = set(res.trials.status)
+    assert "diverged" in statuses and statuses - {"diverged"}, statuses
+    # ground truth: the plain torch.optim loop diverges for exactly the same trials
+    ds = training.data.load("teacher", n=300, dim=6, num_classes=3, hidden=8)
+    net = training.models.build("mlp", ds, seed=0, hidden=[8])
+    for t in res.trials.itertuples():
+        ref = training.train_reference(net, ds, int(t.batch_size), lr=t.lr, momentum=t.momentum,
+                                       steps=40, seed=0, trial_index=int(t.trial),
+                                       stop_at_goal=False)
+        assert (t.status == "diverged") == ref.diverged, (t.lr, t.status)
+        if t.status == "diverged":
+            assert pd.isna(t.hit_step)
+    for g in res.groups.itertuples():
+        trials = res.trials[res.trials.group_key == g.key]
+        assert g.n_diverged == (trials.status == "diverged").sum()
+        reached = trials[trials.status == "reached"]
+        expected = None if reached.empty else int(reached.hit_step.min())
+        assert (None if pd.isna(g.steps_to_result) else int(g.steps_to_result)) == expected
+
+
+def _done_groups(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("SELECT COUNT(*) FROM groups WHERE status='done'").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _pool_workers(driver: int) -> list[int]:
+    """Pids of the driver's process-pool workers (children started by multiprocessing spawn)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        if ppid == driver and b"spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+# four groups of ~100 steps with a goal nobody meets: each runs its whole budget
+SLOW = (edit("batch_sizes = [8, 32]", "batch_sizes = [4, 8, 16, 32]")
+        .replace("max_steps = 40", "max_steps = 400").replace("target = 0.3", "target = 0.01"))
+
+
+def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
+    path = tmp_path / "slow.toml"
+    path.write_text(SLOW)
+    total = len(plan(experiments.load_spec(path)))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.cli", "study", str(path), "--out", str(out),
+           "--workers", "1", "--quiet", "--no-report"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and _done_groups(out / "results.sqlite") < 1:
+            time.sleep(0.02)
+        workers = _pool_workers(proc.pid)
+        assert proc.poll() is None and len(workers) == 1, (proc.poll(), workers)
+        os.kill(workers[0], signal.SIGKILL)   # the worker is inside the second group
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in stderr, stderr
+    groups = experiments.load_results(out).groups
+    assert len(groups) == total, groups
+    failed = groups[groups.status == "failed"]
+    # the killed group is retried on a fresh worker, or stored as failed with the reason; every
+    # other group of the study is trained
+    assert len(failed) <= 1, failed[["batch_size", "error"]]
+    if len(failed):
+        assert "worker" in failed.error.iloc[0] and proc.returncode == 1
+        assert "failed:" in stderr and "rerun the same command" in stderr
+    else:
+        assert proc.returncode == 0, stderr

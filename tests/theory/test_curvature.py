@@ -1,0 +1,194 @@
+"""Curvature probes against dense Hessians from ``torch.autograd.functional.hessian`` of a loss
+written by hand from the flat parameter vector, and against numpy closed forms (linear regression)."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import training
+from theory import TheoryError, hessian_top_eigenvalues, hessian_trace, local_lipschitz
+from theory.functional import flat_loss, parameter_vector
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A 5-12-3 ReLU MLP (111 parameters) on 150 teacher examples."""
+    ds = training.data.load("teacher", n=150, dim=5, num_classes=3)
+    return ds, training.models.build("mlp", ds, hidden=(12,), seed=2)
+
+
+def mlp_loss(w, x, y, hidden=12):
+    """Mean cross-entropy of Linear(5, hidden) -> ReLU -> Linear(hidden, 3) from a flat vector in
+    named_parameters() order (weight, bias, weight, bias), written without the model."""
+    d_in = x.shape[1]
+    sizes = [hidden * d_in, hidden, 3 * hidden, 3]
+    w1, b1, w2, b2 = torch.split(w, sizes)
+    h = torch.relu(x @ w1.view(hidden, d_in).T + b1)
+    return F.cross_entropy(h @ w2.view(3, hidden).T + b2, y)
+
+
+def dense_hessian(ds, net, mask_vec=None):
+    w = parameter_vector(net).double()
+    if mask_vec is not None:
+        w = w * mask_vec
+    x, y = ds.x_train.double(), ds.y_train
+    return torch.autograd.functional.hessian(lambda v: mlp_loss(v, x, y), w)
+
+
+def random_mask(net, keep, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return {n: (torch.rand(p.shape, generator=gen) < keep).float()
+            for n, p in net.named_parameters() if n.endswith("weight")}
+
+
+def mask_vector(net, mask):
+    return torch.cat([mask.get(n, torch.ones_like(p)).reshape(-1).double()
+                      for n, p in net.named_parameters()])
+
+
+def linreg_design(ds):
+    x = ds.x_train.double().numpy()
+    xt = np.hstack([x, np.ones((x.shape[0], 1))])
+    return xt.T @ xt / x.shape[0]
+
+
+def test_hvp_matches_dense_hessian_and_chunking(tiny):
+    ds, net = tiny
+    h = dense_hessian(ds, net)
+    v = torch.randn(2, h.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for chunk in (None, 7):
+        fl = flat_loss(net, ds, chunk=chunk)
+        assert torch.allclose(fl.hvp(v), v @ h, rtol=1e-9, atol=1e-12)
+        assert torch.allclose(fl.hvp(v[0]), h @ v[0], rtol=1e-9, atol=1e-12)
+
+
+def test_lanczos_top3_matches_dense_eigvalsh(tiny):
+    ds, net = tiny
+    exact = torch.linalg.eigvalsh(dense_hessian(ds, net)).numpy()[::-1][:3]
+    lanczos = hessian_top_eigenvalues(net, ds, k=3)
+    np.testing.assert_allclose(lanczos, exact, rtol=1e-3)
+
+
+def test_lanczos_with_mask_matches_restricted_hessian(tiny):
+    ds, net = tiny
+    mask = random_mask(net, 0.5, seed=1)
+    mvec = mask_vector(net, mask)
+    kept = torch.nonzero(mvec).reshape(-1)
+    h = dense_hessian(ds, net, mvec)[kept][:, kept]
+    exact = torch.linalg.eigvalsh(h).numpy()[::-1][:3]
+    values, vectors = hessian_top_eigenvalues(net, ds, k=3, mask=mask, return_eigenvectors=True)
+    np.testing.assert_allclose(values, exact, rtol=1e-3)
+    assert vectors.shape == (kept.numel(), 3)
+    residual = h.numpy() @ vectors - vectors * values
+    assert np.abs(residual).max() < 1e-6
+    # the unmasked spectrum is a different one
+    assert not np.allclose(values, hessian_top_eigenvalues(net, ds, k=3), rtol=1e-3)
+
+
+def test_small_dimension_uses_exact_dense_path():
+    ds = training.data.load("linreg")
+    net = training.models.build("linear", ds)
+    exact = np.linalg.eigvalsh(linreg_design(ds))[::-1]
+    np.testing.assert_allclose(hessian_top_eigenvalues(net, ds, k=11), exact, rtol=1e-10)
+    lm = hessian_top_eigenvalues(net, ds, k=2, which="LM")
+    np.testing.assert_allclose(lm, exact[:2], rtol=1e-10)
+
+
+def test_hutchinson_trace_close_to_exact():
+    ds = training.data.load("linreg")
+    net = training.models.build("linear", ds)
+    exact = np.trace(linreg_design(ds))
+    est = hessian_trace(net, ds, method="hutchinson", matvecs=400, seed=0)
+    assert est.matvecs == 400 and est.stderr > 0
+    assert abs(est.value - exact) < 4 * est.stderr
+    assert abs(est.value - exact) / exact < 0.02
+
+
+def test_hutch_plus_plus_exact_when_sketch_spans_space(tiny):
+    ds, net = tiny
+    h = dense_hessian(ds, net)
+    dim = h.shape[0]
+    est = hessian_trace(net, ds, method="hutch++", matvecs=3 * dim)
+    assert est.value == pytest.approx(float(torch.trace(h)), rel=1e-8)
+    mask = random_mask(net, 0.3, seed=4)
+    mvec = mask_vector(net, mask)
+    kept = torch.nonzero(mvec).reshape(-1)
+    exact = float(torch.trace(dense_hessian(ds, net, mvec)[kept][:, kept]))
+    est = hessian_trace(net, ds, mask=mask, method="hutch++", matvecs=3 * kept.numel())
+    assert est.value == pytest.approx(exact, rel=1e-8)
+
+
+def test_local_lipschitz_on_quadratic_is_curvature_along_step():
+    ds = training.data.load("linreg")
+    net = training.models.build("linear", ds)
+    h = linreg_design(ds)
+    gen = torch.Generator().manual_seed(5)
+    w_prev = {k: v + torch.randn(v.shape, generator=gen) for k, v in net.state_dict().items()}
+    step = torch.randn(11, generator=gen, dtype=torch.float64)
+    w_next = parameter_vector(net, w_prev).double() + step
+    d = step.numpy()
+    expected = np.linalg.norm(h @ d) / np.linalg.norm(d)
+    est = local_lipschitz(net, ds, w_prev, w_next)
+    assert est.gammas == pytest.approx([0.1 * i for i in range(1, 10)])
+    np.testing.assert_allclose(est.ratios, expected, rtol=1e-8)
+    assert float(est) == pytest.approx(expected, rel=1e-8)
+    # along an eigenvector the constant is that eigenvalue
+    values, vectors = np.linalg.eigh(h)
+    flat_prev = parameter_vector(net, w_prev).double()
+    along = local_lipschitz(net, ds, flat_prev, flat_prev + torch.tensor(vectors[:, -1]))
+    assert along.value == pytest.approx(values[-1], rel=1e-8)
+
+
+def test_local_lipschitz_with_mask_uses_restricted_hessian():
+    ds = training.data.load("linreg")
+    net = training.models.build("linear", ds)
+    mask = {"1.weight": (torch.arange(10) % 2 == 0).float().reshape(1, 10)}
+    kept = np.append(np.arange(10) % 2 == 0, True)
+    h = linreg_design(ds)[np.ix_(kept, kept)]
+    w_prev = parameter_vector(net).double()
+    step = torch.randn(11, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    d = step.numpy()[kept]  # pruned coordinates of the step are ignored
+    est = local_lipschitz(net, ds, w_prev, w_prev + step, mask=mask)
+    assert est.value == pytest.approx(np.linalg.norm(h @ d) / np.linalg.norm(d), rel=1e-8)
+
+
+def test_local_lipschitz_on_mlp_follows_lee_et_al(tiny):
+    ds, net = tiny
+    x, y = ds.x_train.double(), ds.y_train
+    w_prev = parameter_vector(net).double()
+    w_next = w_prev - 0.5 * torch.func.grad(mlp_loss)(w_prev, x, y)
+    grad_at = lambda w: torch.func.grad(mlp_loss)(w, x, y)
+    gammas = (0.25, 0.5, 1.0)
+    expected = [float((grad_at((1 - g) * w_prev + g * w_next) - grad_at(w_prev)).norm()
+                      / (g * (w_next - w_prev)).norm()) for g in gammas]
+    est = local_lipschitz(net, ds, w_prev, w_next, gammas=gammas, chunk=40)
+    np.testing.assert_allclose(est.ratios, expected, rtol=1e-9)
+    assert est.value == pytest.approx(max(expected), rel=1e-12)
+    again = local_lipschitz(net, ds, w_prev, w_next, gammas=gammas, grad_prev=grad_at(w_prev))
+    np.testing.assert_allclose(again.ratios, expected, rtol=1e-9)
+
+
+def test_bad_input_names_the_argument(tiny):
+    ds, net = tiny
+    w = parameter_vector(net)
+    with pytest.raises(TheoryError, match="step is zero"):
+        local_lipschitz(net, ds, w, w.clone())
+    with pytest.raises(TheoryError, match="gammas"):
+        local_lipschitz(net, ds, w, w + 1, gammas=(0.0, 0.5))
+    with pytest.raises(TheoryError, match="length"):
+        local_lipschitz(net, ds, w, w[:-1])
+    with pytest.raises(TheoryError, match="lacks"):
+        local_lipschitz(net, ds, {}, w)
+    with pytest.raises(TheoryError, match="grad_prev"):
+        local_lipschitz(net, ds, w, w + 1, grad_prev=torch.zeros(3))
+    with pytest.raises(TheoryError, match="which"):
+        hessian_top_eigenvalues(net, ds, which="SA")
+    with pytest.raises(TheoryError, match="did not converge"):
+        hessian_top_eigenvalues(net, ds, k=3, tol=1e-15, maxiter=1)
+    with pytest.raises(TheoryError, match="k must be"):
+        hessian_top_eigenvalues(net, ds, k=10_000)
+    with pytest.raises(TheoryError, match="method"):
+        hessian_trace(net, ds, method="exact")
+    with pytest.raises(TheoryError, match="every parameter"):
+        hessian_trace(net, ds, mask={n: torch.zeros_like(p) for n, p in net.named_parameters()})

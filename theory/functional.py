@@ -1,0 +1,259 @@
+"""The training loss as a function of one flat parameter vector: the ground the probes stand on.
+
+``flat_loss(model, dataset, mask=None, examples=None)`` fixes a finite example set (the training
+split, or a seeded sample / given indices of it) and returns a :class:`FlatLoss`: the mean loss
+``f(theta) = (1/n) sum_i l(theta; x_i, y_i)`` (``training.goal.loss_fn``: cross-entropy, or
+``1/2 (f(x) - y)^2`` for regression) of the model with its parameters replaced by ``theta`` through
+``torch.func.functional_call``; the model object itself is never modified.
+
+Masks. ``theta`` holds only the *kept* (unpruned) coordinates, in the order of
+``model.named_parameters()`` flattened and concatenated; pruned coordinates are fixed at zero.
+Gradients and Hessians with respect to ``theta`` are therefore the full ones restricted to kept
+coordinates, ``P g`` and ``P H P^T`` with ``P`` the selection by the mask.
+
+Every full-set quantity (loss, gradient, Hessian-vector product) is summed over chunks of
+``chunk`` examples, so memory is bounded by one chunk whatever the set size. Per-example gradients
+(``torch.func.vmap`` of ``grad``) use chunks sized so that one chunk's gradients fit
+``PER_EXAMPLE_BYTES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jvp, vmap
+
+from training.data import Dataset
+from training.goal import loss_fn
+from training.reference import check_mask
+
+from .errors import TheoryError
+
+DEFAULT_CHUNK = 1024
+# Memory of one chunk of per-example gradients (chunk x parameters): small chunks stay in cache
+# (measured faster than 64 MB chunks for the MNIST-1D MLP).
+PER_EXAMPLE_BYTES = 16 * 2**20
+SPLITS = ("train", "val", "test")
+
+Weights = Mapping[str, torch.Tensor] | torch.Tensor
+
+
+def hvp(f: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor,
+        v: torch.Tensor) -> torch.Tensor:
+    """Hessian-vector product ``H(theta) v`` of scalar ``f`` by forward-over-reverse
+    differentiation (``jvp`` of ``grad``; Pearlmutter 1994): one gradient's cost, no Hessian."""
+    return jvp(grad(f), (theta,), (v,))[1]
+
+
+@dataclass(frozen=True, eq=False)
+class FlatLoss:
+    """Mean loss of ``model`` over a fixed example set, as a function of kept coordinates.
+
+    ``theta`` is the model's current (masked) parameters in that parametrisation; every method
+    taking ``theta=None`` evaluates there.
+    """
+
+    model: nn.Module
+    task: str
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    buffers: dict[str, torch.Tensor]
+    kept: torch.Tensor | None
+    full_size: int
+    x: torch.Tensor
+    y: torch.Tensor
+    theta: torch.Tensor
+    chunk: int
+
+    @property
+    def n(self) -> int:
+        """Number of examples in the set."""
+        return int(self.x.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Number of kept coordinates (the dimension of ``theta``)."""
+        return int(self.theta.numel())
+
+    def embed(self, theta: torch.Tensor) -> torch.Tensor:
+        """Full flat parameter vector with ``theta`` at kept coordinates and zeros elsewhere."""
+        if self.kept is None:
+            return theta
+        return theta.new_zeros(self.full_size).index_copy(0, self.kept, theta)
+
+    def restrict(self, full: torch.Tensor) -> torch.Tensor:
+        """Kept coordinates of a full flat vector."""
+        return full if self.kept is None else full[self.kept]
+
+    def params(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Parameter (and buffer) dict for ``functional_call``."""
+        pieces = torch.split(self.embed(theta), [s.numel() for s in self.shapes])
+        out = {n: p.view(s) for n, p, s in zip(self.names, pieces, self.shapes)}
+        out.update(self.buffers)
+        return out
+
+    def batch_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean loss on the batch ``(x, y)``."""
+        return loss_fn(self.task)(functional_call(self.model, self.params(theta), (x,)), y)
+
+    def example_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Loss on one example (no batch dimension), the function ``vmap`` maps over."""
+        return self.batch_loss(theta, x.unsqueeze(0), y.unsqueeze(0))
+
+    def chunks(self, size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        """``(x, y, weight)`` per chunk; weights (chunk size / n) sum to one."""
+        size = size or self.chunk
+        for i in range(0, self.n, size):
+            xc, yc = self.x[i:i + size], self.y[i:i + size]
+            yield xc, yc, xc.shape[0] / self.n
+
+    def _theta(self, theta: torch.Tensor | None) -> torch.Tensor:
+        return self.theta if theta is None else theta
+
+    def loss(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """``f(theta)``, the mean loss over the set."""
+        t = self._theta(theta)
+        with torch.no_grad():
+            return sum(w * self.batch_loss(t, xc, yc) for xc, yc, w in self.chunks())
+
+    def gradient(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """Full-set gradient ``grad f(theta)`` over kept coordinates."""
+        t = self._theta(theta)
+        g = grad(self.batch_loss)
+        return sum(w * g(t, xc, yc) for xc, yc, w in self.chunks())
+
+    def hvp(self, v: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """Full-set Hessian-vector product ``H v`` over kept coordinates; ``v`` of shape
+        ``[dim]`` or ``[m, dim]`` (m products in one vectorized pass per chunk)."""
+        t = self._theta(theta)
+        total = torch.zeros_like(v)
+        for xc, yc, w in self.chunks():
+            def one(u: torch.Tensor) -> torch.Tensor:
+                return hvp(lambda p: self.batch_loss(p, xc, yc), t, u)
+
+            total += w * (vmap(one)(v) if v.dim() == 2 else one(v))
+        return total
+
+    def per_example_chunk(self, chunk: int | None = None) -> int:
+        """Examples per chunk of per-example gradients: ``chunk``, else what fits
+        ``PER_EXAMPLE_BYTES`` (at most ``self.chunk``)."""
+        if chunk is not None:
+            return check_positive_int(chunk, "chunk")
+        per_example = self.dim * self.theta.element_size()
+        return max(1, min(self.chunk, PER_EXAMPLE_BYTES // per_example))
+
+    def per_example_gradients(self, theta: torch.Tensor | None = None, chunk: int | None = None,
+                              x: torch.Tensor | None = None,
+                              y: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """Per-example gradients ``g_i = grad l(theta; x_i, y_i)`` as ``[c, dim]`` chunks, over the
+        set (or over ``x, y`` if given)."""
+        t = self._theta(theta)
+        x = self.x if x is None else x
+        y = self.y if y is None else y
+        size = self.per_example_chunk(chunk)
+        per_example = vmap(grad(self.example_loss), in_dims=(None, 0, 0))
+        for i in range(0, x.shape[0], size):
+            yield per_example(t, x[i:i + size], y[i:i + size])
+
+
+def check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TheoryError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def parameter_vector(model: nn.Module, weights: Weights | None = None) -> torch.Tensor:
+    """Flat vector of all parameters in ``model.named_parameters()`` order (as
+    ``torch.nn.utils.parameters_to_vector``). ``weights`` may be a state dict (entries for every
+    parameter; buffers and extra keys are ignored) or already such a flat vector; ``None`` reads
+    the model's current parameters."""
+    params = dict(model.named_parameters())
+    total = sum(p.numel() for p in params.values())
+    if weights is None:
+        return torch.cat([p.detach().reshape(-1) for p in params.values()])
+    if isinstance(weights, torch.Tensor):
+        if weights.dim() != 1 or weights.numel() != total:
+            raise TheoryError(f"flat weights must be a 1-D tensor of length {total} (all parameters "
+                              f"in named_parameters() order), got shape {tuple(weights.shape)}")
+        return weights.detach()
+    if not isinstance(weights, Mapping):
+        raise TheoryError(f"weights must be a state dict or a flat tensor, got {type(weights).__name__}")
+    missing = [n for n in params if n not in weights]
+    if missing:
+        raise TheoryError(f"weights state dict lacks parameter(s) {', '.join(missing)}")
+    for name, p in params.items():
+        if tuple(weights[name].shape) != tuple(p.shape):
+            raise TheoryError(f"weights entry {name!r} has shape {tuple(weights[name].shape)}, "
+                              f"parameter has {tuple(p.shape)}")
+    return torch.cat([weights[n].detach().reshape(-1) for n in params])
+
+
+def _mask_items(mask) -> Mapping[str, torch.Tensor] | None:
+    if mask is None:
+        return None
+    if not hasattr(mask, "items"):
+        raise TheoryError(f"mask must map parameter names to 0/1 tensors, got {type(mask).__name__}")
+    return mask
+
+
+def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tensor | None = None,
+                    seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of ``split``: all of them (``examples=None``), a sample without
+    replacement of ``examples`` of them drawn with ``seed``, or the given indices."""
+    if split not in SPLITS:
+        raise TheoryError(f"split {split!r}; allowed: {', '.join(SPLITS)}")
+    x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
+    if x is None:
+        raise TheoryError(f"split {split!r} is not loaded (load the data set with test=True)")
+    n = int(x.shape[0])
+    if examples is None:
+        return x, y
+    if isinstance(examples, int) and not isinstance(examples, bool):
+        if not 1 <= examples <= n:
+            raise TheoryError(f"examples must be in [1, {n}] (size of the {split} split), got {examples}")
+        if examples == n:
+            return x, y
+        idx = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))[:examples]
+    else:
+        idx = torch.as_tensor(examples, dtype=torch.long).reshape(-1)
+        if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= n:
+            raise TheoryError(f"examples indices must be non-empty and in [0, {n}) for the {split} split")
+    return x[idx], y[idx]
+
+
+def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tensor] | None = None,
+              examples: int | Sequence[int] | torch.Tensor | None = None, seed: int = 0,
+              split: str = "train", chunk: int | None = None, dtype: torch.dtype = torch.float64,
+              weights: Weights | None = None) -> FlatLoss:
+    """Build the :class:`FlatLoss` of ``model`` on ``dataset`` (see the module docstring).
+
+    ``dtype``: precision of every computation (float64 by default: the probes are ground truths).
+    ``weights``: evaluate at these parameters instead of the model's (state dict or flat vector,
+    see :func:`parameter_vector`); the mask is applied to them.
+    """
+    chunk = DEFAULT_CHUNK if chunk is None else check_positive_int(chunk, "chunk")
+    if not dtype.is_floating_point:
+        raise TheoryError(f"dtype must be a floating-point torch dtype, got {dtype}")
+    params = dict(model.named_parameters())
+    if not params:
+        raise TheoryError("model has no parameters")
+    device = next(iter(params.values())).device
+    masks = check_mask(model, _mask_items(mask))
+    full = parameter_vector(model, weights).to(device=device, dtype=dtype)
+    keep = torch.cat([masks[n].reshape(-1).to(device) != 0 if n in masks
+                      else torch.ones(p.numel(), dtype=torch.bool, device=device)
+                      for n, p in params.items()])
+    kept = None if bool(keep.all()) else torch.nonzero(keep).reshape(-1)
+    if kept is not None and kept.numel() == 0:
+        raise TheoryError("mask prunes every parameter: nothing left to differentiate")
+    x, y = select_examples(dataset, examples, seed, split)
+    x = x.to(device=device, dtype=dtype)
+    y = y.to(device=device, dtype=dtype if dataset.task == "regression" else y.dtype)
+    buffers = {n: (b.to(dtype) if b.is_floating_point() else b) for n, b in model.named_buffers()}
+    theta = full if kept is None else full[kept]
+    return FlatLoss(model=model, task=dataset.task, names=tuple(params),
+                    shapes=tuple(p.shape for p in params.values()), buffers=buffers, kept=kept,
+                    full_size=int(full.numel()), x=x, y=y, theta=theta.clone(), chunk=chunk)

@@ -1,0 +1,487 @@
+"""The vectorized multi-trial trainer: N metaparameter points trained as one computation.
+
+``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances all of
+them with one batched forward / backward / update per step (:mod:`training.stacked`). Each trial
+keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
+mask, and its data order, ``BatchOrder(trial_seed(seed, i), n_train, batch_size)``. Nothing in a
+step mixes trials, so trial i follows the same trajectory as ``train_reference(...,
+trial_index=i)`` whatever other trials share its group.
+
+Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
+the goal on the validation split. The goal is evaluated on ``eval_schedule``; at the first
+evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
+snapshot of its weights and momentum) with an evaluation after every step, so its hit step is
+exact to the step. A trial whose metric dips below the target and back up between two scheduled
+evaluations is not seen, as with any evaluation schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import Dataset
+from .goal import DIVERGENCE_FACTOR, Goal, as_goal, metric_value
+from .order import epoch_permutation, trial_seed
+from .results import Curve
+from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer
+from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
+
+Tensor = torch.Tensor
+STOPS = ("first", "all")
+STATUSES = ("reached", "not_reached", "diverged")
+# Validation examples times trials per evaluation forward pass: bounds the activation memory.
+EVAL_BUDGET = 1 << 16
+
+
+@dataclass(frozen=True)
+class TrialsResult:
+    """Outcome of :func:`train_trials` for a group of N trials.
+
+    ``steps_to_result``: Shallue et al.'s steps-to-result of the group, the smallest step at which
+    a non-diverged trial met the goal, exact to the step thanks to the replay (None if no trial
+    met it). ``best``: index of that trial (ties: lowest index), ``best_trial`` its
+    metaparameters. Per trial: ``status`` in {"reached", "not_reached", "diverged"},
+    ``hit_step`` (exact first step meeting the goal, or None), ``diverged_step`` (the update whose
+    mini-batch loss was non-finite or exploded; the weights are those before it),
+    ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
+    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``params``: final
+    parameters stacked by name, ``[N, *shape]`` (:meth:`state` gives one trial's).
+    """
+
+    steps_to_result: int | None
+    best: int | None
+    best_trial: Trial | None
+    status: list[str]
+    hit_step: list[int | None]
+    diverged_step: list[int | None]
+    steps_taken: list[int]
+    curves: list[Curve]
+    steps_run: int
+    trials: list[Trial]
+    params: dict[str, Tensor] = field(repr=False)
+
+    def state(self, i: int) -> dict[str, Tensor]:
+        """Final parameters of trial ``i`` by name."""
+        return {name: p[i] for name, p in self.params.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+
+
+def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
+    if isinstance(trials, (Mapping, Trial)) or not len(trials):
+        raise ConfigError("trials must be a non-empty list of Trial or dicts "
+                          "(keys: lr, momentum, decay_steps, end_factor)")
+    return [Trial.from_dict(dict(t) if isinstance(t, Mapping) else t) for t in trials]
+
+
+def check_masks(model: nn.Module, masks: Mapping[str, Tensor] | None, n: int
+                ) -> dict[str, Tensor]:
+    """Validate masks: name -> 0/1 tensor shaped like the parameter (shared by all trials) or
+    ``[n_trials, *shape]`` (one mask per trial)."""
+    if masks is None:
+        return {}
+    if not isinstance(masks, Mapping):
+        raise ConfigError(f"masks must be a mapping name -> 0/1 tensor, got {type(masks).__name__}")
+    params = dict(model.named_parameters())
+    out = {}
+    for name, m in masks.items():
+        if name not in params:
+            raise ConfigError(f"mask entry {name!r} is not a parameter of the model; "
+                              f"parameters: {', '.join(params)}")
+        m = torch.as_tensor(m)
+        shape = tuple(params[name].shape)
+        if tuple(m.shape) not in (shape, (n, *shape)):
+            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}; allowed: "
+                              f"{shape} (shared) or {(n, *shape)} (one per trial)")
+        if not bool(((m == 0) | (m == 1)).all()):
+            raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
+        out[name] = m
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# a stack of trials trained together
+
+
+@dataclass
+class _Stack:
+    """Mutable state of the trials trained together (one chunk of a group)."""
+
+    ids: list[int]
+    params: list[Tensor]
+    bufs: list[Tensor] | None
+    masks: list[Tensor | None]
+    lr: Tensor            # [n] float64 base learning rates
+    mu: Tensor            # [n] momentum, model dtype
+    decay: Tensor | None  # [n] float64 decay steps (inf: constant), None if all constant
+    end: Tensor           # [n] float64 end factors
+    init_loss: Tensor     # [n] float64 first mini-batch loss at initialisation
+    loss_sum: Tensor      # [n] float64 mini-batch losses since the last evaluation
+    seeds: list[int]
+    perm: Tensor | None = None
+    perm_epoch: int = -1
+
+    def select(self, rows: list[int]) -> "_Stack":
+        """The stack restricted to positions ``rows``."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.lr.device)
+
+        def take(t):
+            return None if t is None else t.index_select(0, idx.to(t.device))
+
+        return _Stack(
+            ids=[self.ids[r] for r in rows], params=[take(p) for p in self.params],
+            bufs=None if self.bufs is None else [take(b) for b in self.bufs],
+            masks=[m if m is None or m.dim() < self.params[j].dim() else take(m)
+                   for j, m in enumerate(self.masks)],
+            lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
+            init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
+            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch)
+
+    def clone(self) -> "_Stack":
+        return _Stack(
+            ids=list(self.ids), params=[p.clone() for p in self.params],
+            bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
+            masks=self.masks, lr=self.lr, mu=self.mu, decay=self.decay, end=self.end,
+            init_loss=self.init_loss, loss_sum=self.loss_sum.clone(), seeds=self.seeds,
+            perm=self.perm, perm_epoch=self.perm_epoch)
+
+
+def _col(t: Tensor, like: Tensor) -> Tensor:
+    """Per-trial scalars [n] shaped to broadcast against a stacked tensor [n, ...]."""
+    return t.view(-1, *([1] * (like.dim() - 1)))
+
+
+@dataclass
+class _Runner:
+    """What every step of every stack of one group shares."""
+
+    program: SequentialProgram | FuncProgram
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    task: str
+    metric: str
+    batch_size: int
+    optimizer: str
+    dtype: torch.dtype
+
+    @property
+    def per_epoch(self) -> int:
+        return self.x_train.shape[0] // self.batch_size
+
+    def batch_indices(self, st: _Stack, step: int) -> Tensor:
+        """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
+        epoch, k = divmod(step, self.per_epoch)
+        if st.perm_epoch != epoch:
+            n = self.x_train.shape[0]
+            st.perm = torch.stack([epoch_permutation(s, epoch, n) for s in st.seeds]).to(
+                self.x_train.device)
+            st.perm_epoch = epoch
+        return st.perm[:, k * self.batch_size:(k + 1) * self.batch_size]
+
+    def initial_loss(self, st: _Stack) -> Tensor:
+        idx = self.batch_indices(st, 0)
+        out = self.program.forward(st.params, self.x_train[idx])
+        return stacked_loss_and_grad(out, self.y_train[idx], self.task)[0].double()
+
+    def step(self, st: _Stack, step: int) -> tuple[_Stack, list[tuple[int, list[Tensor]]]]:
+        """Apply update ``step`` (0-based) to every trial of ``st``.
+
+        A trial whose mini-batch loss is non-finite or above DIVERGENCE_FACTOR times its initial
+        loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
+        (id, parameters before the update). Update rules (torch.optim.SGD, dampening 0):
+        sgd: w -= lr g; momentum: a = mu a + g, w -= lr a; nesterov: a = mu a + g,
+        w -= lr (g + mu a). Masked entries of g are zeroed first, so masked weights and momentum
+        buffers stay exactly zero.
+        """
+        idx = self.batch_indices(st, step)
+        loss, grads = self.program.loss_and_grads(st.params, self.x_train[idx], self.y_train[idx])
+        loss = loss.double()
+        # training.goal.is_diverged: not finite, or above DIVERGENCE_FACTOR * initial loss
+        bad = ~(loss <= DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12))
+        dropped: list[tuple[int, list[Tensor]]] = []
+        if bool(bad.any()):
+            rows = bad.nonzero().flatten().tolist()
+            dropped = [(st.ids[r], [p[r].clone() for p in st.params]) for r in rows]
+            keep = (~bad).nonzero().flatten().tolist()
+            st = st.select(keep)
+            if not keep:
+                return st, dropped
+            sel = torch.tensor(keep, device=loss.device)
+            loss = loss[sel]
+            grads = [g.index_select(0, sel) for g in grads]
+        st.loss_sum += loss
+        masked = [(g, m) for g, m in zip(grads, st.masks) if m is not None]
+        if masked:
+            torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
+        lr = st.lr
+        if st.decay is not None:
+            # training.schedules.lr_factor, per trial: 1 - (1 - end) * min(step, decay) / decay
+            lr = lr * (1.0 - (1.0 - st.end) * st.decay.clamp(max=step) / st.decay)
+        neg_lr = lr.neg().to(self.dtype)
+        steps = [_col(neg_lr, p) for p in st.params]
+        if st.bufs is None:
+            torch._foreach_addcmul_(st.params, grads, steps)
+            return st, dropped
+        mus = [_col(st.mu, p) for p in st.params]
+        if self.optimizer == "nesterov":
+            st.bufs = torch._foreach_addcmul(grads, st.bufs, mus)
+            torch._foreach_addcmul_(grads, st.bufs, mus)
+            torch._foreach_addcmul_(st.params, grads, steps)
+        else:
+            # a = g + mu a written over g, which becomes the buffer: one pass instead of two
+            torch._foreach_addcmul_(grads, st.bufs, mus)
+            st.bufs = grads
+            torch._foreach_addcmul_(st.params, st.bufs, steps)
+        return st, dropped
+
+    @torch.no_grad()
+    def evaluate(self, st: _Stack) -> Tensor:
+        """Goal metric of every trial on the validation split, [n] float64."""
+        n = len(st.ids)
+        chunk = max(1, EVAL_BUDGET // n)
+        total = torch.zeros(n, dtype=torch.float64, device=self.x_val.device)
+        for i in range(0, self.x_val.shape[0], chunk):
+            x = self.x_val[i:i + chunk]
+            out = self.program.forward(st.params, x.unsqueeze(0).expand(n, *x.shape))
+            value = metric_value(self.metric, out, self.y_val[i:i + chunk], self.task)
+            total += value.double() * x.shape[0]
+        return total / self.x_val.shape[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer
+
+
+# Activation floats (trials x examples x floats per example) one stack may hold: the trial
+# count per stack is the largest power of two from 8 to 128 within it.
+ACTIVATION_BUDGET = 1 << 22
+
+
+def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
+    patches of convolutions."""
+    total = 0
+
+    def hook(module, inputs, output):
+        nonlocal total
+        total += output.numel()
+        if isinstance(module, nn.modules.conv._ConvNd):
+            total += output.numel() // module.out_channels * (
+                module.in_channels // module.groups) * math.prod(module.kernel_size)
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            p = next(model.parameters())
+            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def default_chunk(batch_size: int, floats_per_example: int) -> int:
+    """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
+    the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
+    (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):
+    mlp (450 floats per example), B = 8: 14.0k / 17.2k / 18.0k / 14.0k / 22.6k; B = 64: 4.2k /
+    4.3k / 4.8k / 5.4k / 7.8k; B = 512: 887 / 858 / 638 / 646 / 802; B = 4096: 79 / 74 / 62 / 62
+    / 70. cnn1d (3095 floats), B = 8: 5.9k / 6.7k / 7.7k / 8.9k (up to 64); B = 64: 1334 / 1140 /
+    1060 / 832; B = 512: 106 / 97 / 84 / 76."""
+    n = 128
+    while n > 8 and n * batch_size * floats_per_example > ACTIVATION_BUDGET:
+        n //= 2
+    return n
+
+
+def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
+                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype
+                 ) -> list[_Stack]:
+    names = [name for name, _ in model.named_parameters()]
+    base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
+    mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
+                 for name in names]
+    stacks = []
+    for start in range(0, len(trials), chunk):
+        ids = list(range(start, min(start + chunk, len(trials))))
+        n = len(ids)
+        rows = torch.tensor(ids, device=device)
+        m_st: list[Tensor | None] = [
+            None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
+            for m, p in zip(mask_list, base)]
+        params = [(p.unsqueeze(0) * (1 if m is None else m)).expand(n, *p.shape).clone()
+                  for p, m in zip(base, m_st)]
+        decays = [trials[i].decay_steps for i in ids]
+        f64 = dict(dtype=torch.float64, device=device)
+        stacks.append(_Stack(
+            ids=ids, params=params,
+            bufs=None if optimizer == "sgd" else [torch.zeros_like(p) for p in params],
+            masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
+            mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
+            decay=None if all(d is None for d in decays) else torch.tensor(
+                [math.inf if d is None else float(d) for d in decays], **f64),
+            end=torch.tensor([trials[i].end_factor for i in ids], **f64),
+            init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
+            seeds=[trial_seed(seed, first_index + i) for i in ids]))
+    return stacks
+
+
+def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
+                 trials: Sequence[Trial | Mapping[str, Any]], optimizer: str = "momentum",
+                 target: Goal | float | None = None, max_steps: int = 1000,
+                 masks: Mapping[str, Tensor] | None = None, seed: int = 0,
+                 eval_schedule: EvalSchedule | None = None, stop: str = "first",
+                 device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 trials_per_chunk: int | None = None, first_index: int = 0) -> TrialsResult:
+    """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
+
+    ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
+    starts from ``model``'s weights. ``optimizer``: ``sgd`` / ``momentum`` / ``nesterov``, the
+    update rules of ``torch.optim.SGD``. ``target``: a ``Goal`` or a bare target (error for
+    classification, loss for regression), or None to train every trial for ``max_steps``.
+    ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
+    per trial). ``stop="first"`` ends the group at the first evaluation where any trial meets the
+    goal; ``stop="all"`` trains each trial to its own first hit, divergence or the budget.
+    ``trials_per_chunk``: trials stacked per computation (default :func:`default_chunk`, by
+    measurement); chunks
+    advance in lockstep between evaluations, so results do not depend on it.
+    ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
+    seed is ``trial_seed(seed, first_index + k)``), so a group can be split across calls.
+    """
+    trial_list = check_trials(trials)
+    check_optimizer(optimizer)
+    if stop not in STOPS:
+        raise ConfigError(f"stop {stop!r}; allowed: {', '.join(STOPS)}")
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
+        raise ConfigError(f"max_steps must be an integer >= 0, got {max_steps!r}")
+    if not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= dataset.n_train:
+        raise ConfigError(f"batch_size must be an integer in [1, {dataset.n_train}] (training "
+                          f"set size), got {batch_size!r}")
+    chunk = trials_per_chunk or default_chunk(
+        batch_size, activation_floats(model, dataset.input_shape))
+    if chunk < 1:
+        raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
+    n = len(trial_list)
+    mask_map = check_masks(model, masks, n)
+    goal = as_goal(target, dataset.task)
+    metric = goal.metric if goal else ("error" if dataset.task == "classification" else "loss")
+    data = dataset.to(device, dtype)
+    runner = _Runner(build_program(model, dataset.task), data.x_train, data.y_train, data.x_val,
+                     data.y_val, dataset.task, metric, int(batch_size), optimizer, dtype)
+    if not isinstance(first_index, (int, np.integer)) or first_index < 0:
+        raise ConfigError(f"first_index must be an integer >= 0, got {first_index!r}")
+    stacks = _make_stacks(model, trial_list, mask_map, seed, int(first_index), optimizer, chunk,
+                          device, dtype)
+    for st in stacks:
+        st.init_loss = runner.initial_loss(st)
+
+    rows: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+    hit: list[int | None] = [None] * n
+    diverged: list[int | None] = [None] * n
+    taken = [0] * n
+    final: dict[int, list[Tensor]] = {}
+
+    def finish(st: _Stack, r: int, step: int) -> None:
+        final[st.ids[r]] = [p[r].clone() for p in st.params]
+        taken[st.ids[r]] = step
+
+    def record(st: _Stack, step: int, gap: int) -> list[int]:
+        """Evaluate at ``step``, append curve rows; positions of trials meeting the goal."""
+        value = runner.evaluate(st).tolist()
+        train = (st.init_loss if step == 0 else st.loss_sum / gap).tolist()
+        st.loss_sum.zero_()
+        for r, i in enumerate(st.ids):
+            rows[i].append((step, train[r], value[r]))
+        return [r for r, v in enumerate(value) if goal is not None and goal.met(v)]
+
+    schedule = (eval_schedule or EvalSchedule()).steps(max_steps)
+    prev, steps_run = 0, 0
+    snapshots: list[_Stack] = []
+    for e in schedule:
+        if e > prev:
+            for k, st in enumerate(stacks):
+                for s in range(prev, e):
+                    if not st.ids:
+                        break
+                    st, dropped = runner.step(st, s)
+                    for i, p in dropped:
+                        diverged[i], final[i], taken[i] = s, p, s
+                stacks[k] = st
+            steps_run = e
+        stop_now = False
+        for k, st in enumerate(stacks):
+            met = record(st, e, e - prev) if st.ids else []
+            if not met:
+                continue
+            for i, h in _replay(runner, snapshots[k] if e > 0 else None, [st.ids[r] for r in met],
+                                prev, e, goal).items():
+                hit[i] = h
+            stop_now = stop == "first"
+            if stop == "all":
+                for r in met:
+                    finish(st, r, e)
+                stacks[k] = st.select([r for r in range(len(st.ids)) if r not in met])
+        stacks = [st for st in stacks if st.ids]
+        if stop_now or not stacks:
+            break
+        # the replay of the next interval starts from here (not needed for a one-step interval)
+        nxt = next((s for s in schedule if s > e), e)
+        snapshots = [st.clone() if nxt - e > 1 else st for st in stacks]
+        prev = e
+    for st in stacks:
+        for r in range(len(st.ids)):
+            finish(st, r, steps_run)
+    return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run)
+
+
+def _replay(runner: _Runner, snapshot: _Stack | None, ids: list[int], start: int, end: int,
+            goal: Goal) -> dict[int, int]:
+    """Exact hit steps in (start, end] of trials ``ids``, which meet the goal at ``end``: rerun
+    them from the snapshot at ``start`` evaluating after every step."""
+    if snapshot is None or end - start == 1:
+        return {i: end for i in ids}
+    st = snapshot.clone().select([snapshot.ids.index(i) for i in ids])
+    found: dict[int, int] = {}
+    for s in range(start, end - 1):
+        st, _ = runner.step(st, s)  # a trial diverging here cannot (it did not in the run)
+        if not st.ids:
+            break
+        met = [r for r, v in enumerate(runner.evaluate(st).tolist()) if goal.met(v)]
+        for r in met:
+            found[st.ids[r]] = s + 1
+        if met:
+            st = st.select([r for r in range(len(st.ids)) if r not in met])
+        if not st.ids:
+            break
+    # a trial not seen earlier first met the goal at ``end`` itself
+    return {i: found.get(i, end) for i in ids}
+
+
+def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, final,
+            steps_run: int) -> TrialsResult:
+    n = len(trials)
+    status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
+              else "not_reached" for i in range(n)]
+    reached = [i for i in range(n) if status[i] == "reached"]
+    best = min(reached, key=lambda i: (hit[i], i)) if reached else None
+    curves = [Curve(np.array([r[0] for r in rs], dtype=int), np.array([r[1] for r in rs]),
+                    np.array([r[2] for r in rs])) for rs in rows]
+    names = [name for name, _ in model.named_parameters()]
+    params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
+    return TrialsResult(
+        steps_to_result=None if best is None else hit[best], best=best,
+        best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
+        diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
+        steps_run=steps_run, trials=trials, params=params)
