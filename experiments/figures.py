@@ -117,15 +117,13 @@ def steps_figure(points: pd.DataFrame, fits: pd.DataFrame, predicted: pd.DataFra
                  series: list[str], cmap: dict[str, tuple], ncols: int = 3):
     """One panel per series: measured steps-to-result, the perfect-scaling line anchored at the
     smallest batch size, the fitted S_min (1 + B_crit / B), the theory's prediction and the
-    regime bands of the fit; batch sizes without a point are marked (x) just above the highest
-    measured point. Panels run in
+    regime bands of the fit; batch sizes without a point are marked (x) along the top. Panels run in
     rows of ``ncols`` (e.g. one row per study when combining runs)."""
     with style():
         fig, axes = _grid(len(series), ncols, 3.6, 2.9, extra_height=0.9, sharex=True, sharey=True)
         lo, hi = _b_range(points)
         grid = np.geomspace(lo, hi, 64)
-        # batch sizes without a point are marked just above the highest measured point
-        top = 1.3 * points["steps"].max() if points["steps"].notna().any() else 1.0
+        gaps = {}
         for ax, name in zip(axes, series):
             p = points[points["series"] == name]
             reached = p[p["status"] == "reached"]
@@ -146,14 +144,16 @@ def steps_figure(points: pd.DataFrame, fits: pd.DataFrame, predicted: pd.DataFra
                 ax.plot(pr["batch_size"], pr["steps"], color="0.3", ls=":", lw=1.5, zorder=3)
             ax.plot(reached["batch_size"], reached["steps"], "o", color=cmap[name], ms=5,
                     mec="white", mew=0.6, zorder=4)
-            gaps = p[p["status"] != "reached"]["batch_size"]
-            if len(gaps):
-                ax.plot(gaps, np.full(len(gaps), top), "x", color="0.2", ms=5, zorder=5)
+            gaps[ax] = p[p["status"] != "reached"]["batch_size"]
             ax.set_title(name)
             log2_axis(ax.xaxis)
             log2_axis(ax.yaxis)
             ax.set_xlim(lo, hi)
+        # batch sizes without a point: x marks along the top of the (shared) steps axis
+        y_lo, y_hi = axes[0].get_ylim()
         for ax in axes:
+            ax.plot(gaps[ax], np.full(len(gaps[ax]), y_hi / 1.15), "x", color="0.2", ms=5, zorder=5)
+            ax.set_ylim(y_lo, y_hi)
             ax.set_xlabel("batch size B")
             ax.set_ylabel("steps to reach the goal")
             ax.label_outer()
@@ -161,7 +161,8 @@ def steps_figure(points: pd.DataFrame, fits: pd.DataFrame, predicted: pd.DataFra
                    Line2D([], [], ls="--", color="black", label="perfect scaling"),
                    Line2D([], [], ls="-", color="0.4", label="fit S_min (1 + B_crit / B)"),
                    Line2D([], [], ls=":", color="0.3", lw=1.5, label="theory prediction"),
-                   Line2D([], [], marker="x", ls="", color="0.2", label="no point (not reached, failed, missing)"),
+                   Line2D([], [], marker="x", ls="", color="0.2",
+                          label="no point (not reached, failed, missing)"),
                    *[Patch(color=c, label=r) for r, c in REGIME_COLORS.items()]]
         fig.legend(handles=handles, loc="outside lower center", frameon=False,
                    ncol=max(1, int(fig.get_figwidth() / 2.6)))
@@ -172,31 +173,49 @@ def steps_figure(points: pd.DataFrame, fits: pd.DataFrame, predicted: pd.DataFra
 # 2. normalized steps (Lee et al.) and the sparse / dense ratio
 
 
+def _normalized_panel(ax, points: pd.DataFrame, series: list[str], cmap: dict[str, tuple]) -> None:
+    """Each series' steps divided by its steps at its smallest reached batch size, with the
+    perfect-scaling line B0 / B from every distinct anchor B0."""
+    reached = points[points["status"] == "reached"]
+    if reached.empty:
+        _empty(ax, "no batch size reached the goal yet")
+        return
+    anchors = set()
+    for name in series:
+        p = reached[reached["series"] == name]
+        if len(p):
+            anchors.add(float(p["batch_size"].iloc[0]))
+            ax.plot(p["batch_size"], p["steps"] / p["steps"].iloc[0], "o-", color=cmap[name], ms=4, lw=1.2,
+                    label=name)
+    lo, hi = _b_range(points)
+    grid = np.geomspace(lo, hi, 32)
+    for i, b0 in enumerate(sorted(anchors)):
+        ax.plot(grid, b0 / grid, ls="--", color="black", lw=0.9, label="perfect scaling" if i == 0 else None)
+    log2_axis(ax.xaxis)
+    log2_axis(ax.yaxis)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("steps / steps at smallest B")
+    ax.legend(loc="lower left")
+
+
+def placeholder(text: str):
+    """A small figure saying why a figure has nothing to show (e.g. no group stored yet)."""
+    with style():
+        fig, ax = plt.subplots(figsize=(6, 1.6), layout="constrained")
+        _empty(ax, text)
+        return fig
+
+
 def normalized_figure(points: pd.DataFrame, ratios: pd.DataFrame, series: list[str],
                       cmap: dict[str, tuple]):
     """(a) steps / steps at the series' smallest batch size (Lee et al. 2021's comparison view)
     with the perfect-scaling line; (b) measured sparse / dense steps at each batch size."""
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
-        anchors = set()
-        for name in series:
-            p = points[(points["series"] == name) & (points["status"] == "reached")]
-            if len(p):
-                b0, s0 = p["batch_size"].iloc[0], p["steps"].iloc[0]
-                anchors.add(float(b0))
-                ax.plot(p["batch_size"], p["steps"] / s0, "o-", color=cmap[name], ms=4, lw=1.2, label=name)
-        lo, hi = _b_range(points)
-        grid = np.geomspace(lo, hi, 32)
-        for i, b0 in enumerate(sorted(anchors)):
-            ax.plot(grid, b0 / grid, ls="--", color="black", lw=0.9,
-                    label="perfect scaling" if i == 0 else None)
-        log2_axis(ax.xaxis)
-        log2_axis(ax.yaxis)
-        ax.set_xlim(lo, hi)
-        ax.set_xlabel("batch size B")
-        ax.set_ylabel("steps / steps at smallest B")
+        _normalized_panel(ax, points, series, cmap)
         ax.set_title("(a) normalized steps to result")
-        ax.legend(loc="lower left")
+        lo, hi = _b_range(points)
         if len(ratios):
             for name in [s for s in series if s in set(ratios["series"])]:
                 r = ratios[ratios["series"] == name]
@@ -281,33 +300,44 @@ def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: lis
 # 4. every trial: learning rate x (1 - momentum), coloured by outcome
 
 
+TRIAL_COLUMNS = 6   # batch sizes per row of Figure 4; a series with more batch sizes wraps
+
+
 def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
                   metric: str = "error"):
     """One panel per (series, batch size): each trial at (learning rate, 1 - momentum), marked by
     whether it met the goal, did not, or diverged. For a series without a momentum search the
-    vertical axis is the final validation metric (diverged trials just above the worst one)."""
-    rows = [s for s in series if s in set(trials["series"])]
+    vertical axis is the final validation metric (diverged trials just above the worst one).
+    Each series takes one row of up to ``TRIAL_COLUMNS`` batch sizes (more rows if it has more)."""
+    names = [s for s in series if s in set(trials["series"])]
     sizes = sorted(set(trials["batch_size"]))
     finite = trials["final_metric"].dropna()
     ceiling = 1.1 * finite.max() if len(finite) else 1.0
     with style():
-        if not rows:
+        if not names:
             fig, ax = plt.subplots(figsize=(4, 2), layout="constrained")
             _empty(ax, "no trials stored")
             return fig
+        ncols = min(len(sizes), TRIAL_COLUMNS)
+        wraps = math.ceil(len(sizes) / ncols)
+        nrows = len(names) * wraps
         # a regular grid with fixed margins in inches: a layout engine costs more than the drawing
-        width, height = 1.55 * len(sizes) + 1.1, 1.45 * len(rows) + 0.95
-        fig, axes = plt.subplots(len(rows), len(sizes), figsize=(width, height), squeeze=False, sharex=True,
+        width, height = 1.55 * ncols + 1.1, 1.6 * nrows + 0.8
+        fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False, sharex=True,
                                  sharey="row")
         fig.subplots_adjust(left=1.0 / width, right=1 - 0.1 / width, top=1 - 0.3 / height,
-                            bottom=0.8 / height, wspace=0.08, hspace=0.12)
+                            bottom=0.8 / height, wspace=0.08, hspace=0.35)
         any_metric_row = False
-        for i, name in enumerate(rows):
+        for i, name in enumerate(names):
             mine = trials[trials["series"] == name]
             momentum_searched = mine["momentum"].nunique() > 1
             any_metric_row |= not momentum_searched
-            for j, b in enumerate(sizes):
-                ax = axes[i, j]
+            for k in range(wraps * ncols):
+                ax = axes[i * wraps + k // ncols, k % ncols]
+                if k >= len(sizes):
+                    ax.set_visible(False)
+                    continue
+                b = sizes[k]
                 t = mine[mine["batch_size"] == b]
                 for status, (color, marker, _) in STATUS_STYLE.items():
                     s = t[t["status"] == status]
@@ -318,14 +348,13 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
                 log10_axis(ax.xaxis, subs=(1.0,))
                 if momentum_searched:
                     log10_axis(ax.yaxis)
-                if i == 0:
-                    ax.set_title(f"B = {b}")
-                if j == 0:
+                ax.set_title(f"B = {b}", fontsize=8)
+                if k % ncols == 0:
                     quantity = "1 − momentum" if momentum_searched else f"final {metric}"
                     ax.set_ylabel(name.replace(", ", ",\n") + "\n" + quantity, fontsize=7)
-                if i == len(rows) - 1:
-                    ax.set_xlabel("learning rate")
-                ax.tick_params(labelsize=6)
+                ax.tick_params(labelsize=6, labelbottom=True)
+        for ax in axes[-1]:
+            ax.set_xlabel("learning rate")
         handles = [Line2D([], [], marker=m, ls="", color=c, label=lab) for c, m, lab in STATUS_STYLE.values()]
         if any_metric_row and target is not None:
             handles.append(Line2D([], [], ls="--", color="black", label=f"goal: {metric} {target:g}"))
@@ -350,7 +379,7 @@ def probes_figure(probes: pd.DataFrame, series: list[str], runs: list[str], cmap
     run_colors = (dict(zip(runs, sns.color_palette("dark", len(runs)))) if len(runs) > 1
                   else {runs[0]: (0.2, 0.2, 0.2)})
     with style():
-        fig, axes = plt.subplots(2, 3, figsize=(12, 6.6), layout="constrained")
+        fig, axes = plt.subplots(2, 3, figsize=(12, 7.0))
         for k, (q, label) in enumerate(PROBE_PANELS):
             top, bottom = axes[0, k], axes[1, k]
             d = probes[(probes["quantity"] == q) & probes["value"].notna()]
@@ -396,7 +425,12 @@ def probes_figure(probes: pd.DataFrame, series: list[str], runs: list[str], cmap
         handles += [Line2D([], [], color=cmap[s], marker="o", ms=3.5, label=s) for s in series
                     if s in set(probes["series"])]
         handles.append(Line2D([], [], ls="--", color="0.3", label="B_noise = tr(HΣ) / GᵀHG"))
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), frameon=False)
+        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
+        # a regular grid with fixed margins (a layout engine costs more than the drawing); the
+        # bottom margin leaves 0.6 in for the x labels plus one legend row per 5 entries
+        rows = math.ceil(len(handles) / 5)
+        fig.subplots_adjust(left=0.06, right=0.99, top=0.96, bottom=(0.6 + 0.17 * rows) / 7.0,
+                            wspace=0.28, hspace=0.38)
         return fig
 
 
@@ -410,28 +444,24 @@ def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap:
     (Zhang et al. 2019) for the study's optimizer(s), normalized the same way, in its own units."""
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
-        for name in series:
-            p = points[(points["series"] == name) & (points["status"] == "reached")]
-            if len(p):
-                ax.plot(p["batch_size"], p["steps"] / p["steps"].iloc[0], "o-", color=cmap[name],
-                        ms=4, lw=1.2, label=name)
-        for axis, b in ((ax, points["batch_size"]), (bx, nqm["batch_size"] if len(nqm) else pd.Series([1.0]))):
-            grid = np.geomspace(b.min(), b.max(), 32)
-            axis.plot(grid, b.min() / grid, ls="--", color="black", lw=0.9, label="perfect scaling")
+        _normalized_panel(ax, points, series, cmap)
         ax.set_title("(a) measured")
-        ax.set_xlabel("batch size B")
-        ax.set_ylabel("steps / steps at smallest B")
-        styles = {"sgd": "-", "momentum": "-.", "nesterov": "-."}
-        pal = sns.color_palette("dark", 4)
-        for i, (opt, g) in enumerate(nqm.groupby("optimizer", sort=True) if len(nqm) else []):
-            bx.plot(g["batch_size"], g["steps"] / g["steps"].iloc[0], ls=styles.get(opt, "-"),
-                    marker="o", ms=3.5, color=pal[i], lw=1.3, label=f"NQM, {opt}")
+        if len(nqm):
+            styles = {"sgd": "-", "momentum": "-."}
+            pal = sns.color_palette("dark", 4)
+            for i, (opt, g) in enumerate(nqm.groupby("optimizer", sort=True)):
+                bx.plot(g["batch_size"], g["steps"] / g["steps"].iloc[0], ls=styles.get(opt, "-"),
+                        marker="o", ms=3.5, color=pal[i], lw=1.3, label=f"NQM, {opt}")
+            b = nqm["batch_size"]
+            grid = np.geomspace(b.min(), b.max(), 32)
+            bx.plot(grid, b.min() / grid, ls="--", color="black", lw=0.9, label="perfect scaling")
+            log2_axis(bx.xaxis)
+            log2_axis(bx.yaxis)
+            bx.set_xlabel("batch size B (NQM units)")
+            bx.set_ylabel("steps / steps at smallest B")
+            bx.legend(loc="lower left")
+        else:
+            _empty(bx, "the NQM reached the target at no batch size")
         bx.set_title("(b) noisy quadratic model")
-        bx.set_xlabel("batch size B (NQM units)")
-        bx.set_ylabel("steps / steps at smallest B")
-        for axis in (ax, bx):
-            log2_axis(axis.xaxis)
-            log2_axis(axis.yaxis)
-            axis.legend(loc="lower left")
         fig.supxlabel(textwrap.fill(note, 160), fontsize=7, color="0.3")
         return fig

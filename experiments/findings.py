@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -151,9 +152,9 @@ def series_order(runs: tuple[Run, ...]) -> list[str]:
 
 
 def points_table(runs: tuple[Run, ...]) -> pd.DataFrame:
-    """One row per stored (run, sparsity, batch size): steps-to-result (median over reaching
-    seeds), best metaparameters, trials reached / diverged, cost, and ``status``
-    ('reached' | 'not reached' | 'failed')."""
+    """One row per planned or stored (run, sparsity, batch size): steps-to-result (median over
+    reaching seeds), best metaparameters, trials reached / diverged, cost, and ``status``
+    ('reached' | 'not reached' | 'failed' | 'missing': planned, no group stored)."""
     groups, trials = stacked(runs, "groups"), stacked(runs, "trials")
     rows = []
     for (run, series, sparsity, b), g in groups.groupby(
@@ -177,18 +178,25 @@ def points_table(runs: tuple[Run, ...]) -> pd.DataFrame:
                 best = {k: float(t[k].iloc[0]) if not pd.isna(t[k].iloc[0]) else math.nan
                         for k in METAPARAMETERS}
         rows.append(row | best)
+    combined = len(runs) > 1
+    for r in runs:
+        stored = {(row["sparsity"], row["batch_size"]) for row in rows if row["run"] == r.label}
+        planned = planned_groups(r)[["sparsity", "batch_size"]].drop_duplicates()
+        rows += [{"run": r.label, "series": series_label(r, s, combined), "sparsity": s, "batch_size": b,
+                  "seeds": 0, "seeds_reached": 0, "status": "missing", "steps": math.nan,
+                  "max_steps": math.nan, "n_trials": 0, "n_reached": 0, "n_diverged": 0,
+                  "trial_steps": 0, "wall_time": 0.0, **{k: math.nan for k in METAPARAMETERS}}
+                 for s, b in planned.itertuples(index=False) if (s, b) not in stored]
     cols = ["run", "series", "sparsity", "batch_size", "seeds", "seeds_reached", "status", "steps",
             "max_steps", "n_trials", "n_reached", "n_diverged", "trial_steps", "wall_time",
             *METAPARAMETERS]
     return _ordered(pd.DataFrame(rows, columns=cols), runs)
 
 
-def _ordered(df: pd.DataFrame, runs: tuple[Run, ...], extra: tuple[str, ...] = ("batch_size",)
-             ) -> pd.DataFrame:
-    """Sort rows by series in report order, then by ``extra`` columns."""
+def _ordered(df: pd.DataFrame, runs: tuple[Run, ...]) -> pd.DataFrame:
+    """Sort rows by series in report order, then by batch size."""
     rank = {s: i for i, s in enumerate(series_order(runs))}
-    key = df["series"].map(rank)
-    return (df.assign(_rank=key).sort_values(["_rank", *extra], kind="stable")
+    return (df.assign(_rank=df["series"].map(rank)).sort_values(["_rank", "batch_size"], kind="stable")
             .drop(columns="_rank").reset_index(drop=True))
 
 
@@ -218,10 +226,9 @@ def search_edges(runs: tuple[Run, ...], points: pd.DataFrame) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Fits:
     """Scaling fits per series: ``table`` (one row per series, fitted or with the reason it
-    could not be), ``regimes`` (series, batch_size, regime), ``objects`` series -> ScalingFit."""
+    could not be) and ``objects`` series -> ScalingFit (regimes via ``ScalingFit.regime``)."""
 
     table: pd.DataFrame
-    regimes: pd.DataFrame
     objects: dict
 
 
@@ -230,14 +237,14 @@ def fit_series(runs: tuple[Run, ...]) -> Fits:
     the goal), with bootstrap intervals over seeds (several seeds) or residuals (one)."""
     groups = stacked(runs, "groups")
     groups = groups[(groups["status"] == "done") & groups["steps_to_result"].notna()]
-    rows, regimes, objects = [], [], {}
+    rows, objects = [], {}
     for series in series_order(runs):
         g = groups[groups["series"] == series].sort_values(["batch_size", "seed"])
         row = {"series": series, "points": int(g["batch_size"].nunique())}
         try:
             fit = fit_scaling(g["batch_size"].to_numpy(float), g["steps_to_result"].to_numpy(float),
-                                     seeds=g["seed"].to_numpy() if g["seed"].nunique() > 1 else None,
-                                     n_boot=N_BOOT, level=FIT_LEVEL, rng=0)
+                              seeds=g["seed"].to_numpy() if g["seed"].nunique() > 1 else None,
+                              n_boot=N_BOOT, level=FIT_LEVEL, rng=0)
         except TheoryError as exc:
             rows.append(row | {"note": f"not fitted: {exc}"})
             continue
@@ -251,12 +258,9 @@ def fit_series(runs: tuple[Run, ...]) -> Fits:
                 "note": ("B_crit at the edge of what the batch sizes resolve: a bound"
                          if fit.b_crit_at_bound else "")}
         rows.append(row)
-        regimes += [{"series": series, "batch_size": b, "regime": reg}
-                    for b, reg in zip(fit.batch_sizes, fit.regimes)]
     cols = ["series", "points", "s_min", "s_min_lo", "s_min_hi", "b_crit", "b_crit_lo",
             "b_crit_hi", "perfect_until", "largest_useful_batch", "residual_sd", "note"]
-    return Fits(pd.DataFrame(rows, columns=cols),
-                pd.DataFrame(regimes, columns=["series", "batch_size", "regime"]), objects)
+    return Fits(pd.DataFrame(rows, columns=cols), objects)
 
 
 def perfect_scaling_until(b_crit: float) -> float:
@@ -368,7 +372,8 @@ def _scaling_sentence(name: str, f: pd.Series, reached: pd.Series) -> str:
             f"(B_crit / {perfect_scaling_until(1.0) ** -1:g} with fitted B_crit = {fmt_num(f['b_crit'], 3)}, "
             f"{int(FIT_LEVEL * 100)} % interval {fmt_interval(f['b_crit_lo'], f['b_crit_hi'])}; "
             f"{last}); beyond B ≈ {fmt_num(f['largest_useful_batch'], 3)} doubling the batch "
-            f"saves under {100 * (1 - 2 ** MAXIMAL_SLOPE):.0f} % of the steps (S_min = {fmt_num(f['s_min'], 3)} steps).")
+            f"saves under {100 * (1 - 2 ** MAXIMAL_SLOPE):.0f} % of the steps "
+            f"(S_min = {fmt_num(f['s_min'], 3)} steps).")
 
 
 def findings_text(runs: tuple[Run, ...], points: pd.DataFrame, fits: Fits, ratios: pd.DataFrame,
@@ -390,7 +395,8 @@ def findings_text(runs: tuple[Run, ...], points: pd.DataFrame, fits: Fits, ratio
         more = r["ratio"].median()
         out.append(f"{series} needs {fmt_num(more, 3)}× the steps of {dense} (median over "
                    f"{len(r)} batch sizes where both reached the goal; from {fmt_num(lo['ratio'], 3)}× "
-                   f"at B = {int(lo['batch_size'])} to {fmt_num(hi['ratio'], 3)}× at B = {int(hi['batch_size'])}).")
+                   f"at B = {int(lo['batch_size'])} to {fmt_num(hi['ratio'], 3)}× "
+                   f"at B = {int(hi['batch_size'])}).")
     scored = predictions.dropna(subset=["relative_error"])
     for series, rows in scored.groupby("series", sort=False):
         parts = [f"{r.quantity} predicted {fmt_num(r.predicted, 3)} vs measured {fmt_num(r.measured, 3)} "
@@ -461,10 +467,16 @@ def nqm_curves(optimizers: list[str]) -> pd.DataFrame:
     """Steps to target of the noisy quadratic model (h_i = 1/i, C = H, x_0 ~ N(0, I)) per batch
     size, best lr (and momentum) on a grid, for each NQM optimizer the study's optimizers map to;
     columns optimizer, batch_size, steps, best_lr, best_momentum."""
+    return _nqm_curves(tuple(sorted({NQM_OPTIMIZER[o] for o in optimizers}))).copy()
+
+
+@cache
+def _nqm_curves(nqm_optimizers: tuple[str, ...]) -> pd.DataFrame:
+    # the model does not depend on the store: computed once per process
     spectrum = nqm.paper_spectrum(NQM_DIM)
     target = NQM_TARGET_SHARE * spectrum.initial_loss()
     frames = []
-    for opt in sorted({NQM_OPTIMIZER[o] for o in optimizers}):
+    for opt in nqm_optimizers:
         kw = ({"lrs": NQM_SGD_LRS} if opt == "sgd" else {"lrs": NQM_MOMENTUM_LRS, "momenta": NQM_MOMENTA})
         c = nqm.steps_to_target(spectrum, target, NQM_BATCH_SIZES, opt, max_steps=NQM_MAX_STEPS, **kw)
         frames.append(pd.DataFrame({"optimizer": opt, "batch_size": c.batch_sizes, "steps": c.steps,
@@ -521,7 +533,8 @@ def probe_summary(probes: pd.DataFrame) -> pd.DataFrame:
         rows.append({"run": run, "series": series, "sparsity": float(sparsity),
                      "L": lipschitz if not math.isnan(lipschitz) else pick("hessian_top"),
                      "L_source": "local_lipschitz" if not math.isnan(lipschitz) else "hessian_top",
-                     "sigma2": pick("trace_sigma"), "delta": float(init_loss.iloc[0]) if len(init_loss) else math.nan,
+                     "sigma2": pick("trace_sigma"),
+                     "delta": float(init_loss.iloc[0]) if len(init_loss) else math.nan,
                      "b_simple": pick("b_simple"), "b_noise": pick("b_noise")})
     return pd.DataFrame(rows, columns=["run", "series", "sparsity", "L", "L_source", "sigma2", "delta",
                                        "b_simple", "b_noise"])
@@ -534,9 +547,11 @@ def theory_view(runs: tuple[Run, ...], fits: Fits) -> TheoryPart:
     inputs = probe_summary(stacked(runs, "probes"))
     table, curves, notes = predictions(runs, fits, inputs)
     nqm_opts = ", ".join(sorted({NQM_OPTIMIZER[o] for o in optimizers}))
+    if "nesterov" in optimizers:
+        nqm_opts += "; Nesterov is compared with heavy-ball momentum"
     caption = ("(a) Measured steps-to-result of every series divided by its value at the smallest "
                "batch size. (b) The noisy quadratic model (Zhang et al. 2019) for the study's "
-               f"optimizer(s) ({nqm_opts}; Nesterov is compared with heavy-ball momentum), normalized "
+               f"optimizer(s) ({nqm_opts}), normalized "
                "the same way; dashed: perfect scaling. Nothing is fitted: compare where each curve "
                "leaves perfect scaling and whether momentum extends it. " + NQM_NOTE)
     return TheoryPart(table=table, curves=curves, statement=notes, inputs=inputs,
@@ -613,8 +628,8 @@ def predictions(runs: tuple[Run, ...], fits: Fits, probes: pd.DataFrame
             if lv.is_reference:
                 continue
             both = np.isfinite(lv.step_ratio_measured)
-            meas, predicted = (float(np.median(lv.step_ratio_measured[both])),
-                               float(np.median(lv.step_ratio_predicted[both]))) if both.any() else (math.nan,) * 2
+            meas = float(np.median(lv.step_ratio_measured[both])) if both.any() else math.nan
+            predicted = float(np.median(lv.step_ratio_predicted[both])) if both.any() else math.nan
             table += [{"series": series, "quantity": Q_BOUND, "predicted": lv.b_crit_predicted,
                        "measured": lv.b_crit_measured, "relative_error": lv.b_crit_error},
                       {"series": series, "quantity": Q_RATIO, "predicted": predicted, "measured": meas,

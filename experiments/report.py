@@ -31,9 +31,9 @@ import pandas as pd
 
 from . import figures as F
 from .findings import (
-    FIT_LEVEL, HELD_FACTOR, Fits, ReportError, Run, cost_table, findings_text, fit_series, fmt_interval,
-    fmt_num, held, load_runs, missing_table, points_table, search_edges, series_order, sparsity_label,
-    stacked, step_ratios, theory_view,
+    FIT_LEVEL, HELD_FACTOR, Fits, ReportError, Run, TheoryPart, cost_table, findings_text, fit_series,
+    fmt_interval, fmt_num, held, load_runs, missing_table, points_table, search_edges, series_order,
+    sparsity_label, stacked, step_ratios, theory_view,
 )
 
 __all__ = ["write_report", "ReportError"]
@@ -82,7 +82,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
         (out / "figures" / f"{fig.name}.png").write_bytes(fig.png)
     _write_text(out / "report.md", render_markdown(report))
     _write_text(out / "report.html", render_html(report))
-    _write_text(out / "summary.csv", report.summary.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    csv = report.summary.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+    _write_text(out / "summary.csv", csv)
     return out / "report.html"
 
 
@@ -111,6 +112,11 @@ def build(runs: tuple[Run, ...]) -> Report:
     goal = runs[0].spec["goal"]   # the dashed goal line of Figure 4 (combined runs normally share it)
     goal_text = "; ".join(dict.fromkeys(_goal_text(r.spec["goal"]) for r in runs))
 
+    def drawn(make) -> bytes:
+        """PNG of ``make()``, or of a placeholder when no group is stored at all."""
+        stored = (points["status"] != "missing").any()
+        return F.png_bytes(make() if stored else F.placeholder("no group of this study is in the store yet"))
+
     figures = [
         Figure("fig1_steps", "Figure 1. Steps to result vs batch size",
                "Measured steps-to-result (median over seeds) per series on log2 axes; dashed: perfect "
@@ -119,24 +125,24 @@ def build(runs: tuple[Run, ...]) -> Report:
                "scaled by the one constant calibrated on the dense curve (on dense: calibrated; on "
                "sparse levels: predicted from their probes); bands: regimes of the fit (perfect scaling "
                "B ≤ B_crit / 4, maximal data parallelism B ≥ 4 B_crit); ×: batch sizes without a point.",
-               F.png_bytes(F.steps_figure(points, fits.table, theory_part.curves, series, cmap,
-                                           ncols=min(4, max(len(r.spec['sparsities']) for r in runs))))),
+               drawn(lambda: F.steps_figure(points, fits.table, theory_part.curves, series, cmap,
+                                            ncols=min(4, max(len(r.spec["sparsities"]) for r in runs))))),
         Figure("fig2_normalized", "Figure 2. Normalized steps and the cost of sparsity",
                "(a) Steps divided by the steps at each series' smallest batch size (Lee et al. 2021's "
                "view); dashed: perfect scaling. (b) Measured steps of each sparse series over its "
                "run's dense series at the same batch size (1 = no extra cost).",
-               F.png_bytes(F.normalized_figure(points, ratios, series, cmap))),
+               drawn(lambda: F.normalized_figure(points, ratios, series, cmap))),
         Figure("fig3_metaparameters", "Figure 3. Optimal metaparameters vs batch size",
                "Learning rate, 1 − momentum and effective learning rate lr / (1 − momentum) of the best "
                "trial at each batch size (Shallue et al. 2019), with the linear (dashed) and square-root "
                "(dotted) heuristics anchored at the smallest batch size; ringed: best value in the outer "
                "10 % of the searched range (the optimum may lie outside the search space).",
-               F.png_bytes(F.metaparameters_figure(points, edges, series, cmap))),
+               drawn(lambda: F.metaparameters_figure(points, edges, series, cmap))),
         Figure("fig4_trials", "Figure 4. Every trial: learning rate × (1 − momentum)",
                f"Each trial of every group, marked by outcome for the goal ({goal_text}). Groups stop "
                "at the first evaluation where any trial meets the goal unless the study ran with "
                "stop = \"all\", so \"did not\" means not met by then.",
-               F.png_bytes(F.trials_figure(trials, series, goal["target"], goal["metric"]))),
+               drawn(lambda: F.trials_figure(trials, series, goal["target"], goal["metric"]))),
         Figure("fig5_probes", "Figure 5. Smoothness and gradient noise",
                "Probes of the store: Lee et al. (2021)'s local Lipschitz constant along the reference "
                "trajectory, the top Hessian eigenvalue (Lanczos) and McCandlish et al. (2018)'s simple "
@@ -149,8 +155,8 @@ def build(runs: tuple[Run, ...]) -> Report:
     ]
     tables = [
         Table("Steps to result", _steps_table(points, edges)),
-        Table(f"Scaling fits (S_min, B_crit with {int(FIT_LEVEL * 100)} % bootstrap intervals, regime boundaries)",
-              _fits_table(fits)),
+        Table(f"Scaling fits (S_min, B_crit with {int(FIT_LEVEL * 100)} % bootstrap intervals, "
+              "regime boundaries)", _fits_table(fits)),
         Table("Predicted vs measured", _predictions_table(theory_part.table),
               f"Relative error = predicted / measured − 1; a prediction held when it is within a factor "
               f"{HELD_FACTOR:g} of the measurement." if len(theory_part.table) else
@@ -210,7 +216,8 @@ def _overview_table(runs: tuple[Run, ...]) -> pd.DataFrame:
             "trials per group": str(s["trials"]),
             "seeds": ", ".join(map(str, s["seeds"])),
             "step budget": (str(budget["max_steps"]) if budget.get("max_steps") is not None else
-                            f"{budget.get('examples')} examples / B, in [{budget.get('min')}, {budget.get('max')}]"),
+                            f"{budget.get('examples')} examples / B, "
+                            f"in [{budget.get('min')}, {budget.get('max')}]"),
         })
     return pd.DataFrame(rows)
 
@@ -232,7 +239,8 @@ def _fits_table(fits: Fits) -> pd.DataFrame:
         "series": t["series"],
         "points": [fmt_num(v) for v in t["points"]],
         "S_min": [fmt_num(v, 4) for v in t["s_min"]],
-        "S_min interval": [fmt_interval(a, b) if not pd.isna(a) else "–" for a, b in zip(t["s_min_lo"], t["s_min_hi"])],
+        "S_min interval": [fmt_interval(a, b) if not pd.isna(a) else "–"
+                           for a, b in zip(t["s_min_lo"], t["s_min_hi"])],
         "B_crit": [fmt_num(v, 4) for v in t["b_crit"]],
         "B_crit interval": [fmt_interval(a, b) if not pd.isna(a) else "–"
                             for a, b in zip(t["b_crit_lo"], t["b_crit_hi"])],
@@ -289,23 +297,20 @@ def _cost_table(cost: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_frame(runs: tuple[Run, ...], points: pd.DataFrame, edges: pd.DataFrame, fits: Fits,
-                  theory_part, ratios: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, sparsity, batch size) stored: measurement, best metaparameters, the fit
-    (regime, fitted steps, S_min, B_crit) and the theory's predicted steps and step ratio."""
+                  theory_part: TheoryPart, ratios: pd.DataFrame) -> pd.DataFrame:
+    """One row per planned or stored (run, sparsity, batch size): measurement, best
+    metaparameters, the fit (regime, fitted steps, S_min, B_crit), the measured step ratio to dense
+    and the theory's predicted steps and step ratio."""
     by_label = {r.label: r for r in runs}
     df = points.join(edges).copy()
     df.insert(0, "study", [by_label[r].name for r in df["run"]])
     df.insert(1, "optimizer", [by_label[r].optimizer for r in df["run"]])
     df = df.rename(columns={"steps": "steps_to_result"})
     ft = fits.table.set_index("series")
-    fitted, regime = [], []
-    reg = fits.regimes.set_index(["series", "batch_size"])["regime"]
-    for s, b in zip(df["series"], df["batch_size"]):
-        fit = fits.objects.get(s)
-        fitted.append(float(fit.predict(b)) if fit is not None else float("nan"))
-        regime.append(reg.get((s, float(b)), fit.regime(b)[0] if fit is not None else ""))
-    df["regime"] = regime
-    df["fit_steps"] = fitted
+    fitted = [fits.objects.get(s) for s in df["series"]]
+    df["regime"] = [fit.regime(b)[0] if fit else "" for fit, b in zip(fitted, df["batch_size"])]
+    df["fit_steps"] = [float(fit.predict(b)) if fit else float("nan")
+                       for fit, b in zip(fitted, df["batch_size"])]
     df["fit_s_min"] = [ft.loc[s, "s_min"] if s in ft.index else float("nan") for s in df["series"]]
     df["fit_b_crit"] = [ft.loc[s, "b_crit"] if s in ft.index else float("nan") for s in df["series"]]
     pred = theory_part.curves.set_index(["series", "batch_size"])
@@ -313,6 +318,7 @@ def summary_frame(runs: tuple[Run, ...], points: pd.DataFrame, edges: pd.DataFra
     df["predicted_steps"] = [pred["steps"].get(k, float("nan")) for k in keys]
     ratio = ratios.set_index(["series", "batch_size"])["ratio"]
     df["ratio_to_dense"] = [ratio.get((s, int(b)), float("nan")) for s, b in keys]
+    df.loc[(df["sparsity"] == 0.0) & (df["status"] == "reached"), "ratio_to_dense"] = 1.0
     df["predicted_ratio_to_dense"] = [pred["ratio"].get(k, float("nan")) for k in keys]
     return df.drop(columns=["wall_time"])
 
@@ -370,7 +376,8 @@ figure{margin:1em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#444;max-width:1000px}
 pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:.85em}
 .findings p{margin:.35em 0}.note{font-size:.9em;color:#555}
-pre.math{background:none;font-family:"DejaVu Sans Mono",monospace;font-size:.95em;line-height:1.0;margin:.2em 0}details{margin-bottom:1em}
+pre.math{background:none;font-family:"DejaVu Sans Mono",monospace;font-size:.95em;line-height:1.0;margin:.2em 0}
+details{margin-bottom:1em}
 code.tex{display:block;background:#f6f6f6;padding:.4em .6em;margin:.2em 0 .8em;white-space:pre-wrap}
 """
 

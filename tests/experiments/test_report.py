@@ -115,7 +115,8 @@ def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(
                         final = 0.15 if status == "reached" else (math.nan if status == "diverged" else 0.4)
                         curve = tuple((s, 2.0 / (1 + s / 100), 0.9 / (1 + s / 500)) for s in (0, 100, 200))
                         trials.append(TrialRow(t, lr, m, None, 1.0, status, hit, final, curve))
-                    store.write_group(GroupRecord(key, sparsity, b, seed, "done", steps, best if reach else None,
+                    store.write_group(GroupRecord(key, sparsity, b, seed, "done", steps,
+                                                  best if reach else None,
                                                   20000, float(rng.uniform(1, 2)), 6 * (steps or 20000),
                                                   cfg, tuple(trials)))
             if probes:
@@ -174,6 +175,20 @@ def test_same_store_gives_byte_identical_outputs(full, tmp_path):
     write_report([full], out=again)
     for name in OUTPUTS:
         assert (full / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_another_process_writes_the_same_bytes(partial, tmp_path):
+    """No hidden state (hash seeds, caches, font lookups) leaks into the files."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "elsewhere"
+    code = f"from experiments.report import write_report; write_report([{str(partial)!r}], out={str(out)!r})"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
+    for name in OUTPUTS:
+        assert (partial / name).read_bytes() == (out / name).read_bytes(), name
 
 
 def test_report_contains_every_figure_and_table(full):
@@ -285,9 +300,10 @@ def test_combining_two_run_folders(combined):
 
 def test_partial_run_reports_what_exists_and_lists_what_is_missing(partial):
     s = summary(partial)
-    stored = {(r.sparsity, r.batch_size): r.status for r in s.itertuples()}
-    assert (0.9, 128) not in stored and (0.9, 256) not in stored
-    assert stored[(0.0, 8)] == "failed" and stored[(0.9, 8)] == "not reached"
+    status = {(r.sparsity, r.batch_size): r.status for r in s.itertuples()}
+    assert len(status) == 12 and status[(0.9, 128)] == status[(0.9, 256)] == "missing"
+    assert status[(0.0, 8)] == "failed" and status[(0.9, 8)] == "not reached"
+    assert list(status.values()).count("reached") == 8
     assert np.isnan(s.loc[(s.sparsity == 0.0) & (s.batch_size == 8), "steps_to_result"]).all()
     md = (partial / "report.md").read_text()
     missing = md.split("### Missing and failed")[1].split("###")[0]
@@ -310,6 +326,16 @@ def test_cli_report_of_a_curve_with_too_few_points(tmp_path, capsys):
     md = (run / "report.md").read_text()
     assert "90 % sparse: 2 batch size(s) reached the goal; no scaling fit" in md
     assert summary(run).loc[lambda d: d.sparsity == 0.9, "fit_b_crit"].isna().all()
+
+
+def test_study_with_nothing_stored_yet(tmp_path):
+    everything = {(s, b) for s in TRUTH for b in (8, 16, 32, 64, 128, 256)}
+    run = make_store(tmp_path / "run", skip=everything, probes=False)
+    write_report([run])
+    md = (run / "report.md").read_text()
+    assert "Incomplete: 12 groups missing, 2 sparsity levels without probes" in md
+    assert "dense: 0 batch size(s) reached the goal; no scaling fit" in md
+    assert (summary(run).status == "missing").sum() == 12 and all((run / name).exists() for name in OUTPUTS)
 
 
 def test_bad_input_names_the_argument(tmp_path):
