@@ -29,7 +29,7 @@ from . import data as data_mod
 from . import models
 from .goal import loss_fn
 from .schedules import EvalSchedule
-from .trials import TrialsResult, train_trials
+from .trials import TrialsResult, train_trials, tune_allocator
 
 
 @dataclass(frozen=True)
@@ -163,9 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    # train_trials tunes malloc on its first call; do it first so both trainers run with it
+    tune_allocator()
     ds = data_mod.load("mnist1d", num_samples=args.samples)
     peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
-    print(f"MNIST-1D {ds.n_train} train examples, {torch.get_num_threads()} threads, "
+    print(f"MNIST-1D {ds.n_train} train examples, {torch.get_num_threads()} torch thread(s), "
           f"{args.clock} clock, fp32 matmul peak {peak:.0f} GFLOP/s (1024^3)")
     rows = []
     for model in args.models.split(","):

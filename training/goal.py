@@ -51,6 +51,17 @@ class Goal:
         return value < self.target if self.strict else value <= self.target
 
 
+def unreachable(metric: str, target: float, strict: bool) -> str | None:
+    """Why no trial can ever meet the goal, or None. Both goal metrics are >= 0 (a fraction
+    misclassified; cross-entropy or half squared error), so ``metric < target`` needs target > 0
+    and ``metric <= target`` needs target >= 0. Study specs refuse such targets; :class:`Goal`
+    accepts them (a goal never met runs the whole budget)."""
+    if target > 0 or (target == 0 and not strict):
+        return None
+    op = "<" if strict else "<="
+    return f"{target!r} is unreachable: the {metric} is never {op} {target!r} (it is >= 0)"
+
+
 def as_goal(target: "Goal | float | None", task: str) -> Goal | None:
     """A Goal from a bare target (metric chosen by task: error or loss)."""
     if target is None or isinstance(target, Goal):

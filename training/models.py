@@ -21,6 +21,7 @@ touching the caller's global RNG state.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ class ModelError(ValueError):
 
 
 Builder = Callable[..., nn.Module]
+_BUILD_LOCK = threading.RLock()
 _REGISTRY: dict[str, Builder] = {}
 
 
@@ -59,7 +61,9 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
     """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
-    with torch.random.fork_rng(devices=[]):
+    # fork_rng + manual_seed draw from torch's process-wide RNG: one build at a time, so models
+    # built by concurrent threads (a thread pool running groups) get their own seed's weights
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             model = _REGISTRY[name](dataset, **options)

@@ -26,8 +26,10 @@ class BatchOrder:
     """Mini-batch indices for one trial: ``order.batch(step)`` -> LongTensor [batch_size]."""
 
     def __init__(self, seed: int, n: int, batch_size: int):
-        if batch_size < 1 or batch_size > n:
-            raise ValueError(f"batch size must be in [1, {n}] (training set size), got {batch_size}")
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+                or not 1 <= batch_size <= n):
+            raise ValueError(f"batch size must be in [1, {n}] (training set size), got "
+                             f"{batch_size!r}")
         self.seed, self.n, self.batch_size = int(seed), int(n), int(batch_size)
         self.per_epoch = n // batch_size
         self._epoch, self._perm = -1, None

@@ -57,6 +57,7 @@ def test_regression_loss_gradient():
 def test_unsupported_layers_fall_back_to_torch_func(data):
     model = torch.nn.Sequential(torch.nn.Linear(40, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10))
     assert isinstance(build_program(model, data.task), FuncProgram)
-    dilated = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 40)), torch.nn.Conv1d(1, 2, 3, dilation=2),
-                                  torch.nn.Flatten(), torch.nn.Linear(72, 10))
+    dilated = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 40)),
+                                  torch.nn.Conv1d(1, 2, 3, dilation=2), torch.nn.Flatten(),
+                                  torch.nn.Linear(72, 10))
     assert isinstance(build_program(dilated, data.task), FuncProgram)

@@ -1,5 +1,8 @@
 """The vectorized trainer against the plain torch.optim loop (training.train_reference)."""
 
+import resource
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -13,16 +16,6 @@ TRIALS = [
     {"lr": 0.2, "momentum": 0.5, "decay_steps": 120, "end_factor": 0.01},
     {"lr": 0.02, "momentum": 0.99, "decay_steps": 60, "end_factor": 0.1},
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tests run many small kernels: one thread avoids OpenMP spin-waits when the machine
-    is shared (two threads were 10x slower under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +98,8 @@ def test_float64_steps_to_result_identical(teacher, optimizer):
     assert all(h is not None for h in hits)
     assert res.hit_step == hits and coarse.hit_step == hits
     assert res.steps_to_result == coarse.steps_to_result == min(hits)
-    assert res.best == hits.index(min(hits)) and res.best_trial == training.Trial(**trials[res.best])
+    assert res.best == hits.index(min(hits))
+    assert res.best_trial == training.Trial(**trials[res.best])
     assert res.status == ["reached"] * 3 and res.steps_taken == hits
     assert_close_states(res, refs, 1e-9)
 
@@ -148,10 +142,11 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
                                                         (0.005, 0.95)]]
     kw = dict(batch_size=16, trials=trials, optimizer="momentum", target=0.2, max_steps=400,
               seed=4, dtype=F64)
-    every = training.train_trials(net, linreg, eval_schedule=EvalSchedule(every=1), stop="all", **kw)
+    every = training.train_trials(net, linreg, eval_schedule=EvalSchedule(every=1), stop="all",
+                                  **kw)
     first = training.train_trials(net, linreg, eval_schedule=EvalSchedule(every=37), **kw)
-    geometric = training.train_trials(net, linreg, eval_schedule=EvalSchedule("geometric", ratio=1.5),
-                                      **kw)
+    geometric = training.train_trials(net, linreg, **kw,
+                                      eval_schedule=EvalSchedule("geometric", ratio=1.5))
     hits = every.hit_step
     assert all(h is not None for h in hits) and len(set(hits)) > 1
     assert first.steps_to_result == geometric.steps_to_result == min(hits)
@@ -256,9 +251,11 @@ def test_generic_module_uses_torch_func_path(teacher):
     (dict(batch_size=0), "batch_size must be an integer in"),
     (dict(max_steps=-1), "max_steps must be an integer >= 0"),
     (dict(masks={"nope": torch.ones(3)}), "mask entry 'nope' is not a parameter"),
-    (dict(masks={"1.weight": torch.ones(2, 16, 8)}), r"allowed: \(16, 8\) \(shared\) or \(1, 16, 8\)"),
+    (dict(masks={"1.weight": torch.ones(2, 16, 8)}),
+     r"allowed: \(16, 8\) \(shared\) or \(1, 16, 8\)"),
     (dict(masks={"1.weight": torch.full((16, 8), 0.5)}), "must contain only 0 and 1"),
     (dict(trials_per_chunk=-2), "trials_per_chunk must be >= 1"),
+    (dict(first_index=-1), "first_index must be an integer >= 0"),
 ])
 def test_bad_input_raises_config_error(teacher, kwargs, match):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
@@ -269,8 +266,9 @@ def test_bad_input_raises_config_error(teacher, kwargs, match):
 
 def test_group_where_every_trial_diverges(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    res = training.train_trials(net, teacher, batch_size=16, trials=[{"lr": 1e4, "momentum": 0.9}] * 2,
-                                target=0.1, max_steps=100, eval_schedule=EvalSchedule(every=10))
+    res = training.train_trials(net, teacher, batch_size=16, target=0.1, max_steps=100,
+                                trials=[{"lr": 1e4, "momentum": 0.9}] * 2,
+                                eval_schedule=EvalSchedule(every=10))
     assert res.status == ["diverged", "diverged"] and res.steps_to_result is None
     assert res.best is None and res.best_trial is None
     assert all(s is not None and s < 100 for s in res.diverged_step)
@@ -287,3 +285,39 @@ def test_chunk_size_from_activation_budget(mnist1d_small):
     assert activation_floats(cnn, (40,)) == 40 + 2 * (475 + 250 + 125) + 125 + 10 + (95 + 750 + 375)
     assert [default_chunk(b, 450) for b in (8, 64, 512, 4096)] == [128, 128, 16, 8]
     assert [default_chunk(b, 3095) for b in (8, 64, 512)] == [128, 16, 8]
+
+
+@pytest.mark.parametrize("name, options", [("resnet8", {"widths": [4, 4, 8]}),
+                                           ("simple_cnn", {"width": "narrow"})])
+def test_image_models_through_torch_func_match_reference(name, options):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(96, 1, 8, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
+    ds = training.Dataset("tiny-images", "classification", x[:64], y[:64], x[64:], y[64:], 3,
+                          (1, 8, 8))
+    net = training.models.build(name, ds, **options)
+    kw = dict(batch_size=16, optimizer="nesterov", dtype=F64, eval_schedule=EvalSchedule(every=3))
+    trials = TRIALS[:2]
+    res = training.train_trials(net, ds, trials=trials, max_steps=6, **kw)
+    assert_close_states(res, [reference(net, ds, t, i, steps=6, **kw)
+                              for i, t in enumerate(trials)], 1e-9)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_tuned_allocator_reuses_freed_activations():
+    from training.trials import tune_allocator
+
+    assert tune_allocator()
+    x = torch.ones(16, 512, 100)  # 3.3 MB, like one activation of a stack at B = 512
+
+    def page_faults():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(20):
+            a = torch.relu(x)
+            b, c = a * 2, torch.ones(16, 100, 100)
+            d = b + 1
+            del a, b, c, d
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    page_faults()
+    # without the tuning glibc trims and re-faults: about 51000 faults for this loop
+    assert page_faults() < 500
