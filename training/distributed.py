@@ -80,7 +80,7 @@ class DistRun:
     def __post_init__(self) -> None:
         Trial(lr=self.lr, momentum=self.momentum, decay_steps=self.decay_steps,
               end_factor=self.end_factor)
-        check_optimizer(self.optimizer)
+        check_optimizer(self.optimizer, [self.momentum])
         check_world(self.world_size, self.batch_size)
         if self.steps < 0:
             raise ConfigError(f"steps must be >= 0, got {self.steps}")

@@ -79,7 +79,7 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
     mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
     """
     trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor)
-    check_optimizer(optimizer)
+    check_optimizer(optimizer, [trial.momentum])
     if steps < 0:
         raise ConfigError(f"steps must be >= 0, got {steps}")
     goal = as_goal(target, dataset.task)

@@ -75,9 +75,13 @@ def lr_factor(step, decay_steps, end_factor):
     return 1.0 - (1.0 - end_factor) * torch.clamp(decay_steps, max=step).div(decay_steps).clamp(max=1.0)
 
 
-def check_optimizer(name: str) -> str:
+def check_optimizer(name: str, momenta=()) -> str:
+    """Validate an optimizer name; Nesterov needs momentum > 0 (as ``torch.optim.SGD``)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+    if name == "nesterov" and any(m == 0 for m in momenta):
+        raise ConfigError("optimizer 'nesterov' needs momentum > 0 in every trial; "
+                          "use optimizer 'sgd' for momentum 0")
     return name
 
 

@@ -392,7 +392,7 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     The first call tunes the process's malloc (:func:`tune_allocator`).
     """
     trial_list = check_trials(trials)
-    check_optimizer(optimizer)
+    check_optimizer(optimizer, [t.momentum for t in trial_list])
     tune_allocator()
     if stop not in STOPS:
         raise ConfigError(f"stop {stop!r}; allowed: {', '.join(STOPS)}")

@@ -248,6 +248,7 @@ def test_generic_module_uses_torch_func_path(teacher):
     (dict(trials=[]), "trials must be a non-empty list"),
     (dict(trials=[{"lr": 0.1, "beta": 2}]), "unknown trial keys"),
     (dict(optimizer="adam"), "unknown optimizer 'adam'"),
+    (dict(optimizer="nesterov"), "'nesterov' needs momentum > 0 in every trial"),
     (dict(batch_size=0), "batch_size must be an integer in"),
     (dict(max_steps=-1), "max_steps must be an integer >= 0"),
     (dict(masks={"nope": torch.ones(3)}), "mask entry 'nope' is not a parameter"),
