@@ -16,8 +16,8 @@ import hashlib
 import json
 import time
 import traceback
-from collections.abc import Iterable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,38 +179,72 @@ def _progress(total: int, quiet: bool, desc: str):
     return tqdm(total=total, disable=quiet, desc=desc, unit="group", dynamic_ncols=True)
 
 
-def execute(tasks: list[GroupTask], executor: Executor, store: Store,
-            quiet: bool = False) -> list[GroupRecord]:
+# Attempts of a group whose worker process died (killed, out of memory) before it is stored as
+# failed: the pool breaks for every group in flight, so innocent groups need a second chance.
+ATTEMPTS = 2
+
+
+def execute(tasks: list[GroupTask], executor: Executor, store: Store, quiet: bool = False,
+            respawn: Callable[[], Executor] | None = None) -> list[GroupRecord]:
     """Submit ``tasks`` to ``executor``, write each record as it lands (driver only).
 
-    On Ctrl-C (or any error) the futures not yet started are cancelled and the exception
+    A worker process that dies breaks a process pool for every group in flight
+    (``BrokenExecutor``): with ``respawn`` (a factory of fresh executors) those groups are
+    resubmitted to a new pool, up to ``ATTEMPTS`` attempts each; then, or without ``respawn``,
+    they are stored as failed with the reason (a rerun retries them). On Ctrl-C (or any error)
+    the futures not yet started are cancelled, the respawned pools are ended and the exception
     propagates; records already written are whole groups, so the store stays consistent.
     """
     records = []
-    futures: dict[Future, GroupTask] = {executor.submit(run_group, t): t for t in tasks}
+    attempts = {t.plan.key: 1 for t in tasks}
+    spawned: list[Executor] = []
+    futures: dict[Future, GroupTask] = {}
     bar = _progress(len(tasks), quiet, "groups")
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: futures[f].plan.key):
-                rec = _result(fut, futures[fut].plan)
-                store.write_group(rec)
-                records.append(rec)
-                bar.update(1)
-                bar.set_postfix_str(f"s={rec.sparsity:g} B={rec.batch_size} {rec.status}")
+        todo = list(tasks)
+        while todo:
+            futures = {executor.submit(run_group, t): t for t in todo}
+            todo = []
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: futures[f].plan.key):
+                    task = futures[fut]
+                    lost = isinstance(fut.exception(), BrokenExecutor)
+                    if lost and respawn is not None and attempts[task.plan.key] < ATTEMPTS:
+                        attempts[task.plan.key] += 1
+                        todo.append(task)
+                        continue
+                    rec = _result(fut, task.plan, attempts[task.plan.key])
+                    store.write_group(rec)
+                    records.append(rec)
+                    bar.update(1)
+                    bar.set_postfix_str(f"s={rec.sparsity:g} B={rec.batch_size} {rec.status}")
+            if todo:
+                executor.shutdown(wait=False, cancel_futures=True)
+                executor = respawn()
+                spawned.append(executor)
     except BaseException:
         for fut in futures:
             fut.cancel()
+        for ex in spawned:
+            if isinstance(ex, LocalPool):
+                ex.terminate()
         raise
     finally:
         bar.close()
+        for ex in spawned:
+            ex.shutdown(wait=False, cancel_futures=True)
     return records
 
 
-def _result(fut: Future, p: GroupPlan) -> GroupRecord:
+def _result(fut: Future, p: GroupPlan, attempts: int = 1) -> GroupRecord:
     try:
         return fut.result()
+    except BrokenExecutor as exc:
+        return failed_record(p, f"worker process died while running this group (killed, or out "
+                                f"of memory; {attempts} attempt(s)): {type(exc).__name__}: {exc}",
+                             0.0)
     except Exception as exc:  # noqa: BLE001 - a lost worker is a failed group, retried later
         return failed_record(p, f"{type(exc).__name__}: {exc}", 0.0)
 
@@ -259,10 +293,12 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
             own = executor is None
             n_workers = workers or spec.workers
-            ex = executor or (dask_executor(dask, n_workers) if dask else
-                              local_pool(min(n_workers or default_workers(), len(tasks))))
+            pool_size = min(n_workers or default_workers(), len(tasks))
+            ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
+            # only a pool made here can be replaced (Dask reschedules lost work by itself)
+            respawn = functools.partial(local_pool, pool_size) if own and not dask else None
             try:
-                execute(tasks, ex, store, quiet)
+                execute(tasks, ex, store, quiet, respawn)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()

@@ -58,6 +58,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -65,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from training.data import list_datasets
+from training.goal import unreachable
 from training.models import list_models
 from training.schedules import OPTIMIZERS, ConfigError, EvalSchedule
 
@@ -214,8 +216,21 @@ class _Checker:
             if key not in allowed:
                 near = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
-                where = f"{path}.{key}" if path else key
-                self.add(where, f"unknown key{hint}; allowed: {', '.join(allowed)}")
+                self.add(key_path(path, key), f"unknown key{hint}; allowed: {', '.join(allowed)}")
+
+    def plain(self, value: Any, path: str) -> None:
+        """Options are passed on as JSON (the spec hash): strings, booleans, integers, finite
+        floats, lists and tables only (TOML dates and nan / inf are refused)."""
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.plain(v, key_path(path, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.plain(v, f"{path}[{i}]")
+        elif not (isinstance(value, (str, int)) or (isinstance(value, float)
+                                                    and math.isfinite(value))):
+            self.add(path, f"found {value!r}; allowed: strings, numbers (finite), booleans, "
+                           "lists and tables")
 
     def table(self, d: Mapping[str, Any], key: str, path: str, required: bool = False
               ) -> dict[str, Any] | None:
@@ -269,6 +284,15 @@ class _Checker:
             self.add(path, f"found {value!r}; allowed: a finite number{rng}")
             return None
         return float(value)
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def key_path(path: str, key: str) -> str:
+    """``path.key``, the key quoted as in TOML when it is not a bare key (e.g. holds a newline)."""
+    name = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return f"{path}.{name}" if path else name
 
 
 TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
@@ -384,6 +408,10 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         model = ck.choice(wl.get("model"), "workload.model", _registry("model"))
         dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
         model_options = ck.table(wl, "model_options", "workload.model_options")
+        for options, path in ((dataset_options, "workload.dataset_options"),
+                              (model_options, "workload.model_options")):
+            if options is not None:
+                ck.plain(options, path)
 
     # optimizer
     opt_raw = raw.get("optimizer", "momentum")
@@ -400,6 +428,11 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     metric = ck.choice(goal.get("metric", "error"), "goal.metric", ("error", "loss"))
     target = ck.number(goal.get("target"), "goal.target") if "goal" in raw else None
     comparison = ck.choice(goal.get("comparison", "<"), "goal.comparison", tuple(COMPARISONS))
+    if metric is not None and target is not None and comparison is not None:
+        reason = unreachable(metric, target, COMPARISONS[comparison])
+        if reason:
+            ck.add("goal.target", f"{reason}; allowed: a target > 0, or 0 with "
+                                  'comparison = "<="')
 
     batch_sizes = _batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
     if "batch_sizes" not in raw:
@@ -522,9 +555,12 @@ def load(path: str | Path) -> Spec:
     """Read and validate a TOML study file (a bare name is looked up in the bundled configs)."""
     p = resolve_config(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError([f"(file): cannot read {p}: {exc.strerror}"], str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"(file): cannot read {p}: not UTF-8 text (byte {exc.start}); a study "
+                         "spec is a TOML file"], str(p)) from None
     return loads(text, str(p))
 
 

@@ -12,6 +12,8 @@ two stores with the same contents load identically, whatever order the groups fi
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 import sys
 from collections.abc import Iterable, Sequence
@@ -173,24 +175,100 @@ def _none_if_nan(x: float | None) -> float | None:
     return None if x is None or x != x else float(x)
 
 
+def explain(path: Path, exc: BaseException) -> str:
+    """One line saying why the store at ``path`` cannot be used, from an OSError or SQLite error."""
+    msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return (f"{path} is not a sparsescale results store ({msg}: corrupt, or another "
+                f"program's file); move it away or choose another --out folder")
+    if "full" in msg or getattr(exc, "errno", None) == errno.ENOSPC:   # SQLITE_FULL / ENOSPC
+        return (f"cannot write the results store {path}: the disk is full ({msg}); free some "
+                f"space or choose another --out folder")
+    if "locked" in msg:
+        return (f"{path} is locked by another process ({msg}); wait for it or choose another "
+                f"--out folder")
+    return (f"cannot write the results store {path}: {msg} (is the run folder read-only?); "
+            f"choose a writable --out folder")
+
+
+def check_is_store(conn: sqlite3.Connection, path: Path, empty_ok: bool = True) -> None:
+    """Refuse a SQLite file made by another program. An empty file is a store not yet made (a
+    first run killed at once): the writer makes it, a reader has nothing to read."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables and not empty_ok:
+        raise StoreError(f"{path} holds no study yet: run a study into {path.parent} first")
+    if tables and "study" not in tables:
+        raise StoreError(f"{path} is not a sparsescale results store (it holds the tables "
+                         f"{', '.join(sorted(tables))}); choose another --out folder")
+
+
+def _flock_holder(path: Path) -> str:
+    """" (pid N)" of the process holding a flock on ``path`` (Linux /proc/locks), else ""."""
+    try:
+        inode = str(path.stat().st_ino)
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields[1:2] and fields[5].rsplit(":", 1)[-1] == inode:
+                return f" (pid {fields[4]})"
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
 class Store:
-    """An open results store. Use :func:`open_store` (creates or checks the study row)."""
+    """An open results store. Use :func:`open_store` (creates or checks the study row).
+
+    The writer holds an exclusive ``flock`` on the store file while it is open, so a second
+    driver on the same run folder is refused at once; the kernel drops the lock when the
+    process ends, however it ends. A store that is locked, corrupt, another program's, in a
+    read-only folder or on a full disk raises :class:`StoreError` naming the reason.
+    """
 
     def __init__(self, run_dir: str | Path, create: bool = True):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
         if not create and not self.path.exists():
             raise StoreError(f"no results store at {self.path}: run a study into {self.run_dir} first")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        # autocommit mode: every write below is wrapped in an explicit BEGIN IMMEDIATE ... COMMIT
-        self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(_SCHEMA)])
+        self._lock_fd: int | None = None
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            # autocommit mode: every write is wrapped in an explicit BEGIN IMMEDIATE ... COMMIT
+            self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(explain(self.path, exc)) from None
+        try:
+            self._lock()
+            check_is_store(self.conn, self.path)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(_SCHEMA)])
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, (OSError, sqlite3.Error)):
+                raise StoreError(explain(self.path, exc)) from None
+            raise
+
+    def _lock(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"{self.path} is in use by another process{_flock_holder(self.path)}: "
+                             f"a study is already running into {self.run_dir}; wait for it or "
+                             f"choose another --out folder") from None
+        self._lock_fd = fd
 
     def close(self) -> None:
         self.conn.close()
+        # after the connection: closing another descriptor of the file would drop SQLite's own
+        # POSIX locks while it still held them
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> "Store":
         return self
@@ -200,13 +278,17 @@ class Store:
 
     def _write(self, fn) -> None:
         cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
         try:
-            fn(cur)
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                fn(cur)
+            except BaseException:
+                if self.conn.in_transaction:   # SQLite may have rolled back already (disk full)
+                    cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        except sqlite3.OperationalError as exc:   # disk full, read-only, locked: say which
+            raise StoreError(explain(self.path, exc)) from exc
 
     # -- study ---------------------------------------------------------------------------------
 
@@ -356,13 +438,22 @@ def load_results(run_dir: str | Path) -> Results:
     path = Path(run_dir) / DB_NAME
     if not path.exists():
         raise StoreError(f"no results store at {path}: run a study into {run_dir} first")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(explain(path, exc)) from None
+    try:
+        check_is_store(conn, path, empty_ok=False)
         frames = {table: _read_frame(conn, table) for table in COLUMNS}
         has_pred = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='predictions'").fetchone()
         frames["predictions"] = (pd.read_sql_query("SELECT * FROM predictions", conn)
                                  if has_pred else pd.DataFrame())
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(explain(path, exc)) from None
+    except pd.errors.DatabaseError as exc:   # pandas wraps errors of its queries
+        raise StoreError(f"{path}: cannot read the results ({str(exc).splitlines()[0]}); was it "
+                         f"written by another sparsescale version?") from None
     finally:
         conn.close()
     return Results(run_dir=Path(run_dir), **frames)

@@ -45,7 +45,15 @@ def prunable_parameters(model: nn.Module, prune_biases: bool = False) -> dict[st
 
 
 def _as_01(name: str, value: Any) -> torch.Tensor:
-    t = torch.as_tensor(value).detach().cpu()
+    try:
+        t = torch.as_tensor(value).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as exc:   # None, strings, ragged lists, ...
+        reason = str(exc).partition("\n")[0]
+        raise MaskError(f"mask entry {name!r} is not a 0/1 tensor ({type(value).__name__}: "
+                        f"{reason})") from None
+    if t.numel() == 0 or t.is_complex():
+        raise MaskError(f"mask entry {name!r} is {'empty' if t.numel() == 0 else 'complex'}; "
+                        f"allowed: a real 0/1 tensor shaped like its parameter")
     if t.dtype != torch.bool:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise MaskError(f"mask entry {name!r} has non-finite values; allowed: 0 and 1")
@@ -67,6 +75,9 @@ class Mask(Mapping[str, torch.Tensor]):
     def __init__(self, entries: Mapping[str, Any], info: Mapping[str, Any] | None = None):
         if not isinstance(entries, Mapping) or len(entries) == 0:
             raise MaskError("a mask needs at least one entry name -> 0/1 tensor")
+        if info is not None and not isinstance(info, Mapping):
+            raise MaskError(f"mask info must be a mapping (method, sparsity, ...), got "
+                            f"{type(info).__name__}")
         self._entries = {str(k): _as_01(str(k), v) for k, v in entries.items()}
         for t in self._entries.values():
             t.requires_grad_(False)
@@ -153,6 +164,8 @@ class Mask(Mapping[str, torch.Tensor]):
     @torch.no_grad()
     def apply(self, model: nn.Module) -> nn.Module:
         """Zero the pruned weights of ``model`` in place (idempotent) and return it."""
+        if not isinstance(model, nn.Module):
+            raise MaskError(f"a mask applies to a torch.nn.Module, got {type(model).__name__}")
         try:
             entries = check_mask(model, self)
         except ValueError as exc:

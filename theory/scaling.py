@@ -198,7 +198,8 @@ def _percentile_intervals(boot, level, at_bound: int):
     scaling throughout: B_crit >= low, and S_min, fixed only through S_min B_crit, <= high), +1 at
     the lower edge (B_crit <= high)."""
     alpha = (1.0 - level) / 2.0
-    low, high = np.exp(np.quantile(boot, [alpha, 1.0 - alpha], axis=0))
+    with np.errstate(over="ignore"):   # a bound beyond float range is an open (inf) bound
+        low, high = np.exp(np.quantile(boot, [alpha, 1.0 - alpha], axis=0))
     if at_bound < 0:
         low[0], high[1] = 0.0, math.inf
     elif at_bound > 0:

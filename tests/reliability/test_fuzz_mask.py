@@ -1,6 +1,7 @@
 """Fuzzing pruning.Mask: any entries / info / model give a usable mask or MaskError."""
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -10,7 +11,8 @@ from torch import nn
 
 from pruning import Mask, MaskError
 
-numbers = st.one_of(st.integers(-3, 3), st.floats(), st.booleans(), st.sampled_from([0, 1, 0.0, 1.0]))
+numbers = st.one_of(st.integers(-3, 3), st.floats(), st.booleans(),
+                    st.sampled_from([0, 1, 0.0, 1.0]))
 arrays = st.one_of(
     st.lists(st.sampled_from([0.0, 1.0]), max_size=6).map(torch.tensor),
     st.lists(numbers, max_size=6),
@@ -36,7 +38,9 @@ def toy_model() -> nn.Module:
 @given(entries, infos)
 def test_constructor_gives_a_consistent_mask_or_mask_error(raw, info):
     try:
-        mask = Mask(raw, info)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # e.g. a complex value silently cast to real
+            mask = Mask(raw, info)
     except MaskError as exc:
         assert str(exc) and "\n" not in str(exc)
         return

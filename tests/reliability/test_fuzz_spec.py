@@ -112,7 +112,9 @@ def _value(v) -> str:
     if isinstance(v, (int, str)):
         return json.dumps(v)
     if isinstance(v, float):
-        return "nan" if v != v else ("inf" if v > 0 else "-inf") if abs(v) == float("inf") else repr(v)
+        if v != v:
+            return "nan"
+        return ("inf" if v > 0 else "-inf") if abs(v) == float("inf") else repr(v)
     if isinstance(v, (dt.date, dt.time)):
         return v.isoformat()
     if isinstance(v, list):

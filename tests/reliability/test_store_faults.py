@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import experiments
+from experiments import cli
 from experiments.store import DB_NAME, StoreError
 
 from .conftest import SPEC, NoTraining, edit, snapshot
@@ -76,6 +77,30 @@ def test_corrupt_or_foreign_store_is_refused_untouched(finished, tmp_path, damag
     assert snapshot(run_dir) == before
     with pytest.raises(StoreError, match="not a sparsescale results store"):
         experiments.load_results(run_dir)
+
+
+def test_empty_store_left_by_a_run_killed_at_once_is_completed(spec_file, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / DB_NAME).touch()   # SQLite had created the file, nothing more
+    with pytest.raises(StoreError, match="holds no study yet"):
+        experiments.load_results(run_dir)
+    experiments.run_study(spec_file, out=run_dir, executor=ThreadPoolExecutor(1), quiet=True,
+                          report=False)
+    assert set(experiments.load_results(run_dir).groups.status) == {"done"}
+
+
+def test_store_errors_reach_the_command_line_as_one_line(tmp_path, spec_file, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.sqlite").write_bytes(b"not sqlite at all" * 64)
+    for argv in (["study", str(spec_file), "--out", str(run_dir), "--quiet", "--no-report"],
+                 ["report", str(run_dir)]):
+        status = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert status == 2 and "Traceback" not in err, argv
+        assert err.count("\n") == 1 and err.startswith("error: "), err
+        assert "not a sparsescale results store" in err, err
 
 
 # A second driver on the same folder: it has reached training and waits there forever.
@@ -188,12 +213,14 @@ def test_full_disk_is_refused_before_training(spec_file, tmp_path):
                            capture_output=True)
     if probe.returncode != 0:
         pytest.skip("cannot create a mount namespace here (needs root or user namespaces)")
-    script = ('mount -t tmpfs -o size=16k tmpfs "$1" && '
+    script = ('mount -t tmpfs -o size=16k tmpfs "$1" || exit 77; '
               'head -c 1M /dev/zero > "$1/filler" 2>/dev/null; '
               'exec "$0" -c "$2" "$3" "$1/run"')
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
                            sys.executable, str(mnt), FULL, str(spec_file)],
-                          capture_output=True, text=True, timeout=300, cwd=os.getcwd())
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode == 77:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert "TRAINING STARTED" not in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("StoreError: "), proc.stdout + proc.stderr

@@ -6,16 +6,18 @@ import sqlite3
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pandas as pd
 
 import experiments
 import training
-from experiments.runner import plan
+from experiments.runner import ATTEMPTS, GroupTask, execute, plan, study_info
+from experiments.store import open_store
 
-from .conftest import SPEC, edit
+from .conftest import edit
 
 # lr spans 1e-2 .. 1e12: the large ones overflow to inf / NaN within a few steps
 WILD = edit('lr = {scale = "log", min = 0.01, max = 1.0}', 'lr = {scale = "log", min = 0.01, '
@@ -73,15 +75,18 @@ def _pool_workers(driver: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        ppid = int(next(line.split()[1] for line in status.splitlines()
+                        if line.startswith("PPid:")))
         if ppid == driver and b"spawn_main" in cmdline:
             out.append(int(entry.name))
     return out
 
 
-# four groups of ~100 steps with a goal nobody meets: each runs its whole budget
+# four groups whose learning rate is too small to ever reach the goal: each runs its whole
+# budget (about a second), so the kill lands inside a group
 SLOW = (edit("batch_sizes = [8, 32]", "batch_sizes = [4, 8, 16, 32]")
-        .replace("max_steps = 40", "max_steps = 400").replace("target = 0.3", "target = 0.01"))
+        .replace("max_steps = 40", "max_steps = 1500")
+        .replace('lr = {scale = "log", min = 0.01, max = 1.0}', "lr = 1e-6"))
 
 
 def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
@@ -95,7 +100,8 @@ def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and _done_groups(out / "results.sqlite") < 1:
+        db = out / "results.sqlite"
+        while time.time() < deadline and proc.poll() is None and _done_groups(db) < 1:
             time.sleep(0.02)
         workers = _pool_workers(proc.pid)
         assert proc.poll() is None and len(workers) == 1, (proc.poll(), workers)
@@ -117,3 +123,31 @@ def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
         assert "failed:" in stderr and "rerun the same command" in stderr
     else:
         assert proc.returncode == 0, stderr
+
+
+class BrokenPool(Executor):
+    """Every submission fails as when the pool's worker process was killed; logs the groups."""
+
+    def __init__(self, log: list[str]):
+        self.log = log
+
+    def submit(self, fn, task):
+        self.log.append(task.plan.key)
+        fut = Future()
+        fut.set_exception(BrokenProcessPool("A process in the pool was terminated abruptly"))
+        return fut
+
+
+def test_group_whose_worker_keeps_dying_is_stored_failed_with_the_reason(spec_file, tmp_path):
+    spec = experiments.load_spec(spec_file)
+    tasks = [GroupTask(p, spec.canonical()["workload"], None) for p in plan(spec)]
+    log: list[str] = []
+    with open_store(tmp_path / "run", study_info(spec)) as store:
+        records = execute(tasks, BrokenPool(log), store, quiet=True,
+                          respawn=lambda: BrokenPool(log))
+    assert sorted(log) == sorted([t.plan.key for t in tasks] * ATTEMPTS)
+    groups = experiments.load_results(tmp_path / "run").groups
+    assert len(records) == len(groups) == len(tasks) and set(groups.status) == {"failed"}
+    for error in groups.error:
+        assert error.startswith(f"worker process died while running this group (killed, or out "
+                                f"of memory; {ATTEMPTS} attempt(s)): BrokenProcessPool")
