@@ -255,12 +255,14 @@ class _Checker:
             return None
         return value
 
-    def integer(self, value: Any, path: str, lo: int | None = None) -> int | None:
+    def integer(self, value: Any, path: str, lo: int | None = None,
+                hi: int | None = None) -> int | None:
+        bound = (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}") if lo is not None else ""
         if value is None:
-            self.add(path, "missing; allowed: an integer" + (f" >= {lo}" if lo is not None else ""))
+            self.add(path, f"missing; allowed: an integer{bound}")
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo):
-            bound = f" >= {lo}" if lo is not None else ""
+        if (isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo)
+                or (hi is not None and value > hi)):
             self.add(path, f"found {value!r}; allowed: an integer{bound}")
             return None
         return value
@@ -294,6 +296,10 @@ def key_path(path: str, key: str) -> str:
     name = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
     return f"{path}.{name}" if path else name
 
+
+# Trials per group are planned (Sobol points) and stacked in memory up front: a typo such as
+# 10**12 must fail validation, not exhaust memory while planning.
+MAX_TRIALS = 2**16
 
 TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "workload", "goal", "pruning", "search", "budget", "eval", "probes", "executor")
@@ -438,7 +444,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     if "batch_sizes" not in raw:
         ck.add("batch_sizes", "missing; allowed: a list of integers or {min = ..., max = ...}")
     sparsities = _sparsities(ck, raw.get("sparsities", [0.0]))
-    trials = ck.integer(raw.get("trials", 16), "trials", 1)
+    trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
     seeds_raw = raw.get("seeds", [0])
     seeds = None
     if not isinstance(seeds_raw, list) or not seeds_raw:
