@@ -1,4 +1,4 @@
-"""The ``sparsescale`` command line: study, report, probe, list, bench.
+"""The ``sparsescale`` command line: study, report, probe, list, bench, bench ddp.
 
 Bad input (a spec problem, an unknown data set, a store holding another study) prints one
 ``error: ...`` line per problem and exits with status 2, without a traceback.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 DESCRIPTION = """\
@@ -129,6 +130,31 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCH_HELP = """\
+sparsescale bench [options]      the vectorized trainer against the plain torch.optim loop
+                                 (training.bench; options below)
+sparsescale bench ddp [options]  DDP step time against workers k and per-worker batch, fitted to
+                                 t(B, k) = t_fixed + t_example B / k + t_allreduce(P, k); save it
+                                 with --out RUN_DIR/cost_model.json and `sparsescale report
+                                 RUN_DIR` adds time-to-result on k workers (training.distributed;
+                                 see `sparsescale bench ddp --help`)
+"""
+
+
+def _bench(argv: list[str]) -> int:
+    """``bench ddp ...`` -> training.distributed.bench_main, ``bench ...`` -> training.bench.main
+    (each parses its own options)."""
+    if argv[:1] == ["ddp"]:
+        from training import distributed
+
+        return int(distributed.bench_main(argv[1:]) or 0)
+    from training import bench
+
+    if "-h" in argv or "--help" in argv:
+        print(BENCH_HELP)
+    return int(bench.main(argv) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparsescale", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -156,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write the report of one or more run folders",
                        description="Write report.html, report.md, figures/ and summary.csv from "
-                                   "the stores of the given run folders.")
+                                   "the stores of the given run folders; a run folder holding "
+                                   "cost_model.json (`sparsescale bench ddp --out "
+                                   "RUN_DIR/cost_model.json`) adds predicted time-to-result on "
+                                   "k workers and time_to_result.csv.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", help="report folder (default: the first run folder)")
     p.set_defaults(fn=_cmd_report)
@@ -179,10 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the names accepted in study configs.")
     p.set_defaults(fn=_cmd_list)
 
-    # listed for the top-level help only: main() hands `bench ...` to training.bench whole, so
-    # `sparsescale bench --help` shows that benchmark's own options
-    sub.add_parser("bench", help="benchmark the vectorized trainer against the plain loop "
-                                 "(training.bench; see `sparsescale bench --help`)")
+    # listed for the top-level help only: main() hands `bench ...` to the benchmark whole (see
+    # _bench), so `sparsescale bench [ddp] --help` shows that benchmark's own options
+    sub.add_parser("bench", help="benchmarks: `bench` the vectorized trainer against the plain "
+                                 "loop, `bench ddp` DDP step times and the wall-clock cost model "
+                                 "(see `sparsescale bench --help`)")
     return parser
 
 
@@ -190,14 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sparsescale`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        from training import bench
-
-        return int(bench.main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+        command = partial(_bench, argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        command = partial(args.fn, args)
     from .spec import SpecError
 
     try:
-        return args.fn(args)
+        return command()
     except SpecError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

@@ -8,7 +8,9 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
   offline;
 - ``report.md`` with ``figures/*.png`` beside it;
 - ``summary.csv``: one row per (run, sparsity, batch size): steps-to-result, best metaparameters,
-  trials reached / diverged, fit and prediction values.
+  trials reached / diverged, fit and prediction values;
+- ``time_to_result.csv`` when a run folder holds ``cost_model.json``: predicted time-to-result
+  per (series, batch size, workers k) on real hardware (:mod:`experiments.hardware`).
 
 ``out`` defaults to the first run folder. The same store(s) give byte-identical files: figures
 carry no software or time metadata, rows are sorted, numbers have fixed formatting, and nothing
@@ -35,8 +37,11 @@ from .findings import (
     fmt_interval, fmt_num, held, load_runs, missing_table, points_table, search_edges, series_order,
     sparsity_label, stacked, step_ratios, theory_view,
 )
+from .hardware import HardwarePart, hardware_view
 
 __all__ = ["write_report", "ReportError"]
+
+HARDWARE_HEADING = "Time to result on real hardware"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class Report:
     formulas: list[tuple[str, str, str]]  # (what, LaTeX, Unicode rendering)
     specs: list[tuple[str, str]]          # (run label, spec TOML)
     summary: pd.DataFrame
+    hardware: list[str]                   # paragraphs of "Time to result on real hardware"
+    hardware_tables: list[Table]
+    time_to_result: pd.DataFrame          # time_to_result.csv (no rows: no cost model)
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
@@ -84,6 +92,12 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     _write_text(out / "report.html", render_html(report))
     csv = report.summary.to_csv(index=False, float_format="%.6g", lineterminator="\n")
     _write_text(out / "summary.csv", csv)
+    timing = out / "time_to_result.csv"
+    if len(report.time_to_result):
+        _write_text(timing, report.time_to_result.to_csv(index=False, float_format="%.6g",
+                                                         lineterminator="\n"))
+    else:
+        timing.unlink(missing_ok=True)   # left by an earlier report whose cost model is gone
     return out / "report.html"
 
 
@@ -105,6 +119,7 @@ def build(runs: tuple[Run, ...]) -> Report:
     theory_part = theory_view(runs, fits)
     missing = missing_table(runs)
     cost = cost_table(runs, missing)
+    hardware = hardware_view(runs, points)
     series = series_order(runs)
     cmap = F.colors(series)
     trials = stacked(runs, "trials")
@@ -180,6 +195,8 @@ def build(runs: tuple[Run, ...]) -> Report:
         formulas=theory_part.formulas,
         specs=[(r.label, str(r.results.study["spec_toml"].iloc[0])) for r in runs],
         summary=summary_frame(runs, points, edges, fits, theory_part, ratios),
+        hardware=hardware.paragraphs, hardware_tables=_hardware_tables(hardware),
+        time_to_result=_time_to_result_frame(runs, hardware),
     )
 
 
@@ -292,6 +309,47 @@ def _cost_table(cost: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _hardware_tables(part: HardwarePart) -> list[Table]:
+    """Time to result (worker-seconds) per series and B on each k, then the fastest B per k."""
+    p = part.points
+    if not len(p):
+        return []
+    ks = sorted(set(p["workers"]))
+    extrapolated = set(p.loc[p["extrapolated"], "workers"])
+    heads = {k: f"k = {k}" + (" (extrapolated)" if k in extrapolated else "") for k in ks}
+    rows = []
+    for (series, b), g in p.groupby(["series", "batch_size"], sort=False):
+        cell = {int(r.workers): f"{fmt_num(r.time, 4)} ({fmt_num(r.worker_seconds, 4)})"
+                for r in g.itertuples(index=False)}
+        rows.append({"series": series, "B": str(b), "steps": str(int(g["steps"].iloc[0])),
+                     **{heads[k]: cell.get(k, "–") for k in ks}})
+    grid = pd.DataFrame(rows, columns=["series", "B", "steps", *heads.values()])
+    rank = {s: i for i, s in enumerate(dict.fromkeys(p["series"]))}
+    best = (p[p["fastest"]].assign(_rank=p["series"].map(rank))
+            .sort_values(["_rank", "workers"], kind="stable"))
+    fastest = pd.DataFrame({
+        "series": best["series"], "k": best["workers"].astype(str),
+        "fastest B": best["batch_size"].astype(str), "B/k": best["per_worker_batch"].astype(str),
+        "steps": best["steps"].astype(str),
+        "step (ms)": [fmt_num(v * 1e3, 4) for v in best["step_time"]],
+        "time to result (s)": [fmt_num(v, 4) for v in best["time"]],
+        "worker-seconds": [fmt_num(v, 4) for v in best["worker_seconds"]],
+        "extrapolated": ["yes" if v else "no" for v in best["extrapolated"]]})
+    gaps = (grid[list(heads.values())] == "–").any(axis=None)
+    return [Table("Predicted time to result on k workers: seconds (worker-seconds)", grid,
+                  "–: B is not divisible by k." if gaps else ""),
+            Table("Fastest batch size per number of workers k", fastest.reset_index(drop=True))]
+
+
+def _time_to_result_frame(runs: tuple[Run, ...], part: HardwarePart) -> pd.DataFrame:
+    """time_to_result.csv: the prediction points with the study and optimizer of their run."""
+    by_label = {r.label: r for r in runs}
+    df = part.points.rename(columns={"step_time": "step_time_s", "time": "time_s"}).copy()
+    df.insert(0, "study", [by_label[r].name for r in df["run"]])
+    df.insert(1, "optimizer", [by_label[r].optimizer for r in df["run"]])
+    return df.drop(columns=["run"])
+
+
 # ---------------------------------------------------------------------------------------------
 # summary.csv
 
@@ -340,6 +398,17 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _md_tables(tables: list[Table]) -> list[str]:
+    out = []
+    for t in tables:
+        out += [f"### {t.title}", ""]
+        if len(t.frame):
+            out += [_md_table(t.frame), ""]
+        if t.note:
+            out += [t.note, ""]
+    return out
+
+
 def render_markdown(report: Report) -> str:
     """report.md: the same content as the HTML, figures linked from figures/."""
     out = [f"# {report.title}", "", "## Studies", "", _md_table(report.overview.frame), "",
@@ -347,13 +416,9 @@ def render_markdown(report: Report) -> str:
     out += ["## Figures", ""]
     for fig in report.figures:
         out += [f"### {fig.title}", "", f"![{fig.title}](figures/{fig.name}.png)", "", fig.caption, ""]
-    out += ["## Tables", ""]
-    for t in report.tables:
-        out += [f"### {t.title}", ""]
-        if len(t.frame):
-            out += [_md_table(t.frame), ""]
-        if t.note:
-            out += [t.note, ""]
+    out += ["## Tables", ""] + _md_tables(report.tables)
+    out += [f"## {HARDWARE_HEADING}", ""] + [line for p in report.hardware for line in (p, "")]
+    out += _md_tables(report.hardware_tables)
     for head, paragraphs in report.explanations:
         out += [f"## {head}", ""] + [line for p in paragraphs for line in (p, "")]
     out += ["## Theory formulas", ""]
@@ -391,6 +456,17 @@ def _html_table(df: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _html_tables(tables: list[Table]) -> list[str]:
+    parts = []
+    for t in tables:
+        parts.append(f"<h3>{html.escape(t.title)}</h3>")
+        if len(t.frame):
+            parts.append(_html_table(t.frame))
+        if t.note:
+            parts.append(f'<p class="note">{html.escape(t.note)}</p>')
+    return parts
+
+
 def render_html(report: Report) -> str:
     """report.html: self-contained (inline CSS, figures as base64 PNG data URIs, no scripts)."""
     e = html.escape
@@ -404,13 +480,10 @@ def render_html(report: Report) -> str:
         parts.append(f'<figure id="{fig.name}"><h3>{e(fig.title)}</h3>'
                      f'<img alt="{e(fig.title)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{e(fig.caption)}</figcaption></figure>")
-    parts.append("<h2>Tables</h2>")
-    for t in report.tables:
-        parts.append(f"<h3>{e(t.title)}</h3>")
-        if len(t.frame):
-            parts.append(_html_table(t.frame))
-        if t.note:
-            parts.append(f'<p class="note">{e(t.note)}</p>')
+    parts += ["<h2>Tables</h2>", *_html_tables(report.tables)]
+    parts.append(f"<h2>{e(HARDWARE_HEADING)}</h2>"
+                 + "".join(f"<p>{e(p)}</p>" for p in report.hardware))
+    parts += _html_tables(report.hardware_tables)
     for head, paragraphs in report.explanations:
         parts.append(f"<h2>{e(head)}</h2>" + "".join(f"<p>{e(p)}</p>" for p in paragraphs))
     parts.append("<h2>Theory formulas</h2>")

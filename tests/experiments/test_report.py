@@ -343,3 +343,143 @@ def test_bad_input_names_the_argument(tmp_path):
         write_report([])
     with pytest.raises(StoreError, match="no results store"):
         write_report([tmp_path / "nothing"])
+
+
+# ---------------------------------------------------------------------------------------------
+# time to result on real hardware (a cost_model.json in the run folder)
+
+from theory.walltime import predict_time_to_result  # noqa: E402
+from training.costmodel import (  # noqa: E402
+    CostModel, CostModelError, Measurements, StepTime, save_cost_model,
+)
+
+# Known constants: 1 ms fixed, 2 µs per example, 0.5 ms per ring round, 1 ns per byte, 10 000
+# float32 parameters; step times "measured" at k = 1, 2 only, so k = 4, 8 are extrapolated.
+COST = CostModel(t_fixed=1e-3, t_example=2e-6, alpha=5e-4, beta=1e-9, n_params=10_000,
+                 meta={"backend": "gloo", "device": "cpu", "workload": "teacher/mlp", "threads": 1})
+COST_MEASUREMENTS = Measurements((StepTime(1, 8, 1.0e-3), StepTime(2, 8, 2.1e-3)), (), 10_000)
+HARDWARE = "## Time to result on real hardware"
+
+
+def md_table(md: str, title: str) -> list[dict[str, str]]:
+    """The rows of the markdown table under ``### title`` as dicts (heading -> cell)."""
+    lines = md.split(f"### {title}\n\n")[1].split("\n\n")[0].splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def expected_prediction(run_dir, sparsity: float):
+    """theory.walltime on the store's steps: the median over the seeds that reached the goal,
+    a half step rounded up (read with SQL, independent of the report's tables)."""
+    with sqlite3.connect(Path(run_dir) / "results.sqlite") as conn:
+        g = pd.read_sql_query("SELECT batch_size, steps_to_result FROM groups WHERE sparsity = ? "
+                              "AND status = 'done' AND steps_to_result IS NOT NULL", conn,
+                              params=(sparsity,))
+    medians = g.groupby("batch_size")["steps_to_result"].median()
+    steps = {int(b): int(math.ceil(s)) for b, s in medians.items()}
+    return medians, steps, predict_time_to_result(steps, COST, (1, 2, 4, 8))
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    run = make_store(tmp_path_factory.mktemp("timed") / "run", seeds=(0, 1))
+    save_cost_model(COST, run / "cost_model.json", COST_MEASUREMENTS)
+    write_report([run])
+    return run
+
+
+def test_time_to_result_section_matches_theory_walltime(timed):
+    md = (timed / "report.md").read_text()
+    assert HARDWARE in md
+    grid = md_table(md, "Predicted time to result on k workers: seconds (worker-seconds)")
+    assert list(grid[0]) == ["series", "B", "steps", "k = 1", "k = 2", "k = 4 (extrapolated)",
+                             "k = 8 (extrapolated)"]
+    fastest = md_table(md, "Fastest batch size per number of workers k")
+    for sparsity, series in ((0.0, "dense"), (0.9, "90 % sparse")):
+        medians, steps, pred = expected_prediction(timed, sparsity)
+        # medians over two seeds: some batch sizes need their half step rounded up
+        assert (medians % 1 == 0.5).any()
+        rows = [r for r in grid if r["series"] == series]
+        assert [int(r["B"]) for r in rows] == sorted(steps) and len(rows) == 6
+        for row in rows:
+            b = int(row["B"])
+            assert int(row["steps"]) == steps[b]
+            for k, head in zip((1, 2, 4, 8), list(row)[3:]):
+                time, worker_s = (float(v.strip("()")) for v in row[head].split())
+                p = pred.at(b, k)
+                assert time == pytest.approx(p.time, rel=1e-3)
+                assert worker_s == pytest.approx(p.worker_seconds, rel=1e-3)
+                # and the closed form of the cost model itself
+                t = 1e-3 + 2e-6 * b / k + (k > 1) * (2 * (k - 1) * 5e-4 + 2 * (k - 1) / k * 1e-9 * 40_000)
+                assert time == pytest.approx(steps[b] * t, rel=1e-3)
+        best = [r for r in fastest if r["series"] == series]
+        assert [(int(r["k"]), int(r["fastest B"])) for r in best] == [
+            (p.workers, p.batch_size) for p in pred.best_by_workers()]
+        for r, p in zip(best, pred.best_by_workers()):
+            assert int(r["B/k"]) == p.per_worker_batch and int(r["steps"]) == p.steps
+            assert float(r["step (ms)"]) == pytest.approx(p.step_time * 1e3, rel=1e-3)
+            assert float(r["time to result (s)"]) == pytest.approx(p.time, rel=1e-3)
+            assert float(r["worker-seconds"]) == pytest.approx(p.worker_seconds, rel=1e-3)
+            assert r["extrapolated"] == ("yes" if p.workers > 2 else "no")
+    section = md.split(HARDWARE)[1].split("\n## ")[0]
+    assert "Step times were measured at k ∈ {1, 2}; k = 4, 8 are extrapolated by the ring formula." in section
+    assert "t_fixed = 1 ms, t_example = 2 µs per example, α = 500 µs per ring round" in section
+    assert "not on this study" not in section          # the cost model's workload is the study's
+    html_text = (timed / "report.html").read_text()
+    assert "<h2>Time to result on real hardware</h2>" in html_text
+    assert "Fastest batch size per number of workers k" in html_text and "k = 8 (extrapolated)" in html_text
+
+
+def test_time_to_result_csv_holds_every_prediction(timed):
+    csv = pd.read_csv(timed / "time_to_result.csv")
+    assert len(csv) == 2 * 6 * 4            # series x batch sizes x k (every B divisible by k)
+    for sparsity in (0.0, 0.9):
+        *_, pred = expected_prediction(timed, sparsity)
+        rows = csv[csv.sparsity == sparsity].set_index(["batch_size", "workers"])
+        for p in pred.points:
+            row = rows.loc[(p.batch_size, p.workers)]
+            assert row.steps == p.steps and row.per_worker_batch == p.per_worker_batch
+            assert row.time_s == pytest.approx(p.time, rel=1e-5)
+            assert row.worker_seconds == pytest.approx(p.worker_seconds, rel=1e-5)
+            assert row.fastest == (pred.fastest(p.workers) == p)
+            assert row.extrapolated == (p.workers > 2)
+    assert set(csv.study) == {"synthetic"} and set(csv.optimizer) == {"sgd"}
+
+
+def test_time_to_result_section_is_byte_deterministic(timed, tmp_path):
+    write_report([timed], out=tmp_path)
+    for name in ("report.md", "report.html", "summary.csv", "time_to_result.csv"):
+        assert (timed / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_without_a_cost_model_the_report_says_how_to_make_one(full):
+    md = (full / "report.md").read_text()
+    section = md.split(HARDWARE)[1].split("\n## ")[0].strip()
+    assert section == ("No cost model: run `sparsescale bench ddp --out RUN_DIR/cost_model.json` "
+                       "and write the report again to predict time-to-result on k data-parallel workers.")
+    assert "sparsescale bench ddp --out RUN_DIR/cost_model.json" in (full / "report.html").read_text()
+    assert not (full / "time_to_result.csv").exists()
+
+
+def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
+    """Combined runs: only the run with a cost model gets predictions; a cost model of another
+    workload and one without measurements are stated; a malformed file names itself."""
+    from experiments.findings import load_runs, points_table
+    from experiments.hardware import hardware_view
+
+    sgd = make_store(tmp_path / "sgd", name="shallue", optimizer="sgd")
+    mom = make_store(tmp_path / "momentum", name="shallue", optimizer="momentum", momentum_gain=2.0)
+    other = CostModel(1e-3, 2e-6, 5e-4, 1e-9, 10_000, meta={"workload": "mnist1d/mlp"})
+    save_cost_model(other, sgd)                   # a folder: written as cost_model.json
+    runs = load_runs([sgd, mom])
+    part = hardware_view(runs, points_table(runs))
+    assert set(part.points.series) == {"shallue (sgd), dense", "shallue (sgd), 90 % sparse"}
+    assert not part.points.extrapolated.any()     # no measurements: nothing known to be measured
+    text = " ".join(part.paragraphs)
+    assert "measured on mnist1d/mlp, not on this study's teacher/mlp" in text
+    assert "stores no measurements" in text
+    assert ("shallue (momentum): no cost model in its run folder; run `sparsescale bench ddp "
+            "--out RUN_DIR/cost_model.json`") in text
+    (sgd / "cost_model.json").write_text('{"format": "something else"}')
+    with pytest.raises(CostModelError, match="cost_model.json.*'format'"):
+        hardware_view(runs, points_table(runs))
