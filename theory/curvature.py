@@ -2,7 +2,8 @@
 
 All functions take a model and a data set and work on the mean loss over a finite example set
 (the training split by default) through :mod:`theory.functional`: Hessian-vector products by
-forward-over-reverse differentiation, full-set quantities summed in chunks, and with a mask only
+reverse-over-reverse differentiation on gradient graphs built once per point
+(:meth:`FlatLoss.hessian`), full-set quantities summed in chunks, and with a mask only
 the kept coordinates (the Hessian restricted to unpruned weights, ``P H P^T``; pruned weights held
 at zero). Computations run in float64 by default.
 """
@@ -33,25 +34,24 @@ Mask = Mapping[str, torch.Tensor] | None
 LEE_GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 # Below this many kept coordinates the Hessian is built densely (ARPACK needs k < dimension).
 DENSE_LIMIT = 64
-# Vectors per vectorized Hessian-vector pass in the trace estimators.
-TRACE_GROUP = 16
 
 
 def hessian_operator(fl: FlatLoss) -> LinearOperator:
-    """The full-set Hessian over kept coordinates as a float64 scipy ``LinearOperator``."""
+    """The full-set Hessian over kept coordinates as a float64 scipy ``LinearOperator`` (its
+    gradient graph built once, see :meth:`FlatLoss.hessian`)."""
+    hess = fl.hessian()
 
     def matvec(v: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(np.ascontiguousarray(v).reshape(-1), dtype=fl.theta.dtype,
                             device=fl.theta.device)
-        return fl.hvp(t).detach().cpu().numpy().astype(np.float64)
+        return hess(t).cpu().numpy().astype(np.float64)
 
     return LinearOperator((fl.dim, fl.dim), matvec=matvec, rmatvec=matvec, dtype=np.float64)
 
 
 def dense_hessian(fl: FlatLoss) -> torch.Tensor:
     """The Hessian over kept coordinates built column by column from Hessian-vector products."""
-    eye = torch.eye(fl.dim, dtype=fl.theta.dtype, device=fl.theta.device)
-    h = torch.cat([fl.hvp(eye[i:i + TRACE_GROUP]) for i in range(0, fl.dim, TRACE_GROUP)])
+    h = fl.hvp(torch.eye(fl.dim, dtype=fl.theta.dtype, device=fl.theta.device))
     return 0.5 * (h + h.T)
 
 
@@ -114,11 +114,6 @@ def _rademacher(rows: int, dim: int, gen: torch.Generator, like: torch.Tensor) -
     return 2 * signs - 1
 
 
-def _hvp_rows(fl: FlatLoss, v: torch.Tensor) -> torch.Tensor:
-    """H applied to each row of ``v``, ``TRACE_GROUP`` rows per vectorized pass."""
-    return torch.cat([fl.hvp(v[i:i + TRACE_GROUP]) for i in range(0, v.shape[0], TRACE_GROUP)])
-
-
 def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, examples: Examples = None,
                   method: str = "hutch++", matvecs: int = 90, seed: int = 0, split: str = "train",
                   chunk: int | None = None, dtype: torch.dtype = torch.float64) -> TraceEstimate:
@@ -133,9 +128,10 @@ def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, example
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
                    chunk=chunk, dtype=dtype)
     gen = torch.Generator().manual_seed(int(seed))
+    hess = fl.hessian()
     if method == "hutchinson":
         z = _rademacher(matvecs, fl.dim, gen, fl.theta)
-        samples = (z * _hvp_rows(fl, z)).sum(1)
+        samples = (z * hess(z)).sum(1)
         stderr = float(samples.std() / math.sqrt(matvecs)) if matvecs > 1 else math.nan
         return TraceEstimate(float(samples.mean()), stderr, method, matvecs)
     if method == "hutch++":
@@ -144,11 +140,11 @@ def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, example
         third = matvecs // 3
         s = _rademacher(third, fl.dim, gen, fl.theta)
         g = _rademacher(matvecs - 2 * third, fl.dim, gen, fl.theta)
-        q, _ = torch.linalg.qr(_hvp_rows(fl, s).T)  # [dim, r] orthonormal columns
+        q, _ = torch.linalg.qr(hess(s).T)  # [dim, r] orthonormal columns
         q = q[:, : min(third, fl.dim)]
-        top = float((q.T * _hvp_rows(fl, q.T)).sum())
+        top = float((q.T * hess(q.T)).sum())
         g_perp = g - (g @ q) @ q.T
-        rest = float((g_perp * _hvp_rows(fl, g_perp)).sum()) / g.shape[0]
+        rest = float((g_perp * hess(g_perp)).sum()) / g.shape[0]
         return TraceEstimate(top + rest, math.nan, method, matvecs)
     raise TheoryError(f"method {method!r}; allowed: hutchinson, hutch++")
 

@@ -22,7 +22,7 @@ exact for batches drawn uniformly with replacement from the set.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -36,7 +36,7 @@ from .errors import TheoryError
 from .functional import FlatLoss, check_positive_int, flat_loss
 
 DEFAULT_HESSIAN_EXAMPLES = 64
-# Gradient-vector pairs H is applied to in one vectorized pass (bounds activation memory).
+# Per-example gradients held at once while H is applied to them (bounds their memory).
 HVP_GROUP = 16
 
 
@@ -116,17 +116,18 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
     m = fl.n if hessian_examples is None else min(hessian_examples, fl.n)
     trace_h_sigma = g_h_g = math.nan
     if m > 0:
-        g_h_g = float(mean @ fl.hvp(mean))
-        trace_h_sigma = _trace_h_sigma(fl, mean, m, seed, chunk)
+        hess = fl.hessian()
+        g_h_g = float(mean @ hess(mean))
+        trace_h_sigma = _trace_h_sigma(fl, hess, mean, m, seed, chunk)
     return NoiseEstimate(g_sq=g_sq, trace_sigma=trace_sigma, b_simple=_ratio(trace_sigma, g_sq),
                          b_noise=_ratio(trace_h_sigma, g_h_g), n=fl.n, n_params=fl.dim,
                          loss=float(fl.loss()), trace_h_sigma=trace_h_sigma, g_h_g=g_h_g,
                          hessian_examples=m)
 
 
-def _trace_h_sigma(fl: FlatLoss, mean: torch.Tensor, m: int, seed: int,
-                   chunk: int | None) -> float:
-    """(1/m) sum over m sampled examples of (g_i - G)^T H (g_i - G)."""
+def _trace_h_sigma(fl: FlatLoss, hess: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor,
+                   m: int, seed: int, chunk: int | None) -> float:
+    """(1/m) sum over m sampled examples of (g_i - G)^T H (g_i - G), ``hess`` = ``fl.hessian()``."""
     if m == fl.n:
         x, y = fl.x, fl.y
     else:
@@ -137,7 +138,7 @@ def _trace_h_sigma(fl: FlatLoss, mean: torch.Tensor, m: int, seed: int,
     total = 0.0
     for g in fl.per_example_gradients(chunk=min(fl.per_example_chunk(chunk), HVP_GROUP), x=x, y=y):
         d = g - mean
-        total += float((d * fl.hvp(d)).sum())
+        total += float((d * hess(d)).sum())
     return total / m
 
 

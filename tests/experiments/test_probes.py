@@ -67,3 +67,17 @@ def test_probes_match_direct_computation(tmp_path):
         loss = theory.gradient_noise(at_t, ds, mask=mask, examples=64, hessian_examples=0).loss
     assert probes[("trajectory", t, "loss")] == pytest.approx(loss, rel=1e-9)
 
+
+
+def test_torch_threads_sets_and_restores_the_thread_count():
+    from experiments.probes import torch_threads
+
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    with torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch_threads(other):
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
