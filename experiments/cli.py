@@ -81,7 +81,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_probe(args: argparse.Namespace) -> int:
     import training
 
-    from .probes import probe_network
+    from .probes import PROBE_THREADS, probe_network, torch_threads
 
     options = dict(_parse_option(o) for o in args.dataset_option)
     ds = training.data.load(args.dataset, **options)
@@ -92,7 +92,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
         mask = pruning.prune(net, args.method, args.sparsity, data=ds, seed=args.seed)
         mask.apply(net)
-    values = probe_network(net, ds, mask, examples=args.examples, seed=args.seed)
+    with torch_threads(PROBE_THREADS):
+        values = probe_network(net, ds, mask, examples=args.examples, seed=args.seed)
     print(f"{args.model} on {args.dataset}, sparsity {args.sparsity:g}"
           + (f" ({args.method})" if mask is not None else "") + f", {args.examples} examples:")
     for name, value in values.items():
