@@ -29,19 +29,30 @@ def make_sgd(params, optimizer: str, lr: float, momentum: float) -> torch.optim.
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=optimizer == "nesterov")
 
 
-def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-    """Validate a name -> 0/1 tensor mapping against ``model``'s parameters."""
+def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None,
+               trials: int | None = None) -> dict[str, torch.Tensor]:
+    """Validate a name -> 0/1 tensor mapping against ``model``'s parameters: every entry is
+    shaped like its parameter or, when ``trials`` is given, ``[trials, *shape]`` (one mask per
+    trial)."""
     if mask is None:
         return {}
+    if not isinstance(mask, Mapping):
+        raise ConfigError(f"masks must be a mapping name -> 0/1 tensor, got {type(mask).__name__}")
     params = dict(model.named_parameters())
     out = {}
     for name, m in mask.items():
         if name not in params:
             raise ConfigError(f"mask entry {name!r} is not a parameter of the model; "
                               f"parameters: {', '.join(params)}")
-        if tuple(m.shape) != tuple(params[name].shape):
-            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}, "
-                              f"parameter has {tuple(params[name].shape)}")
+        m = torch.as_tensor(m)
+        shape = tuple(params[name].shape)
+        allowed = [shape] if trials is None else [shape, (trials, *shape)]
+        if tuple(m.shape) not in allowed:
+            per_trial = "" if trials is None else f" (shared) or {allowed[1]} (one per trial)"
+            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}; allowed: "
+                              f"{shape}{per_trial}")
+        if not bool(((m == 0) | (m == 1)).all()):
+            raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
         out[name] = m
     return out
 

@@ -31,6 +31,7 @@ from torch import nn
 from .data import Dataset
 from .goal import DIVERGENCE_FACTOR, Goal, as_goal, metric_value
 from .order import epoch_permutation, trial_seed
+from .reference import check_mask
 from .results import Curve
 from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer
 from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
@@ -111,31 +112,6 @@ def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
         raise ConfigError("trials must be a non-empty list of Trial or dicts "
                           "(keys: lr, momentum, decay_steps, end_factor)")
     return [Trial.from_dict(dict(t) if isinstance(t, Mapping) else t) for t in trials]
-
-
-def check_masks(model: nn.Module, masks: Mapping[str, Tensor] | None, n: int
-                ) -> dict[str, Tensor]:
-    """Validate masks: name -> 0/1 tensor shaped like the parameter (shared by all trials) or
-    ``[n_trials, *shape]`` (one mask per trial)."""
-    if masks is None:
-        return {}
-    if not isinstance(masks, Mapping):
-        raise ConfigError(f"masks must be a mapping name -> 0/1 tensor, got {type(masks).__name__}")
-    params = dict(model.named_parameters())
-    out = {}
-    for name, m in masks.items():
-        if name not in params:
-            raise ConfigError(f"mask entry {name!r} is not a parameter of the model; "
-                              f"parameters: {', '.join(params)}")
-        m = torch.as_tensor(m)
-        shape = tuple(params[name].shape)
-        if tuple(m.shape) not in (shape, (n, *shape)):
-            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}; allowed: "
-                              f"{shape} (shared) or {(n, *shape)} (one per trial)")
-        if not bool(((m == 0) | (m == 1)).all()):
-            raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
-        out[name] = m
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +382,7 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
     n = len(trial_list)
-    mask_map = check_masks(model, masks, n)
+    mask_map = check_mask(model, masks, trials=n)
     goal = as_goal(target, dataset.task)
     metric = goal.metric if goal else ("error" if dataset.task == "classification" else "loss")
     if not _is_int(first_index) or first_index < 0:
