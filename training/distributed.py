@@ -488,6 +488,13 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--out", type=Path, help="write the fitted cost model here (cost_model.json)")
     args = p.parse_args(argv)
+    if args.out:
+        # fail on an unwritable destination now, not after minutes of measuring
+        folder = args.out if args.out.suffix != ".json" else args.out.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out {args.out}: cannot create folder {folder} ({exc.strerror})") from None
     model, ds = _workload(args)
     plan = BenchPlan(args.per_worker_batch, args.allreduce_sizes, args.warmup, args.repeats,
                      args.rounds)

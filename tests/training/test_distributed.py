@@ -203,3 +203,18 @@ def test_torchrun_launch_matches_reference(tmp_path, mnist1d_small):
                                    eval_schedule=training.EvalSchedule(every=5))
     assert res.steps_to_result == ref.steps_to_result is not None
     assert relative_error(res.state, ref.state) < 1e-5
+
+
+def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path, monkeypatch):
+    import training.distributed as ddp
+
+    monkeypatch.setattr(ddp, "measure", lambda *a, **k: pytest.fail("measured before checking --out"))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"--out .*cannot create folder"):
+        ddp.bench_main(["--out", str(blocker / "sub" / "cost_model.json")])
+    # a missing folder is created
+    monkeypatch.setattr(ddp, "_workload", lambda args: pytest.skip("folder created; stop here"))
+    with pytest.raises(pytest.skip.Exception):
+        ddp.bench_main(["--out", str(tmp_path / "new" / "cost_model.json")])
+    assert (tmp_path / "new").is_dir()
