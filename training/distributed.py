@@ -286,6 +286,9 @@ def _spawn_entry(rank: int, world_size: int, backend: str, threads: int, port: i
     _init_from_store(rank, world_size, port, backend, timeout)
     try:
         result = fn(rank, *args)
+        # no rank tears its process group down while another still has collectives in flight
+        # (gloo aborts the process: "terminate called without an active exception")
+        dist.barrier()
         if rank == 0:
             torch.save(result, out)
     finally:
