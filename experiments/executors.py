@@ -6,7 +6,7 @@
   scheduler or ``"local"`` for a ``LocalCluster`` on loopback. Dask is an optional extra
   (``pip install 'sparsescale[dask]'``).
 
-A worker computes with ONE torch thread (:func:`single_thread`) wherever it runs, so a group's
+A worker computes with ONE torch thread (``torch_threads(1)``) wherever it runs, so a group's
 floating-point results do not depend on which executor ran it.
 """
 
@@ -47,12 +47,12 @@ class LocalPool(ProcessPoolExecutor):
 
 
 @contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run the body with one torch intra-op thread, restoring the previous setting after."""
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the body with ``n`` torch intra-op threads, restoring the previous count after."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -60,6 +60,7 @@ def single_thread() -> Iterator[None]:
 
 
 def default_workers() -> int:
+    """CPUs this process may run on (its affinity set where the OS has one), at least 1."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
                (os.cpu_count() or 1))
 

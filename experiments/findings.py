@@ -29,7 +29,7 @@ import pandas as pd
 from theory import bounds, nqm
 from theory.errors import TheoryError
 from theory.predict import MeasuredCurve, ProbeSummary, predict_levels
-from theory.scaling import MAXIMAL_SLOPE, PERFECT_SLOPE, fit_scaling
+from theory.scaling import MAXIMAL_SLOPE, PERFECT_SLOPE, batch_at_slope, fit_scaling
 
 from .search import at_edge
 from .spec import Dimension
@@ -266,7 +266,7 @@ def fit_series(runs: tuple[Run, ...]) -> Fits:
 def perfect_scaling_until(b_crit: float) -> float:
     """Batch size where the fitted curve's slope -B_crit / (B + B_crit) reaches the perfect-scaling
     threshold of ``theory.scaling`` (B_crit / 4 for a slope of -0.8)."""
-    return b_crit * (1.0 + PERFECT_SLOPE) / -PERFECT_SLOPE
+    return batch_at_slope(b_crit, PERFECT_SLOPE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,8 +576,8 @@ def predictions(runs: tuple[Run, ...], fits: Fits, probes: pd.DataFrame
     groups = stacked(runs, "groups")
     groups = groups[(groups["status"] == "done") & groups["steps_to_result"].notna()]
     table, curves, notes = [], [], []
+    combined = len(runs) > 1
     for run in runs:
-        combined = len(runs) > 1
         mine = probes[probes["run"] == run.label].set_index("sparsity")
         summaries, measured, skipped = [], [], []
         for sparsity in sorted(set(groups.loc[groups["run"] == run.label, "sparsity"])):

@@ -19,8 +19,7 @@ already probed.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -28,6 +27,7 @@ import torch
 
 import training
 
+from .executors import torch_threads
 from .spec import Spec
 from .store import ProbeRow, Store
 
@@ -141,17 +141,6 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
                 seed=seed).value
         rows += _rows(values, sparsity, "trajectory", t, b_ref)
     return rows
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with ``n`` torch intra-op threads, restoring the previous count after."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False) -> None:

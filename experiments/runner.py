@@ -27,7 +27,7 @@ import torch
 import training
 
 from . import search
-from .executors import LocalPool, dask_executor, default_workers, local_pool, single_thread
+from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .spec import Spec, check_against_dataset, canonical_json
 from .spec import load as load_spec
 from .store import GroupRecord, Store, StudyInfo, TrialRow, open_store
@@ -104,6 +104,7 @@ def load_dataset(workload: dict[str, Any]) -> training.Dataset:
 
 
 def build_model(workload: dict[str, Any], dataset: training.Dataset, seed: int) -> torch.nn.Module:
+    """The workload's model initialized with ``seed`` (workers, masks and probes all build it so)."""
     return training.models.build(workload["model"], dataset, seed=seed, **workload["model_options"])
 
 
@@ -122,7 +123,7 @@ def run_group(task: GroupTask) -> GroupRecord:
     cfg = json.loads(p.config_json)
     start = time.perf_counter()
     try:
-        with single_thread():
+        with torch_threads(1):
             ds = load_dataset(task.workload)
             model = build_model(task.workload, ds, p.seed)
             goal = training.Goal(**cfg["goal"])
@@ -250,6 +251,7 @@ def _result(fut: Future, p: GroupPlan, attempts: int = 1) -> GroupRecord:
 
 
 def study_info(spec: Spec) -> StudyInfo:
+    """The store's study row for ``spec`` (its hash keeps other studies out of the folder)."""
     return StudyInfo(name=spec.name, spec_toml=spec.toml, spec_hash=spec.hash,
                      spec_json=spec.to_json())
 

@@ -117,6 +117,7 @@ class Budget:
     max: int | None = None
 
     def steps(self, batch_size: int) -> int:
+        """The step budget of a group at ``batch_size``."""
         if self.max_steps is not None:
             return self.max_steps
         steps = max(self.min, math.ceil(self.examples / batch_size))
@@ -125,6 +126,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class Probes:
+    """The ``[probes]`` table: noise / curvature measurements per sparsity level."""
+
     enabled: bool = True
     batch_size: int | None = None   # None: the median batch size of the study
     examples: int = 512
@@ -195,11 +198,18 @@ class Spec:
 
 
 def canonical_json(obj: Any) -> str:
+    """Key-sorted compact JSON (no NaN): equal configs give equal text, hence equal hashes."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------
 # validation
+
+
+def _did_you_mean(value: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the closest allowed name, or nothing when none is close."""
+    near = difflib.get_close_matches(value, list(allowed), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 class _Checker:
@@ -214,9 +224,8 @@ class _Checker:
     def keys(self, table: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
         for key in table:
             if key not in allowed:
-                near = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
-                self.add(key_path(path, key), f"unknown key{hint}; allowed: {', '.join(allowed)}")
+                self.add(key_path(path, key),
+                         f"unknown key{_did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
 
     def plain(self, value: Any, path: str) -> None:
         """Options are passed on as JSON (the spec hash): strings, booleans, integers, finite
@@ -249,9 +258,8 @@ class _Checker:
             self.add(path, f"missing; allowed: {', '.join(allowed)}")
             return None
         if not isinstance(value, str) or value not in allowed:
-            near = difflib.get_close_matches(str(value), list(allowed), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            self.add(path, f"found {value!r}{hint}; allowed: {', '.join(allowed)}")
+            self.add(path, f"found {value!r}{_did_you_mean(str(value), allowed)}; "
+                           f"allowed: {', '.join(allowed)}")
             return None
         return value
 
@@ -536,16 +544,15 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     if ck.problems:
         raise SpecError(ck.problems, source)
-    opts = tuple(optimizers)
     return Spec(
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
-        model_options=dict(model_options), optimizer=opts[0], metric=metric, target=target,
+        model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
         strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
         pruning_method=str(method),
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=Probes(enabled=enabled, batch_size=pb_bs, examples=pb_ex, points=pb_pts),
-        workers=workers, optimizers=opts, toml=toml_text)
+        workers=workers, optimizers=optimizers, toml=toml_text)
 
 
 def loads(text: str, source: str | None = None) -> Spec:

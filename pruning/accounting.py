@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from training.reference import check_mask
-
-from .mask import PRUNABLE_MODULES, MaskError
+from .mask import PRUNABLE_MODULES, fitted_entries
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,10 +73,7 @@ def report(model: nn.Module, mask: Mapping[str, torch.Tensor] | None = None,
     """
     import pandas as pd  # imported here: trainer worker processes import pruning without it
 
-    try:
-        entries = check_mask(model, mask)
-    except ValueError as exc:
-        raise MaskError(str(exc)) from None
+    entries = fitted_entries(model, mask)
     owners = {}
     for mod_name, module in model.named_modules():
         if isinstance(module, PRUNABLE_MODULES):

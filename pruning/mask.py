@@ -44,6 +44,16 @@ def prunable_parameters(model: nn.Module, prune_biases: bool = False) -> dict[st
     return out
 
 
+def fitted_entries(model: nn.Module, mask: Mapping[str, torch.Tensor] | None
+                   ) -> dict[str, torch.Tensor]:
+    """``mask``'s entries checked against ``model`` by the trainers' own check
+    (``training.reference.check_mask``), a misfit raised as :class:`MaskError`."""
+    try:
+        return check_mask(model, mask)
+    except ValueError as exc:
+        raise MaskError(str(exc)) from None
+
+
 def _as_01(name: str, value: Any) -> torch.Tensor:
     try:
         t = torch.as_tensor(value).detach().cpu()
@@ -140,6 +150,7 @@ class Mask(Mapping[str, torch.Tensor]):
         return int(sum(int(t.sum()) for t in tensors))
 
     def total(self, name: str | None = None) -> int:
+        """Number of entries (in one entry ``name``, or in all)."""
         tensors = [self._entry(name)] if name is not None else self._entries.values()
         return int(sum(t.numel() for t in tensors))
 
@@ -166,12 +177,8 @@ class Mask(Mapping[str, torch.Tensor]):
         """Zero the pruned weights of ``model`` in place (idempotent) and return it."""
         if not isinstance(model, nn.Module):
             raise MaskError(f"a mask applies to a torch.nn.Module, got {type(model).__name__}")
-        try:
-            entries = check_mask(model, self)
-        except ValueError as exc:
-            raise MaskError(str(exc)) from None
         params = dict(model.named_parameters())
-        for name, m in entries.items():
+        for name, m in fitted_entries(model, self).items():
             params[name].mul_(m.to(device=params[name].device, dtype=params[name].dtype))
         return model
 

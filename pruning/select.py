@@ -25,6 +25,7 @@ def check_sparsity(sparsity: float) -> float:
 
 
 def check_scope(scope: str) -> str:
+    """``scope`` if it is one of SCOPES, else ValueError naming what is allowed."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
     return scope

@@ -36,11 +36,14 @@ from functools import cache
 
 import numpy as np
 import sympy as sp
+from numpy.typing import ArrayLike
 
 from .errors import TheoryError
 
 L, SIGMA2, DELTA, EPS, B, ETA, K, MU = sp.symbols("L sigma2 Delta epsilon B eta K mu", positive=True)
 _SYMBOL_LATEX = {SIGMA2: r"\sigma^{2}", EPS: r"\varepsilon"}
+# every numeric function returns a float for scalar inputs, an array when any input is one
+Number = float | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def _numeric(name: str, momentum: bool):
     return sp.lambdify(args, getattr(derivation(momentum), name), modules="numpy")
 
 
-def _evaluate(name: str, momentum: bool = False, **values):
+def _evaluate(name: str, momentum: bool = False, **values: ArrayLike) -> Number:
     """Evaluate a derived expression with numpy broadcasting; unused symbols may be omitted."""
     checked = {k: _check_positive(v, k) for k, v in values.items()}
     if "mu" in checked:
@@ -127,7 +130,8 @@ def _evaluate(name: str, momentum: bool = False, **values):
     return _scalar_or_array(np.broadcast_to(np.asarray(out, dtype=float), shape))
 
 
-def steps_at_lr(L, sigma2, delta, eps, batch_size, lr, mu=None):
+def steps_at_lr(L: ArrayLike, sigma2: ArrayLike, delta: ArrayLike, eps: ArrayLike,
+                batch_size: ArrayLike, lr: ArrayLike, mu: ArrayLike | None = None) -> Number:
     """Bound-guaranteed steps K(eta, B) = 2 Delta B / (eta_e (eps B - eta_e L sigma^2)) with
     eta_e = lr (SGD) or lr / (1 - mu) (momentum); inf where the bound cannot reach ``eps``
     (eta_e L sigma^2 / B >= eps) or the step exceeds the cap eta_e <= 1/L."""
@@ -142,45 +146,49 @@ def steps_at_lr(L, sigma2, delta, eps, batch_size, lr, mu=None):
     return _scalar_or_array(k)
 
 
-def sgd_steps(L, sigma2, delta, eps, batch_size):
+def sgd_steps(L: ArrayLike, sigma2: ArrayLike, delta: ArrayLike, eps: ArrayLike,
+              batch_size: ArrayLike) -> Number:
     """K*(B): fewest steps the bound guarantees with the best constant step (docstring, step 3)."""
     return _evaluate("steps_opt", L=L, sigma2=sigma2, delta=delta, eps=eps, batch_size=batch_size)
 
 
-def optimal_lr(L, sigma2, eps, batch_size, mu=None):
+def optimal_lr(L: ArrayLike, sigma2: ArrayLike, eps: ArrayLike, batch_size: ArrayLike,
+               mu: ArrayLike | None = None) -> Number:
     """eta*(B) = min(eps B / (2 L sigma^2), 1/L) for SGD; times (1 - mu) for momentum."""
     if mu is None:
         return _evaluate("lr_opt", L=L, sigma2=sigma2, eps=eps, batch_size=batch_size)
     return _evaluate("lr_opt", True, L=L, sigma2=sigma2, eps=eps, batch_size=batch_size, mu=mu)
 
 
-def momentum_steps(L, sigma2, delta, eps, batch_size, mu):
+def momentum_steps(L: ArrayLike, sigma2: ArrayLike, delta: ArrayLike, eps: ArrayLike,
+                   batch_size: ArrayLike, mu: ArrayLike) -> Number:
     """K*(B) for heavy-ball momentum at the best base step: equal to :func:`sgd_steps` (the bound
     depends on the step only through eta / (1 - mu))."""
     return _evaluate("steps_opt", True, L=L, sigma2=sigma2, delta=delta, eps=eps, batch_size=batch_size, mu=mu)
 
 
-def min_steps(L, delta, eps):
+def min_steps(L: ArrayLike, delta: ArrayLike, eps: ArrayLike) -> Number:
     """S_min = 2 L Delta / eps, the large-batch limit of K*(B)."""
     return _evaluate("s_min", L=L, delta=delta, eps=eps)
 
 
-def min_examples(L, sigma2, delta, eps):
+def min_examples(L: ArrayLike, sigma2: ArrayLike, delta: ArrayLike, eps: ArrayLike) -> Number:
     """E_min = 8 L Delta sigma^2 / eps^2, the small-batch limit of B K*(B)."""
     return _evaluate("e_min", L=L, sigma2=sigma2, delta=delta, eps=eps)
 
 
-def critical_batch(sigma2, eps):
+def critical_batch(sigma2: ArrayLike, eps: ArrayLike) -> Number:
     """B_crit = E_min / S_min = 4 sigma^2 / eps."""
     return _evaluate("b_crit", sigma2=sigma2, eps=eps)
 
 
-def kink_batch(sigma2, eps):
+def kink_batch(sigma2: ArrayLike, eps: ArrayLike) -> Number:
     """B_kink = 2 sigma^2 / eps: above it the optimal step is capped at 1/L."""
     return _evaluate("kink_batch", sigma2=sigma2, eps=eps)
 
 
-def approx_steps(L, sigma2, delta, eps, batch_size):
+def approx_steps(L: ArrayLike, sigma2: ArrayLike, delta: ArrayLike, eps: ArrayLike,
+                 batch_size: ArrayLike) -> Number:
     """S_min (1 + B_crit / B): the asymptotic form of K*(B), exact in both limits."""
     b = _check_positive(batch_size, "batch_size")
     return _scalar_or_array(min_steps(L, delta, eps) * (1.0 + critical_batch(sigma2, eps) / b))
@@ -199,7 +207,7 @@ def _check_positive(value, name: str) -> np.ndarray:
     return arr
 
 
-def _scalar_or_array(x):
+def _scalar_or_array(x: ArrayLike) -> Number:
     x = np.asarray(x, dtype=float)
     return float(x) if x.ndim == 0 else x
 

@@ -21,10 +21,10 @@ from torch import nn
 
 from training.data import Dataset
 
-from .errors import TheoryError
-from .functional import FlatLoss, Weights, check_positive_int, flat_loss, hvp, parameter_vector
+from .errors import TheoryError, check_int
+from .functional import FlatLoss, Weights, flat_loss, parameter_vector
 
-__all__ = ["hvp", "hessian_operator", "hessian_top_eigenvalues", "hessian_trace", "TraceEstimate",
+__all__ = ["hessian_operator", "hessian_top_eigenvalues", "hessian_trace", "TraceEstimate",
            "local_lipschitz", "LocalLipschitz", "LEE_GAMMAS"]
 
 Examples = int | Sequence[int] | torch.Tensor | None
@@ -59,7 +59,8 @@ def hessian_top_eigenvalues(model: nn.Module, dataset: Dataset, k: int = 1, mask
                             examples: Examples = None, which: str = "LA", tol: float = 1e-8,
                             maxiter: int | None = None, seed: int = 0, split: str = "train",
                             chunk: int | None = None, dtype: torch.dtype = torch.float64,
-                            return_eigenvectors: bool = False):
+                            return_eigenvectors: bool = False
+                            ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Top ``k`` eigenvalues of the loss Hessian, largest first, by implicitly restarted Lanczos
     (ARPACK ``eigsh``; Lehoucq, Sorensen and Yang 1998) on Hessian-vector products.
 
@@ -70,7 +71,7 @@ def hessian_top_eigenvalues(model: nn.Module, dataset: Dataset, k: int = 1, mask
     k < dimension) the Hessian is built densely and diagonalised exactly. With
     ``return_eigenvectors`` also returns the ``[dim, k]`` eigenvectors in kept coordinates.
     """
-    check_positive_int(k, "k")
+    check_int(k, "k")
     if which not in ("LA", "LM"):
         raise TheoryError(f"which {which!r}; allowed: LA (largest algebraic), LM (largest magnitude)")
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
@@ -124,7 +125,7 @@ def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, example
     ``matvecs`` split in thirds, Q = orth(H S) for Rademacher S (m/3 columns), then
     tr(Q^T H Q) + (3/m) tr(G^T (I - QQ^T) H (I - QQ^T) G); exact once m/3 >= the dimension.
     """
-    check_positive_int(matvecs, "matvecs")
+    check_int(matvecs, "matvecs")
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
                    chunk=chunk, dtype=dtype)
     gen = torch.Generator().manual_seed(int(seed))

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import functional_call, grad, vmap
 
 from training.data import Dataset
 from training.goal import loss_fn
 from training.reference import check_mask
 
-from .errors import TheoryError
+from .errors import TheoryError, check_int
 
 DEFAULT_CHUNK = 1024
 # Memory of one chunk of per-example gradients (chunk x parameters): small chunks stay in cache
@@ -44,13 +44,6 @@ RETAINED_EXAMPLES = 2048
 SPLITS = ("train", "val", "test")
 
 Weights = Mapping[str, torch.Tensor] | torch.Tensor
-
-
-def hvp(f: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor,
-        v: torch.Tensor) -> torch.Tensor:
-    """Hessian-vector product ``H(theta) v`` of scalar ``f`` by forward-over-reverse
-    differentiation (``jvp`` of ``grad``; Pearlmutter 1994): one gradient's cost, no Hessian."""
-    return jvp(grad(f), (theta,), (v,))[1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,7 +177,7 @@ class FlatLoss:
         """Examples per chunk of per-example gradients: ``chunk``, else what fits
         ``PER_EXAMPLE_BYTES`` (at most ``self.chunk``)."""
         if chunk is not None:
-            return check_positive_int(chunk, "chunk")
+            return check_int(chunk, "chunk")
         per_example = self.dim * self.theta.element_size()
         return max(1, min(self.chunk, PER_EXAMPLE_BYTES // per_example))
 
@@ -200,12 +193,6 @@ class FlatLoss:
         per_example = vmap(grad(self.example_loss), in_dims=(None, 0, 0))
         for i in range(0, x.shape[0], size):
             yield per_example(t, x[i:i + size], y[i:i + size])
-
-
-def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TheoryError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def parameter_vector(model: nn.Module, weights: Weights | None = None) -> torch.Tensor:
@@ -277,7 +264,7 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
     ``weights``: evaluate at these parameters instead of the model's (state dict or flat vector,
     see :func:`parameter_vector`); the mask is applied to them.
     """
-    chunk = DEFAULT_CHUNK if chunk is None else check_positive_int(chunk, "chunk")
+    chunk = DEFAULT_CHUNK if chunk is None else check_int(chunk, "chunk")
     if not dtype.is_floating_point:
         raise TheoryError(f"dtype must be a floating-point torch dtype, got {dtype}")
     params = dict(model.named_parameters())

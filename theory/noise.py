@@ -26,14 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 import torch
 from torch import nn
 from torch.func import grad, vmap
 
 from training.data import Dataset
 
-from .errors import TheoryError
-from .functional import FlatLoss, check_positive_int, flat_loss
+from .errors import TheoryError, check_int
+from .functional import FlatLoss, flat_loss
 
 DEFAULT_HESSIAN_EXAMPLES = 64
 # Per-example gradients held at once while H is applied to them (bounds their memory).
@@ -155,13 +156,14 @@ class TwoBatchEstimate:
 
 
 def _check_batch_sizes(b_small: int, b_big: int) -> None:
-    check_positive_int(b_small, "b_small")
-    check_positive_int(b_big, "b_big")
+    check_int(b_small, "b_small")
+    check_int(b_big, "b_big")
     if b_big <= b_small:
         raise TheoryError(f"b_big must exceed b_small, got b_small={b_small}, b_big={b_big}")
 
 
-def two_batch_estimates(g_small_sq, g_big_sq, b_small: int, b_big: int) -> TwoBatchEstimate:
+def two_batch_estimates(g_small_sq: ArrayLike, g_big_sq: ArrayLike, b_small: int,
+                        b_big: int) -> TwoBatchEstimate:
     """McCandlish et al. (2018, appendix A.1) unbiased estimators from E|G_B|^2 = |G|^2 + tr(Sigma)/B:
 
         |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
@@ -201,7 +203,7 @@ class NoiseStream:
         if not 0.0 < self.decay <= 1.0:
             raise TheoryError(f"decay must be in (0, 1], got {self.decay!r}")
 
-    def update(self, g_small_sq, g_big_sq) -> "NoiseStream":
+    def update(self, g_small_sq: ArrayLike, g_big_sq: ArrayLike) -> "NoiseStream":
         """Add one draw (floats) or several in order (1-D arrays)."""
         est = two_batch_estimates(np.atleast_1d(g_small_sq), np.atleast_1d(g_big_sq),
                                   self.b_small, self.b_big)
@@ -256,7 +258,7 @@ def two_batch_noise(model: nn.Module, dataset: Dataset, b_small: int, b_big: int
     a data-parallel run would (one worker's batch inside the global one). Returns the stream of all
     draws: ``.g_sq``, ``.trace_sigma``, ``.b_simple``.
     """
-    check_positive_int(draws, "draws")
+    check_int(draws, "draws")
     stream = NoiseStream(b_small, b_big, decay)
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split, dtype=dtype)
     gen = torch.Generator().manual_seed(int(seed))

@@ -33,8 +33,9 @@ from functools import cache
 
 import numpy as np
 import sympy as sp
+from numpy.typing import ArrayLike
 
-from .errors import TheoryError
+from .errors import TheoryError, check_int
 
 SGD_LRS = np.logspace(-5, 0.5, 100)
 MOMENTUM_LRS = np.logspace(-8, 1, 100)
@@ -75,7 +76,7 @@ class Spectrum:
 
 def paper_spectrum(dim: int = DEFAULT_DIM) -> Spectrum:
     """Zhang et al. 2019: h_i = 1/i, C = H, x_0 ~ N(0, I)."""
-    _check_int(dim, "dim")
+    check_int(dim, "dim")
     h = 1.0 / np.arange(1, dim + 1)
     return Spectrum(h=h, c=h.copy(), s0=np.ones(dim))
 
@@ -88,7 +89,7 @@ class PowerLawTail:
     exponent: float
 
 
-def fit_power_law(top_eigenvalues) -> PowerLawTail:
+def fit_power_law(top_eigenvalues: ArrayLike) -> PowerLawTail:
     """Least-squares fit of log h_i = log scale - exponent log i to the sorted top eigenvalues."""
     top = _positive_vector(top_eigenvalues, "top_eigenvalues")
     if len(top) < 2:
@@ -98,11 +99,11 @@ def fit_power_law(top_eigenvalues) -> PowerLawTail:
     return PowerLawTail(scale=float(np.exp(intercept)), exponent=float(-slope))
 
 
-def measured_spectrum(top_eigenvalues, dim: int, noise_scale: float = 1.0) -> Spectrum:
+def measured_spectrum(top_eigenvalues: ArrayLike, dim: int, noise_scale: float = 1.0) -> Spectrum:
     """Measured top-k Hessian eigenvalues, extended to ``dim`` coordinates by a fitted power-law
     tail; noise C = noise_scale * H (the paper's C = H up to scale), x_0 ~ N(0, I)."""
     top = np.sort(_positive_vector(top_eigenvalues, "top_eigenvalues"))[::-1]
-    _check_int(dim, "dim")
+    check_int(dim, "dim")
     if dim < len(top):
         raise TheoryError(f"dim ({dim}) must be >= the number of measured eigenvalues ({len(top)})")
     if not (np.isfinite(noise_scale) and noise_scale > 0):
@@ -140,7 +141,8 @@ def _steady_state():
     return sp.lambdify((z, b, n), [sp.factor(e) for e in u], modules="numpy")
 
 
-def sgd_second_moments(spectrum: Spectrum, lr, batch_size, steps, precond: float = 0.0) -> np.ndarray:
+def sgd_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: ArrayLike, steps: ArrayLike,
+                       precond: float = 0.0) -> np.ndarray:
     """E x_i(k)^2 under SGD, closed form; broadcasts lr / batch_size / steps against coordinates
     (last axis)."""
     z, n = _step_terms(spectrum, lr, batch_size, precond)
@@ -150,7 +152,8 @@ def sgd_second_moments(spectrum: Spectrum, lr, batch_size, steps, precond: float
     return s_star + _ipow(beta, k, False) * (spectrum.s0 - s_star)
 
 
-def momentum_second_moments(spectrum: Spectrum, lr, momentum, batch_size, steps, precond: float = 0.0) -> np.ndarray:
+def momentum_second_moments(spectrum: Spectrum, lr: ArrayLike, momentum: ArrayLike, batch_size: ArrayLike,
+                            steps: ArrayLike, precond: float = 0.0) -> np.ndarray:
     """E x_i(k)^2 under heavy-ball momentum, closed form via A^k = F_k A - b F_{k-1} I."""
     z, n = _step_terms(spectrum, lr, batch_size, precond)
     b = np.asarray(momentum, dtype=float)[..., None]
@@ -228,10 +231,10 @@ def expected_loss(second_moments: np.ndarray, spectrum: Spectrum) -> np.ndarray:
 def steps_to_target(
     spectrum: Spectrum,
     target: float,
-    batch_sizes,
+    batch_sizes: ArrayLike,
     optimizer: str = "sgd",
-    lrs=None,
-    momenta=None,
+    lrs: ArrayLike | None = None,
+    momenta: ArrayLike | None = None,
     precond: float = 0.0,
     max_steps: int = MAX_STEPS,
 ) -> NQMCurve:
@@ -242,7 +245,7 @@ def steps_to_target(
     if not (isinstance(target, (int, float)) and np.isfinite(target) and target > 0):
         raise TheoryError(f"target must be a positive loss value, got {target!r}")
     batches = _positive_vector(batch_sizes, "batch_sizes")
-    _check_int(max_steps, "max_steps")
+    check_int(max_steps, "max_steps")
     if optimizer == "sgd":
         lr_grid = _positive_vector(SGD_LRS if lrs is None else lrs, "lrs")
         mom_grid = np.zeros(1)
@@ -276,7 +279,7 @@ def steps_to_target(
     )
 
 
-def lower_bound_steps(dim: int, target: float, batch_size):
+def lower_bound_steps(dim: int, target: float, batch_size: ArrayLike) -> np.ndarray:
     """T >= d / (2 C B): Zhang et al. 2019's lower bound on steps to reach loss C at batch B."""
     return dim / (2.0 * target * np.asarray(batch_size, dtype=float))
 
@@ -361,8 +364,3 @@ def _positive_vector(values, name: str) -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr) & (arr > 0)):
         raise TheoryError(f"{name} must be a non-empty 1-D array of positive finite numbers, got {values!r}")
     return arr
-
-
-def _check_int(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise TheoryError(f"{name} must be a positive integer, got {value!r}")

@@ -27,12 +27,15 @@ reference level the curve and critical batch are calibrated, not predicted
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import bounds
 from .errors import TheoryError
+from .noise import NoiseEstimate
 from .scaling import ScalingFit, fit_scaling
 
 
@@ -57,7 +60,7 @@ class ProbeSummary:
                 raise TheoryError(f"ProbeSummary.{name} must be positive and finite, got {value!r}")
 
     @classmethod
-    def from_noise(cls, sparsity: float, noise, L: float, delta: float | None = None) -> "ProbeSummary":
+    def from_noise(cls, sparsity: float, noise: NoiseEstimate, L: float, delta: float | None = None) -> "ProbeSummary":
         """From a :class:`theory.noise.NoiseEstimate` (``trace_sigma``, ``b_simple``, ``loss``) at
         the initial weights; ``delta`` defaults to that loss, i.e. f_inf = 0 (cross-entropy)."""
         return cls(sparsity=sparsity, L=float(L), sigma2=float(noise.trace_sigma),
@@ -146,7 +149,8 @@ class Prediction:
 FORMS = ("asymptotic", "exact")
 
 
-def predicted_steps(probe: ProbeSummary, eps: float, batch_sizes, scale: float = 1.0, form: str = "asymptotic"):
+def predicted_steps(probe: ProbeSummary, eps: float, batch_sizes: ArrayLike, scale: float = 1.0,
+                    form: str = "asymptotic") -> np.ndarray:
     """c K*(B) for one network (``scale`` = c): ``"exact"`` the piecewise optimum of the bound,
     ``"asymptotic"`` S_min (1 + B_crit / B) with S_min = 2 L Delta / eps, B_crit = 4 sigma^2 / eps
     (exact in both limits; the form DESIGN.md and fit_scaling use)."""
@@ -157,8 +161,8 @@ def predicted_steps(probe: ProbeSummary, eps: float, batch_sizes, scale: float =
 
 
 def predict_levels(
-    probes,
-    measured,
+    probes: Iterable[ProbeSummary],
+    measured: Iterable[MeasuredCurve],
     reference: float = 0.0,
     eps: float | None = None,
     form: str = "asymptotic",

@@ -36,8 +36,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from .errors import TheoryError
+from .errors import TheoryError, check_int
 
 PERFECT_SLOPE = -0.8
 MAXIMAL_SLOPE = -0.2
@@ -79,17 +80,17 @@ class ScalingFit:
         """Minimum number of examples E_min = S_min B_crit (McCandlish et al. 2018)."""
         return self.s_min * self.b_crit
 
-    def predict(self, batch_size) -> np.ndarray:
+    def predict(self, batch_size: ArrayLike) -> np.ndarray:
         """Fitted steps S_min (1 + B_crit / B) at ``batch_size`` (scalar or array)."""
         b = _positive_array(batch_size, "batch_size")
         return self.s_min * (1.0 + self.b_crit / b)
 
-    def slope(self, batch_size) -> np.ndarray:
+    def slope(self, batch_size: ArrayLike) -> np.ndarray:
         """Local slope d log S / d log B = -B_crit / (B + B_crit) of the fitted curve."""
         b = _positive_array(batch_size, "batch_size")
         return -self.b_crit / (b + self.b_crit)
 
-    def regime(self, batch_size) -> list[str]:
+    def regime(self, batch_size: ArrayLike) -> list[str]:
         """Regime label of each batch size (thresholds in the module docstring)."""
         return [regime_of_slope(s) for s in np.atleast_1d(self.slope(batch_size))]
 
@@ -103,15 +104,21 @@ def regime_of_slope(slope: float) -> str:
     return REGIMES[1]
 
 
-def largest_useful_batch(b_crit):
-    """Batch size where the slope -B_crit / (B + B_crit) reaches MAXIMAL_SLOPE (= 4 B_crit)."""
-    return b_crit * (1.0 + MAXIMAL_SLOPE) / -MAXIMAL_SLOPE
+def batch_at_slope(b_crit: ArrayLike, slope: float) -> float | np.ndarray:
+    """Batch size where the fitted curve's slope -B_crit / (B + B_crit) equals ``slope`` in
+    (-1, 0): B = B_crit (1 + slope) / -slope."""
+    return b_crit * (1.0 + slope) / -slope
+
+
+def largest_useful_batch(b_crit: ArrayLike) -> float | np.ndarray:
+    """Batch size where the slope reaches MAXIMAL_SLOPE (= 4 B_crit)."""
+    return batch_at_slope(b_crit, MAXIMAL_SLOPE)
 
 
 def fit_scaling(
-    batch_sizes,
-    steps,
-    seeds=None,
+    batch_sizes: ArrayLike,
+    steps: ArrayLike,
+    seeds: ArrayLike | None = None,
     n_boot: int = 1000,
     level: float = 0.9,
     rng: int | np.random.Generator = 0,
@@ -129,7 +136,7 @@ def fit_scaling(
     """
     b, s = _check_curve(batch_sizes, steps)
     seed_ids = _check_seeds(seeds, len(b))
-    n_boot = _check_int(n_boot, "n_boot", minimum=1)
+    n_boot = check_int(n_boot, "n_boot")
     if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
         raise TheoryError(f"level must be a number in (0, 1), got {level!r}")
     method = _resolve_resample(resample, seed_ids)
@@ -343,9 +350,3 @@ def _positive_array(values, name: str) -> np.ndarray:
     if not np.all(np.isfinite(arr) & (arr > 0)):
         raise TheoryError(f"{name} must be positive and finite, got {values!r}")
     return arr
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise TheoryError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)

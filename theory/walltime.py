@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from training.costmodel import CostModel
 
+from .errors import TheoryError
 
-class WallTimeError(ValueError):
+
+class WallTimeError(TheoryError):
     """Bad input to a time-to-result prediction: names the argument and what is allowed."""
 
 

@@ -34,6 +34,8 @@ from .trials import TrialsResult, train_trials, tune_allocator
 
 @dataclass(frozen=True)
 class Row:
+    """One benchmark cell: both trainers' rates and the vectorized trainer's GFLOP/s."""
+
     model: str
     batch_size: int
     trials: int
@@ -61,10 +63,12 @@ def training_flops(model: nn.Module, input_shape: Sequence[int], batch_size: int
 
     handles = [m.register_forward_hook(hook) for m in model.modules()
                if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
-    with torch.no_grad():
-        model(torch.zeros(1, *input_shape))
-    for h in handles:
-        h.remove()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
     return batch_size * (6 * sum(macs) - (2 * macs[0] if macs else 0))
 
 
@@ -141,6 +145,7 @@ def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak
 
 
 def format_table(rows: Sequence[Row]) -> str:
+    """The rows as a Markdown table (ratio = vectorized / plain)."""
     head = ("| model | B | trials | plain loop steps/s | vectorized trial-steps/s | ratio "
             "| GFLOP/s | % of peak |\n|---|---|---|---|---|---|---|---|")
     lines = [f"| {r.model} | {r.batch_size} | {r.trials} | {r.plain_steps_per_s:.0f} | "

@@ -72,6 +72,8 @@ class AllReduceTime:
 
 @dataclass(frozen=True)
 class Measurements:
+    """What :func:`fit` fits: step times, bare all-reduce times, and the gradient's size."""
+
     steps: tuple[StepTime, ...]
     allreduce: tuple[AllReduceTime, ...]
     n_params: int
@@ -216,6 +218,11 @@ def save_cost_model(cost: CostModel, path: str | os.PathLike,
 
 def load_cost_model(path: str | os.PathLike) -> CostModel:
     """Read a file written by :func:`save_cost_model` (or a run folder holding cost_model.json)."""
+    return _read(path)[2]
+
+
+def _read(path: str | os.PathLike) -> tuple[Path, dict[str, Any], CostModel]:
+    """The cost model file's path, its JSON document and the cost model it holds."""
     path = Path(path)
     if path.is_dir():
         path = path / "cost_model.json"
@@ -232,15 +239,12 @@ def load_cost_model(path: str | os.PathLike) -> CostModel:
     missing = [k for k in keys if k not in doc]
     if missing:
         raise CostModelError(f"{path}: missing keys {missing}; a cost model needs {list(keys)}")
-    return CostModel(**{k: doc[k] for k in keys}, meta=dict(doc.get("meta", {})))
-
+    return path, doc, CostModel(**{k: doc[k] for k in keys}, meta=dict(doc.get("meta", {})))
 
 
 def load_measurements(path: str | os.PathLike) -> Measurements | None:
     """The measurements stored beside a cost model by :func:`save_cost_model` (None if absent)."""
-    cost = load_cost_model(path)
-    path = Path(path)
-    doc = json.loads((path / "cost_model.json" if path.is_dir() else path).read_text())
+    path, doc, cost = _read(path)
     if "measurements" not in doc:
         return None
     m = doc["measurements"]

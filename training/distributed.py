@@ -46,9 +46,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import costmodel
 from .data import Dataset
-from .goal import Goal, as_goal, is_diverged, loss_fn
+from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn
+from .models import count_parameters
 from .order import BatchOrder, trial_seed
-from .reference import check_mask, evaluate, make_sgd
+from .reference import evaluate, make_sgd, zero_masked
 from .results import Curve, ReferenceResult
 from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
 
@@ -195,12 +196,6 @@ def apply_update(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
     opt.step()
 
 
-def _curve(rows: list[tuple[int, float, float]]) -> Curve:
-    if not rows:
-        return Curve(np.zeros(0, int), np.zeros(0), np.zeros(0))
-    return Curve(*(np.array(c) for c in zip(*rows)))
-
-
 def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
                device: torch.device, mask: Mapping[str, torch.Tensor] | None = None
                ) -> ReferenceResult:
@@ -208,14 +203,10 @@ def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
     same result; the curve's ``train_loss`` is the global-batch loss."""
     k = run.world_size
     goal = as_goal(run.target, dataset.task)
-    metric = goal.metric if goal else ("error" if dataset.task == "classification" else "loss")
+    metric = goal_metric(goal, dataset.task)
     data = dataset.to(device, run.dtype)
     net = copy.deepcopy(model).to(device=device, dtype=run.dtype).train()
-    masks = {n: v.to(device=device, dtype=run.dtype) for n, v in check_mask(net, mask).items()}
-    params = dict(net.named_parameters())
-    with torch.no_grad():
-        for name, m in masks.items():
-            params[name].mul_(m)
+    masks, params = zero_masked(net, mask, device, run.dtype)
     ddp, slot = wrap_ddp(net, device, k)
     opt = make_sgd(ddp.parameters(), run.optimizer, run.lr, run.momentum)
     order = BatchOrder(trial_seed(run.seed, run.trial_index), data.n_train, run.batch_size)
@@ -264,7 +255,7 @@ def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
 
     return ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
-        steps_run=step, curve=_curve(rows),
+        steps_run=step, curve=Curve.from_rows(rows),
         state={n: v.detach().cpu().clone() for n, v in net.named_parameters()})
 
 
@@ -428,7 +419,7 @@ def measure(model: nn.Module, dataset: Dataset, workers: Sequence[int],
                     timeout=timeout)
         steps += [costmodel.StepTime(k, b, t) for b, t in out["steps"]]
         reduces += [costmodel.AllReduceTime(k, n, t) for n, t in out["allreduce"]]
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = count_parameters(model)
     return costmodel.Measurements(steps=tuple(steps), allreduce=tuple(reduces),
                                   n_params=n_params, bytes_per_param=4)
 

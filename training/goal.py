@@ -9,6 +9,7 @@ A goal is met when ``metric < target`` (``strict=True``, Shallue et al. 2019) or
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ METRICS = ("error", "loss")
 DIVERGENCE_FACTOR = 1e3
 
 
-def loss_fn(task: str):
+def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Per-batch mean loss for ``task``: cross-entropy or half squared error."""
     if task == "classification":
         return F.cross_entropy
@@ -46,7 +47,7 @@ class Goal:
         if not (isinstance(self.target, (int, float)) and math.isfinite(self.target)):
             raise ConfigError(f"goal target must be a finite number, got {self.target!r}")
 
-    def met(self, value):
+    def met(self, value: float | torch.Tensor) -> bool | torch.Tensor:
         """True where ``value`` meets the goal (floats or tensors)."""
         return value < self.target if self.strict else value <= self.target
 
@@ -62,11 +63,21 @@ def unreachable(metric: str, target: float, strict: bool) -> str | None:
     return f"{target!r} is unreachable: the {metric} is never {op} {target!r} (it is >= 0)"
 
 
+def default_metric(task: str) -> str:
+    """The goal metric of a bare target: ``error`` for classification, ``loss`` otherwise."""
+    return "error" if task == "classification" else "loss"
+
+
+def goal_metric(goal: Goal | None, task: str) -> str:
+    """The metric a trainer evaluates: the goal's, or without a goal :func:`default_metric`."""
+    return goal.metric if goal else default_metric(task)
+
+
 def as_goal(target: "Goal | float | None", task: str) -> Goal | None:
-    """A Goal from a bare target (metric chosen by task: error or loss)."""
+    """A Goal from a bare target (metric :func:`default_metric` of the task)."""
     if target is None or isinstance(target, Goal):
         return target
-    return Goal("error" if task == "classification" else "loss", float(target))
+    return Goal(default_metric(task), float(target))
 
 
 def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -83,4 +94,5 @@ def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str) -> 
 
 
 def is_diverged(loss: float, initial_loss: float) -> bool:
+    """True if ``loss`` is not finite or above DIVERGENCE_FACTOR * initial loss."""
     return not math.isfinite(loss) or loss > DIVERGENCE_FACTOR * max(initial_loss, 1e-12)

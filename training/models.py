@@ -41,6 +41,8 @@ _REGISTRY: dict[str, Builder] = {}
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a model builder ``fn(dataset, **options)`` to the registry as ``name``."""
+
     def add(fn: Builder) -> Builder:
         _REGISTRY[name] = fn
         return fn
@@ -54,6 +56,7 @@ def list_models() -> list[str]:
 
 
 def output_size(dataset: Dataset) -> int:
+    """Output units: one per class, or one for regression."""
     return dataset.num_classes if dataset.task == "classification" else 1
 
 
@@ -73,6 +76,7 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
 
 
 def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters of ``model``."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -91,6 +95,7 @@ def _head(layers: list[nn.Module], dataset: Dataset) -> nn.Sequential:
 
 @register("mlp")
 def mlp(dataset: Dataset, hidden: tuple[int, ...] | list[int] = (100, 100)) -> nn.Module:
+    """ReLU MLP with the ``hidden`` widths, the MNIST-1D baseline (Greydanus 2020)."""
     d_in = math.prod(dataset.input_shape)
     layers: list[nn.Module] = [nn.Flatten()]
     for width in hidden:
@@ -102,6 +107,7 @@ def mlp(dataset: Dataset, hidden: tuple[int, ...] | list[int] = (100, 100)) -> n
 
 @register("linear")
 def linear(dataset: Dataset) -> nn.Module:
+    """One Linear layer on the flattened input (logistic or linear regression)."""
     return _head([nn.Flatten(), nn.Linear(math.prod(dataset.input_shape), output_size(dataset))],
                  dataset)
 
@@ -112,6 +118,7 @@ def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
 
 @register("cnn1d")
 def cnn1d(dataset: Dataset, channels: int = 25) -> nn.Module:
+    """The MNIST-1D convolutional baseline (Greydanus 2020), ``channels`` per conv layer."""
     if len(dataset.input_shape) != 1:
         raise ModelError(f"cnn1d needs 1-D inputs (length,), got input shape {dataset.input_shape}")
     length = dataset.input_shape[0]
@@ -140,6 +147,7 @@ def _image_shape(name: str, dataset: Dataset) -> tuple[int, int, int]:
 
 @register("simple_cnn")
 def simple_cnn(dataset: Dataset, width: str = "base") -> nn.Module:
+    """Shallue et al. (2019)'s Simple CNN at ``width`` (one of SIMPLE_CNN_WIDTHS)."""
     if width not in SIMPLE_CNN_WIDTHS:
         raise ModelError(f"simple_cnn width {width!r}; allowed: {', '.join(SIMPLE_CNN_WIDTHS)}")
     c, h, w = _image_shape("simple_cnn", dataset)
@@ -168,6 +176,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet8(nn.Module):
+    """Stem conv, three :class:`BasicBlock` stages, global average pool, Linear (no batch norm)."""
+
     def __init__(self, c_in: int, classes: int, widths: tuple[int, int, int] = (16, 32, 64)):
         super().__init__()
         self.stem = nn.Conv2d(c_in, widths[0], 3, padding=1)
@@ -185,6 +195,7 @@ class ResNet8(nn.Module):
 
 @register("resnet8")
 def resnet8(dataset: Dataset, widths: tuple[int, int, int] | list[int] = (16, 32, 64)) -> nn.Module:
+    """ResNet-8 without batch norm (Lee et al. 2021), stage widths ``widths``."""
     c, _, _ = _image_shape("resnet8", dataset)
     if dataset.task != "classification":
         raise ModelError("resnet8 supports classification data sets only")

@@ -18,6 +18,7 @@ def trial_seed(seed: int, index: int) -> int:
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
+    """The order of the ``n`` training examples in ``epoch`` of the trial with data seed ``seed``."""
     s = int(np.random.SeedSequence([int(seed), int(epoch), 0x5EED]).generate_state(1, np.uint64)[0])
     return torch.randperm(n, generator=torch.Generator().manual_seed(s & (2**63 - 1)))
 
@@ -35,6 +36,7 @@ class BatchOrder:
         self._epoch, self._perm = -1, None
 
     def batch(self, step: int) -> torch.Tensor:
+        """Indices of the mini-batch of update ``step`` (0-based)."""
         epoch, k = divmod(int(step), self.per_epoch)
         if epoch != self._epoch:
             self._epoch, self._perm = epoch, epoch_permutation(self.seed, epoch, self.n)

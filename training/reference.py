@@ -7,20 +7,21 @@ index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
 from .data import Dataset
-from .goal import Goal, as_goal, is_diverged, loss_fn, metric_value
+from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from .order import BatchOrder, trial_seed
 from .results import Curve, ReferenceResult
 from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
 
 
-def make_sgd(params, optimizer: str, lr: float, momentum: float) -> torch.optim.SGD:
+def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum: float
+             ) -> torch.optim.SGD:
     """``torch.optim.SGD`` for ``sgd`` / ``momentum`` (heavy ball) / ``nesterov``, dampening 0:
     momentum: a = mu a + g, w -= lr a; Nesterov: a = mu a + g, w -= lr (g + mu a)."""
     check_optimizer(optimizer)
@@ -55,6 +56,20 @@ def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None,
             raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
         out[name] = m
     return out
+
+
+@torch.no_grad()
+def zero_masked(net: nn.Module, mask: Mapping[str, torch.Tensor] | None,
+                device: str | torch.device, dtype: torch.dtype
+                ) -> tuple[dict[str, torch.Tensor], dict[str, nn.Parameter]]:
+    """Check ``mask`` against ``net`` (:func:`check_mask`) and zero its masked weights in place.
+    Returns the masks on ``device`` / ``dtype`` and ``net``'s parameters by name: a training loop
+    masks every step's gradient with them."""
+    masks = {k: v.to(device=device, dtype=dtype) for k, v in check_mask(net, mask).items()}
+    params = dict(net.named_parameters())
+    for name, m in masks.items():
+        params[name].mul_(m)
+    return masks, params
 
 
 @torch.no_grad()
@@ -94,14 +109,10 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
     if steps < 0:
         raise ConfigError(f"steps must be >= 0, got {steps}")
     goal = as_goal(target, dataset.task)
-    metric = goal.metric if goal else ("error" if dataset.task == "classification" else "loss")
+    metric = goal_metric(goal, dataset.task)
     data = dataset.to(device, dtype)
     net = copy.deepcopy(model).to(device=device, dtype=dtype).train()
-    masks = {k: v.to(device=device, dtype=dtype) for k, v in check_mask(net, mask).items()}
-    params = dict(net.named_parameters())
-    with torch.no_grad():
-        for name, m in masks.items():
-            params[name].mul_(m)
+    masks, params = zero_masked(net, mask, device, dtype)
     opt = make_sgd(net.parameters(), optimizer, trial.lr, trial.momentum)
     order = BatchOrder(trial_seed(seed, trial_index), data.n_train, batch_size)
     criterion = loss_fn(dataset.task)
@@ -142,9 +153,7 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
         if step in evals and record(step) and hit is None:
             hit = step
 
-    curve = Curve(*(np.array(c) for c in zip(*rows))) if rows else Curve(
-        np.zeros(0, int), np.zeros(0), np.zeros(0))
     return ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
-        steps_run=step, curve=curve,
+        steps_run=step, curve=Curve.from_rows(rows),
         state={k: v.detach().clone() for k, v in net.named_parameters()})

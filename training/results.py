@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,14 @@ class Curve:
     def __len__(self) -> int:
         return len(self.step)
 
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[int, float, float]]) -> "Curve":
+        """The curve of ``(step, train_loss, metric)`` rows (empty arrays for no rows)."""
+        return cls(np.array([r[0] for r in rows], dtype=int), np.array([r[1] for r in rows]),
+                   np.array([r[2] for r in rows]))
+
     def rows(self) -> list[tuple[int, float, float]]:
+        """The curve as ``(step, train_loss, metric)`` rows (inverse of :meth:`from_rows`)."""
         return [(int(s), float(l), float(m)) for s, l, m in zip(self.step, self.train_loss, self.metric)]
 
 

@@ -7,8 +7,12 @@ vectorized trainer with tensors (one entry per trial), so the arithmetic is the 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov")
 
@@ -43,6 +47,7 @@ class Trial:
 
     @classmethod
     def from_dict(cls, d: "Trial | dict[str, Any]") -> "Trial":
+        """A Trial from a dict of its fields; unknown keys or a missing ``lr`` raise ConfigError."""
         if isinstance(d, Trial):
             return d
         allowed = {f.name for f in fields(cls)}
@@ -62,7 +67,8 @@ class Trial:
         return self.lr / (1.0 - self.momentum)
 
 
-def lr_factor(step, decay_steps, end_factor):
+def lr_factor(step: int, decay_steps: int | float | torch.Tensor | None,
+              end_factor: float | torch.Tensor) -> float | torch.Tensor:
     """Multiplier of the base lr at ``step`` (0-based, the update about to be taken):
     1 - (1 - end_factor) * min(step, decay_steps) / decay_steps, or 1 for a constant schedule
     (``decay_steps`` None / inf). Works on floats and on tensors (one entry per trial)."""
@@ -70,12 +76,11 @@ def lr_factor(step, decay_steps, end_factor):
         return 1.0
     if isinstance(decay_steps, (int, float)):
         return 1.0 - (1.0 - end_factor) * min(step, decay_steps) / decay_steps
-    import torch
+    # min(step, d) <= d, so the ratio is at most 1 without a further clamp
+    return 1.0 - (1.0 - end_factor) * decay_steps.clamp(max=step).div(decay_steps)
 
-    return 1.0 - (1.0 - end_factor) * torch.clamp(decay_steps, max=step).div(decay_steps).clamp(max=1.0)
 
-
-def check_optimizer(name: str, momenta=()) -> str:
+def check_optimizer(name: str, momenta: Iterable[float] = ()) -> str:
     """Validate an optimizer name; Nesterov needs momentum > 0 (as ``torch.optim.SGD``)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")

@@ -29,16 +29,15 @@ import torch
 from torch import nn
 
 from .data import Dataset
-from .goal import DIVERGENCE_FACTOR, Goal, as_goal, metric_value
+from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from .order import epoch_permutation, trial_seed
 from .reference import check_mask
 from .results import Curve
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer
+from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
 from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
 
 Tensor = torch.Tensor
 STOPS = ("first", "all")
-STATUSES = ("reached", "not_reached", "diverged")
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
 EVAL_BUDGET = 1 << 16
 
@@ -108,6 +107,7 @@ def _is_int(value: Any) -> bool:
 
 
 def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
+    """``trials`` as a non-empty list of :class:`Trial` (dicts go through ``Trial.from_dict``)."""
     if isinstance(trials, (Mapping, Trial)) or not len(trials):
         raise ConfigError("trials must be a non-empty list of Trial or dicts "
                           "(keys: lr, momentum, decay_steps, end_factor)")
@@ -230,10 +230,7 @@ class _Runner:
         masked = [(g, m) for g, m in zip(grads, st.masks) if m is not None]
         if masked:
             torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
-        lr = st.lr
-        if st.decay is not None:
-            # training.schedules.lr_factor, per trial: 1 - (1 - end) * min(step, decay) / decay
-            lr = lr * (1.0 - (1.0 - st.end) * st.decay.clamp(max=step) / st.decay)
+        lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
         neg_lr = lr.neg().to(self.dtype)
         steps = [_col(neg_lr, p) for p in st.params]
         if st.bufs is None:
@@ -361,8 +358,7 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     per trial). ``stop="first"`` ends the group at the first evaluation where any trial meets the
     goal; ``stop="all"`` trains each trial to its own first hit, divergence or the budget.
     ``trials_per_chunk``: trials stacked per computation (default :func:`default_chunk`, by
-    measurement); chunks
-    advance in lockstep between evaluations, so results do not depend on it.
+    measurement); chunks advance in lockstep between evaluations, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
     seed is ``trial_seed(seed, first_index + k)``), so a group can be split across calls.
     The first call tunes the process's malloc (:func:`tune_allocator`).
@@ -377,14 +373,14 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     if not _is_int(batch_size) or not 1 <= batch_size <= dataset.n_train:
         raise ConfigError(f"batch_size must be an integer in [1, {dataset.n_train}] (training "
                           f"set size), got {batch_size!r}")
-    chunk = trials_per_chunk or default_chunk(
+    chunk = trials_per_chunk if trials_per_chunk is not None else default_chunk(
         batch_size, activation_floats(model, dataset.input_shape))
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
     n = len(trial_list)
     mask_map = check_mask(model, masks, trials=n)
     goal = as_goal(target, dataset.task)
-    metric = goal.metric if goal else ("error" if dataset.task == "classification" else "loss")
+    metric = goal_metric(goal, dataset.task)
     if not _is_int(first_index) or first_index < 0:
         raise ConfigError(f"first_index must be an integer >= 0, got {first_index!r}")
     data = dataset.to(device, dtype)
@@ -484,8 +480,7 @@ def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, f
               else "not_reached" for i in range(n)]
     reached = [i for i in range(n) if status[i] == "reached"]
     best = min(reached, key=lambda i: (hit[i], i)) if reached else None
-    curves = [Curve(np.array([r[0] for r in rs], dtype=int), np.array([r[1] for r in rs]),
-                    np.array([r[2] for r in rs])) for rs in rows]
+    curves = [Curve.from_rows(rs) for rs in rows]
     names = [name for name, _ in model.named_parameters()]
     params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
     return TrialsResult(
