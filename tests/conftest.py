@@ -1,6 +1,7 @@
 """Shared test setup: generated data sets are cached under the repo's .cache/ (gitignored)."""
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,23 @@ def mnist1d_small():
     import training
 
     return training.data.load("mnist1d", num_samples=1000, test=True)
+
+
+def count_done_groups(db: Path) -> int:
+    """Finished groups in a results store that another process may be writing (0 if unreadable)."""
+    if not Path(db).exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("SELECT COUNT(*) FROM groups WHERE status='done'").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.fixture
+def done_groups():
+    """``done_groups(db)``: how many groups a (possibly running) study has stored as done."""
+    return count_done_groups

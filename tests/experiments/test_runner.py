@@ -2,7 +2,6 @@
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -116,18 +115,7 @@ def test_other_spec_in_same_folder_is_refused(baseline, tmp_path, capsys):
     assert "holds a different study" in err and "Traceback" not in err
 
 
-def _done_groups(db) -> int:
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("SELECT COUNT(*) FROM groups WHERE status='done'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
-def test_sigkill_mid_run_then_rerun_equals_uninterrupted(tmp_path):
+def test_sigkill_mid_run_then_rerun_equals_uninterrupted(tmp_path, done_groups):
     toml = tmp_path / "kill.toml"
     toml.write_text(KILL)
     total = len(plan(experiments.load_spec(toml)))
@@ -138,16 +126,16 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(tmp_path):
                             stderr=subprocess.PIPE)
     db = killed / "results.sqlite"
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and _done_groups(db) < 1:
+    while time.time() < deadline and proc.poll() is None and done_groups(db) < 1:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)   # the driver and its worker processes
     proc.wait()
-    landed = _done_groups(db)
+    landed = done_groups(db)
     assert 1 <= landed < total, f"kill landed after {landed} of {total} groups"
 
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
-    assert _done_groups(db) == total
+    assert done_groups(db) == total
     uninterrupted = run_tiny(toml, tmp_path / "whole")
     assert_same_store(killed, uninterrupted)
 

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -51,19 +50,6 @@ def test_nan_learning_rate_marks_the_trial_diverged_and_the_study_goes_on(tmp_pa
         assert (None if pd.isna(g.steps_to_result) else int(g.steps_to_result)) == expected
 
 
-def _done_groups(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("SELECT COUNT(*) FROM groups WHERE status='done'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
 def _pool_workers(driver: int) -> list[int]:
     """Pids of the driver's process-pool workers (children started by multiprocessing spawn)."""
     out = []
@@ -89,7 +75,7 @@ SLOW = (edit("batch_sizes = [8, 32]", "batch_sizes = [4, 8, 16, 32]")
         .replace('lr = {scale = "log", min = 0.01, max = 1.0}', "lr = 1e-6"))
 
 
-def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
+def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path, done_groups):
     path = tmp_path / "slow.toml"
     path.write_text(SLOW)
     total = len(plan(experiments.load_spec(path)))
@@ -101,7 +87,7 @@ def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path):
     try:
         deadline = time.time() + 300
         db = out / "results.sqlite"
-        while time.time() < deadline and proc.poll() is None and _done_groups(db) < 1:
+        while time.time() < deadline and proc.poll() is None and done_groups(db) < 1:
             time.sleep(0.02)
         workers = _pool_workers(proc.pid)
         assert proc.poll() is None and len(workers) == 1, (proc.poll(), workers)
