@@ -508,9 +508,9 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # evaluation schedule
     ev = ck.table(raw, "eval", "eval") or {}
-    ck.keys(ev, "eval", ("kind", "every", "first", "ratio", "max_gap"))
     eval_schedule = None
-    n_before = len(ck.problems)
+    n_before = len(ck.problems)  # an unknown key, too, keeps the schedule from being built
+    ck.keys(ev, "eval", ("kind", "every", "first", "ratio", "max_gap"))
     kind = ck.choice(ev.get("kind", "interval"), "eval.kind", ("interval", "geometric"))
     for key in ("every", "first", "max_gap"):
         if key in ev:

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 os.environ.setdefault("SPARSESCALE_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "data"))
+# The default run is reproducible: Hypothesis draws the same examples every time, so CI cannot
+# flake on a new draw; HYPOTHESIS_PROFILE=explore draws fresh examples to hunt for failures.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # Tests use small tensors: one thread is as fast and does not thrash when the cores are shared.
 torch.set_num_threads(1)
 

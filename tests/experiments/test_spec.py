@@ -140,3 +140,15 @@ def test_bundled_configs_validate():
     for name in names:
         spec = load(resolve_config(name))
         assert spec.trials >= 1 and spec.batch_sizes
+
+
+def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
+    import tomllib
+
+    from experiments.spec import SpecError, validate
+
+    raw = tomllib.loads(tiny_toml.read_text())
+    raw["eval"]["\n"] = 1  # found by Hypothesis: it used to reach EvalSchedule(**...) as well
+    with pytest.raises(SpecError) as info:
+        validate(raw)
+    assert info.value.problems == ['eval."\\n": unknown key; allowed: kind, every, first, ratio, max_gap']
