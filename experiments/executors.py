@@ -17,9 +17,10 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
+from training.errors import SparsescaleError
 
 
-class ExecutorError(ValueError):
+class ExecutorError(SparsescaleError):
     """An executor cannot be created as asked (e.g. dask is not installed)."""
 
 

@@ -34,9 +34,10 @@ from theory.scaling import MAXIMAL_SLOPE, PERFECT_SLOPE, batch_at_slope, fit_sca
 from .search import at_edge
 from .spec import Dimension
 from .store import Results, load_results
+from training.errors import SparsescaleError
 
 
-class ReportError(ValueError):
+class ReportError(SparsescaleError):
     """The report cannot be written as asked: names the argument and what is allowed."""
 
 

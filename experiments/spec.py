@@ -69,13 +69,14 @@ from training.data import list_datasets
 from training.goal import unreachable
 from training.models import list_models
 from training.schedules import OPTIMIZERS, ConfigError, EvalSchedule
+from training.errors import SparsescaleError
 
 SCALES = ("log", "reverse-log", "linear")
 SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor")
 COMPARISONS = {"<": True, "<=": False}   # comparison -> Goal.strict
 
 
-class SpecError(ValueError):
+class SpecError(SparsescaleError):
     """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
 
     def __init__(self, problems: list[str], source: str | None = None):

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from training.errors import SparsescaleError
 
 DB_NAME = "results.sqlite"
 
 
-class StoreError(ValueError):
+class StoreError(SparsescaleError):
     """The store cannot be opened or written as asked (e.g. it holds a different study)."""
 
 

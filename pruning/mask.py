@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from training.reference import check_mask
+from training.errors import SparsescaleError
 
 PRUNABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
 
 
-class MaskError(ValueError):
+class MaskError(SparsescaleError):
     """A mask is malformed or does not fit a model: names the entry and what was expected."""
 
 

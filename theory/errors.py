@@ -2,9 +2,10 @@
 integer check they share."""
 
 import numpy as np
+from training.errors import SparsescaleError
 
 
-class TheoryError(ValueError):
+class TheoryError(SparsescaleError):
     """Bad input to a theory function: names the argument and what is allowed."""
 
 

@@ -9,6 +9,7 @@ Public API::
 
 from . import data, goal, models, order, schedules
 from . import costmodel
+from .errors import SparsescaleError
 from .data import Dataset, DataError
 from .goal import Goal
 from .models import ModelError
@@ -21,5 +22,5 @@ __all__ = [
     "data", "goal", "models", "order", "schedules", "Dataset", "DataError", "Goal", "ModelError",
     "train_reference", "Curve", "ReferenceResult", "ConfigError", "EvalSchedule", "Trial",
     "train_trials", "TrialsResult",
-    "costmodel",
+    "costmodel", "SparsescaleError",
 ]

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from .errors import SparsescaleError
 
 FORMAT = "sparsescale-cost-model"
 VERSION = 1
@@ -48,7 +49,7 @@ FORMULA = ("t(B, k) = t_fixed + t_example * B / k + [k > 1] * (2 (k - 1) alpha "
            "+ 2 (k - 1) / k * beta * n_params * bytes_per_param)")
 
 
-class CostModelError(ValueError):
+class CostModelError(SparsescaleError):
     """A cost model or its JSON file is invalid: names the key and what is allowed."""
 
 

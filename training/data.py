@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from .errors import SparsescaleError
 
 
-class DataError(ValueError):
+class DataError(SparsescaleError):
     """A data set could not be loaded: names the file or option and what was expected."""
 
 

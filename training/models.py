@@ -29,9 +29,10 @@ import torch
 from torch import nn
 
 from .data import Dataset
+from .errors import SparsescaleError
 
 
-class ModelError(ValueError):
+class ModelError(SparsescaleError):
     """A model cannot be built for the given data set or options."""
 
 

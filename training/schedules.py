@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
+from .errors import SparsescaleError
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 OPTIMIZERS = ("sgd", "momentum", "nesterov")
 
 
-class ConfigError(ValueError):
+class ConfigError(SparsescaleError):
     """A trial, schedule or optimizer setting is invalid; names the key and what is allowed."""
 
 
