@@ -1,0 +1,84 @@
+"""Per-cell choices of the vectorized trainer: which program computes a stack's step, how many
+trials share a stack, and how many examples a chunk of one trial holds, for one (model, batch
+size) cell.
+
+The choice comes from a cost model, not a constant; its rules and their measurements:
+
+- ``fused`` (:mod:`training.stacked_fused`): an ``nn.Sequential`` of Linear / Conv1d / ReLU
+  (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
+  independent of the other trials and its activations live only per chunk, so a stack holds up
+  to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
+  in half the L2 cache (:func:`training.stacked_fused.examples_per_chunk`).
+- ``per_trial`` (:mod:`training.stacked_conv`): models with Conv2d (``simple_cnn``,
+  ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
+  alive and a stack holds up to MAX_STACK trials; a chunk holds the examples whose activations
+  fit in CHUNK_BUDGET bytes.
+- ``batched`` (:class:`training.stacked.SequentialProgram`, the eager fallback of ``fused``) and
+  ``func`` (:class:`training.stacked.FuncProgram`, any other module): all activations of a stack
+  are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
+  floats (:func:`training.trials.default_chunk`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from . import stacked_fused
+from .stacked import FuncProgram, SequentialProgram
+from .stacked_conv import PerTrialProgram, has_conv2d
+
+KERNELS = ("fused", "per_trial", "batched", "func")
+MAX_STACK = 128
+# Activation bytes of one chunk of one trial on the per_trial path.
+CHUNK_BUDGET = 32 << 20
+
+
+class Program(Protocol):
+    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``."""
+
+    def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
+
+    def loss_and_grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Per-trial mini-batch loss [N] and gradients, one per parameter, stacked."""
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """How ``train_trials`` runs one cell: ``kernel`` (one of KERNELS), ``trials_per_stack``,
+    ``examples_per_chunk`` (examples of one trial processed together; the batch size when the
+    kernel does not chunk), and the ``program`` computing a stack's losses and gradients."""
+
+    kernel: str
+    trials_per_stack: int
+    examples_per_chunk: int
+    program: Program = field(repr=False, compare=False)
+
+
+def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+              n_trials: int, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu") -> CellPlan:
+    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``."""
+    from .trials import activation_floats, default_chunk  # the eager rule lives there
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    fused = stacked_fused.try_build(model, task, input_shape, batch_size, dtype, device)
+    if fused is not None:
+        return CellPlan("fused", min(n_trials, MAX_STACK), fused.examples_per_chunk, fused)
+    if has_conv2d(model):
+        per_example = activation_floats(model, input_shape) * itemsize
+        chunk = max(1, min(batch_size, CHUNK_BUDGET // max(per_example, 1)))
+        program = PerTrialProgram.try_build(model, task, chunk)
+        if program is not None:
+            return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program)
+    stack = min(n_trials, default_chunk(batch_size, activation_floats(model, input_shape)))
+    eager = SequentialProgram.try_build(model, task)
+    if eager is not None:
+        return CellPlan("batched", stack, batch_size, eager)
+    return CellPlan("func", stack, batch_size, FuncProgram(model, task))
