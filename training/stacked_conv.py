@@ -66,7 +66,11 @@ class PerTrialProgram:
 
     def _call(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
         if x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+            # explicit NHWC strides: with one channel, NCHW data also passes as channels-last
+            # contiguous, the convolution then keeps NCHW, and max pooling on NCHW was 10x
+            # slower than on NHWC (forward with indices, 8 x 32 x 28 x 28: 2.2 ms vs 0.26 ms)
+            x = torch.empty(x.shape, dtype=x.dtype, device=x.device,
+                            memory_format=torch.channels_last).copy_(x)
         return torch.func.functional_call(self.model, {**dict(zip(self.names, params)),
                                                        **self.buffers}, (x,))
 

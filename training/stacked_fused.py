@@ -19,11 +19,9 @@ in place.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -149,34 +147,8 @@ def working_set(encoding: Sequence[int], input_size: int) -> int:
     return total + 2 * widest
 
 
-@functools.cache
-def l2_bytes() -> int:
-    """Per-core L2 cache size from sysfs (1 MiB when unknown)."""
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            if (index / "level").read_text().strip() == "2":
-                text = (index / "size").read_text().strip().upper()
-                scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
-                return int(text.rstrip("KM")) * scale
-        except (OSError, ValueError):
-            continue
-    return 1 << 20
-
-
-# Share of the L2 cache a chunk's buffers may fill: the rest holds the weights and BLAS's packed
-# panels. Measured (cnn1d and mlp, one thread, B = 512 and 4096): see examples_per_chunk.
-L2_SHARE = 0.5
-
-
-def examples_per_chunk(encoding: Sequence[int], input_size: int, batch_size: int,
-                       itemsize: int) -> int:
-    """Examples per chunk: as many as fit in L2_SHARE of the L2 cache, at most the batch."""
-    per_example = working_set(encoding, input_size) * itemsize
-    return max(1, min(batch_size, int(L2_SHARE * l2_bytes()) // per_example))
-
-
-def try_build(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
-              dtype: torch.dtype, device: str | torch.device) -> FusedProgram | None:
+def try_build(model: nn.Module, input_shape: Sequence[int], dtype: torch.dtype,
+              device: str | torch.device, examples_per_chunk: int) -> FusedProgram | None:
     """The fused program for ``model``, or None (kernel disabled or not built, not on the CPU,
     a dtype other than float32 / float64, or a layer outside the kernel's scope)."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.float64):
@@ -187,6 +159,5 @@ def try_build(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
     kernel = kernels.fused_sequential()
     if kernel is None:
         return None
-    chunk = examples_per_chunk(encoding, math.prod(input_shape), batch_size,
-                               torch.empty((), dtype=dtype).element_size())
-    return FusedProgram(encoding, kernel, chunk, isinstance(model[-1], Flatten1dOutput))
+    return FusedProgram(encoding, kernel, examples_per_chunk,
+                        isinstance(model[-1], Flatten1dOutput))

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import training
-from training.bench import format_table, main, plain_loop, training_flops, vectorized
+from training.bench import (VAL_EXAMPLES, Row, _rate, bench_dataset, format_table, main,
+                            peak_rss_mib, plain_loop, reset_peak_rss, training_flops, vectorized)
 
 STEPS, TRIALS = 20, 32
 
@@ -53,13 +54,44 @@ def test_bench_command_prints_ratio_table(capsys):
     assert "fp32 matmul peak" in out
     row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[3]) > 0 and float(cells[4]) > 0
-    assert cells[5].endswith("x") and float(cells[5][:-1]) == pytest.approx(
-        float(cells[4]) / float(cells[3]), rel=0.06)
+    assert cells[3] in ("fused", "batched")
+    assert float(cells[4]) > 0 and float(cells[5]) > 0
+    assert cells[6].endswith("x") and float(cells[6][:-1]) == pytest.approx(
+        float(cells[5]) / float(cells[4]), rel=0.06)
+    assert 50 < float(cells[9]) < 1 << 20  # peak resident MiB of the process
 
 
 def test_format_table_rows():
-    from training.bench import Row
+    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4)])
+    assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | 1e+03 | 2.5e+04 | 25.0x | 50.0 "
+                                      "| 25 % | 512 |")
 
-    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0)])
-    assert table.splitlines()[-1] == "| mlp | 8 | 32 | 1000 | 25000 | 25.0x | 50.0 | 25 % |"
+
+def test_image_models_get_synthetic_data_of_their_shape(monkeypatch):
+    monkeypatch.delenv("SPARSESCALE_DATA", raising=False)
+    for model, shape in (("simple_cnn", (1, 28, 28)), ("resnet8", (3, 32, 32))):
+        ds = bench_dataset(model, 600)
+        assert ds.input_shape == shape and ds.x_train.shape == (600 - VAL_EXAMPLES, *shape)
+        assert ds.x_val.shape[0] == VAL_EXAMPLES and ds.name.startswith("synthetic")
+        assert int(ds.y_train.max()) < ds.num_classes == 10
+    assert bench_dataset("cnn1d", 1000).input_shape == (40,)
+
+
+def test_marginal_rate_cancels_once_per_run_costs():
+    """A run of s steps costing 5 + 2 s clock units: 0.5 steps per unit, not s / (5 + 2 s)."""
+    now = [0.0]
+
+    def run(steps):
+        now[0] += 5 + 2 * steps
+
+    assert _rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
+
+
+def test_peak_rss_follows_a_touched_block():
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here")
+    before = peak_rss_mib()
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
+    assert peak_rss_mib() >= before + 60
+    del block
+    assert reset_peak_rss() and peak_rss_mib() < before + 32

@@ -1,0 +1,73 @@
+"""Every model through every program of the cell plan, float64, against the plain torch.optim
+loop (training.train_reference), trial by trial, with shared and per-trial masks."""
+
+import pytest
+import torch
+
+import training
+from training import kernels
+from training.cellplan import plan_cell
+from training.schedules import EvalSchedule
+
+F64 = torch.float64
+TRIALS = [
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.1, "momentum": 0.5, "decay_steps": 40, "end_factor": 0.1},
+    {"lr": 0.02, "momentum": 0.99},
+]
+# on max |w - w_ref| / max |w_ref| per parameter after the steps (measured: 3e-16 to 9e-16 for
+# every model; float64 rounding can grow along a trajectory, most with momentum 0.99)
+TOL = 1e-12
+
+
+def masks_for(net, n, seed=0):
+    """A per-trial mask on the first weight, a shared mask on the second (if any)."""
+    g = torch.Generator().manual_seed(seed)
+    weights = [(name, p) for name, p in net.named_parameters() if p.dim() > 1][:2]
+    return {name: (torch.rand(*((n,) if k == 0 else ()), *p.shape, generator=g) > 0.3).double()
+            for k, (name, p) in enumerate(weights)}
+
+
+def check_against_reference(net, ds, steps, batch_size, kernel, monkeypatch):
+    if kernel == "batched":
+        monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    plan = plan_cell(net, ds.task, ds.input_shape, batch_size, len(TRIALS), F64)
+    assert plan.kernel == kernel
+    masks = masks_for(net, len(TRIALS))
+    kw = dict(batch_size=batch_size, optimizer="nesterov", seed=3, dtype=F64,
+              eval_schedule=EvalSchedule(every=steps // 2))
+    res = training.train_trials(net, ds, trials=TRIALS, max_steps=steps, masks=masks, **kw)
+    for i, t in enumerate(TRIALS):
+        t = dict(t)
+        mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
+        ref = training.train_reference(net, ds, lr=t.pop("lr"), trial_index=i, steps=steps,
+                                       mask=mask, **t, **kw)
+        assert res.curves[i].step.tolist() == ref.curve.step.tolist()
+        torch.testing.assert_close(torch.as_tensor(res.curves[i].metric),
+                                   torch.as_tensor(ref.curve.metric), rtol=TOL, atol=0)
+        for name, v in ref.state.items():
+            got = res.state(i)[name]
+            assert float((got - v).abs().max() / v.abs().max()) <= TOL, (i, name)
+            if name in mask:
+                assert torch.all(got[mask[name] == 0] == 0)
+
+
+@pytest.mark.parametrize("name, options, kernel", [
+    ("mlp", {"hidden": [16, 16]}, "fused"),
+    ("cnn1d", {"channels": 4}, "fused"),
+    ("linear", {}, "fused"),
+    ("mlp", {"hidden": [16, 16]}, "batched"),
+    ("cnn1d", {"channels": 4}, "batched"),
+])
+def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, options, kernel):
+    if kernel == "fused" and kernels.fused_sequential() is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    net = training.models.build(name, mnist1d_small, seed=1, **options)
+    check_against_reference(net, mnist1d_small, 100, 16, kernel, monkeypatch)
+
+
+@pytest.mark.parametrize("name, options", [("simple_cnn", {"width": "narrow"}),
+                                           ("resnet8", {"widths": [4, 4, 8]})])
+def test_image_models_match_reference(tiny_images, monkeypatch, name, options):
+    net = training.models.build(name, tiny_images, seed=1, **options)
+    check_against_reference(net, tiny_images, 20, 16, "per_trial", monkeypatch)
