@@ -26,7 +26,7 @@ import torch
 
 import training
 
-from . import search
+from . import search, timing
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .spec import Spec, check_against_dataset, canonical_json
 from .spec import load as load_spec
@@ -267,17 +267,23 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then the probes run (unless disabled) and the report is written.
+    The wall time of each phase and the training time per batch size go to ``timing.json``
+    (:mod:`experiments.timing`), printed unless ``quiet``.
     A spec listing several optimizers runs one sub-study per optimizer in ``out/<optimizer>`` and
     writes one report comparing them into ``out``.
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
     variants = spec.variants()
+    clock = timing.PhaseClock()
     if len(variants) > 1:
-        dirs = [run_study(v, out / v.optimizer, workers, executor, quiet, dask, probes,
-                          report=False) for v in variants]
+        with clock.phase("variants"):
+            dirs = [run_study(v, out / v.optimizer, workers, executor, quiet, dask, probes,
+                              report=False) for v in variants]
         if report:
-            _write_report(dirs, out, quiet)
+            with clock.phase("report"):
+                _write_report(dirs, out, quiet)
+        timing.record(out, clock, quiet)
         return out
 
     workload = spec.canonical()["workload"]
@@ -291,7 +297,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         todo = sorted((g for g in groups if g.key not in done),
                       key=lambda g: -g.cost * (g.batch_size + 32))
         if todo:
-            masks = compute_masks(spec, dataset, ((g.sparsity, g.seed) for g in todo))
+            with clock.phase("masks"):
+                masks = compute_masks(spec, dataset, ((g.sparsity, g.seed) for g in todo))
             tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
             own = executor is None
             n_workers = workers or spec.workers
@@ -300,7 +307,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
             respawn = functools.partial(local_pool, pool_size) if own and not dask else None
             try:
-                execute(tasks, ex, store, quiet, respawn)
+                with clock.phase("training"):
+                    execute(tasks, ex, store, quiet, respawn)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -311,9 +319,12 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         if probes and spec.probes.enabled:
             from .probes import run_probes
 
-            run_probes(spec, dataset, store, quiet=quiet)
+            with clock.phase("probes"):
+                run_probes(spec, dataset, store, quiet=quiet)
     if report:
-        _write_report([out], out, quiet)
+        with clock.phase("report"):
+            _write_report([out], out, quiet)
+    timing.record(out, clock, quiet)
     return out
 
 
