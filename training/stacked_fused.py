@@ -4,9 +4,11 @@
 :class:`training.stacked.SequentialProgram`, in one call of the compiled kernel
 ``csrc/fused_sequential.cpp`` (:mod:`training.kernels`) instead of a few dozen batched kernels:
 
-- each trial's mini-batch is processed in chunks of ``examples_per_chunk`` examples, forward,
-  loss and backward back to back, so a chunk's activations and im2col patches stay in the
-  core's L2 cache (a batched kernel over all trials streams them through memory instead);
+- each trial's mini-batch is gathered and processed in chunks of ``examples_per_chunk``
+  examples, forward, loss and backward back to back, so a chunk's activations and im2col
+  patches stay in the core's L2 cache (a batched kernel over all trials streams them through
+  memory instead); with :meth:`FusedProgram.train_step` the trial's SGD update follows at once,
+  on gradients still in cache;
 - im2col is fused into the chunk (patches built right before their GEMM, in a thread-local
   buffer) and so is col2im (the patch gradient added onto the input gradient right after its
   GEMM); activations of convolutions are channels-last;
@@ -31,8 +33,9 @@ from .models import Flatten1dOutput
 
 Tensor = torch.Tensor
 
-# layer kinds and the ten int64 fields of one layer, as csrc/fused_sequential.cpp reads them
+# layer kinds and the ten int64 fields of one layer, as csrc/layers.h reads them
 LINEAR, CONV1D, RELU, TRANSPOSE = range(4)
+OPTIMIZERS = ("sgd", "momentum", "nesterov")  # their codes in csrc/fused_sequential.cpp
 
 
 def _layer(kind: int, a: int = 0, b: int = 0, k: int = 0, stride: int = 0, pad: int = 0,
@@ -131,6 +134,19 @@ class FusedProgram:
         out = self.kernel.loss_and_grads(list(params), x, y, self.encoding,
                                          self.examples_per_chunk)
         return out[0], out[1:]
+
+    def train_step(self, params: Sequence[Tensor], bufs: Sequence[Tensor] | None,
+                   masks: Sequence[Tensor | None], x_train: Tensor, y_train: Tensor,
+                   idx: Tensor, neg_lr: Tensor, mu: Tensor, optimizer: str, limit: Tensor
+                   ) -> Tensor:
+        """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and, in
+        place, the update of :meth:`training.trials._Runner.step` (masked gradient, then
+        torch.optim.SGD's rule with per-trial ``-lr`` and ``mu``) of every trial whose loss is
+        at most ``limit`` (float64 [N]); the others keep their parameters and buffers. Each
+        trial's update runs right after its backward pass, while its gradients are in cache."""
+        return self.kernel.train_step(list(params), list(bufs or []), list(masks), x_train,
+                                      y_train, idx, self.encoding, self.examples_per_chunk,
+                                      neg_lr, mu, OPTIMIZERS.index(optimizer), limit)
 
 
 def working_set(encoding: Sequence[int], input_size: int) -> int:

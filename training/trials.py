@@ -218,10 +218,19 @@ class _Runner:
         w -= lr (g + mu a). Masked entries of g are zeroed first, so masked weights and momentum
         buffers stay exactly zero.
         """
-        loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step))
-        loss = loss.double()
+        lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
+        neg_lr = lr.neg().to(self.dtype)
         # training.goal.is_diverged: not finite, or above DIVERGENCE_FACTOR * initial loss
-        bad = ~(loss <= DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12))
+        limit = DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12)
+        grads = None
+        if hasattr(self.program, "train_step"):  # the update runs inside, for trials <= limit
+            loss = self.program.train_step(
+                st.params, st.bufs, st.masks, self.x_train, self.y_train,
+                self.batch_indices(st, step), neg_lr, st.mu, self.optimizer, limit).double()
+        else:
+            loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step))
+            loss = loss.double()
+        bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
         if bool(bad.any()):
             rows = bad.nonzero().flatten().tolist()
@@ -232,13 +241,14 @@ class _Runner:
                 return st, dropped
             sel = torch.tensor(keep, device=loss.device)
             loss = loss[sel]
-            grads = [g.index_select(0, sel) for g in grads]
+            neg_lr = neg_lr[sel]
+            grads = None if grads is None else [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
+        if grads is None:
+            return st, dropped
         masked = [(g, m) for g, m in zip(grads, st.masks) if m is not None]
         if masked:
             torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
-        lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
-        neg_lr = lr.neg().to(self.dtype)
         steps = [_col(neg_lr, p) for p in st.params]
         if st.bufs is None:
             torch._foreach_addcmul_(st.params, grads, steps)
