@@ -116,3 +116,40 @@ def test_bad_labels_and_shapes_are_refused(data, stacked):
         program.loss_and_grads(params, x, torch.full((2, 4), 10))
     with pytest.raises(RuntimeError, match="x must be"):
         program.loss_and_grads(params, x, torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
+def test_train_step_updates_in_place_below_the_limit(data, stacked, optimizer):
+    """train_step equals loss_and_grads on the gathered batch followed by the masked
+    torch.optim.SGD update, except for a trial whose loss is above its limit: untouched."""
+    model = training.models.build("cnn1d", data, channels=3, seed=0).double()
+    program = fused(model, data.input_shape, 3)
+    params, bufs = stacked(model, 3), stacked(model, 3, seed=1)
+    g = torch.Generator().manual_seed(2)
+    masks = [(torch.rand(3, *params[0].shape[1:], generator=g) > 0.5).double(), None,
+             (torch.rand(*params[2].shape[1:], generator=g) > 0.5).double()] + [None] * 5
+    idx = torch.randint(0, data.n_train, (3, 7), generator=g)
+    x, y = data.x_train.double(), data.y_train
+    neg_lr, mu = torch.tensor([-0.1, -0.2, -0.3], dtype=F64), torch.tensor([0.9, 0.5, 0.0],
+                                                                          dtype=F64)
+    loss, grads = program.loss_and_grads(params, x[idx], y[idx])
+    limit = loss.clone()
+    limit[1] = loss[1] / 2  # trial 1 "diverged"
+    expected_w, expected_a = [], []
+    for w, a, gr, m in zip(params, bufs, grads, masks):
+        gr = gr * (1 if m is None else m)
+        a_new = gr + a * mu.view(-1, *[1] * (w.dim() - 1))
+        step = {"sgd": gr, "momentum": a_new,
+                "nesterov": gr + a_new * mu.view(-1, *[1] * (w.dim() - 1))}[optimizer]
+        expected_w.append(w + step * neg_lr.view(-1, *[1] * (w.dim() - 1)))
+        expected_a.append(a if optimizer == "sgd" else a_new)
+        for t in (expected_w[-1], expected_a[-1]):
+            t[1] = (w if t is expected_w[-1] else a)[1]
+    before = [p.clone() for p in params]
+    got = program.train_step(params, None if optimizer == "sgd" else bufs, masks, x, y, idx,
+                             neg_lr, mu, optimizer, limit)
+    torch.testing.assert_close(got, loss, rtol=1e-15, atol=0)
+    for w, a, ew, ea, b in zip(params, bufs, expected_w, expected_a, before):
+        torch.testing.assert_close(w, ew, rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(a, ea, rtol=1e-13, atol=1e-15)
+        assert torch.equal(w[1], b[1])

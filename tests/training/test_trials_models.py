@@ -28,13 +28,13 @@ def masks_for(net, n, seed=0):
             for k, (name, p) in enumerate(weights)}
 
 
-def check_against_reference(net, ds, steps, batch_size, kernel, monkeypatch):
+def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monkeypatch):
     if kernel == "batched":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     plan = plan_cell(net, ds.task, ds.input_shape, batch_size, len(TRIALS), F64)
     assert plan.kernel == kernel
     masks = masks_for(net, len(TRIALS))
-    kw = dict(batch_size=batch_size, optimizer="nesterov", seed=3, dtype=F64,
+    kw = dict(batch_size=batch_size, optimizer=optimizer, seed=3, dtype=F64,
               eval_schedule=EvalSchedule(every=steps // 2))
     res = training.train_trials(net, ds, trials=TRIALS, max_steps=steps, masks=masks, **kw)
     for i, t in enumerate(TRIALS):
@@ -52,6 +52,10 @@ def check_against_reference(net, ds, steps, batch_size, kernel, monkeypatch):
                 assert torch.all(got[mask[name] == 0] == 0)
 
 
+OPTIMIZERS = pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
+
+
+@OPTIMIZERS
 @pytest.mark.parametrize("name, options, kernel", [
     ("mlp", {"hidden": [16, 16]}, "fused"),
     ("cnn1d", {"channels": 4}, "fused"),
@@ -59,15 +63,17 @@ def check_against_reference(net, ds, steps, batch_size, kernel, monkeypatch):
     ("mlp", {"hidden": [16, 16]}, "batched"),
     ("cnn1d", {"channels": 4}, "batched"),
 ])
-def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, options, kernel):
+def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, options, kernel,
+                                        optimizer):
     if kernel == "fused" and kernels.fused_sequential() is None:
         pytest.skip("the compiled kernel cannot be built here")
     net = training.models.build(name, mnist1d_small, seed=1, **options)
-    check_against_reference(net, mnist1d_small, 100, 16, kernel, monkeypatch)
+    check_against_reference(net, mnist1d_small, 100, 16, kernel, optimizer, monkeypatch)
 
 
+@OPTIMIZERS
 @pytest.mark.parametrize("name, options", [("simple_cnn", {"width": "narrow"}),
                                            ("resnet8", {"widths": [4, 4, 8]})])
-def test_image_models_match_reference(tiny_images, monkeypatch, name, options):
+def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer):
     net = training.models.build(name, tiny_images, seed=1, **options)
-    check_against_reference(net, tiny_images, 20, 16, "per_trial", monkeypatch)
+    check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch)
