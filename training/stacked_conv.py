@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .goal import loss_fn
+from .sgd import masked_sgd_
 
 Tensor = torch.Tensor
 
@@ -77,27 +78,59 @@ class PerTrialProgram:
     @torch.no_grad()
     def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...] (an input shared by all trials may be
-        passed expanded, stride 0 on the trial dim)."""
-        return torch.stack([self._call([p[i] for p in params], x[i]) for i in range(x.shape[0])])
+        passed expanded, stride 0 on the trial dim), in chunks of ``examples_per_chunk``."""
+        step = self.examples_per_chunk
+        return torch.stack([
+            torch.cat([self._call([p[i] for p in params], x[i, start:start + step])
+                       for start in range(0, x.shape[1], step)])
+            for i in range(x.shape[0])])
+
+    def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+               grads: Sequence[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Mini-batch loss and gradients of one trial (parameters ``[*shape]``, inputs
+        [B, ...]), into ``grads`` when given. The loss of a chunk of m of the B examples is
+        weighted m / B, so the chunks' gradients add up to the gradient of the batch mean."""
+        batch = x.shape[0]
+        leaves = [p.detach().requires_grad_() for p in params]
+        for leaf, g in zip(leaves, grads or ()):
+            leaf.grad = g  # autograd accumulates into it in place
+        total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+        for start in range(0, batch, self.examples_per_chunk):
+            stop = min(batch, start + self.examples_per_chunk)
+            with torch.enable_grad():
+                loss = self.criterion(self._call(leaves, x[start:stop]), y[start:stop])
+                loss = loss * ((stop - start) / batch)
+                loss.backward()
+            total += loss.detach()
+        return total, [leaf.grad for leaf in leaves]
 
     def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
                        ) -> tuple[Tensor, list[Tensor]]:
-        """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked).
-
-        The loss of a chunk of m of the B examples is weighted m / B, so the chunks' gradients
-        add up to the gradient of the mini-batch mean."""
-        n, batch = x.shape[0], x.shape[1]
+        """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
         grads = [torch.zeros_like(p) for p in params]
-        losses = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
-        for i in range(n):
-            leaves = [p[i].detach().requires_grad_() for p in params]
-            for leaf, g in zip(leaves, grads):
-                leaf.grad = g[i]  # autograd accumulates into the stacked gradient in place
-            for start in range(0, batch, self.examples_per_chunk):
-                stop = min(batch, start + self.examples_per_chunk)
-                with torch.enable_grad():
-                    loss = self.criterion(self._call(leaves, x[i, start:stop]), y[i, start:stop])
-                    loss = loss * ((stop - start) / batch)
-                    loss.backward()
-                losses[i] += loss.detach()
+        losses = torch.stack([self._trial([p[i] for p in params], x[i], y[i],
+                                          [g[i] for g in grads])[0] for i in range(x.shape[0])])
         return losses, grads
+
+    def train_step(self, params: Sequence[Tensor], bufs: Sequence[Tensor] | None,
+                   masks: Sequence[Tensor | None], x_train: Tensor, y_train: Tensor,
+                   idx: Tensor, neg_lr: Tensor, mu: Tensor, optimizer: str, limit: Tensor
+                   ) -> Tensor:
+        """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and the
+        update of :func:`training.sgd.masked_sgd_`, in place, of every trial whose loss is at
+        most ``limit`` (float64 [N]). Trial by trial, so that only one trial's gradients are
+        alive (``simple_cnn``'s are 13 MB a trial), never a stack of them."""
+        losses = []
+        for i in range(idx.shape[0]):
+            rows = idx[i]
+            loss, grads = self._trial([p[i] for p in params], x_train.index_select(0, rows),
+                                      y_train.index_select(0, rows))
+            losses.append(loss)
+            if not bool(loss.double() <= limit[i]):
+                continue  # diverged: no update
+            one = slice(i, i + 1)
+            masked_sgd_([p[one] for p in params], None if bufs is None else [b[one] for b in bufs],
+                        [g.unsqueeze(0) for g in grads],
+                        [m if m is None or m.dim() < p.dim() else m[one]
+                         for m, p in zip(masks, params)], neg_lr[one], mu[one], optimizer)
+        return torch.stack(losses)

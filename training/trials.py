@@ -34,6 +34,7 @@ from .order import epoch_permutation, trial_seed
 from .reference import check_mask
 from .results import Curve
 from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .sgd import masked_sgd_
 from .cellplan import Program, plan_cell
 from .stacked import stacked_loss_and_grad
 
@@ -162,11 +163,6 @@ class _Stack:
             perm=self.perm, perm_epoch=self.perm_epoch)
 
 
-def _col(t: Tensor, like: Tensor) -> Tensor:
-    """Per-trial scalars [n] shaped to broadcast against a stacked tensor [n, ...]."""
-    return t.view(-1, *([1] * (like.dim() - 1)))
-
-
 @dataclass
 class _Runner:
     """What every step of every stack of one group shares."""
@@ -246,23 +242,7 @@ class _Runner:
         st.loss_sum += loss
         if grads is None:
             return st, dropped
-        masked = [(g, m) for g, m in zip(grads, st.masks) if m is not None]
-        if masked:
-            torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
-        steps = [_col(neg_lr, p) for p in st.params]
-        if st.bufs is None:
-            torch._foreach_addcmul_(st.params, grads, steps)
-            return st, dropped
-        mus = [_col(st.mu, p) for p in st.params]
-        if self.optimizer == "nesterov":
-            st.bufs = torch._foreach_addcmul(grads, st.bufs, mus)
-            torch._foreach_addcmul_(grads, st.bufs, mus)
-            torch._foreach_addcmul_(st.params, grads, steps)
-        else:
-            # a = g + mu a written over g, which becomes the buffer: one pass instead of two
-            torch._foreach_addcmul_(grads, st.bufs, mus)
-            st.bufs = grads
-            torch._foreach_addcmul_(st.params, st.bufs, steps)
+        masked_sgd_(st.params, st.bufs, grads, st.masks, neg_lr, st.mu, self.optimizer)
         return st, dropped
 
     @torch.no_grad()
@@ -416,8 +396,8 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     taken = [0] * n
     final: dict[int, list[Tensor]] = {}
 
-    def finish(st: _Stack, r: int, step: int) -> None:
-        final[st.ids[r]] = [p[r].clone() for p in st.params]
+    def finish(st: _Stack, r: int, step: int, copy: bool = True) -> None:
+        final[st.ids[r]] = [p[r].clone() if copy else p[r] for p in st.params]
         taken[st.ids[r]] = step
 
     def record(st: _Stack, step: int, gap: int) -> list[int]:
@@ -463,9 +443,12 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
         nxt = schedule[j + 1] if j + 1 < len(schedule) else e
         snapshots = [st.clone() if nxt - e > 1 else st for st in stacks]
         prev = e
+    # free the replay's copies, and let _result's stack be the only copy of the final weights
+    # (simple_cnn: 3.3M parameters, 420 MB per copy for 32 trials)
+    snapshots = []
     for st in stacks:
         for r in range(len(st.ids)):
-            finish(st, r, steps_run)
+            finish(st, r, steps_run, copy=False)
     return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run)
 
 
