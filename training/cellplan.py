@@ -61,8 +61,9 @@ class Program(Protocol):
 @dataclass(frozen=True)
 class CellPlan:
     """How ``train_trials`` runs one cell: ``kernel`` (one of KERNELS), ``trials_per_stack``,
-    ``examples_per_chunk`` (examples of one trial processed together; the batch size when the
-    kernel does not chunk), and the ``program`` computing a stack's losses and gradients."""
+    ``examples_per_chunk`` (examples of one trial processed together in a training step; the
+    batch size when the kernel does not chunk; evaluations use chunks up to the cost model's
+    limit, whatever the batch size), and the ``program`` computing a stack's steps."""
 
     kernel: str
     trials_per_stack: int
@@ -101,14 +102,15 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
     encoding = stacked_fused.encode(model, input_shape)
     if encoding is not None:
         per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
-        chunk = even_chunks(batch_size, int(L2_SHARE * l2_bytes()) // per_example)
-        fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk)
+        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
+        chunk = even_chunks(batch_size, limit)
+        fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
         if fused is not None:
             return CellPlan("fused", min(n_trials, MAX_STACK), chunk, fused)
     if has_conv2d(model):
-        per_example = activation_floats(model, input_shape) * itemsize
-        chunk = even_chunks(batch_size, CHUNK_BUDGET // max(per_example, 1))
-        program = PerTrialProgram.try_build(model, task, chunk)
+        limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
+        chunk = even_chunks(batch_size, limit)
+        program = PerTrialProgram.try_build(model, task, chunk, limit)
         if program is not None:
             return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program)
     stack = min(n_trials, default_chunk(batch_size, activation_floats(model, input_shape)))

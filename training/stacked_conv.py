@@ -51,19 +51,23 @@ def has_conv2d(model: nn.Module) -> bool:
 class PerTrialProgram:
     """Trials one after another through the module's own autograd (see module docstring)."""
 
-    def __init__(self, model: nn.Module, task: str, examples_per_chunk: int):
+    def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
+                 eval_chunk: int | None = None):
         self.model, self.task = model, task
         self.examples_per_chunk = max(1, int(examples_per_chunk))
+        self.eval_chunk = max(1, int(eval_chunk or examples_per_chunk))
         self.names = [name for name, _ in model.named_parameters()]
         self.buffers = dict(model.named_buffers())
         self.criterion = loss_fn(task)
 
     @classmethod
-    def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int
-                  ) -> "PerTrialProgram | None":
+    def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int,
+                  eval_chunk: int | None = None) -> "PerTrialProgram | None":
         """The program, or None for a module whose output for one example depends on the others
-        (batch statistics)."""
-        return None if _batch_dependent(model) else cls(model, task, examples_per_chunk)
+        (batch statistics). Chunks: ``examples_per_chunk`` in a training step, ``eval_chunk``
+        (default the same) in a forward pass."""
+        return None if _batch_dependent(model) else cls(model, task, examples_per_chunk,
+                                                        eval_chunk)
 
     def _call(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
         if x.dim() == 4:
@@ -78,8 +82,8 @@ class PerTrialProgram:
     @torch.no_grad()
     def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...] (an input shared by all trials may be
-        passed expanded, stride 0 on the trial dim), in chunks of ``examples_per_chunk``."""
-        step = self.examples_per_chunk
+        passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``."""
+        step = self.eval_chunk
         return torch.stack([
             torch.cat([self._call([p[i] for p in params], x[i, start:start + step])
                        for start in range(0, x.shape[1], step)])

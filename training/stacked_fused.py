@@ -117,7 +117,8 @@ class FusedProgram:
 
     encoding: list[int]
     kernel: object
-    examples_per_chunk: int
+    examples_per_chunk: int  # in a training step
+    eval_chunk: int          # in a forward pass (evaluation: not bound by the batch size)
     squeeze: bool  # the model ends with Flatten1dOutput: outputs [N, B], not [N, B, 1]
 
     def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
@@ -125,7 +126,7 @@ class FusedProgram:
         (stride 0 on the trial dim), which the kernel then reads once per trial in place."""
         shared = x.stride(0) == 0
         out = self.kernel.forward(list(params), x[0] if shared else x, self.encoding,
-                                  self.examples_per_chunk, shared)
+                                  self.eval_chunk, shared)
         return out.squeeze(-1) if self.squeeze else out
 
     def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
@@ -164,7 +165,8 @@ def working_set(encoding: Sequence[int], input_size: int) -> int:
 
 
 def try_build(model: nn.Module, input_shape: Sequence[int], dtype: torch.dtype,
-              device: str | torch.device, examples_per_chunk: int) -> FusedProgram | None:
+              device: str | torch.device, examples_per_chunk: int, eval_chunk: int
+              ) -> FusedProgram | None:
     """The fused program for ``model``, or None (kernel disabled or not built, not on the CPU,
     a dtype other than float32 / float64, or a layer outside the kernel's scope)."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.float64):
@@ -175,5 +177,5 @@ def try_build(model: nn.Module, input_shape: Sequence[int], dtype: torch.dtype,
     kernel = kernels.fused_sequential()
     if kernel is None:
         return None
-    return FusedProgram(encoding, kernel, examples_per_chunk,
+    return FusedProgram(encoding, kernel, examples_per_chunk, eval_chunk,
                         isinstance(model[-1], Flatten1dOutput))

@@ -43,10 +43,13 @@ def test_fused_chunk_fills_half_the_l2_cache(mnist1d_small, monkeypatch):
     per_example = working_set(encode(net, (40,)), 40) * 4
     for l2 in (1 << 20, 4 << 20):
         monkeypatch.setattr(cellplan, "l2_bytes", lambda l2=l2: l2)
-        chunks = [plan_cell(net, "classification", (40,), b, 32).examples_per_chunk
-                  for b in (8, 4096)]
+        plans = [plan_cell(net, "classification", (40,), b, 32) for b in (8, 4096)]
+        chunks = [p.examples_per_chunk for p in plans]
         assert chunks == [8, even_chunks(4096, (l2 // 2) // per_example)]
         assert chunks[1] * per_example <= l2 // 2
+        # evaluations are not bound by the batch size
+        limit = (l2 // 2) // per_example
+        assert plans[0].program.eval_chunk == plans[1].program.eval_chunk == limit
     # float64 holds half as many examples
     assert plan_cell(net, "classification", (40,), 4096, 32, torch.float64
                      ).examples_per_chunk < chunks[1]
@@ -69,7 +72,9 @@ def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
     assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
     assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
     assert plan.program.examples_per_chunk == plan.examples_per_chunk
-    assert plan_cell(net, "classification", (3, 32, 32), 8, 32).examples_per_chunk == 8
+    small = plan_cell(net, "classification", (3, 32, 32), 8, 32)
+    assert small.examples_per_chunk == 8
+    assert small.program.eval_chunk == cellplan.CHUNK_BUDGET // per_example
 
 
 def test_other_modules_take_torch_func():
