@@ -356,7 +356,8 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     goal; ``stop="all"`` trains each trial to its own first hit, divergence or the budget.
     ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
     :func:`training.cellplan.plan_cell`, which also picks the program computing a stack's step);
-    chunks advance in lockstep between evaluations, so results do not depend on it.
+    between two evaluations the chunks run one after another, and nothing in a step mixes
+    trials, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
     seed is ``trial_seed(seed, first_index + k)``), so a group can be split across calls.
     The first call tunes the process's malloc (:func:`tune_allocator`).
@@ -411,45 +412,51 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
 
     schedule = (eval_schedule or EvalSchedule()).steps(max_steps)
     prev, steps_run = 0, 0
-    snapshots: list[_Stack] = []
-    for j, e in enumerate(schedule):
-        if e > prev:
-            for k, st in enumerate(stacks):
-                for s in range(prev, e):
-                    if not st.ids:
-                        break
-                    st, dropped = runner.step(st, s)
-                    for i, p in dropped:
-                        diverged[i], final[i], taken[i] = s, p, s
-                stacks[k] = st
-            steps_run = e
+    for e in schedule:
         stop_now = False
         for k, st in enumerate(stacks):
-            met = record(st, e, e - prev) if st.ids else []
+            # stack after stack, so that only one stack's replay snapshot is alive at a time
+            st, dropped, met, hits = _advance(runner, st, prev, e, goal, record)
+            stacks[k] = st
+            for s, i, p in dropped:
+                diverged[i], final[i], taken[i] = s, p, s
             if not met:
                 continue
-            for i, h in _replay(runner, snapshots[k] if e > 0 else None, [st.ids[r] for r in met],
-                                prev, e, goal).items():
+            for i, h in hits.items():
                 hit[i] = h
             stop_now = stop == "first"
             if stop == "all":
                 for r in met:
                     finish(st, r, e)
                 stacks[k] = st.select([r for r in range(len(st.ids)) if r not in met])
+        steps_run = e
         stacks = [st for st in stacks if st.ids]
         if stop_now or not stacks:
             break
-        # the replay of the next interval starts from here (not needed for a one-step interval)
-        nxt = schedule[j + 1] if j + 1 < len(schedule) else e
-        snapshots = [st.clone() if nxt - e > 1 else st for st in stacks]
         prev = e
-    # free the replay's copies, and let _result's stack be the only copy of the final weights
-    # (simple_cnn: 3.3M parameters, 420 MB per copy for 32 trials)
-    snapshots = []
+    # _result's stack is the only copy of the final weights (simple_cnn: 420 MB for 32 trials)
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
     return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run)
+
+
+def _advance(runner: _Runner, st: _Stack, start: int, end: int, goal: Goal | None, record
+             ) -> tuple[_Stack, list[tuple[int, int, list[Tensor]]], list[int], dict[int, int]]:
+    """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
+    its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
+    and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
+    interval) is freed on return, so one stack's copy is alive at a time."""
+    snapshot = st.clone() if end - start > 1 else None
+    dropped_all = []
+    for s in range(start, end):
+        if not st.ids:
+            break
+        st, dropped = runner.step(st, s)
+        dropped_all += [(s, i, p) for i, p in dropped]
+    met = record(st, end, end - start) if st.ids else []
+    hits = _replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
+    return st, dropped_all, met, hits
 
 
 def _replay(runner: _Runner, snapshot: _Stack | None, ids: list[int], start: int, end: int,
