@@ -4,9 +4,9 @@ The global mini-batch of step t is ``BatchOrder(trial_seed(seed, trial_index), n
 exactly the batch :func:`training.train_reference` uses; rank r takes the contiguous shard
 ``[r B/k, (r+1) B/k)`` (``B`` must be divisible by ``k``). Each rank computes the mean loss of its
 shard and DDP averages the gradients over ranks, so the update is the gradient of
-(1/k) sum_r mean(shard_r) = mean(batch): the same SGD step as the single process (Goyal et al.,
-2017), up to floating-point summation order. Learning-rate schedule, optimizer
-(:func:`training.reference.make_sgd`), gradient masking and goal evaluation follow the reference
+(1/k) sum_r mean(shard_r) = mean(batch): the same SGD (or Adam) step as the single process (Goyal
+et al., 2017), up to floating-point summation order. Learning-rate schedule, optimizer
+(:func:`training.reference.make_optimizer`), gradient masking and goal evaluation follow the reference
 trainer; rank 0 evaluates the goal on the validation split and broadcasts the value so every rank
 stops at the same step.
 
@@ -49,7 +49,7 @@ from .data import Dataset
 from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn
 from .models import count_parameters
 from .order import BatchOrder, trial_seed
-from .reference import evaluate, make_sgd, zero_masked
+from .reference import evaluate, make_optimizer, make_sgd, zero_masked
 from .results import Curve, ReferenceResult
 from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
 
@@ -77,11 +77,13 @@ class DistRun:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     threads: int = 1
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        Trial(lr=self.lr, momentum=self.momentum, decay_steps=self.decay_steps,
-              end_factor=self.end_factor)
-        check_optimizer(self.optimizer, [self.momentum])
+        check_optimizer(self.optimizer, [self.trial.momentum], [self.trial.weight_decay])
         check_world(self.world_size, self.batch_size)
         if self.steps < 0:
             raise ConfigError(f"steps must be >= 0, got {self.steps}")
@@ -90,6 +92,13 @@ class DistRun:
                               f"got {self.threads}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"device {self.device!r}; allowed: cpu, cuda")
+
+    @property
+    def trial(self) -> Trial:
+        """The run's metaparameters (validated)."""
+        return Trial(lr=self.lr, momentum=self.momentum, decay_steps=self.decay_steps,
+                     end_factor=self.end_factor, beta1=self.beta1, beta2=self.beta2,
+                     eps=self.eps, weight_decay=self.weight_decay)
 
     @property
     def shard(self) -> int:
@@ -208,7 +217,7 @@ def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
     net = copy.deepcopy(model).to(device=device, dtype=run.dtype).train()
     masks, params = zero_masked(net, mask, device, run.dtype)
     ddp, slot = wrap_ddp(net, device, k)
-    opt = make_sgd(ddp.parameters(), run.optimizer, run.lr, run.momentum)
+    opt = make_optimizer(ddp.parameters(), run.optimizer, run.trial)
     order = BatchOrder(trial_seed(run.seed, run.trial_index), data.n_train, run.batch_size)
     lo, hi = rank * run.shard, (rank + 1) * run.shard
     criterion = loss_fn(dataset.task)
@@ -315,7 +324,8 @@ def train_distributed(model: nn.Module, dataset: Dataset, world_size: int, batch
                       eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
                       mask: Mapping[str, torch.Tensor] | None = None,
                       dtype: torch.dtype = torch.float32, device: str = "cpu", threads: int = 1,
-                      timeout: float = 300.0) -> ReferenceResult:
+                      timeout: float = 300.0, beta1: float = 0.9, beta2: float = 0.999,
+                      eps: float = 1e-8, weight_decay: float = 0.0) -> ReferenceResult:
     """Train a copy of ``model`` like :func:`training.train_reference` (same arguments, same
     result) but on ``world_size`` worker processes with DistributedDataParallel, each taking
     ``batch_size / world_size`` examples of the global batch. ``threads``: torch threads per
@@ -325,7 +335,8 @@ def train_distributed(model: nn.Module, dataset: Dataset, world_size: int, batch
                   optimizer=optimizer, steps=steps, seed=seed, trial_index=trial_index,
                   decay_steps=decay_steps, end_factor=end_factor, target=target,
                   eval_schedule=eval_schedule or EvalSchedule(), stop_at_goal=stop_at_goal,
-                  dtype=dtype, device=device, threads=threads)
+                  dtype=dtype, device=device, threads=threads, beta1=beta1, beta2=beta2,
+                  eps=eps, weight_decay=weight_decay)
     if batch_size > dataset.n_train:
         raise ConfigError(f"batch_size {batch_size} exceeds the training set size "
                           f"{dataset.n_train}")
@@ -515,6 +526,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trial-index", type=int, default=0)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--end-factor", type=float, default=1.0)
+    p.add_argument("--beta1", type=float, default=0.9, help="adam / adamw")
+    p.add_argument("--beta2", type=float, default=0.999, help="adam / adamw")
+    p.add_argument("--eps", type=float, default=1e-8, help="adam / adamw")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="adam / adamw")
     p.add_argument("--target", type=float)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
@@ -531,7 +546,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
                   seed=args.seed, trial_index=args.trial_index, decay_steps=args.decay_steps,
                   end_factor=args.end_factor, target=args.target,
                   eval_schedule=EvalSchedule(every=args.eval_every), device=args.device,
-                  threads=args.threads)
+                  threads=args.threads, beta1=args.beta1, beta2=args.beta2, eps=args.eps,
+                  weight_decay=args.weight_decay)
     torch.set_num_threads(run.threads)
     model, ds = _workload(args)
     dist.init_process_group(backend_for(run.device), init_method="env://")

@@ -1,4 +1,4 @@
-"""The plain reference trainer: one trial, ``torch.optim.SGD``, nothing clever.
+"""The plain reference trainer: one trial, ``torch.optim`` (SGD, Adam, AdamW), nothing clever.
 
 It is the ground truth the vectorized trainer is tested against, so it stays a textbook loop:
 index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``.
@@ -17,7 +17,8 @@ from .data import Dataset
 from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from .order import BatchOrder, trial_seed
 from .results import Curve, ReferenceResult
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .schedules import (ADAM_OPTIMIZERS, ConfigError, EvalSchedule, Trial, check_optimizer,
+                        lr_factor)
 
 
 def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum: float
@@ -28,6 +29,18 @@ def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum
     if optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=optimizer == "nesterov")
+
+
+def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
+                   ) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer of ``trial``: :func:`make_sgd` for the SGD family, else
+    ``torch.optim.Adam`` (L2 weight decay) or ``AdamW`` (decoupled) with the trial's lr,
+    (beta1, beta2), eps and weight_decay."""
+    if optimizer not in ADAM_OPTIMIZERS:
+        return make_sgd(params, optimizer, trial.lr, trial.momentum)
+    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=trial.lr, betas=(trial.beta1, trial.beta2), eps=trial.eps,
+               weight_decay=trial.weight_decay)
 
 
 def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None,
@@ -92,20 +105,26 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
                     end_factor: float = 1.0, target: Goal | float | None = None,
                     eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
                     mask: Mapping[str, torch.Tensor] | None = None,
-                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> ReferenceResult:
-    """Train a copy of ``model`` for up to ``steps`` updates with ``torch.optim.SGD``.
+                    dtype: torch.dtype = torch.float32, device: str = "cpu",
+                    beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                    weight_decay: float = 0.0) -> ReferenceResult:
+    """Train a copy of ``model`` for up to ``steps`` updates with ``torch.optim.SGD`` (optimizers
+    ``sgd``, ``momentum``, ``nesterov``) or ``torch.optim.Adam`` / ``AdamW`` (``adam``,
+    ``adamw``: ``beta1``, ``beta2``, ``eps``, ``weight_decay``; :func:`make_optimizer`).
 
     Mini-batches follow :class:`training.order.BatchOrder` with data seed
     ``trial_seed(seed, trial_index)``, exactly as trial ``trial_index`` of
     ``train_trials(..., seed=seed)``. The learning rate at update t is
     ``lr * lr_factor(t, decay_steps, end_factor)``. Masked weights are zeroed at the start and
-    their gradients zeroed before every step, so weights and momentum buffers stay exactly zero.
+    their gradients zeroed before every step, so weights and momentum (Adam: moment) buffers
+    stay exactly zero.
     The goal is evaluated on the validation split at ``eval_schedule`` steps; with
     ``stop_at_goal`` the run ends at the first evaluation that meets it. A non-finite or exploding
     mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
     """
-    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor)
-    check_optimizer(optimizer, [trial.momentum])
+    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor,
+                  beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    check_optimizer(optimizer, [trial.momentum], [trial.weight_decay])
     if steps < 0:
         raise ConfigError(f"steps must be >= 0, got {steps}")
     goal = as_goal(target, dataset.task)
@@ -113,7 +132,7 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
     data = dataset.to(device, dtype)
     net = copy.deepcopy(model).to(device=device, dtype=dtype).train()
     masks, params = zero_masked(net, mask, device, dtype)
-    opt = make_sgd(net.parameters(), optimizer, trial.lr, trial.momentum)
+    opt = make_optimizer(net.parameters(), optimizer, trial)
     order = BatchOrder(trial_seed(seed, trial_index), data.n_train, batch_size)
     criterion = loss_fn(dataset.task)
     evals = set((eval_schedule or EvalSchedule()).steps(steps))

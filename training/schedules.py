@@ -15,7 +15,9 @@ from .errors import SparsescaleError
 if TYPE_CHECKING:
     import torch
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+# torch.optim.Adam / AdamW: the keys beta1, beta2, eps and weight_decay apply to these only
+ADAM_OPTIMIZERS = ("adam", "adamw")
 
 
 class ConfigError(SparsescaleError):
@@ -29,12 +31,19 @@ class Trial:
     ``lr``: base learning rate; ``momentum``: mu (ignored by ``sgd``); ``decay_steps``: if given,
     the learning rate decays linearly from ``lr`` to ``lr * end_factor`` over that many steps and
     stays there (Shallue et al. 2019's linear decay); otherwise it is constant.
+    ``beta1``, ``beta2``, ``eps``, ``weight_decay``: those of ``torch.optim.Adam`` / ``AdamW``
+    (optimizers ``adam`` / ``adamw`` only; weight decay defaults to 0 for both, where torch's
+    AdamW defaults to 0.01).
     """
 
     lr: float
     momentum: float = 0.0
     decay_steps: int | None = None
     end_factor: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
@@ -45,6 +54,14 @@ class Trial:
             raise ConfigError(f"trial decay_steps must be >= 1, got {self.decay_steps!r}")
         if not 0.0 <= self.end_factor <= 1.0:
             raise ConfigError(f"trial end_factor must be in [0, 1], got {self.end_factor!r}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"trial {key} must be in [0, 1), got {getattr(self, key)!r}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ConfigError(f"trial eps must be a positive finite number, got {self.eps!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"trial weight_decay must be a finite number >= 0, "
+                              f"got {self.weight_decay!r}")
 
     @classmethod
     def from_dict(cls, d: "Trial | dict[str, Any]") -> "Trial":
@@ -81,13 +98,18 @@ def lr_factor(step: int, decay_steps: int | float | torch.Tensor | None,
     return 1.0 - (1.0 - end_factor) * decay_steps.clamp(max=step).div(decay_steps)
 
 
-def check_optimizer(name: str, momenta: Iterable[float] = ()) -> str:
-    """Validate an optimizer name; Nesterov needs momentum > 0 (as ``torch.optim.SGD``)."""
+def check_optimizer(name: str, momenta: Iterable[float] = (),
+                    weight_decays: Iterable[float] = ()) -> str:
+    """Validate an optimizer name; Nesterov needs momentum > 0 (as ``torch.optim.SGD``), and
+    weight decay is only implemented for ``adam`` / ``adamw``."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
     if name == "nesterov" and any(m == 0 for m in momenta):
         raise ConfigError("optimizer 'nesterov' needs momentum > 0 in every trial; "
                           "use optimizer 'sgd' for momentum 0")
+    if name not in ADAM_OPTIMIZERS and any(w != 0 for w in weight_decays):
+        raise ConfigError(f"trial weight_decay is used by optimizers {', '.join(ADAM_OPTIMIZERS)} "
+                          f"only; found weight_decay > 0 with optimizer {name!r}")
     return name
 
 

@@ -28,12 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .adam import AdamState, per_trial
 from .data import Dataset
 from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from .order import epoch_permutation, trial_seed
 from .reference import check_mask
 from .results import Curve
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .schedules import (ADAM_OPTIMIZERS, ConfigError, EvalSchedule, Trial, check_optimizer,
+                        lr_factor)
 from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
 
 Tensor = torch.Tensor
@@ -110,7 +112,8 @@ def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
     """``trials`` as a non-empty list of :class:`Trial` (dicts go through ``Trial.from_dict``)."""
     if isinstance(trials, (Mapping, Trial)) or not len(trials):
         raise ConfigError("trials must be a non-empty list of Trial or dicts "
-                          "(keys: lr, momentum, decay_steps, end_factor)")
+                          "(keys: lr, momentum, decay_steps, end_factor, beta1, beta2, eps, "
+                          "weight_decay)")
     return [Trial.from_dict(dict(t) if isinstance(t, Mapping) else t) for t in trials]
 
 
@@ -135,6 +138,7 @@ class _Stack:
     seeds: list[int]
     perm: Tensor | None = None
     perm_epoch: int = -1
+    adam: AdamState | None = None  # moments and metaparameters of adam / adamw (bufs is None)
 
     def select(self, rows: list[int]) -> "_Stack":
         """The stack restricted to positions ``rows``."""
@@ -150,7 +154,8 @@ class _Stack:
                    for j, m in enumerate(self.masks)],
             lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
             init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
-            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch)
+            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.select(idx))
 
     def clone(self) -> "_Stack":
         return _Stack(
@@ -158,12 +163,8 @@ class _Stack:
             bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
             masks=self.masks, lr=self.lr, mu=self.mu, decay=self.decay, end=self.end,
             init_loss=self.init_loss, loss_sum=self.loss_sum.clone(), seeds=self.seeds,
-            perm=self.perm, perm_epoch=self.perm_epoch)
-
-
-def _col(t: Tensor, like: Tensor) -> Tensor:
-    """Per-trial scalars [n] shaped to broadcast against a stacked tensor [n, ...]."""
-    return t.view(-1, *([1] * (like.dim() - 1)))
+            perm=self.perm, perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.clone())
 
 
 @dataclass
@@ -207,8 +208,8 @@ class _Runner:
         loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
         (id, parameters before the update). Update rules (torch.optim.SGD, dampening 0):
         sgd: w -= lr g; momentum: a = mu a + g, w -= lr a; nesterov: a = mu a + g,
-        w -= lr (g + mu a). Masked entries of g are zeroed first, so masked weights and momentum
-        buffers stay exactly zero.
+        w -= lr (g + mu a); adam / adamw: :meth:`training.adam.AdamState.step`. Masked entries
+        of g are zeroed first, so masked weights and momentum (or moment) buffers stay zero.
         """
         idx = self.batch_indices(st, step)
         loss, grads = self.program.loss_and_grads(st.params, self.x_train[idx], self.y_train[idx])
@@ -231,12 +232,15 @@ class _Runner:
         if masked:
             torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
         lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
+        if st.adam is not None:
+            st.adam.step(st.params, grads, lr, step)
+            return st, dropped
         neg_lr = lr.neg().to(self.dtype)
-        steps = [_col(neg_lr, p) for p in st.params]
+        steps = [per_trial(neg_lr, p) for p in st.params]
         if st.bufs is None:
             torch._foreach_addcmul_(st.params, grads, steps)
             return st, dropped
-        mus = [_col(st.mu, p) for p in st.params]
+        mus = [per_trial(st.mu, p) for p in st.params]
         if self.optimizer == "nesterov":
             st.bufs = torch._foreach_addcmul(grads, st.bufs, mus)
             torch._foreach_addcmul_(grads, st.bufs, mus)
@@ -330,7 +334,10 @@ def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor]
         f64 = dict(dtype=torch.float64, device=device)
         stacks.append(_Stack(
             ids=ids, params=params,
-            bufs=None if optimizer == "sgd" else [torch.zeros_like(p) for p in params],
+            bufs=None if optimizer in ("sgd", *ADAM_OPTIMIZERS) else [
+                torch.zeros_like(p) for p in params],
+            adam=AdamState.zeros(params, [trials[i] for i in ids], optimizer == "adamw")
+            if optimizer in ADAM_OPTIMIZERS else None,
             masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
             mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
             decay=None if all(d is None for d in decays) else torch.tensor(
@@ -352,7 +359,7 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
     starts from ``model``'s weights. ``optimizer``: ``sgd`` / ``momentum`` / ``nesterov``, the
-    update rules of ``torch.optim.SGD``. ``target``: a ``Goal`` or a bare target (error for
+    update rules of ``torch.optim.SGD``, or ``adam`` / ``adamw`` (``torch.optim.Adam`` / ``AdamW``). ``target``: a ``Goal`` or a bare target (error for
     classification, loss for regression), or None to train every trial for ``max_steps``.
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
     per trial). ``stop="first"`` ends the group at the first evaluation where any trial meets the
@@ -364,7 +371,8 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     The first call tunes the process's malloc (:func:`tune_allocator`).
     """
     trial_list = check_trials(trials)
-    check_optimizer(optimizer, [t.momentum for t in trial_list])
+    check_optimizer(optimizer, [t.momentum for t in trial_list],
+                    [t.weight_decay for t in trial_list])
     tune_allocator()
     if stop not in STOPS:
         raise ConfigError(f"stop {stop!r}; allowed: {', '.join(STOPS)}")

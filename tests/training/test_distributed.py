@@ -25,14 +25,24 @@ def relative_error(state, ref_state):
     return max(float((state[n] - ref_state[n]).norm() / ref_state[n].norm()) for n in ref_state)
 
 
-@pytest.fixture(scope="module")
-def workload(mnist1d_small):
+# the optimizers' own settings; momentum and AdamW spawn k = 2 by default, Adam runs in-process
+WORKLOADS = {
+    "momentum": dict(lr=0.1, momentum=0.9, optimizer="momentum", target=0.81),
+    "adam": dict(lr=1e-2, optimizer="adam", beta1=0.8, beta2=0.99, weight_decay=0.1,
+                 target=0.84),
+    "adamw": dict(lr=1e-2, optimizer="adamw", beta1=0.8, beta2=0.99, weight_decay=0.1,
+                  target=0.84),
+}
+
+
+@pytest.fixture(scope="module", params=list(WORKLOADS))
+def workload(request, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small, seed=0)
     g = torch.Generator().manual_seed(1)
     mask = {"1.weight": (torch.rand(net[1].weight.shape, generator=g) > 0.5).float()}
-    kwargs = dict(batch_size=32, lr=0.1, momentum=0.9, optimizer="momentum", steps=STEPS, seed=3,
-                  decay_steps=40, end_factor=0.1, target=0.81, stop_at_goal=False,
-                  eval_schedule=training.EvalSchedule(every=5), mask=mask)
+    kwargs = dict(batch_size=32, steps=STEPS, seed=3, decay_steps=40, end_factor=0.1,
+                  stop_at_goal=False, eval_schedule=training.EvalSchedule(every=5), mask=mask,
+                  **WORKLOADS[request.param])
     ref = training.train_reference(net, mnist1d_small, **kwargs)
     # the comparison is only meaningful if the goal is met inside the run and masking bites
     assert ref.steps_to_result is not None and 0 < ref.steps_to_result < STEPS
@@ -51,6 +61,8 @@ def check_equivalent(res, ref):
     assert abs(res.curve.train_loss - ref.curve.train_loss).max() < 1e-5
 
 
+@pytest.mark.parametrize("workload", ["momentum", pytest.param("adam", marks=pytest.mark.slow),
+                                      "adamw"], indirect=True)
 def test_ddp_two_workers_match_reference(workload, mnist1d_small):
     net, kwargs, ref = workload
     res = train_distributed(net, mnist1d_small, 2, **kwargs)
@@ -99,7 +111,7 @@ def test_bad_arguments_fail_before_spawning(mnist1d_small):
     with pytest.raises(ConfigError, match="exceeds the training set size"):
         train_distributed(net, mnist1d_small, 1, batch_size=10_000, lr=0.1)
     with pytest.raises(ConfigError, match="optimizer"):
-        DistRun(world_size=1, batch_size=8, lr=0.1, optimizer="adam")
+        DistRun(world_size=1, batch_size=8, lr=0.1, optimizer="adagrad")
     with pytest.raises(ConfigError, match="threads"):
         DistRun(world_size=1, batch_size=8, lr=0.1, threads=0)
 

@@ -154,7 +154,8 @@ def test_schedules():
     (dict(lr=-1.0), "lr must be a positive finite number"),
     (dict(lr=float("nan")), "lr must be a positive finite number"),
     (dict(lr=0.1, momentum=1.0), r"momentum must be in \[0, 1\)"),
-    (dict(lr=0.1, optimizer="adam"), "unknown optimizer 'adam'; allowed: sgd, momentum, nesterov"),
+    (dict(lr=0.1, optimizer="adagrad"),
+     "unknown optimizer 'adagrad'; allowed: sgd, momentum, nesterov, adam, adamw"),
     (dict(lr=0.1, optimizer="nesterov", momentum=0.0), "'nesterov' needs momentum > 0"),
     (dict(lr=0.1, mask={"nope": torch.ones(1)}), "mask entry 'nope' is not a parameter"),
 ])

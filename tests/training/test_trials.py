@@ -19,11 +19,6 @@ TRIALS = [
 
 
 @pytest.fixture(scope="module")
-def teacher():
-    return training.data.load("teacher", n=500, dim=8, num_classes=3, seed=1)
-
-
-@pytest.fixture(scope="module")
 def linreg():
     return training.data.load("linreg", n=400, dim=6, noise=0.3, seed=2)
 
@@ -247,7 +242,7 @@ def test_generic_module_uses_torch_func_path(teacher):
     (dict(stop="some"), "stop 'some'; allowed: first, all"),
     (dict(trials=[]), "trials must be a non-empty list"),
     (dict(trials=[{"lr": 0.1, "beta": 2}]), "unknown trial keys"),
-    (dict(optimizer="adam"), "unknown optimizer 'adam'"),
+    (dict(optimizer="adagrad"), "unknown optimizer 'adagrad'"),
     (dict(optimizer="nesterov"), "'nesterov' needs momentum > 0 in every trial"),
     (dict(batch_size=0), "batch_size must be an integer in"),
     (dict(max_steps=-1), "max_steps must be an integer >= 0"),
