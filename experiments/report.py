@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import figures as F
+from .comparison import optimizer_sentences
 from .findings import (
     FIT_LEVEL, HELD_FACTOR, Fits, ReportError, Run, TheoryPart, cost_table, findings_text, fit_series,
     fmt_interval, fmt_num, held, load_runs, missing_table, points_table, search_edges, series_order,
@@ -149,8 +150,9 @@ def build(runs: tuple[Run, ...]) -> Report:
                drawn(lambda: F.normalized_figure(points, ratios, series, cmap))),
         Figure("fig3_metaparameters", "Figure 3. Optimal metaparameters vs batch size",
                "Learning rate, 1 − momentum and effective learning rate lr / (1 − momentum) of the best "
-               "trial at each batch size (Shallue et al. 2019), with the linear (dashed) and square-root "
-               "(dotted) heuristics anchored at the smallest batch size; ringed: best value in the outer "
+               "trial at each batch size (Shallue et al. 2019), with the linear (dashed, SGD-type) and "
+               "square-root (dotted, the usual rule for Adam-type optimizers) heuristics anchored at the "
+               "smallest batch size; ringed: best value in the outer "
                "10 % of the searched range (the optimum may lie outside the search space).",
                drawn(lambda: F.metaparameters_figure(points, edges, series, cmap))),
         Figure("fig4_trials", "Figure 4. Every trial: learning rate × (1 − momentum)",
@@ -189,7 +191,8 @@ def build(runs: tuple[Run, ...]) -> Report:
     return Report(
         title="Study report: " + ", ".join(r.label for r in runs),
         overview=Table("Studies", _overview_table(runs)),
-        findings=findings_text(runs, points, fits, ratios, theory_part.table, missing),
+        findings=findings_text(runs, points, fits, ratios, theory_part.table, missing)
+        + optimizer_sentences(runs, fits.table.set_index("series")),
         figures=figures, tables=tables,
         explanations=[("What was fitted and what was predicted", theory_part.statement)],
         formulas=theory_part.formulas,

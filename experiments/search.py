@@ -6,7 +6,8 @@ trial budget is identical everywhere and differences come from B, not from luck 
 A unit coordinate u in [0, 1) maps onto a dimension [lo, hi] by its scale:
 
 - ``log``: lo * (hi / lo) ** u
-- ``reverse-log``: 1 - (1 - lo) * ((1 - hi) / (1 - lo)) ** u   (1 - x is log-uniform: momentum)
+- ``reverse-log``: 1 - (1 - lo) * ((1 - hi) / (1 - lo)) ** u   (1 - x is log-uniform: momentum,
+  Adam's beta1 and beta2)
 - ``linear``: lo + (hi - lo) * u
 """
 

@@ -6,7 +6,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 ``goal``, ``batch_sizes`` and ``search.lr`` have defaults)::
 
     name = "quickstart"
-    optimizer = "momentum"              # sgd | momentum | nesterov, or a list of them
+    optimizer = "momentum"              # sgd | momentum | nesterov | adam | adamw, or a list
     batch_sizes = {min = 8, max = 4096} # powers of two from min to max, or an explicit list
     sparsities = [0.0, 0.9]             # fractions in [0, 1)
     trials = 16                         # metaparameter points per batch size (same at every B)
@@ -32,6 +32,14 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     momentum = 0.9
     decay_steps = {scale = "linear", min = 0.5, max = 1.0, relative = true}  # fraction of budget
     end_factor = {scale = "log", min = 1e-4, max = 0.1}
+    # adam / adamw only (defaults 0.9, 0.999, 1e-8, 0; momentum is not used by them):
+    beta1 = {scale = "reverse-log", min = 0.5, max = 0.99}   # 1 - beta1 is log-uniform
+    beta2 = 0.999
+    eps = 1e-8
+    weight_decay = {scale = "log", min = 1e-5, max = 0.1}
+
+    [search.optimizers.adamw]           # overrides for one optimizer of the list
+    lr = {scale = "log", min = 1e-4, max = 1e-2}
 
     [budget]                            # max_steps = N, or a rule in examples seen:
     examples = 2_000_000                # max_steps(B) = clamp(ceil(examples / B), min, max)
@@ -68,11 +76,13 @@ from typing import Any
 from training.data import list_datasets
 from training.goal import unreachable
 from training.models import list_models
-from training.schedules import OPTIMIZERS, ConfigError, EvalSchedule
+from training.schedules import ADAM_OPTIMIZERS, OPTIMIZERS, ConfigError, EvalSchedule
 from training.errors import SparsescaleError
 
 SCALES = ("log", "reverse-log", "linear")
-SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor")
+# the Adam keys come last, so a spec without them draws the points it drew before they existed
+ADAM_KEYS = ("beta1", "beta2", "eps", "weight_decay")
+SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor", *ADAM_KEYS)
 COMPARISONS = {"<": True, "<=": False}   # comparison -> Goal.strict
 
 
@@ -162,10 +172,12 @@ class Spec:
     workers: int | None
     optimizers: tuple[str, ...] = ()
     toml: str = field(default="", compare=False)
+    # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
+    search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
-        return {
+        out = {
             "name": self.name,
             "workload": {"dataset": self.dataset, "dataset_options": self.dataset_options,
                          "model": self.model, "model_options": self.model_options},
@@ -182,6 +194,10 @@ class Spec:
             "seeds": list(self.seeds),
             "probes": asdict(self.probes),
         }
+        if self.search_overrides:   # only a multi-optimizer spec has them (variants apply them)
+            out["search_overrides"] = {o: {k: asdict(d) for k, d in sorted(t.items())}
+                                       for o, t in sorted(self.search_overrides.items())}
+        return out
 
     def to_json(self) -> str:
         return canonical_json(self.canonical())
@@ -194,8 +210,24 @@ class Spec:
         """One single-optimizer spec per listed optimizer (``[self]`` if there is one)."""
         if len(self.optimizers) <= 1:
             return [self]
-        return [replace(self, optimizer=o, optimizers=(o,), name=f"{self.name}-{o}")
+        return [replace(self, optimizer=o, optimizers=(o,), name=f"{self.name}-{o}",
+                        search=optimizer_search(self.search, self.search_overrides, o),
+                        search_overrides={})
                 for o in self.optimizers]
+
+
+def optimizer_search(search: dict[str, Dimension], overrides: dict[str, dict[str, Dimension]],
+                     optimizer: str) -> dict[str, Dimension]:
+    """The search space ``optimizer`` uses: the shared dimensions with its
+    ``[search.optimizers.<optimizer>]`` overrides; ``adam`` / ``adamw`` drop momentum and fill beta1, beta2, eps and weight_decay
+    with torch's defaults (weight decay 0), the SGD family drops the Adam keys."""
+    out = {**search, **overrides.get(optimizer, {})}
+    if optimizer not in ADAM_OPTIMIZERS:
+        return {k: d for k, d in out.items() if k not in ADAM_KEYS}
+    out.pop("momentum", None)
+    for key, value in _ADAM_DEFAULTS.items():
+        out.setdefault(key, Dimension("linear", value, value))
+    return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -315,8 +347,11 @@ TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "tr
 
 # bounds of each searchable metaparameter: (lo, hi, lo_open, hi_open)
 _BOUNDS = {"lr": (0.0, None, True, False), "momentum": (0.0, 1.0, False, True),
-           "decay_steps": (0.0, None, True, False), "end_factor": (0.0, 1.0, False, False)}
+           "decay_steps": (0.0, None, True, False), "end_factor": (0.0, 1.0, False, False),
+           "beta1": (0.0, 1.0, False, True), "beta2": (0.0, 1.0, False, True),
+           "eps": (0.0, None, True, False), "weight_decay": (0.0, None, False, False)}
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}
+_ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 
 
 def _dimension(ck: _Checker, raw: Any, path: str, key: str) -> Dimension | None:
@@ -472,7 +507,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # search space
     se = ck.table(raw, "search", "search") or {}
-    ck.keys(se, "search", ("seed",) + SEARCH_KEYS)
+    ck.keys(se, "search", ("seed",) + SEARCH_KEYS + ("optimizers",))
     search_seed = ck.integer(se.get("seed", 0), "search.seed", 0)
     if "lr" not in se:
         ck.add("search.lr", "missing; allowed: {scale = log|reverse-log|linear, min, max} or a value")
@@ -482,6 +517,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
             search[key] = _dimension(ck, se[key], f"search.{key}", key)
         elif key in _DEFAULTS:
             search[key] = Dimension("linear", _DEFAULTS[key], _DEFAULTS[key])
+    overrides = _search_overrides(ck, se, optimizers)
 
     # budget
     bu = ck.table(raw, "budget", "budget") or {"max_steps": 1000}
@@ -545,6 +581,9 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     if ck.problems:
         raise SpecError(ck.problems, source)
+    if len(optimizers) == 1:
+        search = optimizer_search(search, overrides, optimizers[0])
+        overrides = {}
     return Spec(
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
         model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
@@ -553,7 +592,30 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=Probes(enabled=enabled, batch_size=pb_bs, examples=pb_ex, points=pb_pts),
-        workers=workers, optimizers=optimizers, toml=toml_text)
+        workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
+
+
+def _search_overrides(ck: _Checker, se: Mapping[str, Any], optimizers: tuple[str | None, ...]
+                      ) -> dict[str, dict[str, Dimension]]:
+    """The ``[search.optimizers.<optimizer>]`` tables (each for an optimizer of the study), and a
+    problem for Adam keys that no optimizer of the study uses."""
+    listed = [o for o in optimizers if o]
+    tables = ck.table(se, "optimizers", "search.optimizers") or {}
+    ck.keys(tables, "search.optimizers", tuple(listed))
+    out: dict[str, dict[str, Dimension]] = {}
+    for opt in listed:
+        path = f"search.optimizers.{opt}"
+        table = ck.table(tables, opt, path) if opt in tables else None
+        if table is not None:
+            ck.keys(table, path, SEARCH_KEYS)
+            out[opt] = {k: _dimension(ck, table[k], f"{path}.{k}", k)
+                        for k in SEARCH_KEYS if k in table}
+    if not any(o in ADAM_OPTIMIZERS for o in listed):
+        for key in ADAM_KEYS:
+            if key in se:
+                ck.add(f"search.{key}", f"used by optimizers {', '.join(ADAM_OPTIMIZERS)} only; "
+                                        f"the study's: {', '.join(listed)}")
+    return out
 
 
 def loads(text: str, source: str | None = None) -> Spec:

@@ -291,6 +291,7 @@ def test_combining_two_run_folders(combined):
     assert "(A prediction held when within a factor 1.5 of the measurement: 5 of 8 did.)" in md
     ratio = re.search(r"Dense B_crit of shallue \(momentum\) is (\S+)× that of shallue \(sgd\)\.", md)
     assert float(ratio.group(1)) == pytest.approx(2.0, rel=0.1)
+    assert "Which optimizer extends perfect scaling further, dense: shallue (momentum) extends" in md
     html_text = (out / "report.html").read_text()
     assert html_text.count("data:image/png;base64,") == len(FIGURES)
     assert "Study report: shallue (sgd), shallue (momentum)" in html_text
@@ -483,3 +484,16 @@ def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
     (sgd / "cost_model.json").write_text('{"format": "something else"}')
     with pytest.raises(CostModelError, match="cost_model.json.*'format'"):
         hardware_view(runs, points_table(runs))
+
+
+def test_nqm_panel_sets_sgd_momentum_and_preconditioning_side_by_side():
+    from experiments.findings import NQM_OPTIMIZER, nqm_curves
+
+    df = nqm_curves()
+    assert list(dict.fromkeys(df["optimizer"])) == ["sgd", "momentum", "preconditioned"]
+    first = df[df["batch_size"] == 1.0].set_index("optimizer")["steps"]
+    # Zhang et al. 2019: preconditioning needs fewer steps than momentum, momentum than SGD at most
+    assert first["preconditioned"] < 0.5 * first["momentum"] <= first["sgd"]
+    assert NQM_OPTIMIZER["adamw"] == NQM_OPTIMIZER["adam"] == "preconditioned"
+    df.loc[:, "steps"] = 0.0   # a caller's edit does not reach the cached curves
+    assert nqm_curves()["steps"].min() > 0
