@@ -19,6 +19,7 @@ already probed.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 
 import numpy as np
@@ -28,7 +29,7 @@ import torch
 import training
 
 from .executors import torch_threads
-from .spec import Spec
+from .spec import ADAM_KEYS, Spec
 from .store import ProbeRow, Store
 
 # Hessian-weighted noise (B_noise) costs one Hessian-vector product per sampled example: cap it.
@@ -72,8 +73,9 @@ def reference_batch_size(spec: Spec) -> int:
 
 
 def _best_trial(store: Store, sparsity: float, batch_size: int, seed: int):
-    """(trial row, horizon) of the group's best trial: the goal-hitting one, else the
-    non-diverged trial with the lowest final metric; None if the group is missing."""
+    """(trial row, horizon, Adam keys) of the group's best trial: the goal-hitting one, else the
+    non-diverged trial with the lowest final metric; None if the group is missing. The Adam keys
+    (beta1, ...; none for the SGD family) come from the trial as planned in the group's config."""
     groups = store.frame("groups")
     g = groups[(groups.sparsity == sparsity) & (groups.batch_size == batch_size)
                 & (groups.seed == seed) & (groups.status == "done")]
@@ -83,12 +85,14 @@ def _best_trial(store: Store, sparsity: float, batch_size: int, seed: int):
     trials = store.frame("trials")
     t = trials[trials.group_key == g.key]
     if not pd.isna(g.best_trial):
-        row = t[t.trial == int(g.best_trial)].iloc[0]
-        return row, int(g.steps_to_result)
-    ok = t[t.status != "diverged"].dropna(subset=["final_metric"])
-    if ok.empty:
-        return None
-    return ok.sort_values(["final_metric", "trial"]).iloc[0], int(g.max_steps)
+        row, horizon = t[t.trial == int(g.best_trial)].iloc[0], int(g.steps_to_result)
+    else:
+        ok = t[t.status != "diverged"].dropna(subset=["final_metric"])
+        if ok.empty:
+            return None
+        row, horizon = ok.sort_values(["final_metric", "trial"]).iloc[0], int(g.max_steps)
+    point = json.loads(g.config_json)["trials"][int(row.trial)]
+    return row, horizon, {k: point[k] for k in ADAM_KEYS if k in point}
 
 
 def _rows(values: dict[str, float], sparsity: float, phase: str, step: int,
@@ -116,7 +120,7 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
     best = _best_trial(store, sparsity, b_ref, seed)
     if best is None:
         return rows
-    trial, horizon = best
+    trial, horizon, adam_keys = best
     decay = None if pd.isna(trial.decay_steps) else int(trial.decay_steps)
 
     def state_at(steps: int) -> dict[str, torch.Tensor]:
@@ -125,7 +129,7 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
             optimizer=spec.optimizer, steps=steps, seed=seed, trial_index=int(trial.trial),
             decay_steps=decay,
             end_factor=float(trial.end_factor), target=None, stop_at_goal=False, mask=mask,
-            eval_schedule=training.EvalSchedule(every=max(steps, 1)))
+            eval_schedule=training.EvalSchedule(every=max(steps, 1)), **adam_keys)
         return res.state
 
     import theory

@@ -17,6 +17,11 @@ from .conftest import TINY
 PROBED = (TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [32, 128]")
               .replace("sparsities = [0.0, 0.5]", "sparsities = [0.5]")
               .replace("enabled = false", "enabled = true\nbatch_size = 32\nexamples = 64\npoints = 2"))
+# the same study with AdamW: beta1 searched, weight decay fixed (the replay needs both)
+PROBED_ADAMW = (PROBED.replace('optimizer = "momentum"', 'optimizer = "adamw"')
+                .replace('lr = {scale = "log", min = 0.01, max = 1.0}',
+                         'lr = {scale = "log", min = 0.003, max = 0.1}\n'
+                         'beta1 = {scale = "reverse-log", min = 0.5, max = 0.95}\nweight_decay = 0.05'))
 
 
 def test_snapshot_steps():
@@ -25,9 +30,10 @@ def test_snapshot_steps():
     assert snapshot_steps(0, 4) == []
 
 
-def test_probes_match_direct_computation(tmp_path):
+@pytest.mark.parametrize("text", [PROBED, PROBED_ADAMW], ids=["momentum", "adamw"])
+def test_probes_match_direct_computation(tmp_path, text):
     toml = tmp_path / "probed.toml"
-    toml.write_text(PROBED)
+    toml.write_text(text)
     run_dir = experiments.run_study(toml, out=tmp_path / "run", executor=ThreadPoolExecutor(1),
                                     quiet=True, report=False)
     res = experiments.load_results(run_dir)
@@ -52,12 +58,16 @@ def test_probes_match_direct_computation(tmp_path):
     traj = res.probes[res.probes.phase == "trajectory"]
     assert sorted(set(traj.step)) == steps and set(traj.batch_size) == {32}
     t = steps[-1]
+    spec = experiments.load_spec(toml)
+    point = next(g.trials for g in experiments.plan(spec) if g.batch_size == 32)[int(trial.trial)]
+    adam = {k: point[k] for k in ("beta1", "beta2", "eps", "weight_decay") if k in point}
+    assert (spec.optimizer == "adamw") == (adam.get("weight_decay") == 0.05)
 
     def state(k):
-        return training.train_reference(net, ds, 32, lr=float(trial.lr),
+        return training.train_reference(net, ds, 32, lr=float(trial.lr), optimizer=spec.optimizer,
                                         momentum=float(trial.momentum), steps=k, seed=0,
                                         trial_index=int(trial.trial), stop_at_goal=False,
-                                        mask=mask).state
+                                        mask=mask, **adam).state
 
     lip = theory.local_lipschitz(net, ds, state(t - 1), state(t), mask=mask, examples=64)
     assert probes[("trajectory", t, "local_lipschitz")] == pytest.approx(lip.value, rel=1e-9)
