@@ -1,23 +1,29 @@
 """Adam and AdamW for stacked trials: the update of ``torch.optim.Adam`` / ``AdamW``, vectorized.
 
 Kingma & Ba (2015); decoupled weight decay: Loshchilov & Hutter (2019). With gradient g, step
-t = 1, 2, ... and per-trial lr, beta1, beta2, eps and weight decay lambda, torch.optim's
-``_single_tensor_adam`` does
+t = 1, 2, ... and per-trial lr, beta1, beta2, eps and weight decay lambda, torch.optim does
 
     Adam (L2):          g <- g + lambda w
     AdamW (decoupled):  w <- w (1 - lr lambda)
-    m <- m + (1 - beta1) (g - m)            (``lerp``, i.e. beta1 m + (1 - beta1) g)
+    m <- beta1 m + (1 - beta1) g
     v <- beta2 v + (1 - beta2) g^2
     w <- w - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
 Here every tensor is a stack ``[n, *shape]`` of n trials and every metaparameter a column of n
-values, so one ``torch._foreach_*`` call advances all trials of all parameters. The last line
-is evaluated as torch's capturable branch does, w + m / d with
-d = sqrt(v) / (sqrt(1 - beta2^t) (-s)) + eps / (-s), s = lr / (1 - beta1^t), which folds the
-per-trial step size into d and leaves one ``addcdiv`` (equal to the line above up to rounding).
+values. The weight decay is one ``torch._foreach_*`` op with per-trial columns. The rest runs in
+torch's fused Adam kernel (``torch._fused_adam_``, that of ``torch.optim.Adam(fused=True)``),
+which reads g, m and v once and writes m, v and its "parameter" once: given a zeroed scratch
+"parameter" and learning rate 1, it leaves there u = -m_hat / (sqrt(v_hat) + eps), and one
+``_foreach_addcmul_`` adds lr * u to the weights (the kernel's lr is one number, the trials'
+are not). The kernel takes one (beta1, beta2, eps), so the trials are grouped by those: one call
+for the whole stack when only lr, schedule and weight decay differ (the usual search), else one
+per group, over its rows. Measured on the MNIST-1D MLP at B = 8 (32 trials, one thread), the
+step with this update was within 1.2-1.3x of the momentum step; written with ``_foreach_`` ops
+alone (8 passes over the state) it was 1.7x.
+
 The step t is the same for every trial of a stack (trials that diverge leave it), so the bias
-corrections need no per-trial counter. A masked entry has g = 0 from the start, so m, v and the
-weight stay exactly zero (d = eps / (-s) there, never 0).
+corrections need no per-trial counter. A masked entry has g = 0 from the start, so m, v, u and
+the weight stay exactly zero.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ def per_trial(t: Tensor, like: Tensor) -> Tensor:
     return t.view(-1, *([1] * (like.dim() - 1)))
 
 
-@dataclass
+@dataclass(eq=False)  # tensors inside: no element-wise ==
 class AdamState:
     """Moment buffers and per-trial metaparameters of one stack of trials.
 
@@ -113,7 +119,7 @@ class AdamState:
         else:
             torch._foreach_zero_(self._delta)
         delta = self._delta
-        t = torch.tensor(float(step + 1))
+        t = torch.tensor(float(step + 1), device=params[0].device)
         for (b1, b2, eps), rows in self._classes.items():
             lists = [delta, grads, self.exp_avg, self.exp_avg_sq]
             if len(rows) < len(lr):
@@ -121,6 +127,7 @@ class AdamState:
             torch._fused_adam_(*lists, [], [t] * len(lists[0]), lr=1.0, beta1=b1, beta2=b2,
                                weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
         torch._foreach_addcmul_(params, delta, cols(lr))
+
 
 def _rows(stacked: list[Tensor], rows: list[int]) -> list[Tensor]:
     """Views of trial positions ``rows`` of every stacked tensor (tensor-major)."""
