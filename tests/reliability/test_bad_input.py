@@ -108,7 +108,7 @@ def _bad_calls(ds):
         (lambda: training.models.build("resnet99", ds), training.ModelError,
          ["'resnet99'", "resnet8"]),
         (lambda: pruning.prune(net, "snipp", 0.5, data=ds), ValueError, ["'snipp'", "snip"]),
-        (trials(optimizer="adam"), training.ConfigError, ["'adam'", "nesterov"]),
+        (trials(optimizer="adagrad"), training.ConfigError, ["'adagrad'", "adamw"]),
         *[(trials(batch_size=b), training.ConfigError, ["batch_size", f"[1, {n}]"])
           for b in (0, -1, n + 1, 2.5)],
         *[(reference(batch_size=b), ValueError, ["batch", f"[1, {n}]"])
