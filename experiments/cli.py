@@ -90,7 +90,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if args.sparsity > 0:
         import pruning
 
-        mask = pruning.prune(net, args.method, args.sparsity, data=ds, seed=args.seed)
+        mask = pruning.prune(net, args.method, args.sparsity, dataset=ds, seed=args.seed)
         mask.apply(net)
     with torch_threads(PROBE_THREADS):
         values = probe_network(net, ds, mask, examples=args.examples, seed=args.seed)
@@ -225,7 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
         command = partial(args.fn, args)
+    from training.process import setup_training_process
+
     from .spec import SpecError
+
+    setup_training_process()   # this process may train: probes, benchmarks, in-process groups
 
     try:
         return command()

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 import training
+from training.masks import apply_mask
 
 from .executors import torch_threads
 from .spec import Spec
@@ -104,11 +105,7 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
     seed = spec.seeds[0]
     workload = spec.canonical()["workload"]
     model = build_model(workload, dataset, seed)
-    if mask is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in mask:
-                    p.mul_(mask[name].to(p.dtype))
+    apply_mask(model, mask)
     n = spec.probes.examples
     rows = _rows(probe_network(model, dataset, mask, n, seed), sparsity, "init", 0, None)
 
@@ -121,11 +118,12 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
 
     def state_at(steps: int) -> dict[str, torch.Tensor]:
         res = training.train_reference(
-            model, dataset, batch_size=b_ref, lr=float(trial.lr), momentum=float(trial.momentum),
-            optimizer=spec.optimizer, steps=steps, seed=seed, trial_index=int(trial.trial),
-            decay_steps=decay,
-            end_factor=float(trial.end_factor), target=None, stop_at_goal=False, mask=mask,
-            eval_schedule=training.EvalSchedule(every=max(steps, 1)))
+            model, dataset,
+            training.Trial(lr=float(trial.lr), momentum=float(trial.momentum), decay_steps=decay,
+                           end_factor=float(trial.end_factor)),
+            training.RunConfig(b_ref, spec.optimizer, max_steps=steps, stop="never", seed=seed,
+                               eval_schedule=training.EvalSchedule(every=max(steps, 1))),
+            mask=mask, trial_index=int(trial.trial))
         return res.state
 
     import theory

@@ -127,11 +127,10 @@ def run_group(task: GroupTask) -> GroupRecord:
             ds = load_dataset(task.workload)
             model = build_model(task.workload, ds, p.seed)
             goal = training.Goal(**cfg["goal"])
-            res = training.train_trials(
-                model, ds, batch_size=p.batch_size, trials=list(p.trials),
-                optimizer=cfg["optimizer"], target=goal, max_steps=p.max_steps,
-                masks=task.mask, seed=p.seed,
-                eval_schedule=training.EvalSchedule(**cfg["eval"]))
+            run = training.RunConfig(
+                p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
+                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed)
+            res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask)
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)

@@ -63,9 +63,11 @@ def test_store_matches_an_independent_trainer_run(baseline):
     p = next(p for p in plan(spec) if p.key == g.key)
     ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
     net = training.models.build("mlp", ds, seed=0, hidden=[16])
-    direct = training.train_trials(net, ds, 32, list(p.trials), "momentum",
-                                   training.Goal("error", 0.3, True), p.max_steps, seed=0,
-                                   eval_schedule=training.EvalSchedule(every=10))
+    direct = training.train_trials(
+        net, ds, list(p.trials),
+        training.RunConfig(32, "momentum", max_steps=p.max_steps,
+                           goal=training.Goal("error", 0.3, True),
+                           eval_schedule=training.EvalSchedule(every=10)))
     assert g.steps_to_result == direct.steps_to_result
     assert g.best_trial == direct.best
     t = res.trials[res.trials.group_key == g.key]

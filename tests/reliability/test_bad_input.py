@@ -107,13 +107,13 @@ def _bad_calls(ds):
         (lambda: training.data.load("mnist2d"), training.DataError, ["'mnist2d'", "mnist1d"]),
         (lambda: training.models.build("resnet99", ds), training.ModelError,
          ["'resnet99'", "resnet8"]),
-        (lambda: pruning.prune(net, "snipp", 0.5, data=ds), ValueError, ["'snipp'", "snip"]),
+        (lambda: pruning.prune(net, "snipp", 0.5, dataset=ds), ValueError, ["'snipp'", "snip"]),
         (trials(optimizer="adam"), training.ConfigError, ["'adam'", "nesterov"]),
         *[(trials(batch_size=b), training.ConfigError, ["batch_size", f"[1, {n}]"])
           for b in (0, -1, n + 1, 2.5)],
         *[(reference(batch_size=b), ValueError, ["batch", f"[1, {n}]"])
           for b in (0, -1, n + 1, 2.5)],
-        *[(lambda s=s: pruning.prune(net, "magnitude", s, data=ds), ValueError,
+        *[(lambda s=s: pruning.prune(net, "magnitude", s, dataset=ds), ValueError,
            ["sparsity", "[0, 1)"]) for s in (-0.1, 1.0, 1.5, float("nan"))],
         (trials(trials=[{"lr": float("nan")}]), training.ConfigError, ["lr", "nan"]),
     ]

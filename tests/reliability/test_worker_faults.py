@@ -36,9 +36,10 @@ def test_nan_learning_rate_marks_the_trial_diverged_and_the_study_goes_on(tmp_pa
     ds = training.data.load("teacher", n=300, dim=6, num_classes=3, hidden=8)
     net = training.models.build("mlp", ds, seed=0, hidden=[8])
     for t in res.trials.itertuples():
-        ref = training.train_reference(net, ds, int(t.batch_size), lr=t.lr, momentum=t.momentum,
-                                       steps=40, seed=0, trial_index=int(t.trial),
-                                       stop_at_goal=False)
+        ref = training.train_reference(net, ds, training.Trial(lr=t.lr, momentum=t.momentum),
+                                       training.RunConfig(int(t.batch_size), max_steps=40,
+                                                          stop="never"),
+                                       trial_index=int(t.trial))
         assert (t.status == "diverged") == ref.diverged, (t.lr, t.status)
         if t.status == "diverged":
             assert pd.isna(t.hit_step)
