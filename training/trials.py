@@ -35,7 +35,8 @@ from .masks import check_mask, mask_
 from .order import epoch_permutation, trial_seed
 from .results import Curve
 from .schedules import lr_factor
-from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
+from .stacked import (FuncProgram, SequentialProgram, activation_floats, build_program,
+                      default_chunk, stacked_loss_and_grad)
 
 Tensor = torch.Tensor
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
@@ -224,49 +225,6 @@ class _Runner:
 # the trainer
 
 
-# Activation floats (trials x examples x floats per example) one stack may hold: the trial
-# count per stack is the largest power of two from 8 to 128 within it.
-ACTIVATION_BUDGET = 1 << 22
-
-
-def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
-    patches of convolutions."""
-    total = 0
-
-    def hook(module, inputs, output):
-        nonlocal total
-        total += output.numel()
-        if isinstance(module, nn.modules.conv._ConvNd):
-            total += output.numel() // module.out_channels * (
-                module.in_channels // module.groups) * math.prod(module.kernel_size)
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    try:
-        with torch.no_grad():
-            p = next(model.parameters())
-            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
-    finally:
-        for h in handles:
-            h.remove()
-    return total
-
-
-def default_chunk(batch_size: int, floats_per_example: int) -> int:
-    """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
-    the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
-    (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):
-    mlp (450 floats per example), B = 8: 14.0k / 17.2k / 18.0k / 14.0k / 22.6k; B = 64: 5.3k /
-    6.7k / 7.8k / 6.9k; B = 512: 1074 / 1020 / 947 / 873; B = 4096: 125 / 106 / 76 / 68.
-    cnn1d (3095 floats), B = 8: 5.9k / 6.7k / 7.7k / 8.9k; B = 64 (4 / 8 / 16 / 32 trials):
-    1023 / 1205 / 1519 / 1385; B = 512: 198 / 182 / 148 / 125."""
-    n = 128
-    while n > 8 and n * batch_size * floats_per_example > ACTIVATION_BUDGET:
-        n //= 2
-    return n
-
-
 def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                  first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype
                  ) -> list[_Stack]:
@@ -314,8 +272,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     records each one's first hit.
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
     per trial), see :mod:`training.masks`.
-    ``trials_per_chunk``: trials stacked per computation (default :func:`default_chunk`, by
-    measurement); chunks advance in lockstep between evaluations, so results do not depend on it.
+    ``trials_per_chunk``: trials stacked per computation (default
+    :func:`training.stacked.default_chunk`, by measurement); chunks advance in lockstep between evaluations, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
     seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
     The keyword form of earlier releases is accepted with a DeprecationWarning

@@ -315,7 +315,7 @@ def test_group_where_every_trial_diverges(teacher):
 
 
 def test_chunk_size_from_activation_budget(mnist1d_small):
-    from training.trials import activation_floats, default_chunk
+    from training.stacked import activation_floats, default_chunk
 
     mlp = training.models.build("mlp", mnist1d_small)
     assert activation_floats(mlp, (40,)) == 40 + 4 * 100 + 10
