@@ -219,3 +219,6 @@ class RunConfig:
         except (RuntimeError, TypeError):
             raise ConfigError(f"device {self.device!r} is not a torch device; allowed: cpu, "
                               f"cuda, cuda:N, ...") from None
+        # numpy integers (from a plan or a data frame) become ints: one value, one type
+        for name in ("batch_size", "max_steps", "seed"):
+            object.__setattr__(self, name, int(getattr(self, name)))

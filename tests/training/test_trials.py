@@ -338,3 +338,12 @@ def test_image_models_through_torch_func_match_reference(name, options):
     trials = TRIALS[:2]
     res = training.train_trials(net, ds, trials, run)
     assert_close_states(res, [reference(net, ds, t, i, run) for i, t in enumerate(trials)], 1e-9)
+
+
+def test_run_config_holds_plain_ints():
+    import numpy as np
+
+    run = RunConfig(np.int64(32), max_steps=np.int32(10), seed=np.uint8(3))
+    assert (run.batch_size, run.max_steps, run.seed) == (32, 10, 3)
+    assert all(type(v) is int for v in (run.batch_size, run.max_steps, run.seed))
+    assert run == RunConfig(32, max_steps=10, seed=3)
