@@ -266,24 +266,6 @@ def test_bad_input_names_the_argument(teacher, kwargs, error, match):
         training.train_trials(net, teacher, trials, run, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(stop="some"), "stop 'some'; allowed: first, all, never"),
-    (dict(optimizer="adam"), "unknown optimizer 'adam'"),
-    (dict(batch_size=0), "batch_size must be an integer >= 1"),
-    (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
-    (dict(max_steps=-1), "max_steps must be an integer >= 0"),
-    (dict(goal=float("nan")), "goal must be a training.Goal, a finite target or None"),
-    (dict(goal="0.3"), "goal must be"),
-    (dict(eval_schedule=100), "eval_schedule must be a training.EvalSchedule"),
-    (dict(seed=-1), "seed must be an integer >= 0"),
-    (dict(dtype=torch.int64), "dtype must be a floating-point torch dtype"),
-    (dict(device="gpu0"), "device 'gpu0' is not a torch device"),
-])
-def test_run_config_names_the_bad_field(kwargs, match):
-    with pytest.raises(ConfigError, match=match):
-        RunConfig(**{"batch_size": 8, **kwargs})
-
-
 def test_old_keyword_form_warns_and_is_bit_identical(teacher):
     """The keyword form of earlier releases (deprecated), positional batch size and trials as
     the experiments passed them: same result to the bit."""
@@ -339,11 +321,3 @@ def test_image_models_through_torch_func_match_reference(name, options):
     res = training.train_trials(net, ds, trials, run)
     assert_close_states(res, [reference(net, ds, t, i, run) for i, t in enumerate(trials)], 1e-9)
 
-
-def test_run_config_holds_plain_ints():
-    import numpy as np
-
-    run = RunConfig(np.int64(32), max_steps=np.int32(10), seed=np.uint8(3))
-    assert (run.batch_size, run.max_steps, run.seed) == (32, 10, 3)
-    assert all(type(v) is int for v in (run.batch_size, run.max_steps, run.seed))
-    assert run == RunConfig(32, max_steps=10, seed=3)
