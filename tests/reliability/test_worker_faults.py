@@ -13,8 +13,10 @@ import pandas as pd
 
 import experiments
 import training
-from experiments.runner import ATTEMPTS, GroupTask, execute, plan, study_info
+from experiments.planning import plan
+from experiments.runner import ATTEMPTS, GroupTask, execute, study_info
 from experiments.store import open_store
+from experiments.workload import Workload
 
 from .conftest import edit
 
@@ -127,7 +129,7 @@ class BrokenPool(Executor):
 
 def test_group_whose_worker_keeps_dying_is_stored_failed_with_the_reason(spec_file, tmp_path):
     spec = experiments.load_spec(spec_file)
-    tasks = [GroupTask(p, spec.canonical()["workload"], None) for p in plan(spec)]
+    tasks = [GroupTask(p, Workload.of(spec), None) for p in plan(spec)]
     log: list[str] = []
     with open_store(tmp_path / "run", study_info(spec)) as store:
         records = execute(tasks, BrokenPool(log), store, quiet=True,
