@@ -14,7 +14,8 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
 
 The pipeline: :mod:`experiments.runs` loads and stacks the stores, :mod:`experiments.analysis`
 computes the tables and fits (once), :mod:`experiments.theory_view` the predictions,
-:mod:`experiments.prose` the sentences, :mod:`experiments.figures` the figures and
+:mod:`experiments.prose` the sentences, :mod:`experiments.figures` and
+:mod:`experiments.theory_figures` the figures and
 :mod:`experiments.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.sections.Document`, rendered to both formats by Jinja2 templates.
 
@@ -38,6 +39,7 @@ import pandas as pd
 from . import analysis as A
 from . import figures as F
 from . import tables as T
+from . import theory_figures as TF
 from .formatting import goal_text
 from .hardware import hardware_view, time_to_result_frame
 from .prose import findings_text, prediction_statement
@@ -189,10 +191,10 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
                "trajectory, the top Hessian eigenvalue (Lanczos) and McCandlish et al. (2018)'s simple "
                "noise scale B_simple = tr Σ / |G|², vs sparsity (top: hollow = initialization, filled = "
                "median along training, bars = min to max) and over training steps (bottom).",
-               F.png_bytes(F.probes_figure(runs.probes, order, runs.labels, cmap))),
+               F.png_bytes(TF.probes_figure(runs.probes, order, runs.labels, cmap))),
         Figure("fig6_nqm", "Figure 6. Noisy quadratic model beside the measurement",
                nqm_caption(optimizers),
-               F.png_bytes(F.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
+               F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
     ]
 
 

@@ -63,15 +63,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from training.config import EvalSchedule
 from training.errors import SparsescaleError
-from training.goal import unreachable
-from training.schedules import OPTIMIZERS, EvalSchedule
 
 from . import spec_checks as checks
 from .search import SEARCH_KEYS, Dimension
-from .spec_checks import Checker
-
-COMPARISONS = {"<": True, "<=": False}   # comparison -> Goal.strict
+from .spec_checks import COMPARISONS, Checker
 
 
 class SpecError(SparsescaleError):
@@ -228,56 +225,15 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     if not isinstance(name, str) or not name:
         ck.add("name", f"found {name!r}; allowed: a non-empty string")
 
-    # workload
-    wl = ck.table(raw, "workload", "workload", required=True)
-    dataset = model = None
-    dataset_options: dict[str, Any] | None = {}
-    model_options: dict[str, Any] | None = {}
-    if wl is not None:
-        ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options"))
-        dataset = ck.choice(wl.get("dataset"), "workload.dataset", checks.registry("dataset"))
-        model = ck.choice(wl.get("model"), "workload.model", checks.registry("model"))
-        dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
-        model_options = ck.table(wl, "model_options", "workload.model_options")
-        for options, path in ((dataset_options, "workload.dataset_options"),
-                              (model_options, "workload.model_options")):
-            if options is not None:
-                ck.plain(options, path)
-
-    # optimizer
-    opt_raw = raw.get("optimizer", "momentum")
-    opt_list = opt_raw if isinstance(opt_raw, list) else [opt_raw]
-    optimizers = tuple(ck.choice(o, "optimizer" if not isinstance(opt_raw, list)
-                                 else f"optimizer[{i}]", OPTIMIZERS)
-                       for i, o in enumerate(opt_list))
-    if not opt_list:
-        ck.add("optimizer", f"found an empty list; allowed: {', '.join(OPTIMIZERS)} or a list")
-
-    # goal
-    goal = ck.table(raw, "goal", "goal", required=True) or {}
-    ck.keys(goal, "goal", ("metric", "target", "comparison"))
-    metric = ck.choice(goal.get("metric", "error"), "goal.metric", ("error", "loss"))
-    target = ck.number(goal.get("target"), "goal.target") if "goal" in raw else None
-    comparison = ck.choice(goal.get("comparison", "<"), "goal.comparison", tuple(COMPARISONS))
-    if metric is not None and target is not None and comparison is not None:
-        reason = unreachable(metric, target, COMPARISONS[comparison])
-        if reason:
-            ck.add("goal.target", f"{reason}; allowed: a target > 0, or 0 with "
-                                  'comparison = "<="')
-
+    dataset, model, dataset_options, model_options = checks.workload(ck, raw)
+    optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
+    metric, target, comparison = checks.goal(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
     if "batch_sizes" not in raw:
         ck.add("batch_sizes", "missing; allowed: a list of integers or {min = ..., max = ...}")
     sparsities = checks.sparsities(ck, raw.get("sparsities", [0.0]))
     trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
-    seeds_raw = raw.get("seeds", [0])
-    seeds = None
-    if not isinstance(seeds_raw, list) or not seeds_raw:
-        ck.add("seeds", f"found {seeds_raw!r}; allowed: a non-empty list of integers >= 0")
-    else:
-        seeds = tuple(ck.integer(s, f"seeds[{i}]", 0) for i, s in enumerate(seeds_raw))
-        if len(set(seeds)) != len(seeds):
-            ck.add("seeds", f"found duplicates in {seeds_raw}; allowed: distinct values")
+    seeds = checks.seeds(ck, raw.get("seeds", [0]))
 
     # pruning
     pr = ck.table(raw, "pruning", "pruning") or {}
@@ -323,22 +279,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         ck.add("budget", "missing max_steps or examples; allowed: max_steps = N or "
                          "{examples = N, min = ..., max = ...}")
 
-    # evaluation schedule
-    ev = ck.table(raw, "eval", "eval") or {}
-    eval_schedule = None
-    n_before = len(ck.problems)  # an unknown key, too, keeps the schedule from being built
-    ck.keys(ev, "eval", ("kind", "every", "first", "ratio", "max_gap"))
-    kind = ck.choice(ev.get("kind", "interval"), "eval.kind", ("interval", "geometric"))
-    for key in ("every", "first", "max_gap"):
-        if key in ev:
-            ck.integer(ev[key], f"eval.{key}", 1)
-    if "ratio" in ev:
-        ck.number(ev["ratio"], "eval.ratio", 1.0, lo_open=True)
-    if len(ck.problems) == n_before and kind is not None:
-        try:
-            eval_schedule = EvalSchedule(**ev)
-        except (SparsescaleError, TypeError) as exc:
-            ck.add("eval", str(exc))
+    eval_schedule = checks.eval_schedule(ck, ck.table(raw, "eval", "eval") or {})
 
     # probes
     pb = ck.table(raw, "probes", "probes") or {}

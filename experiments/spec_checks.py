@@ -16,10 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pruning
+from training.config import OPTIMIZERS, EvalSchedule
 from training.data import list_datasets
+from training.errors import SparsescaleError
+from training.goal import unreachable
 from training.models import list_models
 
 from .search import SCALES, Dimension
+
+COMPARISONS = {"<": True, "<=": False}   # goal comparison -> Goal.strict
 
 
 def did_you_mean(value: str, allowed: list[str] | tuple[str, ...]) -> str:
@@ -210,3 +215,80 @@ def registry(kind: str) -> list[str]:
     if kind == "model":
         return list_models()
     return list(pruning.list_methods())
+
+
+def workload(ck: Checker, raw: Mapping[str, Any]
+             ) -> tuple[str | None, str | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """The ``[workload]`` table: (dataset, model, dataset_options, model_options), names from
+    the data set and model registries, options JSON-able (they are hashed into the spec)."""
+    wl = ck.table(raw, "workload", "workload", required=True)
+    dataset = model = None
+    dataset_options: dict[str, Any] | None = {}
+    model_options: dict[str, Any] | None = {}
+    if wl is not None:
+        ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options"))
+        dataset = ck.choice(wl.get("dataset"), "workload.dataset", registry("dataset"))
+        model = ck.choice(wl.get("model"), "workload.model", registry("model"))
+        dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
+        model_options = ck.table(wl, "model_options", "workload.model_options")
+        for options, path in ((dataset_options, "workload.dataset_options"),
+                              (model_options, "workload.model_options")):
+            if options is not None:
+                ck.plain(options, path)
+    return dataset, model, dataset_options, model_options
+
+
+def optimizers(ck: Checker, raw: Any) -> tuple[str | None, ...]:
+    """``optimizer``: one name or a non-empty list of names."""
+    names = raw if isinstance(raw, list) else [raw]
+    out = tuple(ck.choice(o, "optimizer" if not isinstance(raw, list) else f"optimizer[{i}]",
+                          OPTIMIZERS) for i, o in enumerate(names))
+    if not names:
+        ck.add("optimizer", f"found an empty list; allowed: {', '.join(OPTIMIZERS)} or a list")
+    return out
+
+
+def goal(ck: Checker, raw: Mapping[str, Any]) -> tuple[str | None, float | None, str | None]:
+    """The ``[goal]`` table: (metric, target, comparison), a target the metric can reach."""
+    table = ck.table(raw, "goal", "goal", required=True) or {}
+    ck.keys(table, "goal", ("metric", "target", "comparison"))
+    metric = ck.choice(table.get("metric", "error"), "goal.metric", ("error", "loss"))
+    target = ck.number(table.get("target"), "goal.target") if "goal" in raw else None
+    comparison = ck.choice(table.get("comparison", "<"), "goal.comparison", tuple(COMPARISONS))
+    if metric is not None and target is not None and comparison is not None:
+        reason = unreachable(metric, target, COMPARISONS[comparison])
+        if reason:
+            ck.add("goal.target", f"{reason}; allowed: a target > 0, or 0 with "
+                                  'comparison = "<="')
+    return metric, target, comparison
+
+
+def seeds(ck: Checker, raw: Any) -> tuple[int | None, ...] | None:
+    """``seeds``: a non-empty list of distinct integers >= 0, in the order given."""
+    if not isinstance(raw, list) or not raw:
+        ck.add("seeds", f"found {raw!r}; allowed: a non-empty list of integers >= 0")
+        return None
+    out = tuple(ck.integer(s, f"seeds[{i}]", 0) for i, s in enumerate(raw))
+    if len(set(out)) != len(out):
+        ck.add("seeds", f"found duplicates in {raw}; allowed: distinct values")
+    return out
+
+
+def eval_schedule(ck: Checker, table: Mapping[str, Any]) -> EvalSchedule | None:
+    """The ``[eval]`` table as a :class:`training.EvalSchedule` (None after a problem: an unknown
+    key, too, keeps the schedule from being built)."""
+    n_before = len(ck.problems)
+    ck.keys(table, "eval", ("kind", "every", "first", "ratio", "max_gap"))
+    kind = ck.choice(table.get("kind", "interval"), "eval.kind", ("interval", "geometric"))
+    for key in ("every", "first", "max_gap"):
+        if key in table:
+            ck.integer(table[key], f"eval.{key}", 1)
+    if "ratio" in table:
+        ck.number(table["ratio"], "eval.ratio", 1.0, lo_open=True)
+    if len(ck.problems) > n_before or kind is None:
+        return None
+    try:
+        return EvalSchedule(**table)
+    except (SparsescaleError, TypeError) as exc:
+        ck.add("eval", str(exc))
+        return None

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from experiments import figures as F
+from experiments import theory_figures as TF
 from experiments.runs import load_runs
 
 from .synthetic import PROBES
@@ -13,7 +14,7 @@ from .synthetic import PROBES
 def probes_figure(run_dir):
     runs = load_runs([run_dir])
     order = list(runs.order)
-    return runs, F.probes_figure(runs.probes, order, runs.labels, F.colors(order))
+    return runs, TF.probes_figure(runs.probes, order, runs.labels, F.colors(order))
 
 
 def test_probe_figure_draws_the_stored_medians_and_ranges(full):

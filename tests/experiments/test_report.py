@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from experiments import figures as F
+from experiments import theory_figures as TF
 from experiments.report import ReportError, write_report
 from experiments.runs import load_runs
 from experiments.store import StoreError
@@ -177,7 +178,7 @@ def test_partial_run_reports_what_exists_and_lists_what_is_missing(partial):
     assert "Incomplete: 2 groups missing, 1 failed, 2 sparsity levels without probes" in md
     # no probes stored: every panel of Figure 5 says so instead of drawing
     runs = load_runs([partial])
-    fig = F.probes_figure(runs.probes, list(runs.order), runs.labels, F.colors(list(runs.order)))
+    fig = TF.probes_figure(runs.probes, list(runs.order), runs.labels, F.colors(list(runs.order)))
     assert len(fig.axes) == 6
     assert all([t.get_text().endswith("not measured") for t in ax.texts] == [True] and not ax.lines
                for ax in fig.axes)
