@@ -31,8 +31,8 @@ import training
 from training.masks import apply_mask
 
 from .executors import torch_threads
-from .spec import Spec
 from .schema import ProbeRow
+from .spec import Spec
 from .store import Store
 from .workload import Workload
 

@@ -19,16 +19,14 @@ from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 import training
 
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .planning import GroupPlan, plan
 from .probes import run_probes
+from .schema import GroupRecord, StudyInfo, TrialRow
 from .spec import Spec, check_against_dataset
 from .spec import load as load_spec
-from .schema import GroupRecord, StudyInfo, TrialRow
 from .store import Store, open_store
 from .workload import Mask, Workload
 
