@@ -42,7 +42,8 @@ How the trainer side will use this module (design; the trainer changes come sepa
 
 1. The base run (a given trial, or the best trial at a small B of a study) runs with
    ``train_trials`` to its goal step plus one window, saving a state at every checkpoint step: a
-   frozen ``TrainState`` (stacked weights, optimizer buffers, step, data-order position).
+   frozen ``training.state.TrainState`` (stacked weights, optimizer buffers, step, data-order
+   position; the reference loop ``training.schedule_trainer`` already saves and resumes it).
 2. For each checkpoint and each k, one vectorized group: ``train_trials(model, dataset, trials,
    run, start=state)`` at batch k B for ``window_steps(W, k B)`` steps, whose trials are the lr
    multipliers x branch seeds (lr = ``branch_lrs(lr, k, optimizer)``); every trial starts from the
@@ -53,7 +54,8 @@ How the trainer side will use this module (design; the trainer changes come sepa
 3. ``experiments.branch_critical_batch(...)`` wires this up, calls ``critical_batch``, stores the
    rows (sparsity, seed, step, critical_batch, low, high) and the cost (``branching_trial_steps``
    plus the base run), and builds ``warmup_schedule``, which a batch-size-schedule trainer
-   (reference loop on torch.optim, then vectorized) runs against the best fixed B.
+   (``training.schedule_trainer``'s reference loop, then a vectorized one) runs against the best
+   fixed B under the same examples budget.
 """
 
 from __future__ import annotations
