@@ -1,22 +1,27 @@
 """Branching on the noisy quadratic model: the known answer (branched CBS vs the analytic noise
-scale) and the branch dynamics against a Monte Carlo run with torch.optim's momentum buffer."""
+scale), a sampled run with branch seeds against it, and the branch dynamics against a Monte Carlo
+run with torch.optim's momentum buffer."""
 
 import numpy as np
 import pytest
 
 from theory import nqm
-from theory.branching import BranchingError
+from theory.branching import DEFAULT_MULTIPLIERS, BranchingError, branch_lrs, critical_batch
 from theory.nqm_branching import branch_nqm, noise_scale
 
 SPEC = nqm.paper_spectrum(1000)
 BATCH, GOAL = 4, 0.5
 
 
-def tuned_base(momentum):
-    """The base run as a study would pick it: the lr that reaches the goal first at BATCH."""
+def tuned_lr(momentum):
+    """The base run's lr as a study would pick it: the one that reaches the goal first at BATCH."""
     curve = nqm.steps_to_target(SPEC, GOAL, [BATCH], optimizer="momentum" if momentum else "sgd",
                                 lrs=np.logspace(-3, 0.3, 60), momenta=[momentum] if momentum else None)
-    return branch_nqm(SPEC, lr=float(curve.best_lr[0]), batch_size=BATCH, goal_loss=GOAL, momentum=momentum)
+    return float(curve.best_lr[0])
+
+
+def tuned_base(momentum):
+    return branch_nqm(SPEC, lr=tuned_lr(momentum), batch_size=BATCH, goal_loss=GOAL, momentum=momentum)
 
 
 @pytest.fixture(scope="module", params=[0.0, 0.9], ids=["sgd", "heavy-ball"])
@@ -45,6 +50,39 @@ def test_noise_scale_starts_near_one_and_rises(measured):
 def test_k1_multiplier1_branch_is_the_base_run(measured):
     np.testing.assert_allclose(measured.branch_loss[:, 0, 1], measured.base_loss, rtol=1e-12)
     np.testing.assert_array_equal(measured.result.relative_gap[:, 0] <= 0, True)
+
+
+def test_sampled_branching_with_seeds_recovers_the_expected_answer():
+    # one sampled SGD base run (Gaussian gradient noise of variance c / B), branches with 5 seeds:
+    # the bootstrap intervals cover the exact (in-expectation) CBS and track B_noise
+    lr, seeds = tuned_lr(0.0), 5
+    exact = branch_nqm(SPEC, lr=lr, batch_size=BATCH, goal_loss=GOAL)
+    res = exact.result
+    rng = np.random.default_rng(0)
+
+    def sgd(x, rates, batch, n, gen):
+        for _ in range(n):
+            x = x - rates[:, None] * (SPEC.h * x + gen.standard_normal(x.shape) * np.sqrt(SPEC.c / batch))
+        return x
+
+    x, states = rng.standard_normal((1, SPEC.dim)), {}
+    for t in range(res.steps[-1] + 1):
+        states[t] = x
+        x = sgd(x, np.array([lr]), BATCH, 1, rng)
+    branch = np.full((len(res.steps), len(res.ks), len(DEFAULT_MULTIPLIERS), seeds), np.inf)
+    for i, t in enumerate(res.steps):
+        for j, k in enumerate(res.ks):
+            rates = np.repeat(branch_lrs(lr, k, "sgd"), seeds)
+            stable = rates * SPEC.h.max() < 2.0
+            end = sgd(np.repeat(states[t], stable.sum(), 0), rates[stable], k * BATCH, exact.window // (k * BATCH),
+                      np.random.default_rng([i, j]))
+            losses = np.full(len(rates), np.inf)
+            losses[stable] = 0.5 * np.sum(SPEC.h * end**2, -1)
+            branch[i, j] = losses.reshape(-1, seeds)
+    sampled = critical_batch(res.steps, branch[:, 0, 1], branch, base_batch=BATCH, ks=res.ks)
+    covered = (sampled.low <= res.critical_batch) & (res.critical_batch <= sampled.high)
+    ratio = sampled.critical_batch / exact.b_noise
+    assert covered.sum() >= 6 and ((ratio >= 0.5) & (ratio <= 2.0)).sum() >= 5
 
 
 def test_noise_scale_formula():
