@@ -43,7 +43,8 @@ How the trainer side will use this module (design; the trainer changes come sepa
 1. The base run (a given trial, or the best trial at a small B of a study) runs with
    ``train_trials`` to its goal step plus one window, saving a state at every checkpoint step: a
    frozen ``training.state.TrainState`` (stacked weights, optimizer buffers, step, data-order
-   position; the reference loop ``training.schedule_trainer`` already saves and resumes it).
+   position; the reference loop ``training.reference.train_schedule_reference`` already saves and
+   resumes it).
 2. For each checkpoint and each k, one vectorized group: ``train_trials(model, dataset, trials,
    run, start=state)`` at batch k B for ``window_steps(W, k B)`` steps, whose trials are the lr
    multipliers x branch seeds (lr = ``branch_lrs(lr, k, optimizer)``); every trial starts from the
@@ -54,7 +55,7 @@ How the trainer side will use this module (design; the trainer changes come sepa
 3. ``experiments.branch_critical_batch(...)`` wires this up, calls ``critical_batch``, stores the
    rows (sparsity, seed, step, critical_batch, low, high) and the cost (``branching_trial_steps``
    plus the base run), and builds ``warmup_schedule``, which a batch-size-schedule trainer
-   (``training.schedule_trainer``'s reference loop, then a vectorized one) runs against the best
+   (``training.reference.train_schedule_reference``, then a vectorized one) runs against the best
    fixed B under the same examples budget.
 """
 
@@ -184,13 +185,14 @@ def branching_trial_steps(window: int, base_batch: int, ks: ArrayLike, n_multipl
 
 def critical_batch(steps: ArrayLike, base_loss: ArrayLike, branch_loss: ArrayLike, *, base_batch: int,
                    ks: ArrayLike, eps: float = DEFAULT_EPS, level: float = 0.9, n_boot: int = 2000,
-                   rng: int | np.random.Generator = 0) -> CriticalBatch:
+                   seed: int | np.random.Generator = 0) -> CriticalBatch:
     """CBS(t) by the rule in the module docstring, with ``level`` bootstrap intervals over seeds.
 
     ``branch_loss``: [K, len(ks), multipliers, seeds] held-out losses after the window (NaN or inf:
     diverged); ``base_loss``: [K] or [K, seeds] (paired with the branch seeds) base-run losses
     after the same number of examples. The bootstrap is exact when the seeds have at most
-    ``n_boot`` distinct resamples, else ``n_boot`` draws from ``rng``.
+    ``n_boot`` distinct resamples, else ``n_boot`` draws seeded by ``seed`` (or a
+    ``numpy.random.Generator``).
     """
     t = _steps(steps)
     ks_arr = _ks(ks)
@@ -204,7 +206,7 @@ def critical_batch(steps: ArrayLike, base_loss: ArrayLike, branch_loss: ArrayLik
     n_seeds = branch.shape[-1]
     base = _base_table(base_loss, len(t), n_seeds)
 
-    counts, weights = _resamples(n_seeds, n_boot, rng)
+    counts, weights = _resamples(n_seeds, n_boot, seed)
     seed_mean = _seed_means(branch, np.ones((1, n_seeds)))[0]              # [K, nk, nm]
     best = seed_mean.min(-1)
     base_mean = base.mean(-1)
@@ -274,7 +276,7 @@ def _seed_means(branch, counts):
     return np.where(diverged, np.inf, total / counts.shape[1])
 
 
-def _resamples(n_seeds, n_boot, rng):
+def _resamples(n_seeds, n_boot, seed):
     """Seed counts [R, S] of bootstrap resamples with probabilities [R]: every multiset when there
     are at most ``n_boot`` of them (C(2S - 1, S)), else ``n_boot`` multinomial draws."""
     if math.comb(2 * n_seeds - 1, n_seeds) <= n_boot:
@@ -282,7 +284,7 @@ def _resamples(n_seeds, n_boot, rng):
                            for c in combinations_with_replacement(range(n_seeds), n_seeds)], dtype=float)
         log_w = math.lgamma(n_seeds + 1) - np.sum([[math.lgamma(x + 1) for x in row] for row in counts], 1)
         return counts, np.exp(log_w - n_seeds * math.log(n_seeds))
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     return gen.multinomial(n_seeds, np.full(n_seeds, 1.0 / n_seeds), size=n_boot).astype(float), \
         np.full(n_boot, 1.0 / n_boot)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schedules import ConfigError
+from .config import is_int
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class BatchSegment:
     def __post_init__(self) -> None:
         for name, minimum in (("start_step", 0), ("batch_size", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            if not is_int(value) or value < minimum:
                 raise ConfigError(f"BatchSegment {name} must be an integer >= {minimum}, got {value!r}")
             object.__setattr__(self, name, int(value))
         if not (isinstance(self.lr_scale, (int, float, np.floating)) and math.isfinite(self.lr_scale)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .order import epoch_permutation
-from .schedules import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def test_exact_bootstrap_over_three_seeds():
     # upper quantile 1 - alpha = 0.70 < 19/27 -> 16; 0.71 > 19/27 -> 32 (exact, no sampling)
     assert cbs(branch, level=0.40).high[0] == 16
     assert cbs(branch, level=0.42).high[0] == 32
-    assert cbs(branch, level=0.42, rng=7).high[0] == 32
+    assert cbs(branch, level=0.42, seed=7).high[0] == 32
 
 
 def test_sampled_bootstrap_over_many_seeds():
