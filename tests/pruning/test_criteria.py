@@ -222,3 +222,13 @@ def test_keep_lowest_inverts_the_criterion(teacher, small_mlp):
         kept = torch.cat([snip[k][inverted[k] > 0] for k in names])
         dropped = torch.cat([snip[k][inverted[k] == 0] for k in names])
         assert kept.max() <= dropped.min()
+
+
+def test_iterative_snip_on_the_mlp(mnist1d, mlp):
+    for s in (0.5, 0.9, 0.99):
+        one_shot = pruning.prune(mlp, "snip", s, data=mnist1d)
+        assert pruning.prune(mlp, "iterative_snip", s, data=mnist1d, rounds=1) == one_shot
+    iterated = pruning.prune(mlp, "iterative_snip", 0.99, data=mnist1d)   # 5 rounds
+    assert iterated.info["rounds"] == 5 and iterated.kept() == one_shot.kept() == 150
+    shared = sum(int(((iterated[k] > 0) & (one_shot[k] > 0)).sum()) for k in iterated)
+    assert shared < 150   # a different kept set (measured: 31 of 150 shared)
