@@ -85,8 +85,9 @@ def load_runs(run_dirs: list[str | Path]) -> tuple[Run, ...]:
     runs, seen = [], {}
     for r in results:
         name, opt = r.spec["name"], r.spec["optimizer"]
-        # a sub-study of a multi-optimizer spec is named "<study>-<optimizer>"
-        base = f"{name.removesuffix('-' + opt)} ({opt})"
+        # a sub-study of a multi-optimizer spec is named "<study>-<optimizer>"; a pruning series
+        # (experiments.series) is labelled by the series
+        base = f"{r.spec.get('series') or name.removesuffix('-' + opt)} ({opt})"
         seen[base] = seen.get(base, 0) + 1
         runs.append(Run(r, base if seen[base] == 1 else f"{base} #{seen[base]}"))
     return tuple(runs)
@@ -274,20 +275,40 @@ def perfect_scaling_until(b_crit: float) -> float:
 # sparse beside dense
 
 
+# Spec entries that make two runs' dense networks the same experiment.
+DENSE_KEYS = ("workload", "optimizer", "goal", "batch_sizes", "search", "trials", "budget", "eval",
+              "seeds")
+
+
+def dense_run(run: Run, runs: tuple[Run, ...]) -> Run:
+    """The run whose dense series ``run`` is measured against: itself if it plans a dense level,
+    else the first run that does with the same ``DENSE_KEYS`` (a pruning series other than a
+    study's first trains no dense level of its own, ``experiments.series``)."""
+    if 0.0 in run.spec.get("sparsities", []):
+        return run
+    same = [r for r in runs if 0.0 in r.spec.get("sparsities", [])
+            and all(r.spec.get(k) == run.spec.get(k) for k in DENSE_KEYS)]
+    return same[0] if same else run
+
+
 def step_ratios(runs: tuple[Run, ...], points: pd.DataFrame) -> pd.DataFrame:
-    """Measured steps of every sparse series over its run's dense series, at each batch size
-    where both reached the goal (Lee et al. 2021's comparison)."""
+    """Measured steps of every sparse series over its run's dense series (:func:`dense_run`), at
+    each batch size where both reached the goal (Lee et al. 2021's comparison)."""
     rows = []
     reached = points[points["status"] == "reached"]
+    combined = len(runs) > 1
     for r in runs:
         mine = reached[reached["run"] == r.label]
-        dense = mine[mine["sparsity"] == 0.0].set_index("batch_size")["steps"]
+        ref = dense_run(r, runs)
+        dense = reached[(reached["run"] == ref.label) & (reached["sparsity"] == 0.0)]
+        dense = dense.set_index("batch_size")["steps"]
         for (series, sparsity), g in mine[mine["sparsity"] > 0].groupby(["series", "sparsity"], sort=False):
             common = g[g["batch_size"].isin(dense.index)]
             rows += [{"run": r.label, "series": series, "sparsity": sparsity, "batch_size": int(b),
-                      "ratio": float(s / dense[b])}
+                      "ratio": float(s / dense[b]), "dense_series": series_label(ref, 0.0, combined)}
                      for b, s in zip(common["batch_size"], common["steps"])]
-    return _ordered(pd.DataFrame(rows, columns=["run", "series", "sparsity", "batch_size", "ratio"]), runs)
+    return _ordered(pd.DataFrame(rows, columns=["run", "series", "sparsity", "batch_size", "ratio",
+                                                "dense_series"]), runs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +412,7 @@ def findings_text(runs: tuple[Run, ...], points: pd.DataFrame, fits: Fits, ratio
             continue
         out.append(_scaling_sentence(name, ft.loc[name], p["batch_size"]))
     for (run, series), r in ratios.groupby(["run", "series"], sort=False):
-        dense = series_label(next(x for x in runs if x.label == run), 0.0, len(runs) > 1)
+        dense = r["dense_series"].iloc[0]
         lo, hi = r.loc[r["ratio"].idxmin()], r.loc[r["ratio"].idxmax()]
         more = r["ratio"].median()
         out.append(f"{series} needs {fmt_num(more, 3)}× the steps of {dense} (median over "

@@ -38,6 +38,7 @@ from .findings import (
     sparsity_label, stacked, step_ratios, theory_view,
 )
 from .hardware import HardwarePart, hardware_view
+from .sanity import density_figure_png, format_densities, format_table, sanity_view
 
 __all__ = ["write_report", "ReportError"]
 
@@ -120,6 +121,7 @@ def build(runs: tuple[Run, ...]) -> Report:
     missing = missing_table(runs)
     cost = cost_table(runs, missing)
     hardware = hardware_view(runs, points)
+    sanity = sanity_view(runs, points, fits, ratios)
     series = series_order(runs)
     cmap = F.colors(series)
     trials = stacked(runs, "trials")
@@ -182,14 +184,29 @@ def build(runs: tuple[Run, ...]) -> Report:
               "L: Lee et al.'s local Lipschitz constant (median along the reference trajectory; the top "
               "Hessian eigenvalue at initialization if no trajectory was probed); σ² = tr Σ and B_simple: "
               "median along the trajectory; Δ: loss at initialization."),
+        *([Table("Sanity checks: each series beside its criterion", format_table(sanity.table),
+                 "Shuffled, matched-random and reinitialized masks keep the criterion's layer densities "
+                 "(Frankle et al. 2021; Su et al. 2020); inverted masks keep what it ranks lowest.")]
+          if len(sanity.table) else []),
+        *([Table("Masks: per-layer density and layer collapse", format_densities(sanity.densities),
+                 "Lowest seed. Dead units: no kept incoming or no kept outgoing weight; paths are "
+                 "traced for chains of Linear / Conv layers only (pruning.diagnose).")]
+          if len(sanity.densities) else []),
         Table("Missing and failed", _missing_table(missing),
               "" if len(missing) else "Every planned group is in the store and none failed."),
         Table("Cost and versions", _cost_table(cost)),
     ]
+    if len(sanity.densities):
+        figures.append(Figure(
+            "fig7_layer_density", "Figure 7. Per-layer density of the masks",
+            "Kept / total weights of every masked layer (log axis; lowest seed), one bar per series; "
+            "\"0\": a layer with nothing kept. Shuffled and matched-random masks have their criterion's "
+            "densities by construction.", density_figure_png(sanity.densities)))
     return Report(
         title="Study report: " + ", ".join(r.label for r in runs),
         overview=Table("Studies", _overview_table(runs)),
-        findings=findings_text(runs, points, fits, ratios, theory_part.table, missing),
+        findings=findings_text(runs, points, fits, ratios, theory_part.table, missing)
+        + sanity.sentences,
         figures=figures, tables=tables,
         explanations=[("What was fitted and what was predicted", theory_part.statement)],
         formulas=theory_part.formulas,
@@ -229,7 +246,7 @@ def _overview_table(runs: tuple[Run, ...]) -> pd.DataFrame:
             "goal": _goal_text(goal),
             "batch sizes": f"{bs[0]} … {bs[-1]} ({len(bs)})" if len(bs) > 3 else ", ".join(map(str, bs)),
             "sparsities": ", ".join(sparsity_label(x) for x in s["sparsities"]),
-            "pruning": s.get("pruning", {}).get("method", "–"),
+            "pruning": " / ".join(str(v) for v in s.get("pruning", {}).values()) or "–",
             "trials per group": str(s["trials"]),
             "seeds": ", ".join(map(str, s["seeds"])),
             "step budget": (str(budget["max_steps"]) if budget.get("max_steps") is not None else

@@ -28,6 +28,7 @@ import training
 
 from . import search
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
+from .series import record_masks, series_mask
 from .spec import Spec, check_against_dataset, canonical_json
 from .spec import load as load_spec
 from .store import GroupRecord, Store, StudyInfo, TrialRow, open_store
@@ -157,21 +158,21 @@ def run_group(task: GroupTask) -> GroupRecord:
 # driver side
 
 
-def compute_masks(spec: Spec, dataset: training.Dataset, keys: Iterable[tuple[float, int]]
+def compute_masks(spec: Spec, dataset: training.Dataset, keys: Iterable[tuple[float, int]],
+                  record: Path | None = None
                   ) -> dict[tuple[float, int], dict[str, torch.Tensor] | None]:
-    """One mask per (sparsity, seed), from the initialization ``build_model(..., seed)``."""
+    """One mask per (sparsity, seed) for the initialization ``build_model(..., seed)``: the
+    spec's pruning method, transformed by its series' sanity check if any
+    (``experiments.series.series_mask``). ``record``: a run folder to write ``masks.json`` into."""
     workload = spec.canonical()["workload"]
-    out: dict[tuple[float, int], dict[str, torch.Tensor] | None] = {}
-    for sparsity, seed in sorted(set(keys)):
-        if sparsity == 0:
-            out[(sparsity, seed)] = None
-            continue
-        import pruning
-
-        model = build_model(workload, dataset, seed)
-        mask = pruning.prune(model, spec.pruning_method, sparsity, data=dataset, seed=seed)
-        out[(sparsity, seed)] = {k: v.detach().clone() for k, v in mask.items()}
-    return out
+    build = functools.partial(build_model, workload, dataset)
+    keys = sorted(set(keys))
+    made = {(s, seed): series_mask(spec.pruning_method, spec.pruning_sanity, s, seed, dataset, build)
+            for s, seed in keys if s > 0}
+    if record is not None and made:
+        record_masks(record, spec.series or spec.pruning_method, made, build)
+    return {key: ({k: v.detach().clone() for k, v in made[key].items()} if key in made else None)
+            for key in keys}
 
 
 def _progress(total: int, quiet: bool, desc: str):
@@ -267,14 +268,15 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then the probes run (unless disabled) and the report is written.
-    A spec listing several optimizers runs one sub-study per optimizer in ``out/<optimizer>`` and
+    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``.
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
     variants = spec.variants()
     if len(variants) > 1:
-        dirs = [run_study(v, out / v.optimizer, workers, executor, quiet, dask, probes,
+        dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
                           report=False) for v in variants]
         if report:
             _write_report(dirs, out, quiet)
@@ -291,7 +293,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         todo = sorted((g for g in groups if g.key not in done),
                       key=lambda g: -g.cost * (g.batch_size + 32))
         if todo:
-            masks = compute_masks(spec, dataset, ((g.sparsity, g.seed) for g in todo))
+            masks = compute_masks(spec, dataset, ((g.sparsity, g.seed) for g in todo), record=out)
             tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
             own = executor is None
             n_workers = workers or spec.workers

@@ -24,7 +24,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     comparison = "<"                    # "<" (Shallue et al. 2019) or "<=" (Lee et al. 2021)
 
     [pruning]
-    method = "snip"                     # pruning.list_methods()
+    method = "snip"                     # pruning.list_methods(), or a list of them
+    sanity = []                         # shuffle | reinit | matched_random | invert: extra series
 
     [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
     seed = 0
@@ -70,6 +71,8 @@ from training.goal import unreachable
 from training.models import list_models
 from training.schedules import OPTIMIZERS, ConfigError, EvalSchedule
 from training.errors import SparsescaleError
+
+from .series import SANITY, series_label, series_names
 
 SCALES = ("log", "reverse-log", "linear")
 SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor")
@@ -137,8 +140,9 @@ class Probes:
 
 @dataclass(frozen=True)
 class Spec:
-    """A validated study. ``optimizer`` is one name; a spec listing several optimizers is split
-    into one spec per optimizer with :func:`variants`."""
+    """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
+    pruning methods or sanity checks is split into one spec per optimizer and pruning series
+    with :func:`variants` (``experiments.series``)."""
 
     name: str
     dataset: str
@@ -162,6 +166,11 @@ class Spec:
     workers: int | None
     optimizers: tuple[str, ...] = ()
     toml: str = field(default="", compare=False)
+    pruning_methods: tuple[str, ...] = ()   # every listed method (the series' criteria)
+    sanity: tuple[str, ...] = ()            # sanity checks listed (each adds a series per method)
+    pruning_sanity: str | None = None       # this series' sanity check (a variant's)
+    series: str = ""                        # this series' name when the study has several
+    subdir: str = field(default="", compare=False)   # a variant's folder under the study's
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
@@ -173,7 +182,9 @@ class Spec:
             "goal": {"metric": self.metric, "target": self.target, "strict": self.strict},
             "batch_sizes": list(self.batch_sizes),
             "sparsities": list(self.sparsities),
-            "pruning": {"method": self.pruning_method},
+            "pruning": {"method": self.pruning_method,
+                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
+            **({"series": self.series} if self.series else {}),
             "search": {"seed": self.search_seed,
                        **{k: asdict(d) for k, d in sorted(self.search.items())}},
             "trials": self.trials,
@@ -191,11 +202,25 @@ class Spec:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def variants(self) -> list["Spec"]:
-        """One single-optimizer spec per listed optimizer (``[self]`` if there is one)."""
-        if len(self.optimizers) <= 1:
+        """One spec per listed optimizer and pruning series (``[self]`` if there is one of each),
+        named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
+        [<series>]``. Only the first series of each optimizer keeps the dense level."""
+        optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
+        series = series_names(self.pruning_methods or (self.pruning_method,), self.sanity)
+        if len(optimizers) == 1 and len(series) == 1:
             return [self]
-        return [replace(self, optimizer=o, optimizers=(o,), name=f"{self.name}-{o}")
-                for o in self.optimizers]
+        out = []
+        for o in optimizers:
+            for i, (method, check) in enumerate(series):
+                label = series_label(method, check) if len(series) > 1 else ""
+                parts = ([o] if len(optimizers) > 1 else []) + ([label] if label else [])
+                sparse = tuple(x for x in self.sparsities if x > 0)
+                out.append(replace(
+                    self, optimizer=o, optimizers=(o,), name="-".join([self.name, *parts]),
+                    pruning_method=method, pruning_methods=(method,), sanity=(),
+                    pruning_sanity=check, series=label, subdir="/".join(parts),
+                    sparsities=self.sparsities if i == 0 else sparse))
+        return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -402,6 +427,41 @@ def _registry(kind: str) -> list[str]:
     return list(pruning.list_methods())
 
 
+def _names(ck: _Checker, raw: Any, path: str, allowed: list[str] | tuple[str, ...],
+           single: bool) -> tuple[str, ...] | None:
+    """A list of distinct names from ``allowed`` (or one name when ``single``), else None after
+    recording the problem."""
+    if single and not isinstance(raw, list):
+        name = ck.choice(raw, path, allowed)
+        return None if name is None else (name,)
+    if not isinstance(raw, list) or (single and not raw):
+        ck.add(path, f"found {raw!r}; allowed: a {'name or a non-empty ' if single else ''}list "
+                     f"of {', '.join(allowed)}")
+        return None
+    names = tuple(ck.choice(v, f"{path}[{i}]", allowed) for i, v in enumerate(raw))
+    if None in names:
+        return None
+    if len(set(names)) != len(names):
+        ck.add(path, f"found duplicates in {raw}; allowed: distinct values")
+        return None
+    return names
+
+
+def _pruning_series(ck: _Checker, pr: Mapping[str, Any], sparsities: tuple[float, ...] | None
+                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``[pruning] method`` (a name or a list) and ``sanity`` (a list of checks), validated."""
+    sparse = bool(sparsities) and any(s > 0 for s in sparsities)
+    raw = pr.get("method", "snip")
+    methods = _names(ck, raw, "pruning.method", _registry("pruning"), single=True) if sparse \
+        else None
+    sanity = _names(ck, pr.get("sanity", []), "pruning.sanity", SANITY, single=False)
+    if sparsities and not sparse and (isinstance(raw, list) or pr.get("sanity")):
+        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
+                          "allowed: add one to sparsities")
+    fallback = (raw,) if isinstance(raw, str) else ("snip",)
+    return methods or fallback, sanity or ()
+
+
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "") -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
     every problem."""
@@ -465,10 +525,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # pruning
     pr = ck.table(raw, "pruning", "pruning") or {}
-    ck.keys(pr, "pruning", ("method",))
-    method = pr.get("method", "snip")
-    if sparsities and any(s > 0 for s in sparsities):
-        method = ck.choice(method, "pruning.method", _registry("pruning"))
+    ck.keys(pr, "pruning", ("method", "sanity"))
+    methods, sanity = _pruning_series(ck, pr, sparsities)
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -549,7 +607,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
         model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
         strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
-        pruning_method=str(method),
+        pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=Probes(enabled=enabled, batch_size=pb_bs, examples=pb_ex, points=pb_pts),

@@ -249,6 +249,7 @@ def density_figure(densities: pd.DataFrame | Mapping[str, Mapping[str, torch.Ten
     import pandas as pd
     import seaborn as sns
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     if not isinstance(densities, pd.DataFrame):
         densities = pd.DataFrame([
@@ -261,8 +262,9 @@ def density_figure(densities: pd.DataFrame | Mapping[str, Mapping[str, torch.Ten
     series = list(dict.fromkeys(densities["series"]))
     layers = list(dict.fromkeys(densities["layer"]))
     palette = sns.color_palette("colorblind", len(series))
-    fig = Figure(figsize=(max(4.0, 0.9 * len(layers) * max(1, len(series)) ** 0.5 + 2), 3.2),
-                 layout="constrained")
+    width = max(5.0, 0.9 * len(layers) * max(1, len(series)) ** 0.5 + 2)
+    ncols = max(1, min(len(series), int(width * 14 // max(len(str(s)) + 6 for s in series))))
+    fig = Figure(figsize=(width, 3.0 + 0.18 * -(-len(series) // ncols)), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(series)
     floor = max(min(densities.loc[densities["density"] > 0, "density"], default=1.0) / 3, 1e-6)
@@ -275,11 +277,14 @@ def density_figure(densities: pd.DataFrame | Mapping[str, Mapping[str, torch.Ten
             if y == 0:
                 ax.text(x, floor, "0", ha="center", va="bottom", color="#b00", fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylim(bottom=floor)
+    ax.set_ylim(floor, 1.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xticks(range(len(layers)), layers, rotation=30 if len(layers) > 4 else 0, ha="right"
                   if len(layers) > 4 else "center")
     ax.set_xlabel("layer (masked parameter)")
     ax.set_ylabel("density (kept / total)")
     ax.set_title(title)
-    ax.legend(fontsize=7, frameon=False)
+    fig.legend(loc="outside lower center", ncols=ncols, fontsize=7, frameon=False)
     return fig
