@@ -43,6 +43,43 @@ REINIT_SEED_OFFSET = 1_000_003
 MASKS_FILE = "masks.json"
 
 
+def _names(ck: Any, raw: Any, path: str, allowed: list[str] | tuple[str, ...],
+           single: bool) -> tuple[str, ...] | None:
+    """A list of distinct names from ``allowed`` (or one name when ``single``), else None after
+    recording the problem with ``ck`` (``experiments.spec``'s problem collector)."""
+    if single and not isinstance(raw, list):
+        name = ck.choice(raw, path, allowed)
+        return None if name is None else (name,)
+    if not isinstance(raw, list) or (single and not raw):
+        ck.add(path, f"found {raw!r}; allowed: a {'name or a non-empty ' if single else ''}list "
+                     f"of {', '.join(allowed)}")
+        return None
+    names = tuple(ck.choice(v, f"{path}[{i}]", allowed) for i, v in enumerate(raw))
+    if None in names:
+        return None
+    if len(set(names)) != len(names):
+        ck.add(path, f"found duplicates in {raw}; allowed: distinct values")
+        return None
+    return names
+
+
+def pruning_series(ck: Any, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
+                   methods_known: Callable[[], list[str]]
+                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``[pruning]`` table's ``method`` (a name or a list of names from ``methods_known()``,
+    checked only when a sparsity level is > 0) and ``sanity`` (a list of :data:`SANITY`),
+    every problem recorded with ``ck`` (``experiments.spec``'s collector)."""
+    sparse = bool(sparsities) and any(s > 0 for s in sparsities)
+    raw = table.get("method", "snip")
+    methods = _names(ck, raw, "pruning.method", methods_known(), single=True) if sparse else None
+    sanity = _names(ck, table.get("sanity", []), "pruning.sanity", SANITY, single=False)
+    if sparsities and not sparse and (isinstance(raw, list) or table.get("sanity")):
+        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
+                          "allowed: add one to sparsities")
+    fallback = (raw,) if isinstance(raw, str) else ("snip",)
+    return methods or fallback, sanity or ()
+
+
 def series_names(methods: tuple[str, ...], sanity: tuple[str, ...]) -> list[tuple[str, str | None]]:
     """(method, sanity transform or None) of every series, criterion first then its checks."""
     return [(m, t) for m in methods for t in (None, *sanity)]

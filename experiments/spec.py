@@ -72,7 +72,7 @@ from training.models import list_models
 from training.schedules import OPTIMIZERS, ConfigError, EvalSchedule
 from training.errors import SparsescaleError
 
-from .series import SANITY, series_label, series_names
+from .series import pruning_series, series_label, series_names
 
 SCALES = ("log", "reverse-log", "linear")
 SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor")
@@ -427,41 +427,6 @@ def _registry(kind: str) -> list[str]:
     return list(pruning.list_methods())
 
 
-def _names(ck: _Checker, raw: Any, path: str, allowed: list[str] | tuple[str, ...],
-           single: bool) -> tuple[str, ...] | None:
-    """A list of distinct names from ``allowed`` (or one name when ``single``), else None after
-    recording the problem."""
-    if single and not isinstance(raw, list):
-        name = ck.choice(raw, path, allowed)
-        return None if name is None else (name,)
-    if not isinstance(raw, list) or (single and not raw):
-        ck.add(path, f"found {raw!r}; allowed: a {'name or a non-empty ' if single else ''}list "
-                     f"of {', '.join(allowed)}")
-        return None
-    names = tuple(ck.choice(v, f"{path}[{i}]", allowed) for i, v in enumerate(raw))
-    if None in names:
-        return None
-    if len(set(names)) != len(names):
-        ck.add(path, f"found duplicates in {raw}; allowed: distinct values")
-        return None
-    return names
-
-
-def _pruning_series(ck: _Checker, pr: Mapping[str, Any], sparsities: tuple[float, ...] | None
-                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``[pruning] method`` (a name or a list) and ``sanity`` (a list of checks), validated."""
-    sparse = bool(sparsities) and any(s > 0 for s in sparsities)
-    raw = pr.get("method", "snip")
-    methods = _names(ck, raw, "pruning.method", _registry("pruning"), single=True) if sparse \
-        else None
-    sanity = _names(ck, pr.get("sanity", []), "pruning.sanity", SANITY, single=False)
-    if sparsities and not sparse and (isinstance(raw, list) or pr.get("sanity")):
-        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
-                          "allowed: add one to sparsities")
-    fallback = (raw,) if isinstance(raw, str) else ("snip",)
-    return methods or fallback, sanity or ()
-
-
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "") -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
     every problem."""
@@ -526,7 +491,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     # pruning
     pr = ck.table(raw, "pruning", "pruning") or {}
     ck.keys(pr, "pruning", ("method", "sanity"))
-    methods, sanity = _pruning_series(ck, pr, sparsities)
+    methods, sanity = pruning_series(ck, pr, sparsities, lambda: _registry("pruning"))
 
     # search space
     se = ck.table(raw, "search", "search") or {}
