@@ -87,8 +87,10 @@ class Diagnosis:
         return None if self.outputs_reached is None else self.outputs_reached == self.outputs
 
     def collapsed(self, threshold: float = COLLAPSE_SPARSITY) -> list[str]:
-        """Masked parameters with at least ``threshold`` of their entries pruned."""
-        return [d.name for d in self.layers if 1.0 - d.density >= threshold - 1e-12]
+        """Masked Linear / Conv weights with at least ``threshold`` of their entries pruned (a
+        pruned-away bias leaves its layer working)."""
+        return [d.name for d in self.layers
+                if d.units is not None and 1.0 - d.density >= threshold - 1e-12]
 
     def problems(self) -> list[str]:
         """One line per collapsed layer, and one if an output unit is cut off from the input."""

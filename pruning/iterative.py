@@ -58,7 +58,10 @@ def prune_in_rounds(work: nn.Module, params: Mapping[str, nn.Parameter], score_f
         with torch.no_grad():
             for k, p in params.items():
                 m = current[k].to(device=p.device, dtype=p.dtype)
-                p.copy_(original[k] * m) if revive else p.mul_(m)
+                if revive:
+                    p.copy_(original[k] * m)
+                else:
+                    p.mul_(m)
         scores = {k: v.detach().cpu().to(torch.float64)
                   for k, v in score_fn(work, params, current).items()}
         if not revive:

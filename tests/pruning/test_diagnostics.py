@@ -125,6 +125,14 @@ def test_prune_warns_on_collapse_only(mnist1d, mlp):
     assert issubclass(LayerCollapseWarning, training.SparsescaleError)
 
 
+def test_pruned_biases_are_not_collapse(small_mlp):
+    mask = {k: torch.zeros_like(p) if k.endswith("bias") else torch.ones_like(p)
+            for k, p in small_mlp.named_parameters()}
+    d = diagnose(small_mlp, mask)
+    assert [layer.units for layer in d.layers] == [16, None, 12, None, 4, None]
+    assert d.collapsed() == [] and d.problems() == [] and d.connected
+
+
 def test_table_and_dict(small_mlp):
     mask = random_mask(small_mlp, 0.2, 0)
     d = diagnose(small_mlp, mask)
