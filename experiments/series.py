@@ -29,55 +29,17 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:   # pruning pulls torch-pruning: imported where masks are made, not by the spec
-    import pruning
-    from torch import nn
+from torch import nn
 
-    import training
+import pruning
+import training
 
 SANITY = ("shuffle", "reinit", "matched_random", "invert")
 # Seed offset of the initialization a "reinit" mask is computed on.
 REINIT_SEED_OFFSET = 1_000_003
 MASKS_FILE = "masks.json"
-
-
-def _names(ck: Any, raw: Any, path: str, allowed: list[str] | tuple[str, ...],
-           single: bool) -> tuple[str, ...] | None:
-    """A list of distinct names from ``allowed`` (or one name when ``single``), else None after
-    recording the problem with ``ck`` (``experiments.spec``'s problem collector)."""
-    if single and not isinstance(raw, list):
-        name = ck.choice(raw, path, allowed)
-        return None if name is None else (name,)
-    if not isinstance(raw, list) or (single and not raw):
-        ck.add(path, f"found {raw!r}; allowed: a {'name or a non-empty ' if single else ''}list "
-                     f"of {', '.join(allowed)}")
-        return None
-    names = tuple(ck.choice(v, f"{path}[{i}]", allowed) for i, v in enumerate(raw))
-    if None in names:
-        return None
-    if len(set(names)) != len(names):
-        ck.add(path, f"found duplicates in {raw}; allowed: distinct values")
-        return None
-    return names
-
-
-def pruning_series(ck: Any, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
-                   methods_known: Callable[[], list[str]]
-                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The ``[pruning]`` table's ``method`` (a name or a list of names from ``methods_known()``,
-    checked only when a sparsity level is > 0) and ``sanity`` (a list of :data:`SANITY`),
-    every problem recorded with ``ck`` (``experiments.spec``'s collector)."""
-    sparse = bool(sparsities) and any(s > 0 for s in sparsities)
-    raw = table.get("method", "snip")
-    methods = _names(ck, raw, "pruning.method", methods_known(), single=True) if sparse else None
-    sanity = _names(ck, table.get("sanity", []), "pruning.sanity", SANITY, single=False)
-    if sparsities and not sparse and (isinstance(raw, list) or table.get("sanity")):
-        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
-                          "allowed: add one to sparsities")
-    fallback = (raw,) if isinstance(raw, str) else ("snip",)
-    return methods or fallback, sanity or ()
 
 
 def series_names(methods: tuple[str, ...], sanity: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -93,14 +55,15 @@ def series_label(method: str, transform: str | None) -> str:
 def series_mask(method: str, transform: str | None, sparsity: float, seed: int,
                 dataset: training.Dataset, build: Callable[[int], nn.Module]) -> pruning.Mask:
     """The mask of series (``method``, ``transform``) at (``sparsity``, ``seed``) for the model
-    ``build(seed)`` trains (see the module docstring for each transform)."""
-    import pruning
-
+    ``build(seed)`` trains (see the module docstring for each transform). An unknown transform
+    raises ``pruning.PruningError``."""
     if transform not in (None, *SANITY):
-        raise ValueError(f"unknown sanity check {transform!r}; allowed: {', '.join(SANITY)}")
+        raise pruning.PruningError(f"unknown sanity check {transform!r}; allowed: "
+                                   f"{', '.join(SANITY)}")
     init_seed = seed + REINIT_SEED_OFFSET if transform == "reinit" else seed
     keep = "lowest" if transform == "invert" else "highest"
-    mask = pruning.prune(build(init_seed), method, sparsity, data=dataset, seed=seed, keep=keep)
+    mask = pruning.prune(build(init_seed), method, sparsity, dataset=dataset, seed=seed,
+                         keep=keep)
     if transform == "shuffle":
         return pruning.shuffle_layers(mask, seed)
     if transform == "matched_random":
@@ -114,8 +77,6 @@ def record_masks(run_dir: str | os.PathLike, label: str, masks: Mapping[tuple[fl
                  build: Callable[[int], nn.Module]) -> Path:
     """Write (merge into) ``run_dir/masks.json``: per (sparsity, seed) the series ``label``,
     the mask's ``info`` and its diagnosis on the trained model ``build(seed)``."""
-    import pruning
-
     path = Path(run_dir) / MASKS_FILE
     entries = {(e["sparsity"], e["seed"]): e for e in load_masks(run_dir)}
     for (sparsity, seed), mask in masks.items():

@@ -37,8 +37,10 @@ import torch.fx
 from torch import nn
 
 from training.errors import SparsescaleError
+from training.masks import check_mask
 
-from .mask import PRUNABLE_MODULES, fitted_entries
+from .errors import PruningError
+from .mask import PRUNABLE_MODULES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -189,7 +191,7 @@ def diagnose(model: nn.Module, mask: Mapping[str, torch.Tensor]) -> Diagnosis:
     """Per-layer density, dead units and input-output paths of ``model`` under ``mask`` (see
     the module docstring). Weights already zero in ``model`` do not count as pruned: only the
     mask does."""
-    entries = fitted_entries(model, mask)
+    entries = check_mask(mask, model)
     owner = {f"{n}.weight" if n else "weight": (n, m) for n, m in model.named_modules()
              if isinstance(m, PRUNABLE_MODULES)}
     order = _chain(model)
@@ -259,8 +261,8 @@ def density_figure(densities: pd.DataFrame | Mapping[str, Mapping[str, torch.Ten
             for label, mask in densities.items() for k, m in mask.items()])
     missing = {"series", "layer", "density"} - set(densities.columns)
     if missing or not len(densities):
-        raise ValueError(f"densities needs rows with columns series, layer, density; got "
-                         f"{len(densities)} rows, missing {sorted(missing)}")
+        raise PruningError(f"densities needs rows with columns series, layer, density; got "
+                           f"{len(densities)} rows, missing {sorted(missing)}")
     series = list(dict.fromkeys(densities["series"]))
     layers = list(dict.fromkeys(densities["layer"]))
     palette = sns.color_palette("colorblind", len(series))

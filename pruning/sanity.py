@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from .criteria import random_scores
-from .mask import Mask, MaskError
+from .errors import PruningError
+from .mask import Mask
 from .select import top_k_per_entry
 
 
@@ -66,16 +67,16 @@ def reinitialize(model: nn.Module, seed: int,
     is restored afterwards); then ``mask`` applied (pruned weights zeroed), if given.
 
     For models built by ``training.models.build`` (modules constructed in the order they are
-    registered) this reproduces ``build(name, data, seed=seed)`` exactly. Raises MaskError naming
-    a module that owns parameters but has no ``reset_parameters``.
+    registered) this reproduces ``build(name, dataset, seed=seed)`` exactly. Raises PruningError
+    naming a module that owns parameters but has no ``reset_parameters``.
     """
     work = copy.deepcopy(model)
     owners = [(n, m) for n, m in work.named_modules()
               if any(True for _ in m.parameters(recurse=False))]
     lacking = [n or type(m).__name__ for n, m in owners if not hasattr(m, "reset_parameters")]
     if lacking:
-        raise MaskError(f"cannot reinitialize: module(s) {', '.join(lacking)} own parameters but "
-                        f"have no reset_parameters()")
+        raise PruningError(f"cannot reinitialize: module(s) {', '.join(lacking)} own parameters "
+                           f"but have no reset_parameters()")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         for _, m in owners:

@@ -13,21 +13,23 @@ from collections.abc import Mapping
 
 import torch
 
+from .errors import PruningError
+
 SCOPES = ("global", "layer", "even")
 
 
 def check_sparsity(sparsity: float) -> float:
-    """``sparsity`` as a float in [0, 1), else ValueError naming what is allowed."""
+    """``sparsity`` as a float in [0, 1), else PruningError naming what is allowed."""
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) \
             or not math.isfinite(sparsity) or not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+        raise PruningError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     return float(sparsity)
 
 
 def check_scope(scope: str) -> str:
-    """``scope`` if it is one of SCOPES, else ValueError naming what is allowed."""
+    """``scope`` if it is one of SCOPES, else PruningError naming what is allowed."""
     if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
+        raise PruningError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
     return scope
 
 
@@ -82,7 +84,7 @@ def _flat_scores(scores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             for k, v in scores.items()}
     for name, v in flat.items():
         if bool(torch.isnan(v).any()):
-            raise ValueError(f"pruning scores of {name!r} contain NaN")
+            raise PruningError(f"pruning scores of {name!r} contain NaN")
     return flat
 
 
@@ -92,8 +94,8 @@ def top_k_per_entry(scores: Mapping[str, torch.Tensor],
     flat = _flat_scores(scores)
     for name, v in flat.items():
         if not 0 <= counts[name] <= v.numel():
-            raise ValueError(f"kept count of {name!r} must be in [0, {v.numel()}], "
-                             f"got {counts[name]}")
+            raise PruningError(f"kept count of {name!r} must be in [0, {v.numel()}], "
+                               f"got {counts[name]}")
     return {k: _keep_top(v, counts[k]).reshape(scores[k].shape) for k, v in flat.items()}
 
 

@@ -6,12 +6,15 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.findings import fit_series, load_runs, points_table, step_ratios
+from experiments import analysis as A
+from experiments.prose import sanity_sentences
 from experiments.report import write_report
+from experiments.runs import load_runs
 from experiments.sanity import SAME_COST_FACTOR, sanity_view
+from experiments.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.series import MASKS_FILE
 from experiments.spec import loads
-from experiments.store import GroupRecord, StudyInfo, TrialRow, open_store
+from experiments.store import open_store
 
 SPEC = """
 name = "sane"
@@ -76,13 +79,16 @@ def write_study(base, factors: dict[str, float], masks: bool = False):
 
 
 def view(dirs):
+    """The sanity part of the report and its sentences, from the stores in ``dirs``."""
     runs = load_runs(dirs)
-    points = points_table(runs)
-    return sanity_view(runs, points, fit_series(runs), step_ratios(runs, points))
+    points = A.points_table(runs.groups, runs.trials, runs.planned, runs.order)
+    fits = A.fit_series(runs.groups, runs.order)
+    part = sanity_view(runs, points, fits, A.step_ratios(points, runs.order, runs.dense_runs()))
+    return part, sanity_sentences(part.table)
 
 
 def test_densities_alone_set_the_cost(tmp_path):
-    part = view(write_study(tmp_path, {"snip-invert": 3.0}))
+    part, sentences = view(write_study(tmp_path, {"snip-invert": 3.0}))
     t = part.table.set_index("check")
     assert list(t.index) == ["shuffle", "matched_random", "invert"]
     assert (t["points"] == 6).all() and (t["criterion"] == "snip (sgd), 90 % sparse").all()
@@ -94,22 +100,22 @@ def test_densities_alone_set_the_cost(tmp_path):
     # the fitted B_crit of the criterion and of its shuffle are the synthetic 64
     assert t.loc["shuffle", "b_crit"] == pytest.approx(64, rel=0.05)
     assert t.loc["shuffle", "criterion_b_crit"] == pytest.approx(64, rel=0.05)
-    assert len(part.sentences) == 1
+    assert len(sentences) == 1
     assert part.densities.empty   # no masks.json (older runs): no Figure 7, no masks table
-    assert part.sentences[0].startswith("Sanity checks at 90 % sparsity (snip (sgd), 90 % sparse: "
+    assert sentences[0].startswith("Sanity checks at 90 % sparsity (snip (sgd), 90 % sparse: "
                                         "B_crit 64")
-    assert "inverted masks need 3× its steps" in part.sentences[0]
-    assert part.sentences[0].endswith("only its layer densities, not its choice of weights, set "
+    assert "inverted masks need 3× its steps" in sentences[0]
+    assert sentences[0].endswith("only its layer densities, not its choice of weights, set "
                                       "the cost of sparsity (tolerance 1.25×).")
 
 
 @pytest.mark.parametrize("factor", [1.4, 1 / 1.4])
 def test_the_choice_of_weights_matters(tmp_path, factor):
     assert factor > SAME_COST_FACTOR or factor < 1 / SAME_COST_FACTOR
-    part = view(write_study(tmp_path, {"snip-matched_random": factor}))
+    part, sentences = view(write_study(tmp_path, {"snip-matched_random": factor}))
     assert part.table.set_index("check").loc["matched_random", "ratio"] == \
         pytest.approx(factor, rel=1e-2)
-    assert part.sentences[0].endswith("its choice of weights, not only its layer densities, sets "
+    assert sentences[0].endswith("its choice of weights, not only its layer densities, sets "
                                       "the cost of sparsity (tolerance 1.25×).")
 
 

@@ -9,7 +9,7 @@ import experiments
 import pruning
 import training
 from experiments.series import REINIT_SEED_OFFSET, SANITY, load_masks, series_mask
-from experiments.spec import SpecError, loads
+from experiments.spec import SpecError, from_canonical, loads
 
 from .conftest import TINY
 
@@ -43,6 +43,9 @@ def test_variants_one_per_series_dense_only_in_the_first():
         ("tiny-force-shuffle", "force-shuffle", (0.5,), {"method": "force", "sanity": "shuffle"}),
         ("tiny-force-reinit", "force-reinit", (0.5,), {"method": "force", "sanity": "reinit"})]
     assert len({v.hash for v in spec.variants()}) == 6
+    for v in spec.variants():   # a store's spec comes back with its series (experiments.store)
+        back = from_canonical(v.canonical())
+        assert (back.hash, back.series, back.pruning_sanity) == (v.hash, v.series, v.pruning_sanity)
     both = loads(with_pruning('sanity = ["invert"]', TINY.replace(
         'optimizer = "momentum"', 'optimizer = ["sgd", "momentum"]')))
     assert [(v.subdir, v.sparsities) for v in both.variants()] == [
@@ -79,13 +82,13 @@ def test_series_masks_equal_the_direct_pruning_calls(teacher):
     def build(seed):
         return training.models.build("mlp", teacher, seed=seed, hidden=[16])
 
-    direct = pruning.prune(build(3), "snip", 0.8, data=teacher, seed=3)
+    direct = pruning.prune(build(3), "snip", 0.8, dataset=teacher, seed=3)
     expected = {
         None: direct,
         "shuffle": pruning.shuffle_layers(direct, 3),
         "matched_random": pruning.matched_random(direct, 3),
-        "invert": pruning.prune(build(3), "snip", 0.8, data=teacher, seed=3, keep="lowest"),
-        "reinit": pruning.prune(build(3 + REINIT_SEED_OFFSET), "snip", 0.8, data=teacher, seed=3),
+        "invert": pruning.prune(build(3), "snip", 0.8, dataset=teacher, seed=3, keep="lowest"),
+        "reinit": pruning.prune(build(3 + REINIT_SEED_OFFSET), "snip", 0.8, dataset=teacher, seed=3),
     }
     for check, mask in expected.items():
         got = series_mask("snip", check, 0.8, 3, teacher, build)
@@ -93,7 +96,7 @@ def test_series_masks_equal_the_direct_pruning_calls(teacher):
         assert [got.kept(k) for k in got] == [direct.kept(k) for k in direct] \
             or check in ("invert", "reinit")
     assert expected["reinit"] != direct and expected["invert"] != direct
-    with pytest.raises(ValueError, match="unknown sanity check 'flip'; allowed: shuffle"):
+    with pytest.raises(pruning.PruningError, match="unknown sanity check 'flip'; allowed: shuffle"):
         series_mask("snip", "flip", 0.8, 3, teacher, build)
 
 

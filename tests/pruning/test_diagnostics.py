@@ -117,7 +117,7 @@ def test_residual_network_gets_local_counts_only():
 def test_prune_warns_on_collapse_only(mnist1d, mlp):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        pruning.prune(mlp, "snip", 0.9, data=mnist1d)       # healthy: no warning
+        pruning.prune(mlp, "snip", 0.9, dataset=mnist1d)    # healthy: no warning
     with pytest.warns(LayerCollapseWarning, match=r"mask by 'magnitude': layer '3.weight' is "
                                                   r"100 % pruned \(kept 0 of 10000\)") as caught:
         pruning.prune(mlp, "magnitude", 0.99)
@@ -153,5 +153,5 @@ def test_density_figure(small_mlp):
     heights = [b.get_height() for b in ax.containers[0]]
     assert heights == pytest.approx([masks["snip"].density(k) for k in masks["snip"]])
     assert [t.get_text() for t in ax.texts] == ["0"]   # the emptied layer is marked
-    with pytest.raises(ValueError, match="columns series, layer, density"):
+    with pytest.raises(pruning.PruningError, match="columns series, layer, density"):
         pruning.density_figure(__import__("pandas").DataFrame({"series": []}))

@@ -6,7 +6,7 @@ from torch import nn
 
 import pruning
 import training
-from pruning import MaskError, prunable_parameters
+from pruning import PruningError, prunable_parameters
 from pruning.select import even_quotas
 
 # collapse at 99 % is expected here; tests/pruning/test_diagnostics.py tests the warning
@@ -18,7 +18,7 @@ LEVELS = (0.5, 0.9, 0.99)
 @pytest.fixture(scope="module")
 def snip_masks(mnist1d, mlp):
     with pytest.warns(pruning.LayerCollapseWarning):   # 0.99 empties most of layer 2
-        return {s: pruning.prune(mlp, "snip", s, data=mnist1d) for s in LEVELS}
+        return {s: pruning.prune(mlp, "snip", s, dataset=mnist1d) for s in LEVELS}
 
 
 @pytest.mark.parametrize("transform", [pruning.shuffle_layers, pruning.matched_random])
@@ -85,8 +85,8 @@ def test_reinitialize_refuses_modules_without_reset():
 
     net = nn.Sequential(nn.Linear(2, 3))
     net.add_module("gain_layer", Gain())
-    with pytest.raises(MaskError, match="module.s. gain_layer own parameters but have no "
-                                        "reset_parameters"):
+    with pytest.raises(PruningError, match="module.s. gain_layer own parameters but have no "
+                                           "reset_parameters"):
         pruning.reinitialize(net, 0)
 
 
