@@ -109,21 +109,26 @@ def search_edges(points: pd.DataFrame, spaces: Mapping[str, Mapping[str, Dimensi
     return out
 
 
-def step_ratios(points: pd.DataFrame, order: Sequence[str]) -> pd.DataFrame:
-    """Measured steps of every sparse series over its run's dense series, at each batch size
-    where both reached the goal (Lee et al. 2021's comparison)."""
+def step_ratios(points: pd.DataFrame, order: Sequence[str],
+                dense_of: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Measured steps of every sparse series over the dense series it is measured against, at
+    each batch size where both reached the goal (Lee et al. 2021's comparison). ``dense_of``:
+    run -> the run whose dense series that is (default: the run itself;
+    :meth:`experiments.runs.RunSet.dense_runs`); ``dense_series`` names it."""
     rows = []
     reached = points[points["status"] == "reached"]
     for run in dict.fromkeys(points["run"]):
         mine = reached[reached["run"] == run]
-        dense = mine[mine["sparsity"] == 0.0].set_index("batch_size")["steps"]
+        ref = (dense_of or {}).get(run, run)
+        dense = reached[(reached["run"] == ref) & (reached["sparsity"] == 0.0)]
+        steps = dense.set_index("batch_size")["steps"]
         for (series, sparsity), g in mine[mine["sparsity"] > 0].groupby(["series", "sparsity"], sort=False):
-            common = g[g["batch_size"].isin(dense.index)]
+            common = g[g["batch_size"].isin(steps.index)]
             rows += [{"run": run, "series": series, "sparsity": sparsity, "batch_size": int(b),
-                      "ratio": float(s / dense[b])}
+                      "ratio": float(s / steps[b]), "dense_series": dense["series"].iloc[0]}
                      for b, s in zip(common["batch_size"], common["steps"])]
-    return ordered(pd.DataFrame(rows, columns=["run", "series", "sparsity", "batch_size", "ratio"]),
-                   order)
+    return ordered(pd.DataFrame(rows, columns=["run", "series", "sparsity", "batch_size", "ratio",
+                                               "dense_series"]), order)
 
 
 # ---------------------------------------------------------------------------------------------

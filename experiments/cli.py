@@ -60,7 +60,7 @@ def _report_failures(run_dir: Path) -> int:
     from .store import DB_NAME, load_results
 
     dirs = [run_dir] if (run_dir / DB_NAME).exists() else sorted(
-        p.parent for p in run_dir.glob(f"*/{DB_NAME}"))
+        p.parent for p in run_dir.glob(f"**/{DB_NAME}"))   # sub-studies: <optimizer>/<series>
     failed = 0
     for d in dirs:
         groups = load_results(d).groups

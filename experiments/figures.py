@@ -1,6 +1,6 @@
-"""The report's figures of the measurement (Figures 1-4) and the style every figure shares:
-matplotlib (Agg) with seaborn styling and its colour-blind palette (Figures 5 and 6, the theory's,
-are in :mod:`experiments.theory_figures`).
+"""The report's figures of the measurement (Figures 1-4, and 7 for studies that record their
+masks) and the style every figure shares: matplotlib (Agg) with seaborn styling and its
+colour-blind palette (Figures 5 and 6, the theory's, are in :mod:`experiments.theory_figures`).
 
 Every function takes plain DataFrames (see :mod:`experiments.analysis`) and returns a matplotlib
 Figure; :func:`png_bytes` renders it deterministically (no software/time metadata), so the same
@@ -26,6 +26,8 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
+
+import pruning  # noqa: E402
 
 DPI = 110
 PALETTE = "colorblind"
@@ -361,3 +363,14 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
             handles.append(Line2D([], [], ls="--", color="black", label=f"goal: {metric} {target:g}"))
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
         return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. per-layer density of the masks
+
+
+def layer_density_figure(densities: pd.DataFrame):
+    """``pruning.density_figure`` of the masks' per-layer densities
+    (:func:`experiments.sanity.density_frame`), in the report's style."""
+    with style():
+        return pruning.density_figure(densities, title="Per-layer density of the masks")

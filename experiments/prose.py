@@ -16,8 +16,13 @@ import pandas as pd
 from theory.scaling import MAXIMAL_SLOPE
 
 from .analysis import FIT_LEVEL, perfect_scaling_until
-from .formatting import fmt_interval, fmt_num, series_label, sparsity_label
+from .formatting import fmt_interval, fmt_num, fmt_pct, series_label, sparsity_label
+from .sanity import DENSITY_PRESERVING, SAME_COST_FACTOR, same_cost
 from .theory_view import HELD_FACTOR, RunPrediction, held
+
+# The sanity checks as adjectives of "masks" (experiments.series.SANITY).
+SANITY_WORDS = {"shuffle": "shuffled", "matched_random": "matched-random",
+                "reinit": "reinitialized", "invert": "inverted"}
 
 
 def scaling_sentence(name: str, f: pd.Series, reached: pd.Series) -> str:
@@ -58,7 +63,7 @@ def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame
             continue
         out.append(scaling_sentence(name, ft.loc[name], p["batch_size"]))
     for (run, series), r in ratios.groupby(["run", "series"], sort=False):
-        dense = series_label(run, 0.0, combined)
+        dense = r["dense_series"].iloc[0]
         lo, hi = r.loc[r["ratio"].idxmin()], r.loc[r["ratio"].idxmax()]
         more = r["ratio"].median()
         out.append(f"{series} needs {fmt_num(more, 3)}× the steps of {dense} (median over "
@@ -88,6 +93,32 @@ def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame
         parts = [f"{int(counts[s])} {w}" for s, w in words.items() if s in counts]
         out.append("Incomplete: " + ", ".join(parts) + " (listed under Missing and failed); "
                    "the numbers above use only what the store holds.")
+    return out
+
+
+def sanity_sentences(table: pd.DataFrame) -> list[str]:
+    """One sentence per (criterion, sparsity) of the sanity-check table
+    (:func:`experiments.sanity.sanity_view`): its sanity series' step ratios and B_crit, and
+    whether its layer densities alone set the cost of sparsity (:func:`~experiments.sanity.
+    same_cost` for every density-preserving series that reached the goal)."""
+    out = []
+    for (criterion, sparsity), g in table.groupby(["criterion", "sparsity"], sort=False):
+        parts = [f"{SANITY_WORDS[r.check]} masks need {fmt_num(r.ratio, 3)}× its steps (B_crit "
+                 f"{fmt_num(r.b_crit, 3)})" if r.points else f"{SANITY_WORDS[r.check]} masks "
+                 f"share no batch size where both reached the goal"
+                 for r in g.itertuples(index=False)]
+        kept = g[g["check"].isin(DENSITY_PRESERVING) & (g["points"] > 0)]
+        head = (f"Sanity checks at {fmt_pct(sparsity)} sparsity ({criterion}: B_crit "
+                f"{fmt_num(g['criterion_b_crit'].iloc[0], 3)}; median over the batch sizes both "
+                f"reached): " + ", ".join(parts))
+        if not len(kept):
+            out.append(head + "; without a density-preserving series that reached the goal, the "
+                              "question stays open.")
+            continue
+        verdict = ("only its layer densities, not its choice of weights, set the cost of sparsity"
+                   if all(same_cost(r) for r in kept["ratio"]) else
+                   "its choice of weights, not only its layer densities, sets the cost of sparsity")
+        out.append(f"{head}: {verdict} (tolerance {SAME_COST_FACTOR:g}×).")
     return out
 
 

@@ -14,7 +14,8 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
 
 The pipeline: :mod:`experiments.runs` loads and stacks the stores, :mod:`experiments.analysis`
 computes the tables and fits (once), :mod:`experiments.theory_view` the predictions,
-:mod:`experiments.prose` the sentences, :mod:`experiments.figures` and
+:mod:`experiments.sanity` the pruning sanity checks beside their criteria (studies with
+``[pruning] sanity``), :mod:`experiments.prose` the sentences, :mod:`experiments.figures` and
 :mod:`experiments.theory_figures` the figures and
 :mod:`experiments.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.sections.Document`, rendered to both formats by Jinja2 templates.
@@ -42,8 +43,9 @@ from . import tables as T
 from . import theory_figures as TF
 from .formatting import goal_text
 from .hardware import hardware_view, time_to_result_frame
-from .prose import findings_text, prediction_statement
+from .prose import findings_text, prediction_statement, sanity_sentences
 from .runs import ReportError, RunSet, load_runs
+from .sanity import SanityPart, sanity_view
 from .sections import Code, Document, Figure, Formula, Paragraphs, Section, Table, render
 from .theory_view import HELD_FACTOR, NQM_NOTE, NQM_OPTIMIZER, theory_view
 
@@ -98,16 +100,18 @@ def build(runs: RunSet) -> Report:
     points = A.points_table(runs.groups, runs.trials, runs.planned, order)
     edges = A.search_edges(points, runs.searched())
     fits = A.fit_series(runs.groups, order)
-    ratios = A.step_ratios(points, order)
+    ratios = A.step_ratios(points, order, runs.dense_runs())
     theory = theory_view(runs.groups, runs.probes, fits, labels, [r.optimizer for r in runs.runs])
+    sanity = sanity_view(runs, points, fits, ratios)
     missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
     sections = (
         Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
-            points, fits.table, ratios, theory.table, missing, order, labels)), "findings"),)),
-        Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory))),
+            points, fits.table, ratios, theory.table, missing, order, labels)
+            + sanity_sentences(sanity.table)), "findings"),)),
+        Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
@@ -123,6 +127,7 @@ def build(runs: RunSet) -> Report:
                    "L: Lee et al.'s local Lipschitz constant (median along the reference trajectory; "
                    "the top Hessian eigenvalue at initialization if no trajectory was probed); σ² = "
                    "tr Σ and B_simple: median along the trajectory; Δ: loss at initialization."),
+            *_sanity_tables(sanity),
             _table("Missing and failed", T.missing_table(missing),
                    "" if len(missing) else "Every planned group is in the store and none failed."),
             _table("Cost and versions", T.cost_table(cost)))),
@@ -146,9 +151,27 @@ def _table(title: str, frame: pd.DataFrame, note: str = "") -> Section:
                               *((Paragraphs((note,), "note"),) if note else ())))
 
 
+SANITY_NOTES = {
+    "table": ("Sanity checks: each series beside its criterion",
+              "Shuffled, matched-random and reinitialized masks keep the criterion's layer "
+              "densities (Frankle et al. 2021; Su et al. 2020); inverted masks keep what it ranks "
+              "lowest."),
+    "densities": ("Masks: per-layer density and layer collapse",
+                  "Lowest seed. Dead units: no kept incoming or no kept outgoing weight; paths are "
+                  "traced for chains of Linear / Conv layers only (pruning.diagnose)."),
+}
+
+
+def _sanity_tables(sanity: SanityPart) -> list[Section]:
+    """The sanity-check comparison and the masks' per-layer table, for studies that have them."""
+    shown = {"table": T.sanity_table, "densities": T.densities_table}
+    return [_table(title, shown[part](getattr(sanity, part)), note)
+            for part, (title, note) in SANITY_NOTES.items() if len(getattr(sanity, part))]
+
+
 def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fits,
-             ratios: pd.DataFrame, theory) -> list[Figure]:
-    """The six figures with their captions."""
+             ratios: pd.DataFrame, theory, sanity: SanityPart) -> list[Figure]:
+    """The six figures with their captions, and Figure 7 when the runs recorded their masks."""
     order = list(runs.order)
     cmap = F.colors(order)
     first = runs.runs[0].spec   # the dashed goal line of Figure 4 (combined runs normally share it)
@@ -195,6 +218,12 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
         Figure("fig6_nqm", "Figure 6. Noisy quadratic model beside the measurement",
                nqm_caption(optimizers),
                F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
+        *([Figure("fig7_layer_density", "Figure 7. Per-layer density of the masks",
+                  "Kept / total weights of every masked layer (log axis; lowest seed), one bar per "
+                  "series; \"0\": a layer with nothing kept. Shuffled and matched-random masks have "
+                  "their criterion's densities by construction.",
+                  F.png_bytes(F.layer_density_figure(sanity.densities)))]
+          if len(sanity.densities) else []),
     ]
 
 

@@ -185,14 +185,15 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then the probes run (unless disabled) and the report is written.
-    A spec listing several optimizers runs one sub-study per optimizer in ``out/<optimizer>`` and
+    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``.
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
     variants = spec.variants()
     if len(variants) > 1:
-        dirs = [run_study(v, out / v.optimizer, workers, executor, quiet, dask, probes,
+        dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
                           report=False) for v in variants]
         if report:
             _write_report(dirs, out, quiet)
@@ -209,7 +210,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         todo = sorted((g for g in groups if g.key not in done),
                       key=lambda g: -g.cost * (g.batch_size + 32))
         if todo:
-            masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo))
+            masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo), record=out)
             tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
             own = executor is None
             n_workers = workers or spec.workers

@@ -24,6 +24,11 @@ from .spec import Spec
 from .store import Results, load_results
 
 
+# Canonical spec entries that make two runs' dense networks the same experiment.
+DENSE_KEYS = ("workload", "optimizer", "goal", "batch_sizes", "search", "trials", "budget", "eval",
+              "seeds")
+
+
 class ReportError(SparsescaleError):
     """The report cannot be written as asked: names the argument and what is allowed."""
 
@@ -80,6 +85,20 @@ class RunSet:
         return {r.label: {k: d for k, d in r.spec.search.items()
                           if not (k == "momentum" and r.optimizer == "sgd")} for r in self.runs}
 
+    def dense_runs(self) -> dict[str, str]:
+        """Run -> the run whose dense series its sparse series are measured against: itself if
+        it plans a dense level, else the first run that does with the same :data:`DENSE_KEYS`
+        (a pruning series other than a study's first trains no dense level of its own,
+        :mod:`experiments.series`)."""
+        dense = [r for r in self.runs if 0.0 in r.spec.sparsities]
+
+        def same(a: Run, b: Run) -> bool:
+            ca, cb = a.spec.canonical(), b.spec.canonical()
+            return all(ca[k] == cb[k] for k in DENSE_KEYS)
+
+        return {r.label: r.label if 0.0 in r.spec.sparsities else
+                next((d.label for d in dense if same(d, r)), r.label) for r in self.runs}
+
     def info(self) -> pd.DataFrame:
         """One row per run: ``run`` (label), ``study`` (the spec's name) and ``optimizer``."""
         return pd.DataFrame([(r.label, r.name, r.optimizer) for r in self.runs],
@@ -98,8 +117,9 @@ def load_runs(run_dirs: list[str | Path]) -> RunSet:
     runs, seen = [], {}
     for r in results:
         name, opt = r.spec.name, r.spec.optimizer
-        # a sub-study of a multi-optimizer spec is named "<study>-<optimizer>"
-        base = f"{name.removesuffix('-' + opt)} ({opt})"
+        # a sub-study of a multi-optimizer spec is named "<study>-<optimizer>"; a pruning series
+        # (experiments.series) is labelled by the series
+        base = f"{r.spec.series or name.removesuffix('-' + opt)} ({opt})"
         seen[base] = seen.get(base, 0) + 1
         runs.append(Run(r, base if seen[base] == 1 else f"{base} #{seen[base]}"))
     return stack(tuple(runs))

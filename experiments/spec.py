@@ -24,7 +24,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     comparison = "<"                    # "<" (Shallue et al. 2019) or "<=" (Lee et al. 2021)
 
     [pruning]
-    method = "snip"                     # pruning.list_methods()
+    method = "snip"                     # pruning.list_methods(), or a list of them
+    sanity = []                         # shuffle | reinit | matched_random | invert: extra series
 
     [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
     seed = 0
@@ -68,6 +69,7 @@ from training.errors import SparsescaleError
 
 from . import spec_checks as checks
 from .search import SEARCH_KEYS, Dimension
+from .series import SANITY, series_label, series_names
 from .spec_checks import COMPARISONS, Checker
 
 
@@ -115,8 +117,9 @@ class Probes:
 
 @dataclass(frozen=True)
 class Spec:
-    """A validated study. ``optimizer`` is one name; a spec listing several optimizers is split
-    into one spec per optimizer with :func:`variants`."""
+    """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
+    pruning methods or sanity checks is split into one spec per optimizer and pruning series
+    with :func:`variants` (``experiments.series``)."""
 
     name: str
     dataset: str
@@ -140,6 +143,11 @@ class Spec:
     workers: int | None
     optimizers: tuple[str, ...] = ()
     toml: str = field(default="", compare=False)
+    pruning_methods: tuple[str, ...] = ()   # every listed method (the series' criteria)
+    sanity: tuple[str, ...] = ()            # sanity checks listed (each adds a series per method)
+    pruning_sanity: str | None = None       # this series' sanity check (a variant's)
+    series: str = ""                        # this series' name when the study has several
+    subdir: str = field(default="", compare=False)   # a variant's folder under the study's
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
@@ -151,7 +159,9 @@ class Spec:
             "goal": {"metric": self.metric, "target": self.target, "strict": self.strict},
             "batch_sizes": list(self.batch_sizes),
             "sparsities": list(self.sparsities),
-            "pruning": {"method": self.pruning_method},
+            "pruning": {"method": self.pruning_method,
+                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
+            **({"series": self.series} if self.series else {}),
             "search": {"seed": self.search_seed,
                        **{k: asdict(d) for k, d in sorted(self.search.items())}},
             "trials": self.trials,
@@ -169,11 +179,25 @@ class Spec:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def variants(self) -> list["Spec"]:
-        """One single-optimizer spec per listed optimizer (``[self]`` if there is one)."""
-        if len(self.optimizers) <= 1:
+        """One spec per listed optimizer and pruning series (``[self]`` if there is one of each),
+        named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
+        [<series>]``. Only the first series of each optimizer keeps the dense level."""
+        optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
+        series = series_names(self.pruning_methods or (self.pruning_method,), self.sanity)
+        if len(optimizers) == 1 and len(series) == 1:
             return [self]
-        return [replace(self, optimizer=o, optimizers=(o,), name=f"{self.name}-{o}")
-                for o in self.optimizers]
+        out = []
+        for o in optimizers:
+            for i, (method, check) in enumerate(series):
+                label = series_label(method, check) if len(series) > 1 else ""
+                parts = ([o] if len(optimizers) > 1 else []) + ([label] if label else [])
+                sparse = tuple(x for x in self.sparsities if x > 0)
+                out.append(replace(
+                    self, optimizer=o, optimizers=(o,), name="-".join([self.name, *parts]),
+                    pruning_method=method, pruning_methods=(method,), sanity=(),
+                    pruning_sanity=check, series=label, subdir="/".join(parts),
+                    sparsities=self.sparsities if i == 0 else sparse))
+        return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -184,11 +208,14 @@ def canonical_json(obj: Any) -> str:
 def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     """The :class:`Spec` whose canonical form is ``canonical`` (a store's ``study.spec_json``),
     validated again: the canonical form is turned back into the TOML tables it stands for.
-    ``workers`` is not part of it (it does not change results) and comes back as None."""
+    ``workers`` is not part of it (it does not change results) and comes back as None. A pruning
+    series' sanity check and name (a variant's, :meth:`Spec.variants`) come back as they were."""
     c = canonical
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
-                                   "seeds", "workload", "pruning")}
+                                   "seeds", "workload")}
+    raw["pruning"] = {k: v for k, v in c["pruning"].items() if k != "sanity"}
+    check, series = c["pruning"].get("sanity"), c.get("series", "")
     raw["goal"] = {"metric": goal["metric"], "target": goal["target"],
                    "comparison": "<" if goal["strict"] else "<="}
     raw["search"] = {key: value if key == "seed" else
@@ -198,7 +225,13 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
     for table in ("eval", "probes"):
         raw[table] = {k: v for k, v in c[table].items() if v is not None}
-    return validate(raw, toml_text=toml_text)
+    spec = validate(raw, toml_text=toml_text)
+    if check is None and not series:
+        return spec
+    if (check is not None and check not in SANITY) or not isinstance(series, str):
+        raise SpecError([f"pruning.sanity: found {check!r} in series {series!r}; allowed: one of "
+                         f"{', '.join(SANITY)}"])
+    return replace(spec, pruning_sanity=check, series=series)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +269,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
 
     # pruning
-    pr = ck.table(raw, "pruning", "pruning") or {}
-    ck.keys(pr, "pruning", ("method",))
-    method = pr.get("method", "snip")
-    if sparsities and any(s > 0 for s in sparsities):
-        method = ck.choice(method, "pruning.method", checks.registry("pruning"))
+    methods, sanity = checks.pruning_series(ck, raw, sparsities)
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -306,7 +335,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
         model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
         strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
-        pruning_method=str(method),
+        pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=Probes(enabled=enabled, batch_size=pb_bs, examples=pb_ex, points=pb_pts),

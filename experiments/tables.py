@@ -39,7 +39,7 @@ def overview_table(runs: Sequence[Run]) -> pd.DataFrame:
             "goal": goal_text(s),
             "batch sizes": f"{bs[0]} … {bs[-1]} ({len(bs)})" if len(bs) > 3 else ", ".join(map(str, bs)),
             "sparsities": ", ".join(sparsity_label(x) for x in s.sparsities),
-            "pruning": s.pruning_method,
+            "pruning": s.pruning_method + (f" / {s.pruning_sanity}" if s.pruning_sanity else ""),
             "trials per group": str(s.trials),
             "seeds": ", ".join(map(str, s.seeds)),
             "step budget": (str(budget.max_steps) if budget.max_steps is not None else
@@ -105,6 +105,42 @@ def ratios_table(ratios: pd.DataFrame) -> pd.DataFrame:
     for b in sorted(wide.columns):
         df[f"B = {int(b)}"] = [fmt_num(v, 3) for v in wide[b]]
     return df
+
+
+def _with_interval(value: float, lo: float, hi: float) -> str:
+    return "–" if pd.isna(value) else f"{fmt_num(value, 4)} {fmt_interval(lo, hi)}"
+
+
+def sanity_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Each sanity series beside its criterion (:func:`experiments.sanity.sanity_view`): steps
+    ratios to the criterion and to dense, and both fitted B_crit."""
+    return pd.DataFrame({
+        "series": table["series"], "criterion": table["criterion"],
+        "batch sizes compared": [str(v) for v in table["points"]],
+        "steps / criterion (median [min, max])": [
+            f"{fmt_num(m, 3)} {fmt_interval(lo, hi)}" if p else "–"
+            for m, lo, hi, p in zip(table["ratio"], table["ratio_min"], table["ratio_max"],
+                                    table["points"])],
+        "steps / dense (median)": [fmt_num(v, 3) for v in table["ratio_to_dense"]],
+        "criterion steps / dense": [fmt_num(v, 3) for v in table["criterion_ratio_to_dense"]],
+        "B_crit [interval]": [_with_interval(*v) for v in zip(
+            table["b_crit"], table["b_crit_lo"], table["b_crit_hi"])],
+        "criterion B_crit [interval]": [_with_interval(*v) for v in zip(
+            table["criterion_b_crit"], table["criterion_b_crit_lo"], table["criterion_b_crit_hi"])],
+    })
+
+
+def densities_table(densities: pd.DataFrame) -> pd.DataFrame:
+    """The masks' per-layer density and layer-collapse counts
+    (:func:`experiments.sanity.density_frame`)."""
+    return pd.DataFrame({
+        "series": densities["series"], "layer": densities["layer"],
+        "kept / total": [f"{k} / {t}" for k, t in zip(densities["kept"], densities["total"])],
+        "density": [fmt_num(v, 3) for v in densities["density"]],
+        "dead units": [fmt_num(v) for v in densities["dead"]],
+        "kept weights on an input-output path": [fmt_num(v) for v in densities["on_path"]],
+        "every output reached": [fmt_num(v) for v in densities["connected"]],
+    })
 
 
 def missing_table(missing: pd.DataFrame) -> pd.DataFrame:

@@ -12,6 +12,12 @@ per criterion (``methods.py`` turns them into keep-priorities).
 - GraSP (Wang, Zhang & Grosse 2020): S = -w * (H g), g = dL_T/dw and H = d^2 L_T/dw^2 of the
   cross-entropy on logits / T (T = 200), over the prunable weights only, model in eval mode.
   Remove the LARGEST S, i.e. keep the smallest.
+- Iterative SNIP (Verdenius et al. 2020; de Jorge et al. 2021's "Iter SNIP"): SNIP's score,
+  recomputed every round on the network with the pruned weights zeroed; pruned weights stay pruned.
+- FORCE (de Jorge et al. 2021, foresight connection sensitivity): |w0 * dL/dw| with the gradient
+  taken at the PRUNED network w0 * c and multiplied by the ORIGINAL weights w0, so every weight,
+  pruned or not, keeps a score (and can come back in a later round). Keep the largest; on the
+  dense network (c = 1) it is SNIP's score.
 - SynFlow (Tanaka et al. 2020): data-free. With every parameter replaced by its absolute value,
   R = sum(f(1)) for an all-ones input of batch 1; score |w * dR/dw|. Keep the largest. Computed
   in float64 because R is a product over layers.
@@ -79,9 +85,17 @@ def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
 def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                 task: str = "classification") -> dict[str, torch.Tensor]:
     """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y)."""
+    return force_scores(model, params, x, y, params, task)
+
+
+def force_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                 weights: Params, task: str = "classification") -> dict[str, torch.Tensor]:
+    """FORCE's foresight connection sensitivity |w0 * dL/dw|: the gradient of the mean training
+    loss on (x, y) at ``model`` (whose ``params`` hold the pruned weights w0 * c) times
+    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score."""
     loss = loss_fn(task)
     grads = _eval_mode_grad(model, lambda out: loss(out, y.to(x.device)), x, params)
-    return {k: (g * p).detach().abs() for (k, p), g in zip(params.items(), grads)}
+    return {k: (g * weights[k].to(g)).detach().abs() for k, g in zip(params, grads)}
 
 
 def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,

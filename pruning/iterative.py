@@ -3,7 +3,9 @@
 Round r = 0 .. R-1 keeps density^((r+1)/R) of the prunable weights (Tanaka et al. 2020's
 exponential schedule; the last round hits the requested sparsity exactly). Each round scores the
 network with the previous round's mask applied (pruned weights are zero) and never revives a
-pruned weight: its score is -inf. One round is the one-shot criterion.
+pruned weight: its score is -inf. One round is the one-shot criterion. With ``revive=True``
+(FORCE, de Jorge et al. 2021) every round starts again from the original weights times the
+current mask and ranks ALL weights, so a pruned weight can come back.
 
 IMP (Frankle & Carbin 2019, weight rewinding to initialization): each round trains the masked
 network from the initial weights with ``train_fn(model, mask) -> trained model``, then keeps the
@@ -48,16 +50,25 @@ def round_sparsities(sparsity: float, rounds: int) -> list[float]:
 
 
 def prune_in_rounds(work: nn.Module, params: Mapping[str, nn.Parameter], score_fn: ScoreFn,
-                    sparsity: float, rounds: int, scope: str) -> dict[str, torch.Tensor]:
+                    sparsity: float, rounds: int, scope: str,
+                    revive: bool = False) -> dict[str, torch.Tensor]:
     """Run the schedule on ``work`` (modified: pruned weights are zeroed in place) and return the
-    final name -> 0/1 mask."""
+    final name -> 0/1 mask. ``revive``: rank every weight each round, pruned ones included, on
+    the original weights times the current mask (FORCE) instead of excluding pruned weights."""
+    original = {k: p.detach().clone() for k, p in params.items()} if revive else None
     current = {k: torch.ones(p.shape) for k, p in params.items()}
     for s in round_sparsities(sparsity, rounds):
+        if revive:
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.copy_(original[k])
         apply_mask(params, current)
-        scores = score_fn(work, params, current)
-        scores = {k: torch.where(current[k] > 0, v.detach().cpu().to(torch.float64),
-                                 torch.tensor(float("-inf"), dtype=torch.float64))
-                  for k, v in scores.items()}
+        scores = {k: v.detach().cpu().to(torch.float64)
+                  for k, v in score_fn(work, params, current).items()}
+        if not revive:
+            scores = {k: torch.where(current[k] > 0, v, torch.tensor(float("-inf"),
+                                                                     dtype=torch.float64))
+                      for k, v in scores.items()}
         current = top_k_mask(scores, s, scope)
     return current
 

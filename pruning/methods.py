@@ -2,8 +2,11 @@
 
 Every method ranks the prunable weights (``mask.prunable_parameters``) by a keep-priority and
 keeps exactly round(N * (1 - sparsity)) of them (``select.top_k_mask``), in one round or in
-several with the exponential schedule (``iterative.prune_in_rounds``). The caller's model is never
-modified: scores are computed on a copy.
+several with the exponential schedule (``iterative.prune_in_rounds``). ``keep="lowest"`` inverts
+any criterion (keeps what it ranks lowest: Frankle et al. 2021's sanity check). The caller's
+model is never modified: scores are computed on a copy. Every mask is checked for layer collapse
+(``diagnostics.check``: a ``LayerCollapseWarning`` when a layer is >= 99 % pruned or no input
+reaches an output).
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from training.data import Dataset
 
 from . import criteria
+from .diagnostics import check
 from .errors import PruningError
 from .iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
 from .mask import Mask, prunable_parameters
@@ -45,7 +50,17 @@ METHODS = {m.name: m for m in (
                                   "exponential schedule (Tanaka et al. 2020)"),
     Method("imp", True, 5, "iterative magnitude pruning with rewinding to init, trained between "
                            "rounds (Frankle & Carbin 2019)"),
+    Method("iterative_snip", True, 5, "SNIP re-scored on the remaining weights every round, 5 "
+                                      "rounds with the exponential schedule (Verdenius et al. "
+                                      "2020)"),
+    Method("force", True, 10, "largest |w0 * dL/dw| at the pruned network, pruned weights can "
+                              "return, 10 rounds with the exponential schedule (de Jorge et al. "
+                              "2021)"),
 )}
+
+KEEP = ("highest", "lowest")
+# methods whose rounds rank every weight again, pruned ones included (iterative.prune_in_rounds)
+REVIVING = ("force",)
 
 
 def list_methods() -> list[str]:
@@ -75,11 +90,23 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
         return copy.deepcopy, lambda work, params, cur: criteria.random_scores(params, ctx.seed)
     if name == "magnitude":
         return copy.deepcopy, lambda work, params, cur: criteria.magnitude_scores(params)
-    if name == "snip":
+    if name in ("snip", "iterative_snip"):
         def snip(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
             return criteria.snip_scores(work, params, x, y, ctx.dataset.task)
         return copy.deepcopy, snip
+    if name == "force":
+        original: dict[str, nn.Parameter] = {}
+
+        def copy_and_remember(model: nn.Module) -> nn.Module:
+            work = copy.deepcopy(model)
+            original.update({k: p.detach().clone() for k, p in work.named_parameters()})
+            return work
+
+        def force(work, params, cur):
+            x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
+            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task)
+        return copy_and_remember, force
     if name == "grasp":
         def grasp(work, params, cur):
             x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
@@ -99,18 +126,24 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
           prune_biases: bool = False, *, per_class: int | None = None,
           temperature: float = criteria.GRASP_TEMPERATURE,
           input_shape: tuple[int, ...] | None = None,
-          train_fn: TrainFn | None = None, data: Dataset | None = None) -> Mask:
+          train_fn: TrainFn | None = None, keep: str = "highest",
+          data: Dataset | None = None) -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
     - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
-    - ``dataset``: a ``training.Dataset``; required by snip, grasp and imp. SNIP scores on the
-      first 10 training examples of every class, GraSP on 25 per class (``per_class`` overrides
-      both), see ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
+    - ``dataset``: a ``training.Dataset``; required by snip, grasp, imp, iterative_snip and
+      force. SNIP (and iterative SNIP, FORCE) score on the first 10 training examples of every
+      class, GraSP on 25 per class (``per_class`` overrides both), see
+      ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
       ``data=`` is its former name, deprecated (DeprecationWarning).
-    - ``scope``: ``"global"`` (one ranking across layers) or ``"layer"`` (every layer at the same
-      sparsity, within one weight).
-    - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 5 for
-      imp, 1 otherwise).
+    - ``scope``: ``"global"`` (one ranking across layers), ``"layer"`` (every layer at the same
+      sparsity, within one weight) or ``"even"`` (every layer keeps the same number of weights,
+      ``select.even_quotas``). With ``method="random"`` these are the three random baselines:
+      uniform over all weights, uniform per-layer density, and an even split of the kept count.
+    - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 10 for
+      force, 5 for imp and iterative_snip, 1 otherwise). iterative_snip with one round is SNIP.
+    - ``keep``: ``"highest"`` (the criterion's own choice) or ``"lowest"`` (inverted scores:
+      keep what the criterion would prune first, every round).
     - ``seed``: random scores (random) and IMP's default training data order.
     - ``prune_biases``: also prune Linear / Conv biases (default: weights only).
     - ``input_shape``: SynFlow's input shape without batch (default ``dataset.input_shape``).
@@ -130,6 +163,8 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
         dataset = data
     if method not in METHODS:
         raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+    if keep not in KEEP:
+        raise PruningError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
     spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
@@ -145,18 +180,31 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
     rounds = spec.default_rounds if rounds is None else rounds
     ctx = _Context(dataset, int(seed), per_class, float(temperature), input_shape, train_fn)
     make_work, score_fn = _scorer(method, ctx)
+    if keep == "lowest":
+        score_fn = _inverted(score_fn)
     work = make_work(model)
     params = prunable_parameters(work, prune_biases)
-    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope)
+    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope,
+                              revive=method in REVIVING)
     info: dict[str, Any] = {"method": method, "sparsity": sparsity, "scope": scope,
-                            "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases}
+                            "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases,
+                            "keep": keep}
     if input_shape is not None:
         info["input_shape"] = list(input_shape)
-    if method in ("snip", "grasp"):
-        info["per_class"] = per_class or (criteria.SNIP_PER_CLASS if method == "snip"
-                                          else criteria.GRASP_PER_CLASS)
+    if method in ("snip", "grasp", "iterative_snip", "force"):
+        info["per_class"] = per_class or (criteria.GRASP_PER_CLASS if method == "grasp"
+                                          else criteria.SNIP_PER_CLASS)
     if method == "grasp":
         info["temperature"] = float(temperature)
     if dataset is not None:
         info["data"] = dataset.name
-    return Mask(entries, info)
+    mask = Mask(entries, info)
+    check(model, mask, stacklevel=2)
+    return mask
+
+
+def _inverted(score_fn: ScoreFn) -> ScoreFn:
+    """Negated keep-priorities: the lowest-ranked weights are kept."""
+    def inverted(work, params, cur):
+        return {k: -v.detach().to(torch.float64) for k, v in score_fn(work, params, cur).items()}
+    return inverted

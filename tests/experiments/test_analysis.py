@@ -78,6 +78,21 @@ def test_step_ratios_at_common_batch_sizes_only():
     assert r[["series", "batch_size", "ratio"]].values.tolist() == [[SPARSE, 8, 2.5]]
 
 
+def test_step_ratios_against_another_runs_dense_series():
+    # a pruning series without a dense level of its own is measured against the first series'
+    first, check = "snip (sgd)", "snip-shuffle (sgd)"
+    points = pd.DataFrame({"run": [first, first, check], "sparsity": [0.0, 0.9, 0.9],
+                           "series": [f"{first}, dense", f"{first}, 90 % sparse",
+                                      f"{check}, 90 % sparse"],
+                           "batch_size": 8, "status": "reached", "steps": [100.0, 200.0, 300.0]})
+    r = A.step_ratios(points, list(points["series"]), {first: first, check: first})
+    assert r[["series", "ratio", "dense_series"]].values.tolist() == [
+        [f"{first}, 90 % sparse", 2.0, f"{first}, dense"],
+        [f"{check}, 90 % sparse", 3.0, f"{first}, dense"]]
+    assert A.step_ratios(points, list(points["series"]))["series"].tolist() == [
+        f"{first}, 90 % sparse"]   # by default each run against its own dense series only
+
+
 def test_fit_series_recovers_an_exact_curve_and_says_why_not():
     sizes = [8, 16, 32, 64, 128]
     groups, _ = frames([group(0.0, b, 0, round(100 * (1 + 64 / b))) for b in sizes]

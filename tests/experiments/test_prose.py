@@ -41,7 +41,8 @@ def test_findings_from_the_tables():
                         columns=FIT_COLUMNS)
     pts = pd.concat([points("dense", [8, 16, 32]), points("90 % sparse", [8, 16])])
     ratios = pd.DataFrame({"run": "r", "series": "90 % sparse", "sparsity": 0.9,
-                           "batch_size": [8, 16, 32], "ratio": [1.5, 2.0, 2.5]})
+                           "batch_size": [8, 16, 32], "ratio": [1.5, 2.0, 2.5],
+                           "dense_series": "dense"})
     predictions = pd.DataFrame({"series": ["90 % sparse"] * 2, "quantity": ["a", "b"],
                                 "predicted": [2.0, 9.0], "measured": [1.6, 3.0],
                                 "relative_error": [0.25, 2.0]})

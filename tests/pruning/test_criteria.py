@@ -12,6 +12,9 @@ import pruning
 from pruning import PruningError, criteria, prunable_parameters
 from pruning.select import top_k_mask
 
+# collapse at 99 % is expected here; tests/pruning/test_diagnostics.py tests the warning
+pytestmark = pytest.mark.filterwarnings("ignore::pruning.LayerCollapseWarning")
+
 
 def first_per_class(ds, per_class):
     """Independent construction of the documented batch: first examples of each class."""
@@ -175,3 +178,65 @@ def test_data_keyword_is_deprecated_for_dataset(teacher, small_mlp):
     assert old == pruning.prune(small_mlp, "snip", 0.5, dataset=teacher)
     with pytest.raises(PruningError, match="both dataset= and its deprecated name data="):
         pruning.prune(small_mlp, "snip", 0.5, dataset=teacher, data=teacher)
+
+
+def independent_round_scores(model, teacher, mask, revive):
+    """One round of iterative SNIP (revive=False) or FORCE (revive=True) from torch.func.grad of
+    the loss at the pruned weights theta0 * mask: |theta0 * g| for FORCE (every weight ranked),
+    |theta0 * mask * g| with -inf on pruned weights for iterative SNIP."""
+    x, y = first_per_class(teacher, 10)
+    names = list(prunable_parameters(model))
+    f, theta0, sizes, shapes = flat_loss(model, names, x, y)
+    m = torch.cat([mask[k].reshape(-1) for k in names]) if mask else torch.ones_like(theta0)
+    g = torch.func.grad(f)(theta0 * m)
+    if revive:
+        return unflatten((theta0 * g).abs(), names, sizes, shapes)
+    s = torch.where(m > 0, (theta0 * m * g).abs().double(), torch.tensor(float("-inf")).double())
+    return unflatten(s, names, sizes, shapes)
+
+
+@pytest.mark.parametrize("method,revive", [("iterative_snip", False), ("force", True)])
+def test_iterative_snip_and_force_two_rounds(teacher, small_mlp, method, revive):
+    # schedule: density 0.1 -> 0.1^(1/2) after round 1, 0.1 after round 2
+    first = top_k_mask(independent_round_scores(small_mlp, teacher, None, revive),
+                       1 - 0.1 ** 0.5)
+    second = top_k_mask(independent_round_scores(small_mlp, teacher, first, revive), 0.9)
+    assert pruning.prune(small_mlp, method, 0.9, dataset=teacher, rounds=2) == second
+    # one round of either is one-shot SNIP, exactly
+    assert pruning.prune(small_mlp, method, 0.9, dataset=teacher, rounds=1) == \
+        pruning.prune(small_mlp, "snip", 0.9, dataset=teacher)
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.9, 0.99])
+def test_force_revives_and_iterative_snip_never_does(teacher, small_mlp, sparsity):
+    first = pruning.prune(small_mlp, "snip", 1 - (1 - sparsity) ** 0.5, dataset=teacher)
+    force = pruning.prune(small_mlp, "force", sparsity, dataset=teacher, rounds=2)
+    snip_it = pruning.prune(small_mlp, "iterative_snip", sparsity, dataset=teacher, rounds=2)
+    revived = sum(int(((force[k] > 0) & (first[k] == 0)).sum()) for k in first)
+    assert revived > 0   # FORCE ranks pruned weights too (measured: 27 / 12 / 3 here)
+    assert all(torch.all(snip_it[k] <= first[k]) for k in first)
+
+
+def test_keep_lowest_inverts_the_criterion(teacher, small_mlp):
+    x, y = first_per_class(teacher, 10)
+    names = list(prunable_parameters(small_mlp))
+    f, theta, sizes, shapes = flat_loss(small_mlp, names, x, y)
+    snip = unflatten((torch.func.grad(f)(theta) * theta).abs(), names, sizes, shapes)
+    n = theta.numel()
+    for s in (0.5, 0.9, 0.99):
+        inverted = pruning.prune(small_mlp, "snip", s, dataset=teacher, keep="lowest")
+        assert inverted == top_k_mask({k: -v for k, v in snip.items()}, s)
+        assert inverted.kept() == round(n * (1 - s)) and inverted.info["keep"] == "lowest"
+        kept = torch.cat([snip[k][inverted[k] > 0] for k in names])
+        dropped = torch.cat([snip[k][inverted[k] == 0] for k in names])
+        assert kept.max() <= dropped.min()
+
+
+def test_iterative_snip_on_the_mlp(mnist1d, mlp):
+    for s in (0.5, 0.9, 0.99):
+        one_shot = pruning.prune(mlp, "snip", s, dataset=mnist1d)
+        assert pruning.prune(mlp, "iterative_snip", s, dataset=mnist1d, rounds=1) == one_shot
+    iterated = pruning.prune(mlp, "iterative_snip", 0.99, dataset=mnist1d)   # 5 rounds
+    assert iterated.info["rounds"] == 5 and iterated.kept() == one_shot.kept() == 150
+    shared = sum(int(((iterated[k] > 0) & (one_shot[k] > 0)).sum()) for k in iterated)
+    assert shared < 150   # a different kept set (measured: 31 of 150 shared)

@@ -9,6 +9,9 @@ import pruning
 import training
 from pruning import Mask, prunable_parameters
 
+# collapse at 99 % is expected here; tests/pruning/test_diagnostics.py tests the warning
+pytestmark = pytest.mark.filterwarnings("ignore::pruning.LayerCollapseWarning")
+
 LEVELS = (0.5, 0.7, 0.9, 0.99)
 
 
@@ -26,18 +29,8 @@ def scaled_train_fn(calls):
     return train
 
 
-@pytest.fixture(scope="module")
-def mnist1d():
-    return training.data.load("mnist1d", num_samples=1000)
-
-
-@pytest.fixture(scope="module")
-def mlp(mnist1d):
-    return training.models.build("mlp", mnist1d)
-
-
 @pytest.mark.parametrize("method", pruning.list_methods())
-@pytest.mark.parametrize("scope", ["global", "layer"])
+@pytest.mark.parametrize("scope", ["global", "layer", "even"])
 def test_exact_kept_counts(mnist1d, mlp, method, scope):
     n = sum(p.numel() for p in prunable_parameters(mlp).values())
     extra = {"train_fn": scaled_train_fn([])} if method == "imp" else {}
@@ -48,6 +41,9 @@ def test_exact_kept_counts(mnist1d, mlp, method, scope):
         if scope == "layer":
             for k, p in prunable_parameters(mlp).items():
                 assert abs(mask.kept(k) - p.numel() * (1 - s)) < 1
+        if scope == "even":   # 40-100-100-10: layers of 4000 / 10000 / 1000 weights
+            assert [mask.kept(k) for k in mask] == pruning.select.even_quotas(
+                [4000, 10000, 1000], s)
 
 
 def test_exact_kept_counts_on_a_cnn(mnist1d):
@@ -173,7 +169,7 @@ def test_saved_prune_mask_keeps_its_recipe(tmp_path, teacher, small_mlp):
     assert back == mask
     assert back.info == {"method": "grasp", "sparsity": 0.9, "scope": "global", "rounds": 1,
                          "seed": 0, "prune_biases": False, "input_shape": [20], "per_class": 25,
-                         "temperature": 200.0, "data": "teacher"}
+                         "temperature": 200.0, "data": "teacher", "keep": "highest"}
 
 
 def test_imp_train_fn_must_return_the_trained_model(small_mlp):
