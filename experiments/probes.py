@@ -8,7 +8,7 @@ training examples:
   products, ``theory.hessian_top_eigenvalues``) and the loss;
 - along the best trial's trajectory at the reference batch size (phase ``trajectory``): the best
   trial of that group is replayed with the plain reference trainer (``training.train_reference``,
-  same data order, same mask) to ``probes.points`` geometrically spaced steps t up to its
+  same metaparameters, Adam's included, same data order, same mask) to ``probes.points`` geometrically spaced steps t up to its
   steps-to-result; at each, the same quantities at w_t plus Lee et al. (2021)'s local Lipschitz
   constant of the step w_{t-1} -> w_t (``theory.local_lipschitz``).
 
@@ -19,18 +19,23 @@ already probed.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+import theory
 import training
+from training.config import ADAM_KEYS
+from training.masks import apply_mask
 
 from .executors import torch_threads
-from .spec import ADAM_KEYS, Spec
-from .store import ProbeRow, Store
+from .schema import ProbeRow
+from .spec import Spec
+from .store import Store
+from .workload import Workload
 
 # Hessian-weighted noise (B_noise) costs one Hessian-vector product per sampled example: cap it.
 HESSIAN_EXAMPLES = 16
@@ -47,8 +52,6 @@ def probe_network(model: torch.nn.Module, dataset: training.Dataset,
                   seed: int = 0) -> dict[str, float]:
     """Noise and smoothness of ``model`` at its current weights on ``examples`` training examples:
     ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise``, ``hessian_top``, ``loss``."""
-    import theory
-
     examples = min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
                                   hessian_examples=min(HESSIAN_EXAMPLES, examples))
@@ -73,9 +76,8 @@ def reference_batch_size(spec: Spec) -> int:
 
 
 def _best_trial(store: Store, sparsity: float, batch_size: int, seed: int):
-    """(trial row, horizon, Adam keys) of the group's best trial: the goal-hitting one, else the
-    non-diverged trial with the lowest final metric; None if the group is missing. The Adam keys
-    (beta1, ...; none for the SGD family) come from the trial as planned in the group's config."""
+    """(trial row, horizon) of the group's best trial: the goal-hitting one, else the
+    non-diverged trial with the lowest final metric; None if the group is missing."""
     groups = store.frame("groups")
     g = groups[(groups.sparsity == sparsity) & (groups.batch_size == batch_size)
                 & (groups.seed == seed) & (groups.status == "done")]
@@ -85,14 +87,21 @@ def _best_trial(store: Store, sparsity: float, batch_size: int, seed: int):
     trials = store.frame("trials")
     t = trials[trials.group_key == g.key]
     if not pd.isna(g.best_trial):
-        row, horizon = t[t.trial == int(g.best_trial)].iloc[0], int(g.steps_to_result)
-    else:
-        ok = t[t.status != "diverged"].dropna(subset=["final_metric"])
-        if ok.empty:
-            return None
-        row, horizon = ok.sort_values(["final_metric", "trial"]).iloc[0], int(g.max_steps)
-    point = json.loads(g.config_json)["trials"][int(row.trial)]
-    return row, horizon, {k: point[k] for k in ADAM_KEYS if k in point}
+        row = t[t.trial == int(g.best_trial)].iloc[0]
+        return row, int(g.steps_to_result)
+    ok = t[t.status != "diverged"].dropna(subset=["final_metric"])
+    if ok.empty:
+        return None
+    return ok.sort_values(["final_metric", "trial"]).iloc[0], int(g.max_steps)
+
+
+def stored_trial(row: pd.Series) -> training.Trial:
+    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
+    weight_decay) where the row holds them (an adam / adamw study's trials)."""
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
+    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
+                          end_factor=float(row.end_factor), **adam)
 
 
 def _rows(values: dict[str, float], sparsity: float, phase: str, step: int,
@@ -103,16 +112,9 @@ def _rows(values: dict[str, float], sparsity: float, phase: str, step: int,
 def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: float,
                 mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
     """All probe rows of one sparsity level (see the module docstring)."""
-    from .runner import build_model
-
     seed = spec.seeds[0]
-    workload = spec.canonical()["workload"]
-    model = build_model(workload, dataset, seed)
-    if mask is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in mask:
-                    p.mul_(mask[name].to(p.dtype))
+    model = Workload.of(spec).build_model(dataset, seed)
+    apply_mask(model, mask)
     n = spec.probes.examples
     rows = _rows(probe_network(model, dataset, mask, n, seed), sparsity, "init", 0, None)
 
@@ -120,19 +122,15 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
     best = _best_trial(store, sparsity, b_ref, seed)
     if best is None:
         return rows
-    trial, horizon, adam_keys = best
-    decay = None if pd.isna(trial.decay_steps) else int(trial.decay_steps)
+    trial, horizon = best
 
     def state_at(steps: int) -> dict[str, torch.Tensor]:
         res = training.train_reference(
-            model, dataset, batch_size=b_ref, lr=float(trial.lr), momentum=float(trial.momentum),
-            optimizer=spec.optimizer, steps=steps, seed=seed, trial_index=int(trial.trial),
-            decay_steps=decay,
-            end_factor=float(trial.end_factor), target=None, stop_at_goal=False, mask=mask,
-            eval_schedule=training.EvalSchedule(every=max(steps, 1)), **adam_keys)
+            model, dataset, stored_trial(trial),
+            training.RunConfig(b_ref, spec.optimizer, max_steps=steps, stop="never", seed=seed,
+                               eval_schedule=training.EvalSchedule(every=max(steps, 1))),
+            mask=mask, trial_index=int(trial.trial))
         return res.state
-
-    import theory
 
     for t in snapshot_steps(horizon, spec.probes.points):
         w_prev, w_next = state_at(t - 1), state_at(t)
@@ -150,14 +148,11 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False) -> None:
     """Probe every sparsity level not yet in the store (one transaction per level), with
     ``PROBE_THREADS`` torch threads."""
-    from .runner import compute_masks
-
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return
     # outside the thread change: the same masks, bit for bit, as the runner gave the groups
-    masks = compute_masks(spec, dataset, ((s, spec.seeds[0]) for s in todo))
-    from tqdm.auto import tqdm
+    masks = Workload.of(spec).masks(dataset, ((s, spec.seeds[0]) for s in todo))
 
     with torch_threads(PROBE_THREADS):
         for sparsity in tqdm(todo, disable=quiet, desc="probes", unit="level"):

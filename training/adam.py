@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .schedules import Trial
+from .config import Trial
 
 Tensor = torch.Tensor
 

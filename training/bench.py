@@ -1,7 +1,7 @@
 """Benchmark: trial-steps per second of ``train_trials`` against the plain PyTorch loop.
 
-``python -m training.bench [--models mlp,cnn1d] [--batch-sizes 8,64,512,4096] [--trials 32]
-[--optimizer momentum]`` (also ``sparsescale bench``). Both trainers run in the same process, one
+``sparsescale bench [--models mlp,cnn1d] [--batch-sizes 8,64,512,4096] [--trials 32]
+[--optimizer momentum]`` (:func:`add_bench_parser`). Both trainers run in the same process, one
 after the other, so the ratio is meaningful on a shared machine even when absolute numbers are
 noisy.
 
@@ -27,16 +27,18 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import data as data_mod
 from . import models
+from .config import ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule, RunConfig, Trial
 from .goal import loss_fn
+from .process import setup_training_process
 from .reference import make_optimizer
-from .schedules import ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule, Trial
-from .trials import TrialsResult, train_trials, tune_allocator
+from .trials import TrialsResult, train_trials
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,9 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
                steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum"
                ) -> TrialsResult:
     """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials`."""
-    return train_trials(net, ds, batch_size, bench_trials(optimizer, n_trials),
-                        optimizer=optimizer, max_steps=steps,
-                        eval_schedule=EvalSchedule(every=max(steps, 1)),
+    run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps,
+                    eval_schedule=EvalSchedule(every=max(steps, 1)))
+    return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
                         trials_per_chunk=trials_per_chunk)
 
 
@@ -208,25 +210,13 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join([head, rule, *lines])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sparsescale bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="mlp,cnn1d", help="comma-separated (default mlp,cnn1d)")
-    p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
-    p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
-    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--samples", type=int, default=10_000, help="MNIST-1D samples (default 10000)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
-                   help="optimizer of both trainers (default momentum); any other is also "
-                        "compared with the vectorized trainer under momentum")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall time (default) or process CPU time (robust on a shared machine "
-                        "with --threads 1)")
-    args = p.parse_args(argv)
+def run_bench_command(args: argparse.Namespace) -> int:
+    """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
+    sizes and optimizer. Returns 0."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    # train_trials tunes malloc on its first call; do it first so both trainers run with it
-    tune_allocator()
+    # both trainers run in a process set up for training, as a study's workers are
+    setup_training_process()
     ds = data_mod.load("mnist1d", num_samples=args.samples)
     peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
     print(f"MNIST-1D {ds.n_train} train examples, {torch.get_num_threads()} torch thread(s), "
@@ -242,5 +232,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def add_bench_parser(subparsers: Any, name: str = "bench") -> Any:
+    """Add the ``name`` subcommand (``sparsescale bench``); the handler
+    :func:`run_bench_command` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
+                                         "loop", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="mlp,cnn1d", help="comma-separated (default mlp,cnn1d)")
+    p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
+    p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
+    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--samples", type=int, default=10_000, help="MNIST-1D samples (default 10000)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
+                   help="optimizer of both trainers (default momentum); any other is also "
+                        "compared with the vectorized trainer under momentum")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or process CPU time (robust on a shared machine "
+                        "with --threads 1)")
+    p.set_defaults(fn=run_bench_command)
+    return run_bench_command

@@ -1,18 +1,20 @@
 """Trial-steps per second of train_trials against the plain PyTorch loop (pytest-benchmark).
 
 With the default ``--benchmark-disable`` each runs once as a quick test; run
-``pytest tests/benchmarks --benchmark-enable`` to time them (``python -m training.bench`` prints
-the full table with ratios and GFLOP/s; ``--optimizer adam`` adds Adam's slowdown against
-momentum, measured in the same run).
+``pytest tests/benchmarks --benchmark-enable`` to time them (``sparsescale bench`` prints the
+full table with ratios and GFLOP/s; ``--optimizer adam`` adds Adam's slowdown against momentum,
+measured in the same run).
 """
 
+import argparse
 import math
 
 import pytest
 import torch
 
 import training
-from training.bench import format_table, main, plain_loop, training_flops, vectorized
+from training.bench import (add_bench_parser, format_table, plain_loop, training_flops,
+                            vectorized)
 
 STEPS, TRIALS = 20, 32
 
@@ -46,13 +48,23 @@ def test_training_flops_closed_form(mnist1d_small):
     assert training_flops(cnn, (40,), 2) == 2 * (6 * macs - 2 * 25 * 5 * 19)
 
 
-def test_bench_command_prints_ratio_table(capsys):
+def run_bench(*options):
+    """Output of ``sparsescale bench`` on a small MLP cell (one thread) with ``options``."""
     before = torch.get_num_threads()
+    parser = argparse.ArgumentParser(prog="sparsescale")
+    handler = add_bench_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(["bench", "--models", "mlp", "--batch-sizes", "8", "--trials", "2",
+                              "--seconds", "0.01", "--samples", "1000", "--threads", "1",
+                              *options])
+    assert args.fn is handler
     try:
-        assert main(["--models", "mlp", "--batch-sizes", "8", "--trials", "2", "--seconds",
-                     "0.01", "--samples", "1000", "--threads", "1"]) == 0
+        assert args.fn(args) == 0
     finally:
         torch.set_num_threads(before)
+
+
+def test_bench_command_prints_ratio_table(capsys):
+    run_bench()
     out = capsys.readouterr().out
     assert "fp32 matmul peak" in out
     row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
@@ -63,12 +75,7 @@ def test_bench_command_prints_ratio_table(capsys):
 
 
 def test_bench_command_compares_adam_with_momentum(capsys):
-    before = torch.get_num_threads()
-    try:
-        assert main(["--models", "mlp", "--batch-sizes", "8", "--trials", "2", "--seconds",
-                     "0.01", "--samples", "1000", "--threads", "1", "--optimizer", "adam"]) == 0
-    finally:
-        torch.set_num_threads(before)
+    run_bench("--optimizer", "adam")
     out = capsys.readouterr().out
     assert "optimizer adam" in out and "| slowdown vs momentum |" in out
     row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))

@@ -41,7 +41,7 @@ def test_probes_match_direct_computation(tmp_path, text):
 
     ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
     net = training.models.build("mlp", ds, seed=0, hidden=[16])
-    mask = pruning.prune(net, "snip", 0.5, data=ds, seed=0)
+    mask = pruning.prune(net, "snip", 0.5, dataset=ds, seed=0)
     mask.apply(net)
     noise = theory.gradient_noise(net, ds, mask=mask, examples=64, seed=0,
                                   hessian_examples=HESSIAN_EXAMPLES)
@@ -62,12 +62,16 @@ def test_probes_match_direct_computation(tmp_path, text):
     point = next(g.trials for g in experiments.plan(spec) if g.batch_size == 32)[int(trial.trial)]
     adam = {k: point[k] for k in ("beta1", "beta2", "eps", "weight_decay") if k in point}
     assert (spec.optimizer == "adamw") == (adam.get("weight_decay") == 0.05)
+    # the store's trial row holds the planned Adam keys (NULL for the SGD family)
+    assert {k: trial[k] for k in adam} == adam
+    assert all(pd.isna(trial[k]) for k in ("beta1", "beta2", "eps", "weight_decay")
+               if k not in adam)
 
     def state(k):
-        return training.train_reference(net, ds, 32, lr=float(trial.lr), optimizer=spec.optimizer,
-                                        momentum=float(trial.momentum), steps=k, seed=0,
-                                        trial_index=int(trial.trial), stop_at_goal=False,
-                                        mask=mask, **adam).state
+        return training.train_reference(
+            net, ds, training.Trial(lr=float(trial.lr), momentum=float(trial.momentum), **adam),
+            training.RunConfig(32, spec.optimizer, max_steps=k, stop="never"), mask=mask,
+            trial_index=int(trial.trial)).state
 
     lip = theory.local_lipschitz(net, ds, state(t - 1), state(t), mask=mask, examples=64)
     assert probes[("trajectory", t, "local_lipschitz")] == pytest.approx(lip.value, rel=1e-9)

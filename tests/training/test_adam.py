@@ -1,16 +1,18 @@
 """Adam and AdamW in every single-process trainer against plain torch.optim.Adam / AdamW loops."""
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 import training
+from training import ConfigError, EvalSchedule, RunConfig, Trial
 from training.adam import AdamState
 from training.goal import loss_fn
 from training.order import BatchOrder, trial_seed
-from training.schedules import ConfigError, EvalSchedule, Trial
+from training.reference import train_schedule_reference
 
 F64 = torch.float64
 # trials 0 and 1 share (beta1, beta2, eps), trial 2 does not: the update runs one fused call per
@@ -74,15 +76,14 @@ def test_float64_matches_torch_optim_after_200_steps(mnist1d_small, optimizer, m
         {k: v for k, v in t.items() if k not in ("decay_steps", "end_factor")} for t in TRIALS]
     masks = {"1.weight": random_mask((32, 40), 0, leading=(3,)),
              "3.weight": random_mask((32, 32), 1)} if masked else None
-    kw = dict(batch_size=16, seed=7)
-    res = training.train_trials(net, mnist1d_small, trials=trials, optimizer=optimizer,
-                                max_steps=200, masks=masks, dtype=F64,
-                                eval_schedule=EvalSchedule(every=50), **kw)
+    run = RunConfig(16, optimizer, max_steps=200, seed=7, dtype=F64,
+                    eval_schedule=EvalSchedule(every=50))
+    res = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
     for i, t in enumerate(trials):
         mask = {k: m[i] if k == "1.weight" else m for k, m in masks.items()} if masked else None
-        plain = torch_optim_loop(net, mnist1d_small, t, optimizer, i, steps=200, mask=mask, **kw)
-        ref = training.train_reference(net, mnist1d_small, optimizer=optimizer, trial_index=i,
-                                       steps=200, mask=mask, dtype=F64, **t, **kw)
+        plain = torch_optim_loop(net, mnist1d_small, t, optimizer, i, batch_size=16, steps=200,
+                                 seed=7, mask=mask)
+        ref = training.train_reference(net, mnist1d_small, t, run, mask=mask, trial_index=i)
         for name, v in plain.items():
             assert rel_err(res.state(i)[name], v) <= 1e-9, (i, name)
             assert rel_err(ref.state[name], v) <= 1e-12, (i, name)
@@ -96,10 +97,10 @@ def test_float64_matches_torch_optim_after_200_steps(mnist1d_small, optimizer, m
 
 def test_adam_and_adamw_differ_only_with_weight_decay(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    kw = dict(batch_size=16, max_steps=50, seed=1, dtype=F64)
+    kw = dict(max_steps=50, seed=1, dtype=F64)
     trials = [{"lr": 1e-2}, {"lr": 1e-2, "weight_decay": 0.5}]
-    adam = training.train_trials(net, teacher, trials=trials, optimizer="adam", **kw)
-    adamw = training.train_trials(net, teacher, trials=trials, optimizer="adamw", **kw)
+    adam = training.train_trials(net, teacher, trials, RunConfig(16, "adam", **kw))
+    adamw = training.train_trials(net, teacher, trials, RunConfig(16, "adamw", **kw))
     for name, v in adam.state(0).items():
         assert torch.equal(adamw.state(0)[name], v)
     assert rel_err(adamw.state(1)["1.weight"], adam.state(1)["1.weight"]) > 1e-3
@@ -113,19 +114,17 @@ def test_float64_steps_to_result_identical(teacher, optimizer):
     mask = {"1.weight": random_mask((16, 8), 3)}
     trials = [{"lr": 0.01}, {"lr": 0.03, "weight_decay": 0.1, "decay_steps": 100,
                              "end_factor": 0.1}, {"lr": 0.02, "beta1": 0.7, "beta2": 0.99}]
-    kw = dict(batch_size=32, optimizer=optimizer, target=0.25, seed=3, dtype=F64)
-    every = training.train_trials(net, teacher, trials=trials, max_steps=300, masks=mask,
-                                  eval_schedule=EvalSchedule(every=1), stop="all", **kw)
-    coarse = training.train_trials(net, teacher, trials=trials, max_steps=300, masks=mask,
-                                   eval_schedule=EvalSchedule(every=40), stop="all", **kw)
-    first = training.train_trials(net, teacher, trials=trials, max_steps=300, masks=mask,
-                                  eval_schedule=EvalSchedule(every=40), **kw)
-    refs = [training.train_reference(net, teacher, steps=300, trial_index=i, mask=mask,
-                                     eval_schedule=EvalSchedule(every=1), **t, **kw)
+    run = RunConfig(32, optimizer, max_steps=300, goal=0.25, seed=3, dtype=F64,
+                    eval_schedule=EvalSchedule(every=1), stop="all")
+    coarse = replace(run, eval_schedule=EvalSchedule(every=40))
+    every = training.train_trials(net, teacher, trials, run, masks=mask)
+    coarse_all = training.train_trials(net, teacher, trials, coarse, masks=mask)
+    first = training.train_trials(net, teacher, trials, replace(coarse, stop="first"), masks=mask)
+    refs = [training.train_reference(net, teacher, t, run, mask=mask, trial_index=i)
             for i, t in enumerate(trials)]
     hits = [r.steps_to_result for r in refs]
     assert all(h is not None for h in hits) and len(set(hits)) > 1
-    assert every.hit_step == coarse.hit_step == hits
+    assert every.hit_step == coarse_all.hit_step == hits
     assert first.steps_to_result == min(hits) and first.best == hits.index(min(hits))
     for i, ref in enumerate(refs):
         for name, v in ref.state.items():
@@ -139,13 +138,12 @@ def test_float32_stays_on_the_float64_trajectory(mnist1d_small):
     trial 1 here, while this trainer (torch's fused kernel) stayed within 2e-6."""
     net = training.models.build("cnn1d", mnist1d_small, seed=2)
     masks = {"3.weight": random_mask(net[3].weight.shape, 6).float()}
-    kw = dict(batch_size=32, optimizer="adamw", seed=1, eval_schedule=EvalSchedule(every=50))
-    res = training.train_trials(net, mnist1d_small, trials=TRIALS, max_steps=100, masks=masks,
-                                **kw)
+    run = RunConfig(32, "adamw", max_steps=100, seed=1, eval_schedule=EvalSchedule(every=50))
+    res = training.train_trials(net, mnist1d_small, TRIALS, run, masks=masks)
     assert res.params["1.weight"].dtype == torch.float32
     for i, t in enumerate(TRIALS):
-        ref = training.train_reference(net, mnist1d_small, steps=100, trial_index=i, mask=masks,
-                                       dtype=F64, **t, **kw)
+        ref = training.train_reference(net, mnist1d_small, t, replace(run, dtype=F64),
+                                       mask=masks, trial_index=i)
         for name, v in ref.state.items():
             assert rel_err(res.state(i)[name].double(), v) <= 1e-4, (i, name)
 
@@ -218,10 +216,22 @@ def test_select_and_clone_keep_rows_independent():
 ])
 def test_bad_adam_keys(teacher, kwargs, match):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    run = RunConfig(8, kwargs["optimizer"], max_steps=5)
     with pytest.raises(ConfigError, match=match):
-        training.train_trials(net, teacher, batch_size=8, max_steps=5, **kwargs)
-    trial = kwargs["trials"][0]
-    if "beta3" not in trial:
-        with pytest.raises(ConfigError, match=match):
-            training.train_reference(net, teacher, batch_size=8, steps=1,
-                                     optimizer=kwargs["optimizer"], **trial)
+        training.train_trials(net, teacher, kwargs["trials"], run)
+    with pytest.raises(ConfigError, match=match):
+        training.train_reference(net, teacher, kwargs["trials"][0], run)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_run_does_not_resume_from_a_train_state(teacher, optimizer):
+    """A TrainState holds momentum buffers, not Adam's moments: resuming would restart them."""
+    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    base = train_schedule_reference(net, teacher, Trial(lr=0.1, momentum=0.9),
+                                    RunConfig(8, max_steps=4))
+    adam = train_schedule_reference(net, teacher, Trial(lr=1e-2),
+                                    RunConfig(8, optimizer, max_steps=4))
+    assert adam.state.step == 4 and dict(adam.state.buffers) == {}
+    resumed = RunConfig(8, optimizer, max_steps=8)
+    with pytest.raises(ConfigError, match=f"optimizer '{optimizer}' cannot resume"):
+        train_schedule_reference(net, teacher, Trial(lr=1e-2), resumed, start=base.state)
