@@ -1,4 +1,4 @@
-"""The ``sparsescale`` command line: study, report, probe, list, bench, bench ddp.
+"""The ``sparsescale`` command line: study, report, probe, list, bench, bench ddp, import, export.
 
 Bad input (a spec problem, an unknown data set, a store holding another study) prints one
 ``error: ...`` line per problem and exits with status 2, without a traceback.
@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+
+from .cli_exchange import add_parsers as add_exchange_parsers
 
 DESCRIPTION = """\
 Measure how batch size and sparsity change the steps a network needs to reach a goal, beside
@@ -29,7 +31,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
             print(format_plan(variant, runner.plan(variant)))
         return 0
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
-                               dask=args.dask, report=not args.no_report)
+                               dask=args.dask, report=not args.no_report,
+                               cost_model=not (args.no_cost_model or args.no_report))
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
 
@@ -179,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true",
                    help="store results and probes only (write the report later with "
                         "`sparsescale report RUN_DIR`)")
+    p.add_argument("--no-cost-model", action="store_true",
+                   help="skip this machine's DDP cost model (otherwise measured once per machine "
+                        "and workload, cached, and copied into the run folder as cost_model.json "
+                        "for the report's time-to-result section)")
     p.set_defaults(fn=_cmd_study)
 
     p = sub.add_parser("report", help="write the report of one or more run folders",
@@ -204,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=512, help="training examples used")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_probe)
+
+    add_exchange_parsers(sub)
 
     p = sub.add_parser("list", help="list data sets, models, pruning methods and bundled configs",
                        description="List the names accepted in study configs.")

@@ -38,6 +38,7 @@ from .findings import (
     sparsity_label, stacked, step_ratios, theory_view,
 )
 from .hardware import HardwarePart, hardware_view
+from .mathsvg import latex_svg
 
 __all__ = ["write_report", "ReportError"]
 
@@ -212,7 +213,9 @@ def _fmt_frame(df: pd.DataFrame, columns: dict[str, str], digits: int = 4) -> pd
 
 
 def _goal_text(goal: dict) -> str:
-    return f"validation {goal['metric']} {'<' if goal['strict'] else '<='} {goal['target']:g}"
+    # an imported workload's metric is a column name that says its split (val/..., test/...)
+    metric = goal["metric"] if "/" in goal["metric"] else f"validation {goal['metric']}"
+    return f"{metric} {'<' if goal['strict'] else '<='} {goal['target']:g}"
 
 
 def _overview_table(runs: tuple[Run, ...]) -> pd.DataFrame:
@@ -441,6 +444,7 @@ figure{margin:1em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#444;max-width:1000px}
 pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:.85em}
 .findings p{margin:.35em 0}.note{font-size:.9em;color:#555}
+div.math{margin:.3em 0 .2em}div.math svg{max-width:100%;height:auto}
 pre.math{background:none;font-family:"DejaVu Sans Mono",monospace;font-size:.95em;line-height:1.0;margin:.2em 0}
 details{margin-bottom:1em}
 code.tex{display:block;background:#f6f6f6;padding:.4em .6em;margin:.2em 0 .8em;white-space:pre-wrap}
@@ -467,6 +471,15 @@ def _html_tables(tables: list[Table]) -> list[str]:
     return parts
 
 
+def _formula_html(tex: str, pretty: str, name: str) -> str:
+    """The formula as inline SVG (matplotlib mathtext, offline); sympy's Unicode rendering when
+    mathtext cannot parse it."""
+    try:
+        return f'<div class="math">{latex_svg(tex, name)}</div>'
+    except ValueError:
+        return f'<pre class="math">{html.escape(pretty)}</pre>'
+
+
 def render_html(report: Report) -> str:
     """report.html: self-contained (inline CSS, figures as base64 PNG data URIs, no scripts)."""
     e = html.escape
@@ -487,8 +500,8 @@ def render_html(report: Report) -> str:
     for head, paragraphs in report.explanations:
         parts.append(f"<h2>{e(head)}</h2>" + "".join(f"<p>{e(p)}</p>" for p in paragraphs))
     parts.append("<h2>Theory formulas</h2>")
-    for what, tex, pretty in report.formulas:
-        parts.append(f"<p>{e(what)}:</p><pre class=\"math\">{e(pretty)}</pre>"
+    for i, (what, tex, pretty) in enumerate(report.formulas):
+        parts.append(f"<p>{e(what)}:</p>{_formula_html(tex, pretty, f'formula{i}')}"
                      f"<details><summary>LaTeX</summary><code class=\"tex\">{e(tex)}</code></details>")
     parts.append("<h2>Study specs</h2>")
     for label, toml in report.specs:
