@@ -5,8 +5,8 @@
 series, so ``tensorboard --logdir OUT`` shows them side by side:
 
 - ``OUT/sparsity=S/B=B/seed=N/trial=T``: the trial's evaluations, scalars ``curve/train_loss``
-  and ``curve/metric`` against the training step (values the store holds as missing, e.g. after
-  divergence, are left out: an event file cannot hold them);
+  and ``curve/metric`` against the training step (values the store holds as missing, e.g. a NaN
+  loss after divergence, are left out; infinities are kept);
 - ``OUT/summary/sparsity=S/seed=N``: one point per stored group with the batch size as the step:
   ``group/steps_to_result`` (groups that reached the goal), ``group/trials``, ``group/reached``,
   ``group/diverged``, and the best trial's ``group/best_lr`` and ``group/best_momentum``.
@@ -25,6 +25,8 @@ from training.errors import SparsescaleError
 
 from .store import load_results
 
+# events buffered before a write: a trial is written in one go, not every 10 events (the default)
+QUEUE = 10_000
 INSTALL = "pip install 'sparsescale[tensorboard]'"
 
 
@@ -66,7 +68,8 @@ def export_tensorboard(run_dir: str | Path, out: str | Path) -> int:
     runs = 0
     for (key, trial), c in curves:
         g = groups.loc[key]
-        with SummaryWriter(out / trial_run(g["sparsity"], g["batch_size"], g["seed"], trial)) as w:
+        with SummaryWriter(out / trial_run(g["sparsity"], g["batch_size"], g["seed"], trial),
+                           max_queue=QUEUE) as w:
             for row in c.itertuples(index=False):
                 _add(w, "curve/train_loss", row.train_loss, row.step)
                 _add(w, "curve/metric", row.metric, row.step)

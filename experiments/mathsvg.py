@@ -7,7 +7,7 @@ software metadata, so the same formula always gives the same bytes.
 
 mathtext covers the LaTeX that sympy prints for ``theory.bounds`` except ``cases``, which is
 rewritten into a stack of rows behind a sized left brace (``\\left\\{ \\genfrac{}{}{0}{0}{..}{..}
-\\right.``), with display-style fractions so the rows read at full size.
+\\right.``). Fractions are set in display style, as in a displayed LaTeX equation.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def _cases(match: re.Match) -> str:
     for row in re.split(r"\\\\", match.group(1)):
         value, _, condition = row.partition("&")
         rows.append(r"\quad ".join(p.strip() for p in (value, condition) if p.strip()))
-    body = _stack([r.replace(r"\frac", r"\dfrac") for r in rows if r])
-    return r"\left\{" + body + r"\right."
+    return r"\left\{" + _stack([r for r in rows if r]) + r"\right."
 
 
 def to_mathtext(tex: str) -> str:
-    """``tex`` rewritten into the subset mathtext parses (``cases`` -> stacked rows)."""
-    return _CASES.sub(_cases, tex)
+    """``tex`` rewritten into the subset mathtext parses (``cases`` -> stacked rows), with
+    display-style fractions (``\\dfrac``) as in a displayed LaTeX equation."""
+    return _CASES.sub(_cases, tex).replace(r"\frac", r"\dfrac")
 
 
 def latex_svg(tex: str, name: str) -> str:
@@ -55,7 +55,7 @@ def latex_svg(tex: str, name: str) -> str:
         fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.03, transparent=True,
                     metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]   # drop the XML declaration and DOCTYPE: it goes inside HTML
+    svg = svg[svg.index("<svg"):].strip()   # no XML declaration or DOCTYPE inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
     svg = _ID.sub(lambda m: f"{m.group(1)}{name}-{m.group(2)}", svg)
     return svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(tex, quote=True)}" ', 1)
