@@ -3,7 +3,8 @@
 ``latex_svg(tex, name)`` returns an ``<svg>`` element ready to paste into an HTML page: glyphs are
 drawn as paths (``svg.fonttype = "path"``), so the page needs no fonts; every ``id`` is prefixed
 with ``name`` so several formulas can sit in one document; the output carries no date or
-software metadata, so the same formula always gives the same bytes.
+software metadata, so the same formula always gives the same bytes, and no namespace URLs (the
+HTML parser supplies the SVG namespace), so a page holding it still holds no address.
 
 mathtext covers the LaTeX that sympy prints for ``theory.bounds`` except ``cases``, which is
 rewritten into a stack of rows behind a sized left brace (``\\left\\{ \\genfrac{}{}{0}{0}{..}{..}
@@ -58,5 +59,8 @@ def latex_svg(tex: str, name: str) -> str:
     svg = svg[svg.index("<svg"):].strip()   # no XML declaration or DOCTYPE inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
     svg = _ID.sub(lambda m: f"{m.group(1)}{name}-{m.group(2)}", svg)
+    # inside HTML the parser puts <svg> in its namespace and SVG 2 takes a plain href: without
+    # the namespace URLs the page holds no address at all
+    svg = re.sub(r' xmlns(:xlink)?="[^"]*"', "", svg).replace("xlink:href=", "href=")
     return svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(tex, quote=True)}" ', 1)
 
