@@ -124,10 +124,11 @@ def _span(values: list[int]) -> int | str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def synthesized_spec(studies: list[ArchiveStudy], records: list[GroupRecord], name: str,
+def synthesized_spec(studies: list[ArchiveStudy], trial_counts: list[int], name: str,
                      metric: str, target: float, max_steps: int | None,
                      incomplete: bool) -> dict[str, Any]:
-    """The spec the report reads for an imported workload (``study.spec_json``)."""
+    """The spec the report reads for an imported workload (``study.spec_json``);
+    ``trial_counts``: the trials stored per batch size."""
     first = studies[0]
     train = [s.train_steps for s in studies]
     budget = max_steps or (_span(train) if len(set(train)) == 1 and train[0] > 0 else
@@ -139,7 +140,7 @@ def synthesized_spec(studies: list[ArchiveStudy], records: list[GroupRecord], na
             "optimizer": OPTIMIZERS[first.optimizer],
             "goal": {"metric": metric, "target": target, "strict": True},
             "batch_sizes": [s.batch_size for s in studies], "sparsities": [0.0], "seeds": [0],
-            "trials": _span([len(r.trials) for r in records]), "search": _search(studies),
+            "trials": _span(trial_counts), "search": _search(studies),
             "budget": {"max_steps": budget}, "probes": {"enabled": False}}
 
 
@@ -173,18 +174,19 @@ def _write_workload(folder: Path, run_dir: Path, name: str, metric: str, target:
                     max_steps: int | None, incomplete: bool) -> Imported:
     """Write one workload's store: each group as soon as its study is read (a workload's curves
     never sit in memory whole), then the study row, whose spec needs every batch size."""
-    studies, records = [], []
+    studies, counts, reached = [], [], 0
     with open_store(run_dir) as store:
         for study in read_workload(folder, metric):
             rec = group_record(study, name, metric, target, max_steps, incomplete)
             store.write_group(rec)
             studies.append(replace(study, trials=()))
-            records.append(replace(rec, trials=tuple(replace(t, curve=()) for t in rec.trials)))
-        spec = synthesized_spec(studies, records, name, metric, target, max_steps, incomplete)
+            counts.append(len(rec.trials))
+            reached += rec.steps_to_result is not None
+        spec = synthesized_spec(studies, counts, name, metric, target, max_steps, incomplete)
         text = canonical_json(spec)
         store.init_study(StudyInfo(name=name, spec_toml=spec_toml(spec), spec_json=text,
                                    spec_hash=hashlib.sha256(text.encode()).hexdigest()))
-    return Imported(run_dir, name, len(records), sum(r.steps_to_result is not None for r in records))
+    return Imported(run_dir, name, len(studies), reached)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,8 +220,8 @@ def import_batch_science(path: str | os.PathLike, out: str | os.PathLike, metric
         raise ArchiveError(f"{root}: not a folder; expected a workload folder "
                            f"dataset/model/optimizer" + (" or the archive root" if all else ""))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ArchiveError(f"--out {out}: already exists and is not empty; an import never mixes "
-                           f"with other results: choose a new folder")
+        raise ArchiveError(f"out folder {out}: already exists and is not empty; an import never "
+                           f"mixes with other results: choose a new folder")
     workloads = ([(w, w.relative_to(root)) for w in find_workloads(root)] if all
                  else [(root, Path("."))])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,7 @@ def _numbered(folder: Path, what: str) -> list[tuple[int, Path]]:
     for entry in sorted(folder.iterdir()):
         if not entry.is_dir():
             continue
-        if not entry.name.isdigit():
+        if not (entry.name.isascii() and entry.name.isdigit()):
             raise ArchiveError(f"{entry}: folder name {entry.name!r} is not an integer {what}; "
                                f"the archive names {what} folders by number")
         out.append((int(entry.name), entry))
