@@ -4,7 +4,7 @@
 this machine and the study's workload into the run folder as ``cost_model.json``, so the report's
 time-to-result section (:mod:`experiments.hardware`) needs no second command. The first study of
 a workload on a machine measures it with a short plan (:data:`QUICK_PLAN`,
-:func:`training.distributed.measure`; seconds of work) and fits t(B, k) (:mod:`training.costmodel`);
+:func:`training.ddp_bench.measure`; seconds of work) and fits t(B, k) (:mod:`training.costmodel`);
 later studies reuse the file cached under ``<cache>/cost-models/`` (``training.data.cache_dir``),
 keyed by the host name, the CPU model and count, the torch version and the workload. A run folder
 that already holds ``cost_model.json`` (e.g. from ``sparsescale bench ddp``) keeps it.
@@ -25,9 +25,11 @@ import torch
 
 from training import costmodel
 from training.data import cache_dir
-from training.distributed import BenchPlan, backend_for, measure
+from training.ddp_bench import BenchPlan, measure
+from training.distributed import backend_for
 
 from .hardware import COST_MODEL_FILE
+from .workload import Workload
 
 # Short: two per-worker batches fix t_fixed and t_example, two message sizes fix alpha and beta.
 QUICK_PLAN = BenchPlan(per_worker_batches=(32, 256), allreduce_sizes=(30_000, 3_000_000),
@@ -44,36 +46,37 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_key(workload: dict[str, Any]) -> dict[str, Any]:
-    """What a cached cost model is valid for: this machine, this torch, this workload."""
+def machine_key(workload: Workload) -> dict[str, Any]:
+    """What a cached cost model is valid for: this machine, this torch, this workload (its data
+    set and model with their options; the pruning method does not change a dense step)."""
     return {"host": platform.node(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
-            "torch": str(torch.__version__), "workload": workload}
+            "torch": str(torch.__version__),
+            "workload": {"dataset": workload.dataset, "dataset_options": workload.dataset_options,
+                         "model": workload.model, "model_options": workload.model_options}}
 
 
-def cache_path(workload: dict[str, Any]) -> Path:
+def cache_path(workload: Workload) -> Path:
     """The cache file of ``workload``'s cost model on this machine."""
     text = json.dumps(machine_key(workload), sort_keys=True)
-    name = f"{workload['dataset']}-{workload['model']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    name = f"{workload.dataset}-{workload.model}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     return cache_dir() / "cost-models" / f"{name}.json"
 
 
-def measure_cost_model(workload: dict[str, Any], plan: BenchPlan = QUICK_PLAN,
+def measure_cost_model(workload: Workload, plan: BenchPlan = QUICK_PLAN,
                        ) -> tuple[costmodel.CostModel, costmodel.Measurements]:
     """Measure DDP step times of ``workload``'s model (seed 0) on k = 1 and, with two or more
     CPUs, k = 2 workers (one thread each) and fit the cost model."""
-    from .runner import build_model, load_dataset
-
-    dataset = load_dataset(workload)
-    model = build_model(workload, dataset, 0)
+    dataset = workload.load_dataset()
+    model = workload.build_model(dataset, 0)
     workers = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
     meas = measure(model, dataset, workers, plan)
     fit = costmodel.fit(meas, backend=backend_for("cpu"), device="cpu", threads=1,
-                        workload=f"{workload['dataset']}/{workload['model']}",
+                        workload=f"{workload.dataset}/{workload.model}",
                         source="measured by sparsescale study, cached per machine")
     return fit, meas
 
 
-def ensure_cost_model(run_dir: str | Path, workload: dict[str, Any],
+def ensure_cost_model(run_dir: str | Path, workload: Workload,
                       quiet: bool = False) -> Path | None:
     """``run_dir/cost_model.json`` for ``workload`` on this machine: kept if present, else copied
     from the cache, measured into the cache first when the cache lacks it. A measurement that

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from . import legacy
+from .config import RunConfig, Trial, check_batch_size, check_index, check_optimizer
 from .data import Dataset
-from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn, metric_value
+from .goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
+from .masks import apply_mask, mask_
 from .order import BatchOrder, trial_seed
 from .results import Curve, ReferenceResult
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .schedules import lr_factor
 
 
 def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum: float
@@ -28,48 +32,6 @@ def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum
     if optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=optimizer == "nesterov")
-
-
-def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None,
-               trials: int | None = None) -> dict[str, torch.Tensor]:
-    """Validate a name -> 0/1 tensor mapping against ``model``'s parameters: every entry is
-    shaped like its parameter or, when ``trials`` is given, ``[trials, *shape]`` (one mask per
-    trial)."""
-    if mask is None:
-        return {}
-    if not isinstance(mask, Mapping):
-        raise ConfigError(f"masks must be a mapping name -> 0/1 tensor, got {type(mask).__name__}")
-    params = dict(model.named_parameters())
-    out = {}
-    for name, m in mask.items():
-        if name not in params:
-            raise ConfigError(f"mask entry {name!r} is not a parameter of the model; "
-                              f"parameters: {', '.join(params)}")
-        m = torch.as_tensor(m)
-        shape = tuple(params[name].shape)
-        allowed = [shape] if trials is None else [shape, (trials, *shape)]
-        if tuple(m.shape) not in allowed:
-            per_trial = "" if trials is None else f" (shared) or {allowed[1]} (one per trial)"
-            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}; allowed: "
-                              f"{shape}{per_trial}")
-        if not bool(((m == 0) | (m == 1)).all()):
-            raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
-        out[name] = m
-    return out
-
-
-@torch.no_grad()
-def zero_masked(net: nn.Module, mask: Mapping[str, torch.Tensor] | None,
-                device: str | torch.device, dtype: torch.dtype
-                ) -> tuple[dict[str, torch.Tensor], dict[str, nn.Parameter]]:
-    """Check ``mask`` against ``net`` (:func:`check_mask`) and zero its masked weights in place.
-    Returns the masks on ``device`` / ``dtype`` and ``net``'s parameters by name: a training loop
-    masks every step's gradient with them."""
-    masks = {k: v.to(device=device, dtype=dtype) for k, v in check_mask(net, mask).items()}
-    params = dict(net.named_parameters())
-    for name, m in masks.items():
-        params[name].mul_(m)
-    return masks, params
 
 
 @torch.no_grad()
@@ -86,38 +48,43 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, ta
     return total / x.shape[0]
 
 
-def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: float,
-                    momentum: float = 0.0, optimizer: str = "momentum", steps: int = 500,
-                    seed: int = 0, trial_index: int = 0, decay_steps: int | None = None,
-                    end_factor: float = 1.0, target: Goal | float | None = None,
-                    eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
-                    mask: Mapping[str, torch.Tensor] | None = None,
-                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> ReferenceResult:
-    """Train a copy of ``model`` for up to ``steps`` updates with ``torch.optim.SGD``.
+@legacy.accepts_old_form(legacy.reference_args, "train_reference(model, dataset, trial, run)")
+def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                    run: RunConfig, *, mask: Mapping[str, torch.Tensor] | None = None,
+                    trial_index: int = 0) -> ReferenceResult:
+    """Train a copy of ``model`` for up to ``run.max_steps`` updates with ``torch.optim.SGD``.
 
     Mini-batches follow :class:`training.order.BatchOrder` with data seed
-    ``trial_seed(seed, trial_index)``, exactly as trial ``trial_index`` of
-    ``train_trials(..., seed=seed)``. The learning rate at update t is
-    ``lr * lr_factor(t, decay_steps, end_factor)``. Masked weights are zeroed at the start and
-    their gradients zeroed before every step, so weights and momentum buffers stay exactly zero.
-    The goal is evaluated on the validation split at ``eval_schedule`` steps; with
-    ``stop_at_goal`` the run ends at the first evaluation that meets it. A non-finite or exploding
-    mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
+    ``trial_seed(run.seed, trial_index)``, exactly as trial ``trial_index`` of
+    ``train_trials(..., run)``. The learning rate at update t is
+    ``trial.lr * lr_factor(t, trial.decay_steps, trial.end_factor)``. Masked weights are zeroed
+    at the start and their gradients before every step (:mod:`training.masks`), so weights and
+    momentum buffers stay exactly zero. The goal is evaluated on the validation split at
+    ``run.eval_schedule`` steps; the run ends at the first evaluation that meets it unless
+    ``run.stop == "never"`` (one trial: ``"first"`` and ``"all"`` agree). A non-finite or
+    exploding mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
+    The keyword form of earlier releases is accepted with a DeprecationWarning
+    (:mod:`training.legacy`).
     """
-    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor)
-    check_optimizer(optimizer, [trial.momentum])
-    if steps < 0:
-        raise ConfigError(f"steps must be >= 0, got {steps}")
-    goal = as_goal(target, dataset.task)
+    trial = Trial.from_dict(trial)
+    check_optimizer(run.optimizer, [trial.momentum])
+    batch_size = check_batch_size(run.batch_size, dataset.n_train)
+    check_index(trial_index, "trial_index")
+    goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
-    data = dataset.to(device, dtype)
-    net = copy.deepcopy(model).to(device=device, dtype=dtype).train()
-    masks, params = zero_masked(net, mask, device, dtype)
-    opt = make_sgd(net.parameters(), optimizer, trial.lr, trial.momentum)
-    order = BatchOrder(trial_seed(seed, trial_index), data.n_train, batch_size)
+    data = dataset.to(run.device, run.dtype)
+    net = copy.deepcopy(model).to(device=run.device, dtype=run.dtype).train()
+    masks = apply_mask(net, mask)
+    params = dict(net.named_parameters())
+    opt = make_sgd(net.parameters(), run.optimizer, trial.lr, trial.momentum)
+    order = BatchOrder(trial_seed(run.seed, trial_index), data.n_train, batch_size)
     criterion = loss_fn(dataset.task)
-    evals = set((eval_schedule or EvalSchedule()).steps(steps))
+    evals = set(run.eval_schedule.steps(run.max_steps))
+    stop_at_goal = run.stop != "never"
 
+    # This loop and training.distributed.train_rank mirror each other line for line on purpose:
+    # each stays a readable textbook loop (the ground truth, and its data-parallel twin) instead
+    # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []
     with torch.no_grad():
         idx = order.batch(0)
@@ -134,7 +101,7 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
 
     if 0 in evals and record(0):
         hit = 0
-    while step < steps and not (hit is not None and stop_at_goal):
+    while step < run.max_steps and not (hit is not None and stop_at_goal):
         idx = order.batch(step)
         for group in opt.param_groups:
             group["lr"] = trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor)
@@ -145,8 +112,7 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
             diverged_step = step
             break
         loss.backward()
-        for name, m in masks.items():
-            params[name].grad.mul_(m)
+        mask_([params[name].grad for name in masks], list(masks.values()))
         opt.step()
         step += 1
         losses.append(value)

@@ -16,8 +16,9 @@ trial id. As the archive's loader does by default, only COMPLETE trials count: I
 (training diverged) are stored as ``diverged``, INCOMPLETE ones are left out (``incomplete=True``
 counts them like COMPLETE ones).
 
-A synthesized spec (``study.spec_json``) describes the workload to the report: goal, batch
-sizes, the search space (when every batch size searched the same one) and the step budget.
+A synthesized spec (``study.spec_json``, an :class:`experiments.external.ExternalSpec` naming its
+``source``) describes the workload to the report: goal, batch sizes, the search space (when every
+batch size searched the same one) and the step budget.
 
 Malformed or partial trees raise :class:`ArchiveError`, one line naming the file. The store is
 written into a temporary folder beside ``out`` and moved into place only when every workload has
@@ -36,8 +37,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..spec import canonical_json
-from ..store import GroupRecord, StudyInfo, TrialRow, open_store
+from ..external import ExternalSpec, external_spec
+from ..schema import GroupRecord, StudyInfo, TrialRow
+from ..spec import SpecError, canonical_json
+from ..store import open_store
 from .batch_science_tree import (
     OPTIMIZERS, ArchiveError, ArchiveStudy, ArchiveTrial, find_workloads, read_workload,
 )
@@ -182,11 +185,20 @@ def _write_workload(folder: Path, run_dir: Path, name: str, metric: str, target:
             studies.append(replace(study, trials=()))
             counts.append(len(rec.trials))
             reached += rec.steps_to_result is not None
-        spec = synthesized_spec(studies, counts, name, metric, target, max_steps, incomplete)
-        text = canonical_json(spec)
-        store.init_study(StudyInfo(name=name, spec_toml=spec_toml(spec), spec_json=text,
-                                   spec_hash=hashlib.sha256(text.encode()).hexdigest()))
+        spec = checked_spec(folder, synthesized_spec(studies, counts, name, metric, target,
+                                                     max_steps, incomplete))
+        store.init_study(StudyInfo(name=name, spec_toml=spec.toml, spec_json=spec.to_json(),
+                                   spec_hash=spec.hash))
     return Imported(run_dir, name, len(studies), reached)
+
+
+def checked_spec(folder: Path, spec: dict[str, Any]) -> ExternalSpec:
+    """The synthesized spec as the store will read it back (:mod:`experiments.external`)."""
+    try:
+        return external_spec(spec, toml_text=spec_toml(spec))
+    except SpecError as exc:
+        raise ArchiveError(f"{folder}: its study.json files give no valid spec "
+                           f"({'; '.join(exc.problems)})") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,15 +4,17 @@ copied into the run folder so the study report shows time-to-result."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from experiments import cli, costcache
 from experiments.costcache import cache_path, ensure_cost_model, measure_cost_model
+from experiments.workload import Workload
 from training import costmodel
 
-WORKLOAD = {"dataset": "teacher", "dataset_options": {"n": 600, "dim": 8, "num_classes": 3, "hidden": 16},
-            "model": "mlp", "model_options": {"hidden": [16]}}
+WORKLOAD = Workload("teacher", "mlp", dataset_options={"n": 600, "dim": 8, "num_classes": 3, "hidden": 16},
+                    model_options={"hidden": [16]})
 # a cost model with known constants: t(B, k) = 1 ms + 2 us B / k (+ ring all-reduce)
 KNOWN = costmodel.CostModel(t_fixed=1e-3, t_example=2e-6, alpha=5e-5, beta=1e-9, n_params=100,
                             bytes_per_param=4, meta={"workload": "teacher/mlp"})
@@ -42,7 +44,7 @@ def test_measured_once_per_machine_and_workload_then_copied(measured, tmp_path):
     assert len(measured) == 1 and a.read_text() == b.read_text() == cache_path(WORKLOAD).read_text()
     assert costmodel.load_cost_model(b) == KNOWN
     assert costmodel.load_measurements(b) == MEAS
-    other = dict(WORKLOAD, model_options={"hidden": [32]})
+    other = replace(WORKLOAD, model_options={"hidden": [32]})
     (tmp_path / "c").mkdir()
     ensure_cost_model(tmp_path / "c", other, quiet=True)
     assert len(measured) == 2 and cache_path(other) != cache_path(WORKLOAD)

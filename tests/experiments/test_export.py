@@ -3,7 +3,6 @@ and group summaries the store holds."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -12,10 +11,30 @@ import pytest
 import experiments
 from experiments import cli
 from experiments.export import export_tensorboard, summary_run, trial_run
-from experiments.store import GroupRecord, StudyInfo, TrialRow, open_store
+from experiments.schema import GroupRecord, StudyInfo, TrialRow
+from experiments.spec import loads
+from experiments.store import open_store
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+
+SPEC = loads("""
+name = "tb"
+optimizer = "momentum"
+batch_sizes = [8, 64, 512]
+sparsities = [0.0, 0.5]
+
+[workload]
+dataset = "teacher"
+model = "mlp"
+
+[goal]
+target = 0.2
+
+[search]
+lr = {scale = "log", min = 1e-3, max = 1.0}
+""")
 
 
 def _curve(rng: np.random.Generator, n: int, diverge: bool) -> tuple:
@@ -31,9 +50,7 @@ def _curve(rng: np.random.Generator, n: int, diverge: bool) -> tuple:
 def store(tmp_path_factory):
     run = tmp_path_factory.mktemp("tb") / "run"
     rng = np.random.default_rng(0)
-    spec = {"name": "tb", "optimizer": "momentum"}
-    text = json.dumps(spec)
-    with open_store(run, StudyInfo("tb", "", "h", text)) as s:
+    with open_store(run, StudyInfo(SPEC.name, SPEC.toml, SPEC.hash, SPEC.to_json())) as s:
         for sparsity in (0.0, 0.5):
             for b in (8, 64, 512):
                 trials = []

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import experiments
-from experiments.findings import formulas
 from experiments.mathsvg import latex_svg, to_mathtext
 from experiments.report import write_report
+from experiments.theory_view import formulas
 
 FORMULAS = formulas(["momentum"])   # (what, LaTeX, Unicode) of every formula the report shows
 

@@ -11,7 +11,9 @@ BATCHES = 2.0 ** np.arange(0, 15)
 
 
 def iterate_moments(spec, lr, mom, batch, steps, precond=0.0):
-    """E x^2 by applying REFERENCE.md's 3x3 moment map step by step (b = 0 is SGD)."""
+    """E x^2 by applying the 3x3 second-moment map of heavy-ball SGD on each NQM coordinate
+    (Zhang et al. 2019, "Which algorithmic choices matter at which batch sizes?") step by step
+    (momentum 0 is SGD)."""
     p = spec.h**-precond
     z, n = lr * p * spec.h, lr**2 * p**2 * spec.c / batch
     x2, v2, xv = spec.s0.copy(), np.zeros_like(spec.s0), np.zeros_like(spec.s0)

@@ -223,8 +223,8 @@ def test_all_imports_every_workload_below_the_archive_root(tmp_path):
     assert status == 0
     nesterov = experiments.load_results(tmp_path / "runs" / "mnist" / "cnn" / "nesterov_momentum")
     sgd = experiments.load_results(tmp_path / "runs" / "subsets" / "mnist_1k" / "cnn" / "sgd")
-    assert nesterov.spec["optimizer"] == "nesterov" and nesterov.spec["batch_sizes"] == [16, 64, 256]
-    assert sgd.spec["name"] == "subsets/mnist_1k/cnn" and sgd.spec["optimizer"] == "sgd"
+    assert nesterov.spec.optimizer == "nesterov" and nesterov.spec.batch_sizes == (16, 64, 256)
+    assert sgd.spec.name == "subsets/mnist_1k/cnn" and sgd.spec.optimizer == "sgd"
     assert set(sgd.trials["momentum"]) == {0.0}
     for res, path in ((nesterov, root / "mnist" / "cnn" / "nesterov_momentum"),
                       (sgd, root / "subsets" / "mnist_1k" / "cnn" / "sgd")):
