@@ -337,11 +337,11 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
             any_metric_row |= not momentum_searched
             for k in range(wraps * ncols):
                 ax = axes[i * wraps + k // ncols, k % ncols]
-                if k >= len(sizes):
+                t = mine[mine["batch_size"] == sizes[k]] if k < len(sizes) else mine.iloc[:0]
+                if not len(t):   # columns are batch sizes of every series: not all have each
                     ax.set_visible(False)
                     continue
                 b = sizes[k]
-                t = mine[mine["batch_size"] == b]
                 for status, (color, marker, _) in STATUS_STYLE.items():
                     s = t[t["status"] == status]
                     y = 1.0 - s["momentum"] if momentum_searched else s["final_metric"].fillna(ceiling)

@@ -116,10 +116,9 @@ class Probes:
 
 
 @dataclass(frozen=True)
-class Spec:
-    """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
-    pruning methods or sanity checks is split into one spec per optimizer and pruning series
-    with :func:`variants` (``experiments.series``)."""
+class SpecCore:
+    """What every stored spec says: a study of this library's (:class:`Spec`) or an imported
+    workload (:class:`experiments.external.ExternalSpec`). Subclasses give :meth:`canonical`."""
 
     name: str
     dataset: str
@@ -132,6 +131,36 @@ class Spec:
     strict: bool
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
+
+    def core(self) -> dict[str, Any]:
+        """The canonical form of the fields above."""
+        return {
+            "name": self.name,
+            "workload": {"dataset": self.dataset, "dataset_options": self.dataset_options,
+                         "model": self.model, "model_options": self.model_options},
+            "optimizer": self.optimizer,
+            "goal": {"metric": self.metric, "target": self.target, "strict": self.strict},
+            "batch_sizes": list(self.batch_sizes),
+            "sparsities": list(self.sparsities),
+        }
+
+    def canonical(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return canonical_json(self.canonical())
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Spec(SpecCore):
+    """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
+    pruning methods or sanity checks is split into one spec per optimizer and pruning series
+    with :func:`variants` (``experiments.series``)."""
+
     pruning_method: str
     search: dict[str, Dimension]
     search_seed: int
@@ -152,13 +181,7 @@ class Spec:
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
         return {
-            "name": self.name,
-            "workload": {"dataset": self.dataset, "dataset_options": self.dataset_options,
-                         "model": self.model, "model_options": self.model_options},
-            "optimizer": self.optimizer,
-            "goal": {"metric": self.metric, "target": self.target, "strict": self.strict},
-            "batch_sizes": list(self.batch_sizes),
-            "sparsities": list(self.sparsities),
+            **self.core(),
             "pruning": {"method": self.pruning_method,
                         **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
             **({"series": self.series} if self.series else {}),
@@ -170,13 +193,6 @@ class Spec:
             "seeds": list(self.seeds),
             "probes": asdict(self.probes),
         }
-
-    def to_json(self) -> str:
-        return canonical_json(self.canonical())
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def variants(self) -> list["Spec"]:
         """One spec per listed optimizer and pruning series (``[self]`` if there is one of each),
