@@ -4,7 +4,9 @@
 - ``bench`` (the vectorized trainer against the plain loop, :mod:`training.bench`) and
   ``bench ddp`` (DDP step times and the wall-clock cost model, :mod:`training.ddp_bench`);
 - ``ddp``: one DistributedDataParallel trial on the workers ``torchrun`` started
-  (:mod:`training.distributed`).
+  (:mod:`training.distributed`);
+- ``import`` (published measurements into run folders) and ``export`` (a run folder's results in
+  standard formats): :mod:`experiments.cli_exchange`.
 
 Bad input (a spec problem, an unknown data set, a store holding another study: any
 ``training.SparsescaleError``) prints ``error: ...`` (one line per spec problem) and exits with
@@ -22,6 +24,7 @@ from training import bench, ddp_bench, distributed
 from training.errors import SparsescaleError
 from training.process import setup_training_process
 
+from .cli_exchange import add_parsers as add_exchange_parsers
 from .spec import SpecError
 
 DESCRIPTION = """\
@@ -50,7 +53,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
             print(format_plan(variant, plan(variant)))
         return 0
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
-                               dask=args.dask, report=not args.no_report)
+                               dask=args.dask, report=not args.no_report,
+                               cost_model=not (args.no_cost_model or args.no_report))
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
 
@@ -150,14 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true",
                    help="store results and probes only (write the report later with "
                         "`sparsescale report RUN_DIR`)")
+    p.add_argument("--no-cost-model", action="store_true",
+                   help="skip this machine's DDP cost model (otherwise measured once per machine "
+                        "and workload, cached, and copied into the run folder as cost_model.json "
+                        "for the report's time-to-result section)")
     p.set_defaults(fn=_cmd_study)
 
     p = sub.add_parser("report", help="write the report of one or more run folders",
                        description="Write report.html, report.md, figures/ and summary.csv from "
                                    "the stores of the given run folders; a run folder holding "
-                                   "cost_model.json (`sparsescale bench ddp --out "
-                                   "RUN_DIR/cost_model.json`) adds predicted time-to-result on "
-                                   "k workers and time_to_result.csv.")
+                                   "cost_model.json (put there by `sparsescale study`, or "
+                                   "`sparsescale bench ddp --out RUN_DIR/cost_model.json`) adds "
+                                   "predicted time-to-result on k workers and "
+                                   "time_to_result.csv.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", help="report folder (default: the first run folder)")
     p.set_defaults(fn=_cmd_report)
@@ -175,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=512, help="training examples used")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_probe)
+
+    add_exchange_parsers(sub)
 
     p = sub.add_parser("list", help="list data sets, models, pruning methods and bundled configs",
                        description="List the names accepted in study configs.")

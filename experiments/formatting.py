@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from .spec import Spec
+from .external import ExternalSpec
+from .spec import Budget, Spec
 
 
 def fmt_num(x, digits: int = 4) -> str:
@@ -49,6 +50,18 @@ def series_label(run: str, sparsity: float, combined: bool) -> str:
     return f"{run}, {sparsity_label(sparsity)}" if combined else sparsity_label(sparsity)
 
 
-def goal_text(spec: Spec) -> str:
-    """'validation error < 0.3' (``<=`` for a non-strict goal, Lee et al. 2021)."""
-    return f"validation {spec.metric} {'<' if spec.strict else '<='} {spec.target:g}"
+def goal_text(spec: Spec | ExternalSpec) -> str:
+    """'validation error < 0.3' (``<=`` for a non-strict goal, Lee et al. 2021); an imported
+    workload's metric is a column name that says its split ('val/classification_error < 0.1')."""
+    metric = spec.metric if "/" in spec.metric else f"validation {spec.metric}"
+    return f"{metric} {'<' if spec.strict else '<='} {spec.target:g}"
+
+
+def budget_text(budget: Budget | str) -> str:
+    """The step budget: 'N', 'E examples / B, in [min, max]', or an imported workload's own
+    description (its batch sizes had different budgets)."""
+    if isinstance(budget, str):
+        return budget
+    if budget.max_steps is not None:
+        return str(budget.max_steps)
+    return f"{budget.examples} examples / B, in [{budget.min}, {budget.max}]"

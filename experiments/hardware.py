@@ -1,6 +1,7 @@
 """Time to result on real hardware: a study's measured curves combined with a DDP cost model.
 
-A run folder may hold ``cost_model.json`` (written by ``sparsescale bench ddp --out
+A run folder may hold ``cost_model.json`` (copied in by ``sparsescale study``,
+:mod:`experiments.costcache`, or written by ``sparsescale bench ddp --out
 RUN_DIR/cost_model.json``, :mod:`training.costmodel`). For every series of that run, its measured
 steps-to-result S(B) (the median over the seeds that reached the goal, as in the report's
 steps table) and the cost model's seconds per step t(B, k) give, with
@@ -90,7 +91,8 @@ def hardware_view(runs: Sequence[Run], order: Sequence[str], points: pd.DataFram
         "data-parallel workers: T(B, k) = S(B) · t(B, k) and the cost W = k · T in "
         "worker-seconds, with S(B) the measured steps to result (median over seeds, rounded up "
         "to a whole step) and t(B, k) = t_fixed + t_example · B / k + t_allreduce(P, k) the "
-        "cost model measured with `sparsescale bench ddp` (ring all-reduce: "
+        "cost model measured on this machine by `sparsescale study` or `sparsescale bench ddp` "
+        "(ring all-reduce: "
         "2 (k − 1) α + 2 (k − 1) / k · β · P · bytes). Times count training steps only, not "
         "evaluations; a B not divisible by k has no entry. Sparse series use the dense step "
         "time: masked weights are still computed and all-reduced."]

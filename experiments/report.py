@@ -137,7 +137,8 @@ def build(runs: RunSet) -> Report:
                                       *(_table(*t) for t in T.hardware_tables(hardware)))),
         Section("What was fitted and what was predicted", 2,
                 (Paragraphs(tuple(prediction_statement(p) for p in theory.runs)),)),
-        Section("Theory formulas", 2, tuple(Formula(*f) for f in theory.formulas)),
+        Section("Theory formulas", 2, tuple(Formula(*f, name=f"formula{i}")
+                                            for i, f in enumerate(theory.formulas))),
         Section("Study specs", 2, tuple(
             Section(r.label, 3, (Code(r.spec.toml.strip(), "toml"),)) for r in runs.runs)),
     )

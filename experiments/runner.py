@@ -178,7 +178,7 @@ def study_info(spec: Spec) -> StudyInfo:
 def run_study(config: str | Path | Spec, out: str | Path | None = None,
               workers: int | None = None, executor: Executor | None = None,
               quiet: bool = False, dask: str | None = None, probes: bool = True,
-              report: bool = True) -> Path:
+              report: bool = True, cost_model: bool = False) -> Path:
     """Run (or complete) the study ``config`` into ``out`` and return the run folder.
 
     ``config``: a TOML path, a bundled config name (``"quickstart"``) or a :class:`Spec`.
@@ -188,14 +188,17 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     in the store are skipped; then the probes run (unless disabled) and the report is written.
     A spec listing several optimizers or pruning series (methods, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
-    writes one report comparing them into ``out``.
+    writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
+    model into ``out`` for the report's time-to-result section (:mod:`experiments.costcache`:
+    measured once per machine and workload, then cached; ``sparsescale study`` does this unless
+    given ``--no-cost-model`` or ``--no-report``).
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
     variants = spec.variants()
     if len(variants) > 1:
         dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
-                          report=False) for v in variants]
+                          report=False, cost_model=cost_model) for v in variants]
         if report:
             _write_report(dirs, out, quiet)
         return out
@@ -230,6 +233,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     ex.shutdown(wait=False, cancel_futures=True)
         if probes and spec.probes.enabled:
             run_probes(spec, dataset, store, quiet=quiet)
+    if cost_model:
+        from .costcache import ensure_cost_model
+
+        ensure_cost_model(out, workload, quiet)
     if report:
         _write_report([out], out, quiet)
     return out

@@ -4,7 +4,8 @@ Everything here reads :class:`experiments.store.Results` (never a study's in-mem
 same store always gives the same report. Several run folders can be combined (e.g. an SGD and a
 momentum study): each run gets a label "study (optimizer)" and every curve is a *series* = (run,
 sparsity level). :class:`RunSet` holds the stored tables of every run with ``run`` and ``series``
-columns, and what the runs' specs plan (:func:`experiments.planning.plan`); the analysis
+columns, and what the runs' specs plan (:func:`experiments.planning.plan`; an imported run,
+:mod:`experiments.external`, plans the groups it holds); the analysis
 (:mod:`experiments.analysis`) takes these frames.
 """
 
@@ -17,10 +18,10 @@ import pandas as pd
 
 from training.errors import SparsescaleError
 
+from .external import ExternalSpec, StudySpec
 from .formatting import series_label
 from .planning import plan
 from .search import Dimension
-from .spec import Spec
 from .store import Results, load_results
 
 
@@ -41,7 +42,7 @@ class Run:
     label: str
 
     @property
-    def spec(self) -> Spec:
+    def spec(self) -> StudySpec:
         return self.results.spec
 
     @property
@@ -140,9 +141,8 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
         return pd.concat(frames, ignore_index=True)
 
     planned = pd.DataFrame(
-        [(r.label, series_label(r.label, g.sparsity, combined), float(g.sparsity),
-          int(g.batch_size), int(g.seed), r.spec.probes.enabled)
-         for r in runs for g in plan(r.spec)],
+        [(r.label, series_label(r.label, s, combined), float(s), int(b), int(seed),
+          r.spec.probes.enabled) for r in runs for s, b, seed in planned_cells(r.spec)],
         columns=["run", "series", "sparsity", "batch_size", "seed", "probes"])
     order = []
     for r in runs:
@@ -150,3 +150,11 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
         order += [series_label(r.label, s, combined) for s in levels]
     return RunSet(runs, stacked("groups"), stacked("trials"), stacked("probes"), stacked("study"),
                   planned, tuple(order))
+
+
+def planned_cells(spec: StudySpec) -> list[tuple[float, int, int]]:
+    """(sparsity, batch size, seed) of every group ``spec`` plans; an import plans the groups it
+    holds."""
+    if isinstance(spec, ExternalSpec):
+        return spec.cells()
+    return [(g.sparsity, g.batch_size, g.seed) for g in plan(spec)]

@@ -3,9 +3,9 @@
 A :class:`Document` is a title and a tree of :class:`Section` s; a section holds blocks in
 order: :class:`Paragraphs` (body text, a table's note, or the findings), :class:`Table` (cells
 already formatted as text), :class:`Figure` (PNG bytes), :class:`Formula` (LaTeX and a Unicode
-rendering), :class:`Code`, and sub-sections. :func:`render` fills ``templates/report.md.j2`` or
-``templates/report.html.j2`` with it: the two formats are two templates of the same model, not
-two walkers of the report. The HTML is self-contained (inline CSS, figures as base64 data URIs,
+rendering; inline SVG in the HTML), :class:`Code`, and sub-sections. :func:`render` fills
+``templates/report.md.j2`` or ``templates/report.html.j2`` with it: the two formats are two
+templates of the same model, not two walkers of the report. The HTML is self-contained (inline CSS, figures as base64 data URIs,
 no scripts); text is escaped with :func:`html.escape`. Rendering is deterministic: the same
 document gives the same bytes.
 """
@@ -22,6 +22,7 @@ from typing import ClassVar, Union
 import jinja2
 import pandas as pd
 
+from .mathsvg import latex_svg
 from .runs import ReportError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -71,12 +72,23 @@ class Figure:
 
 @dataclass(frozen=True)
 class Formula:
-    """A formula: what it is, its LaTeX, and a Unicode rendering that reads without a TeX engine."""
+    """A formula: what it is, its LaTeX, and a Unicode rendering that reads without a TeX engine.
+    The HTML shows it as inline SVG (:attr:`svg`, whose ids start with ``name``: unique per
+    document), or as the Unicode rendering when mathtext cannot parse the LaTeX."""
 
     what: str
     tex: str
     pretty: str
+    name: str = "formula"
     kind: ClassVar[str] = "formula"
+
+    @property
+    def svg(self) -> str:
+        """The formula as an inline ``<svg>`` (:func:`experiments.mathsvg.latex_svg`), or ""."""
+        try:
+            return latex_svg(self.tex, self.name)
+        except ValueError:
+            return ""
 
 
 @dataclass(frozen=True)

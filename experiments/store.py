@@ -29,9 +29,10 @@ import pandas as pd
 from training.config import ADAM_KEYS
 from training.errors import SparsescaleError
 
+from .external import StudySpec, external_spec, is_external
 from .schema import (ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS,
                      GroupRecord, ProbeRow, StudyInfo)
-from .spec import Spec, SpecError, from_canonical
+from .spec import SpecError, from_canonical
 
 DB_NAME = "results.sqlite"
 
@@ -314,7 +315,8 @@ def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:
 @dataclass(frozen=True)
 class Results:
     """A study's stored results as pandas DataFrames (see ``COLUMNS`` for the columns) and its
-    validated :class:`~experiments.spec.Spec` (None while the store has no study row).
+    validated :class:`~experiments.spec.Spec` (an :class:`~experiments.external.ExternalSpec`
+    for an imported workload; None while the store has no study row).
 
     ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
     trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
@@ -328,17 +330,21 @@ class Results:
     curves: pd.DataFrame
     probes: pd.DataFrame
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
-    spec: Spec | None = None
+    spec: StudySpec | None = None
 
 
-def stored_spec(study: pd.DataFrame, path: Path) -> Spec | None:
-    """The spec of a store's study row, validated again and checked against its stored hash."""
+def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
+    """The spec of a store's study row, validated again and checked against its stored hash: a
+    :class:`Spec`, or for an imported workload (its spec names a ``source``) an
+    :class:`~experiments.external.ExternalSpec`."""
     if not len(study):
         return None
     row = study.iloc[0]
     try:
-        spec = from_canonical(json.loads(row["spec_json"]), toml_text=str(row["spec_toml"]))
-    except (SpecError, KeyError, json.JSONDecodeError) as exc:
+        canonical = json.loads(row["spec_json"])
+        parse = external_spec if is_external(canonical) else from_canonical
+        spec = parse(canonical, toml_text=str(row["spec_toml"]))
+    except (SpecError, KeyError, TypeError, json.JSONDecodeError) as exc:
         reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else repr(exc)
         raise StoreError(f"{path}: the stored spec is not a valid study spec ({reason}); was "
                          f"it written by another sparsescale version?") from None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from .analysis import Fits
-from .formatting import fmt_interval, fmt_num, goal_text, sparsity_label
+from .formatting import budget_text, fmt_interval, fmt_num, goal_text, sparsity_label
 from .hardware import HardwarePart
 from .runs import Run
 from .theory_view import held
@@ -31,7 +31,7 @@ def overview_table(runs: Sequence[Run]) -> pd.DataFrame:
     rows = []
     for r in runs:
         s = r.spec
-        bs, budget = s.batch_sizes, s.budget
+        bs = s.batch_sizes
         rows.append({
             "study": r.label,
             "workload": f"{s.dataset} / {s.model}",
@@ -42,8 +42,7 @@ def overview_table(runs: Sequence[Run]) -> pd.DataFrame:
             "pruning": s.pruning_method + (f" / {s.pruning_sanity}" if s.pruning_sanity else ""),
             "trials per group": str(s.trials),
             "seeds": ", ".join(map(str, s.seeds)),
-            "step budget": (str(budget.max_steps) if budget.max_steps is not None else
-                            f"{budget.examples} examples / B, in [{budget.min}, {budget.max}]"),
+            "step budget": budget_text(s.budget),
         })
     return pd.DataFrame(rows)
 

@@ -6,6 +6,7 @@ import html
 import pandas as pd
 import pytest
 
+from experiments.mathsvg import latex_svg
 from experiments.runs import ReportError
 from experiments.sections import Code, Document, Figure, Formula, Paragraphs, Section, Table, render
 
@@ -33,6 +34,7 @@ def test_markdown():
 
 def test_html():
     data = base64.b64encode(PNG).decode()
+    svg = latex_svg(r"\frac{a}{b}", "formula")   # the formula drawn as inline SVG
     out = render(DOC, "html")
     head, body = out.split("</style></head><body>\n")
     assert head.startswith('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
@@ -47,11 +49,17 @@ def test_html():
         f'src="data:image/png;base64,{data}"><figcaption>cap &amp; more</figcaption></figure>\n'
         '<h2>Tables</h2>\n<h3>Sub</h3>\n<p class="note">a note</p>\n'
         "<h2>Text</h2><p>p1</p><p>p2</p>\n<h3>Inner</h3><pre>k = 1</pre>\n"
-        '<h2>Formulas</h2>\n<p>What:</p><pre class="math">a/b</pre><details><summary>LaTeX</summary>'
+        f'<h2>Formulas</h2>\n<p>What:</p><div class="math">{svg}</div><details><summary>LaTeX</summary>'
         '<code class="tex">\\frac{a}{b}</code></details>\n'
         "</body></html>\n")
     # every text is escaped as html.escape does (the report's bytes depend on it)
     assert html.escape("'q'") in out and "<script" not in out
+
+
+def test_a_formula_mathtext_cannot_draw_falls_back_to_its_unicode_rendering():
+    doc = Document("T", (Section("Formulas", 2, (Formula("Bad", r"\notacommand{x}", "x?", "f0"),)),))
+    assert ('<p>Bad:</p><pre class="math">x?</pre><details><summary>LaTeX</summary>'
+            '<code class="tex">\\notacommand{x}</code></details>') in render(doc, "html")
 
 
 def test_figures_are_collected_in_order_and_bad_format_is_refused():
