@@ -229,6 +229,11 @@ def _mask_items(mask) -> Mapping[str, torch.Tensor] | None:
     return mask
 
 
+def split_size(dataset: Dataset, split: str = "train") -> int:
+    """Number of examples in ``split`` of ``dataset``."""
+    return int(select_examples(dataset, None, split=split)[0].shape[0])
+
+
 def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tensor | None = None,
                     seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of ``split``: all of them (``examples=None``), a sample without
