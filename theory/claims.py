@@ -94,9 +94,8 @@ def combine(*verdicts: str) -> str:
 
 def ratio_interval(num: Interval, den: Interval) -> Interval:
     """Conservative interval of a / b from intervals of positive a and b."""
-    with np.errstate(divide="ignore"):
-        return (float(np.divide(num[0], den[1])) if den[1] > 0 else math.nan,
-                float(np.divide(num[1], den[0])) if den[0] > 0 else math.inf)
+    return (num[0] / den[1] if den[1] > 0 else math.nan,
+            num[1] / den[0] if den[0] > 0 else math.inf)
 
 
 def _fmt(value: float, interval: Interval) -> str:
@@ -203,6 +202,9 @@ def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
         if s == reference:
             continue
         ls, ds = find(summaries, s, "L_mean"), find(summaries, s, "delta")
+        if len({len(x.replicates) for x in (ls, ds, lr, dr)}) > 1:
+            raise TheoryError("summaries of different levels have different numbers of bootstrap "
+                              "replicates: summarize every level in one call")
         reps = ls.replicates / lr.replicates
         l_ratio[s] = _Ratio(ls.value / lr.value, _replicate_interval(reps, level))
         reps = reps * ds.replicates / dr.replicates

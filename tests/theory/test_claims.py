@@ -189,3 +189,6 @@ def test_judge_claims_lists_every_scored_claim():
     assert not any(x.claim.startswith("lee") for x in only_dense)
     with pytest.raises(TheoryError, match="no measured curve"):
         shape(fits, [curve(0.0, 100, 461)])
+    mixed = summaries((0.0, 2.0, 0.05), n_boot=50) + summaries((0.9, 4.0, 0.05), n_boot=60)
+    with pytest.raises(TheoryError, match="one call"):
+        lee_sparsity(mixed, fits, [curve(0.0, 100, 461), curve(0.9, 210, 390)])
