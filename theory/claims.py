@@ -5,17 +5,17 @@ interval; the verdict is "holds" when the whole interval lies inside the allowed
 not hold" when it lies wholly outside, and "inconclusive" when it straddles the line. Two tiers:
 the paper's own tolerance, and a strict one (within 2x).
 
-- ``mccandlish`` (McCandlish et al. 2018, sec. 2.2 and fig. 4: "the noise scale predicts the
-  critical batch size to within an order of magnitude"): B_simple at the goal
+- ``mccandlish`` (McCandlish et al. 2018 find that the simple noise scale predicts the critical
+  batch size to within about an order of magnitude across tasks): B_simple at the goal
   (:mod:`theory.summaries`) against the fitted B_crit. Paper: ratio within 10x; strict: 2x.
-- ``lee_sparsity`` (Lee et al. 2021, sec. 4-5: sparser networks need more steps because their
+- ``lee_sparsity`` (Lee et al. 2021: sparser networks need more steps because their
   local Lipschitz constant L is larger; the bound's S_min is proportional to L Delta): the
   predicted sparse/reference ratio (L_s Delta_s) / (L_d Delta_d) against the measured one, as the
   fitted S_min ratio and as the median over batch sizes of the step ratio. Paper: the measured
   ratio has a direction (its interval excludes 1), the prediction and the L ratio point the same
   way with intervals excluding 1, and, with >= 3 sparsity levels, prediction and measurement are
   ordered alike and monotone in sparsity. Strict: predicted / measured within 2x.
-- ``shape_slope`` (Shallue et al. 2019, sec. 4.1; Lee et al. 2021: perfect scaling at small
+- ``shape_slope`` (Shallue et al. 2019; Lee et al. 2021: perfect scaling at small
   batch sizes): least-squares slope of log steps on log batch size over the smallest
   ``small`` batch sizes, in [-1.1, -0.8].
 - ``shape_plateau`` (same papers: maximal data parallelism): steps at the largest batch size
