@@ -44,8 +44,8 @@ _AT_END = 1.0 - 1e-9
 @dataclass(frozen=True)
 class Statistic:
     """How one summary is computed: ``quantity`` (or ``quantity`` / ``denominator`` as a ratio of
-    sums pooled over runs), on the points with fraction in [``start``, ``stop``], each run
-    reduced by ``reduce`` (mean over runs) unless it is a ratio."""
+    sums pooled over runs), on the points with fraction in [``start``, ``stop``] (``start="goal"``:
+    1 - the goal window), each run reduced by ``reduce`` (mean over runs) unless it is a ratio."""
 
     quantity: str
     start: float | str = 0.0
