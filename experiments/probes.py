@@ -24,12 +24,17 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+import theory
 import training
+from training.masks import apply_mask
 
 from .executors import torch_threads
+from .schema import ProbeRow
 from .spec import Spec
-from .store import ProbeRow, Store
+from .store import Store
+from .workload import Workload
 
 # Hessian-weighted noise (B_noise) costs one Hessian-vector product per sampled example: cap it.
 HESSIAN_EXAMPLES = 16
@@ -46,8 +51,6 @@ def probe_network(model: torch.nn.Module, dataset: training.Dataset,
                   seed: int = 0) -> dict[str, float]:
     """Noise and smoothness of ``model`` at its current weights on ``examples`` training examples:
     ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise``, ``hessian_top``, ``loss``."""
-    import theory
-
     examples = min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
                                   hessian_examples=min(HESSIAN_EXAMPLES, examples))
@@ -99,16 +102,9 @@ def _rows(values: dict[str, float], sparsity: float, phase: str, step: int,
 def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: float,
                 mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
     """All probe rows of one sparsity level (see the module docstring)."""
-    from .runner import build_model
-
     seed = spec.seeds[0]
-    workload = spec.canonical()["workload"]
-    model = build_model(workload, dataset, seed)
-    if mask is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in mask:
-                    p.mul_(mask[name].to(p.dtype))
+    model = Workload.of(spec).build_model(dataset, seed)
+    apply_mask(model, mask)
     n = spec.probes.examples
     rows = _rows(probe_network(model, dataset, mask, n, seed), sparsity, "init", 0, None)
 
@@ -121,14 +117,13 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
 
     def state_at(steps: int) -> dict[str, torch.Tensor]:
         res = training.train_reference(
-            model, dataset, batch_size=b_ref, lr=float(trial.lr), momentum=float(trial.momentum),
-            optimizer=spec.optimizer, steps=steps, seed=seed, trial_index=int(trial.trial),
-            decay_steps=decay,
-            end_factor=float(trial.end_factor), target=None, stop_at_goal=False, mask=mask,
-            eval_schedule=training.EvalSchedule(every=max(steps, 1)))
+            model, dataset,
+            training.Trial(lr=float(trial.lr), momentum=float(trial.momentum), decay_steps=decay,
+                           end_factor=float(trial.end_factor)),
+            training.RunConfig(b_ref, spec.optimizer, max_steps=steps, stop="never", seed=seed,
+                               eval_schedule=training.EvalSchedule(every=max(steps, 1))),
+            mask=mask, trial_index=int(trial.trial))
         return res.state
-
-    import theory
 
     for t in snapshot_steps(horizon, spec.probes.points):
         w_prev, w_next = state_at(t - 1), state_at(t)
@@ -146,14 +141,11 @@ def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: f
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False) -> None:
     """Probe every sparsity level not yet in the store (one transaction per level), with
     ``PROBE_THREADS`` torch threads."""
-    from .runner import compute_masks
-
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return
     # outside the thread change: the same masks, bit for bit, as the runner gave the groups
-    masks = compute_masks(spec, dataset, ((s, spec.seeds[0]) for s in todo))
-    from tqdm.auto import tqdm
+    masks = Workload.of(spec).masks(dataset, ((s, spec.seeds[0]) for s in todo))
 
     with torch_threads(PROBE_THREADS):
         for sparsity in tqdm(todo, disable=quiet, desc="probes", unit="level"):

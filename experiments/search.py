@@ -15,11 +15,31 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import qmc
 
-from .spec import SEARCH_KEYS, Dimension
+SCALES = ("log", "reverse-log", "linear")
+# the searchable metaparameters, in the order they take Sobol coordinates
+SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One metaparameter: searched over [min, max] on ``scale``, or ``fixed`` (min == max).
+
+    ``relative`` (decay_steps only): values are fractions of the group's step budget.
+    """
+
+    scale: str
+    min: float
+    max: float
+    relative: bool = False
+
+    @property
+    def fixed(self) -> bool:
+        return self.min == self.max
 
 
 def unit_points(n: int, dims: int, seed: int) -> np.ndarray:

@@ -28,6 +28,8 @@ from torch import nn
 from training.data import Dataset
 from training.goal import loss_fn
 
+from .errors import PruningError
+
 Params = Mapping[str, torch.Tensor]
 
 # Pruning batches (Synaptic-Flow's choices, Tanaka et al. 2020; Wang et al. 2020 for GraSP).
@@ -36,20 +38,20 @@ GRASP_PER_CLASS = 25
 GRASP_TEMPERATURE = 200.0
 
 
-def pruning_batch(data: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pruning_batch(dataset: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic batch data-driven criteria score on: for classification, the first
-    ``per_class`` examples of every class in ``data.x_train`` order (fewer if a class has fewer),
-    classes in increasing order; for regression, the first ``per_class * 10`` examples."""
+    ``per_class`` examples of every class in ``dataset.x_train`` order (fewer if a class has
+    fewer), classes in increasing order; for regression, the first ``per_class * 10`` examples."""
     if per_class < 1:
-        raise ValueError(f"examples per class must be >= 1, got {per_class}")
-    if data.task == "classification":
-        idx = torch.cat([torch.nonzero(data.y_train == c).flatten()[:per_class]
-                         for c in range(data.num_classes)])
+        raise PruningError(f"examples per class must be >= 1, got {per_class}")
+    if dataset.task == "classification":
+        idx = torch.cat([torch.nonzero(dataset.y_train == c).flatten()[:per_class]
+                         for c in range(dataset.num_classes)])
     else:
-        idx = torch.arange(min(per_class * 10, data.n_train))
+        idx = torch.arange(min(per_class * 10, dataset.n_train))
     if idx.numel() == 0:
-        raise ValueError(f"data set {data.name!r} has no training examples to score on")
-    return data.x_train[idx], data.y_train[idx]
+        raise PruningError(f"data set {dataset.name!r} has no training examples to score on")
+    return dataset.x_train[idx], dataset.y_train[idx]
 
 
 def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: Params,
@@ -88,7 +90,7 @@ def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     """GraSP scores -w * (H g) with a Hessian-vector product by double backward; the logits are
     divided by ``temperature`` (classification only; regression uses the plain loss)."""
     if temperature <= 0:
-        raise ValueError(f"GraSP temperature must be > 0, got {temperature}")
+        raise PruningError(f"GraSP temperature must be > 0, got {temperature}")
     loss = loss_fn(task)
     scale = temperature if task == "classification" else 1.0
     tempered = lambda out: loss(out / scale, y.to(x.device))  # noqa: E731

@@ -18,9 +18,12 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from training.config import RunConfig, Trial
 from training.data import Dataset
+from training.masks import apply_mask
 from training.reference import train_reference
 
+from .errors import PruningError
 from .mask import Mask
 from .select import top_k_mask
 
@@ -39,7 +42,7 @@ IMP_MOMENTUM = 0.9
 def round_sparsities(sparsity: float, rounds: int) -> list[float]:
     """Sparsity after each round: 1 - (1 - sparsity)^((r+1)/rounds); the last is ``sparsity``."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+        raise PruningError(f"rounds must be an integer >= 1, got {rounds!r}")
     density = 1.0 - sparsity
     return [1.0 - density ** ((r + 1) / rounds) for r in range(rounds - 1)] + [sparsity]
 
@@ -50,9 +53,7 @@ def prune_in_rounds(work: nn.Module, params: Mapping[str, nn.Parameter], score_f
     final name -> 0/1 mask."""
     current = {k: torch.ones(p.shape) for k, p in params.items()}
     for s in round_sparsities(sparsity, rounds):
-        with torch.no_grad():
-            for k, p in params.items():
-                p.mul_(current[k].to(device=p.device, dtype=p.dtype))
+        apply_mask(params, current)
         scores = score_fn(work, params, current)
         scores = {k: torch.where(current[k] > 0, v.detach().cpu().to(torch.float64),
                                  torch.tensor(float("-inf"), dtype=torch.float64))
@@ -61,15 +62,17 @@ def prune_in_rounds(work: nn.Module, params: Mapping[str, nn.Parameter], score_f
     return current
 
 
-def default_train_fn(data: Dataset, seed: int = 0, steps: int = IMP_STEPS,
+def default_train_fn(dataset: Dataset, seed: int = 0, steps: int = IMP_STEPS,
                      batch_size: int = IMP_BATCH, lr: float = IMP_LR,
                      momentum: float = IMP_MOMENTUM) -> TrainFn:
     """IMP's default training run: ``training.train_reference`` with heavy-ball momentum
     (defaults: 200 steps, batch 64, lr 0.1, momentum 0.9, data seed ``seed``), masked."""
+    trial = Trial(lr=lr, momentum=momentum)
+    run = RunConfig(batch_size=min(batch_size, dataset.n_train), optimizer="momentum",
+                    max_steps=steps, seed=seed)
+
     def train(model: nn.Module, mask: Mask) -> nn.Module:
-        result = train_reference(model, data, batch_size=min(batch_size, data.n_train), lr=lr,
-                                 momentum=momentum, optimizer="momentum", steps=steps, seed=seed,
-                                 mask=mask)
+        result = train_reference(model, dataset, trial, run, mask=mask)
         trained = copy.deepcopy(model)
         trained.load_state_dict(result.state, strict=False)
         return trained
@@ -83,12 +86,12 @@ def imp_score_fn(train_fn: TrainFn) -> ScoreFn:
               current: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         trained = train_fn(copy.deepcopy(work), Mask(current, {"method": "imp-round"}))
         if not isinstance(trained, nn.Module):
-            raise TypeError(f"imp train_fn must return the trained nn.Module, "
+            raise PruningError(f"imp train_fn must return the trained nn.Module, "
                             f"got {type(trained).__name__}")
         trained_params = dict(trained.named_parameters())
         missing = [k for k in params if k not in trained_params]
         if missing:
-            raise ValueError(f"imp train_fn returned a model without parameters {missing}")
+            raise PruningError(f"imp train_fn returned a model without parameters {missing}")
         return {k: trained_params[k].detach().abs() for k in params}
 
     return score

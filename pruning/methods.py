@@ -9,6 +9,7 @@ modified: scores are computed on a copy.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from torch import nn
 from training.data import Dataset
 
 from . import criteria
+from .errors import PruningError
 from .iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
 from .mask import Mask, prunable_parameters
 from .select import check_scope, check_sparsity
@@ -25,7 +27,7 @@ from .select import check_scope, check_sparsity
 
 @dataclass(frozen=True)
 class Method:
-    """A pruning method: whether it needs ``data``, its default number of rounds, a summary."""
+    """A pruning method: whether it needs a dataset, its default number of rounds, a summary."""
 
     name: str
     needs_data: bool
@@ -53,7 +55,7 @@ def list_methods() -> list[str]:
 
 @dataclass(frozen=True)
 class _Context:
-    data: Dataset | None
+    dataset: Dataset | None
     seed: int
     per_class: int | None
     temperature: float
@@ -62,7 +64,7 @@ class _Context:
 
 
 def _batch(ctx: _Context, work: nn.Module, default_per_class: int):
-    x, y = criteria.pruning_batch(ctx.data, ctx.per_class or default_per_class)
+    x, y = criteria.pruning_batch(ctx.dataset, ctx.per_class or default_per_class)
     p = next(work.parameters())
     return x.to(device=p.device, dtype=p.dtype), y.to(p.device)
 
@@ -76,63 +78,72 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
     if name == "snip":
         def snip(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.snip_scores(work, params, x, y, ctx.data.task)
+            return criteria.snip_scores(work, params, x, y, ctx.dataset.task)
         return copy.deepcopy, snip
     if name == "grasp":
         def grasp(work, params, cur):
             x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
-            scores = criteria.grasp_scores(work, params, x, y, ctx.data.task, ctx.temperature)
+            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature)
             return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
         return copy.deepcopy, grasp
     if name == "synflow":
         return criteria.linearized_copy, lambda work, params, cur: criteria.synflow_scores(
             work, params, ctx.input_shape)
     if name == "imp":
-        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.data, ctx.seed))
+        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.dataset, ctx.seed))
     raise AssertionError(name)  # unreachable: names are checked against METHODS first
 
 
-def prune(model: nn.Module, method: str, sparsity: float, data: Dataset | None = None,
+def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | None = None,
           scope: str = "global", rounds: int | None = None, seed: int = 0,
           prune_biases: bool = False, *, per_class: int | None = None,
           temperature: float = criteria.GRASP_TEMPERATURE,
           input_shape: tuple[int, ...] | None = None,
-          train_fn: TrainFn | None = None) -> Mask:
+          train_fn: TrainFn | None = None, data: Dataset | None = None) -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
     - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
-    - ``data``: a ``training.Dataset``; required by snip, grasp and imp. SNIP scores on the first
-      10 training examples of every class, GraSP on 25 per class (``per_class`` overrides both),
-      see ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
+    - ``dataset``: a ``training.Dataset``; required by snip, grasp and imp. SNIP scores on the
+      first 10 training examples of every class, GraSP on 25 per class (``per_class`` overrides
+      both), see ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
+      ``data=`` is its former name, deprecated (DeprecationWarning).
     - ``scope``: ``"global"`` (one ranking across layers) or ``"layer"`` (every layer at the same
       sparsity, within one weight).
     - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 5 for
       imp, 1 otherwise).
     - ``seed``: random scores (random) and IMP's default training data order.
     - ``prune_biases``: also prune Linear / Conv biases (default: weights only).
-    - ``input_shape``: SynFlow's input shape without batch (default ``data.input_shape``).
+    - ``input_shape``: SynFlow's input shape without batch (default ``dataset.input_shape``).
     - ``train_fn(model, mask) -> trained model``: IMP's training run per round (default
       :func:`iterative.default_train_fn`); it receives the initial weights with the mask applied.
 
     The returned mask's ``info`` records the method and options (and ``input_shape`` when
-    known, which ``pruning.report`` uses to count FLOPs).
+    known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
+    :class:`pruning.PruningError`.
     """
+    if data is not None:
+        if dataset is not None:
+            raise PruningError("prune got both dataset= and its deprecated name data=; "
+                               "pass dataset= only")
+        warnings.warn("pruning.prune(data=) is deprecated and will be removed in the next "
+                      "release; pass dataset=", DeprecationWarning, stacklevel=2)
+        dataset = data
     if method not in METHODS:
-        raise ValueError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+        raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
     spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
-    if data is not None and not isinstance(data, Dataset):
-        raise ValueError(f"data must be a training.Dataset, got {type(data).__name__}")
-    if spec.needs_data and data is None and not (method == "imp" and train_fn is not None):
-        raise ValueError(f"pruning method {method!r} needs data=training.Dataset")
-    if input_shape is None and data is not None:
-        input_shape = tuple(data.input_shape)
+    if dataset is not None and not isinstance(dataset, Dataset):
+        raise PruningError(f"dataset must be a training.Dataset, got {type(dataset).__name__}")
+    if spec.needs_data and dataset is None and not (method == "imp" and train_fn is not None):
+        raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
+    if input_shape is None and dataset is not None:
+        input_shape = tuple(dataset.input_shape)
     if method == "synflow" and input_shape is None:
-        raise ValueError("pruning method 'synflow' needs input_shape=(...) or data=Dataset "
-                         "to build its all-ones input")
+        raise PruningError("pruning method 'synflow' needs input_shape=(...) or "
+                           "dataset=training.Dataset to build its all-ones input")
     rounds = spec.default_rounds if rounds is None else rounds
-    ctx = _Context(data, int(seed), per_class, float(temperature), input_shape, train_fn)
+    ctx = _Context(dataset, int(seed), per_class, float(temperature), input_shape, train_fn)
     make_work, score_fn = _scorer(method, ctx)
     work = make_work(model)
     params = prunable_parameters(work, prune_biases)
@@ -146,6 +157,6 @@ def prune(model: nn.Module, method: str, sparsity: float, data: Dataset | None =
                                           else criteria.GRASP_PER_CLASS)
     if method == "grasp":
         info["temperature"] = float(temperature)
-    if data is not None:
-        info["data"] = data.name
+    if dataset is not None:
+        info["data"] = dataset.name
     return Mask(entries, info)

@@ -13,21 +13,23 @@ from collections.abc import Mapping
 
 import torch
 
+from .errors import PruningError
+
 SCOPES = ("global", "layer")
 
 
 def check_sparsity(sparsity: float) -> float:
-    """``sparsity`` as a float in [0, 1), else ValueError naming what is allowed."""
+    """``sparsity`` as a float in [0, 1), else PruningError naming what is allowed."""
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) \
             or not math.isfinite(sparsity) or not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+        raise PruningError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     return float(sparsity)
 
 
 def check_scope(scope: str) -> str:
-    """``scope`` if it is one of SCOPES, else ValueError naming what is allowed."""
+    """``scope`` if it is one of SCOPES, else PruningError naming what is allowed."""
     if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
+        raise PruningError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
     return scope
 
 
@@ -70,7 +72,7 @@ def top_k_mask(scores: Mapping[str, torch.Tensor], sparsity: float,
             for k, v in scores.items()}
     for name, v in flat.items():
         if bool(torch.isnan(v).any()):
-            raise ValueError(f"pruning scores of {name!r} contain NaN")
+            raise PruningError(f"pruning scores of {name!r} contain NaN")
     names = list(flat)
     if scope == "global":
         keep = _keep_top(torch.cat([flat[k] for k in names]),

@@ -1,5 +1,5 @@
 """sparsescale.theory"""
-from . import bounds, nqm, predict, scaling
+from . import bounds, branching, nqm, nqm_branching, predict, scaling
 from .errors import TheoryError
 from .scaling import ScalingFit, fit_scaling
 from .predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels

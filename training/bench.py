@@ -1,7 +1,7 @@
 """Benchmark: trial-steps per second of ``train_trials`` against the plain PyTorch loop.
 
-``python -m training.bench [--models mlp,cnn1d] [--batch-sizes 8,64,512,4096] [--trials 32]``
-(also ``sparsescale bench``). Both trainers run in the same process, one after the other, so the
+``sparsescale bench [--models mlp,cnn1d] [--batch-sizes 8,64,512,4096] [--trials 32]``
+(:func:`add_bench_parser`). Both trainers run in the same process, one after the other, so the
 ratio is meaningful on a shared machine even when absolute numbers are noisy.
 
 - plain loop: ``DataLoader(TensorDataset, shuffle=True)`` + ``nn.Module`` + ``torch.optim.SGD``
@@ -21,15 +21,17 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import data as data_mod
 from . import models
+from .config import EvalSchedule, RunConfig
 from .goal import loss_fn
-from .schedules import EvalSchedule
-from .trials import TrialsResult, train_trials, tune_allocator
+from .process import setup_training_process
+from .trials import TrialsResult, train_trials
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,9 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
                steps: int, trials_per_chunk: int | None = None) -> TrialsResult:
     """``train_trials`` on ``n_trials`` trials (momentum 0.9, learning rates 0.001 * 1.1^k)."""
     trials = [{"lr": 0.001 * 1.1 ** k, "momentum": 0.9} for k in range(n_trials)]
-    return train_trials(net, ds, batch_size, trials, optimizer="momentum", max_steps=steps,
-                        eval_schedule=EvalSchedule(every=max(steps, 1)),
-                        trials_per_chunk=trials_per_chunk)
+    run = RunConfig(batch_size, optimizer="momentum", max_steps=steps,
+                    eval_schedule=EvalSchedule(every=max(steps, 1)))
+    return train_trials(net, ds, trials, run, trials_per_chunk=trials_per_chunk)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
@@ -154,22 +156,13 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join([head, *lines])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sparsescale bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="mlp,cnn1d", help="comma-separated (default mlp,cnn1d)")
-    p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
-    p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
-    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--samples", type=int, default=10_000, help="MNIST-1D samples (default 10000)")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall time (default) or process CPU time (robust on a shared machine "
-                        "with --threads 1)")
-    args = p.parse_args(argv)
+def run_bench_command(args: argparse.Namespace) -> int:
+    """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models and
+    batch sizes. Returns 0."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    # train_trials tunes malloc on its first call; do it first so both trainers run with it
-    tune_allocator()
+    # both trainers run in a process set up for training, as a study's workers are
+    setup_training_process()
     ds = data_mod.load("mnist1d", num_samples=args.samples)
     peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
     print(f"MNIST-1D {ds.n_train} train examples, {torch.get_num_threads()} torch thread(s), "
@@ -183,5 +176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def add_bench_parser(subparsers: Any, name: str = "bench") -> Any:
+    """Add the ``name`` subcommand (``sparsescale bench``); the handler
+    :func:`run_bench_command` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
+                                         "loop", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="mlp,cnn1d", help="comma-separated (default mlp,cnn1d)")
+    p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
+    p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
+    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--samples", type=int, default=10_000, help="MNIST-1D samples (default 10000)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or process CPU time (robust on a shared machine "
+                        "with --threads 1)")
+    p.set_defaults(fn=run_bench_command)
+    return run_bench_command

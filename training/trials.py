@@ -3,12 +3,12 @@
 ``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances all of
 them with one batched forward / backward / update per step (:mod:`training.stacked`). Each trial
 keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
-mask, and its data order, ``BatchOrder(trial_seed(seed, i), n_train, batch_size)``. Nothing in a
-step mixes trials, so trial i follows the same trajectory as ``train_reference(...,
-trial_index=i)`` whatever other trials share its group.
+mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.batch_size)``.
+Nothing in a step mixes trials, so trial i follows the same trajectory as
+``train_reference(..., trial_index=i)`` whatever other trials share its group.
 
 Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
-the goal on the validation split. The goal is evaluated on ``eval_schedule``; at the first
+the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
 evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
 snapshot of its weights and momentum) with an evaluation after every step, so its hit step is
 exact to the step. A trial whose metric dips below the target and back up between two scheduled
@@ -17,27 +17,28 @@ evaluations is not seen, as with any evaluation schedule.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from . import legacy
+from .config import (RunConfig, Trial, check_batch_size, check_index, check_optimizer,
+                     check_trials)
 from .data import Dataset
+from .errors import ConfigError
 from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
+from .masks import check_mask, mask_
 from .order import epoch_permutation, trial_seed
-from .reference import check_mask
 from .results import Curve
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
-from .stacked import FuncProgram, SequentialProgram, build_program, stacked_loss_and_grad
+from .schedules import lr_factor
+from .stacked import (FuncProgram, SequentialProgram, activation_floats, build_program,
+                      default_chunk, stacked_loss_and_grad)
 
 Tensor = torch.Tensor
-STOPS = ("first", "all")
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
 EVAL_BUDGET = 1 << 16
 
@@ -72,46 +73,6 @@ class TrialsResult:
     def state(self, i: int) -> dict[str, Tensor]:
         """Final parameters of trial ``i`` by name."""
         return {name: p[i] for name, p in self.params.items()}
-
-
-# glibc mallopt parameters
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_allocator_tuned = False
-
-
-def tune_allocator() -> bool:
-    """Make glibc's malloc keep freed memory for reuse (once per process; True if applied).
-
-    A stacked step allocates and frees activation tensors of megabytes; by default glibc returns
-    such memory to the OS (heap trimming, mmap) and faults it back on the next step, which took
-    25 % of the CPU time at B = 512 (3000 page faults per step). Raising the trim threshold to
-    1 GiB and the mmap threshold to its 32 MiB maximum (``mallopt``) removed the faults: MLP,
-    16 trials, B = 512: 615 -> 907 trial-steps/s. No effect off glibc."""
-    global _allocator_tuned
-    if not _allocator_tuned and sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            _allocator_tuned = bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-                                    and libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20))
-        except (OSError, AttributeError):
-            _allocator_tuned = False
-    return _allocator_tuned
-
-
-# ----------------------------------------------------------------------------------------------
-# inputs
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
-    """``trials`` as a non-empty list of :class:`Trial` (dicts go through ``Trial.from_dict``)."""
-    if isinstance(trials, (Mapping, Trial)) or not len(trials):
-        raise ConfigError("trials must be a non-empty list of Trial or dicts "
-                          "(keys: lr, momentum, decay_steps, end_factor)")
-    return [Trial.from_dict(dict(t) if isinstance(t, Mapping) else t) for t in trials]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,9 +188,7 @@ class _Runner:
             loss = loss[sel]
             grads = [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
-        masked = [(g, m) for g, m in zip(grads, st.masks) if m is not None]
-        if masked:
-            torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
+        mask_(grads, st.masks)
         lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
         neg_lr = lr.neg().to(self.dtype)
         steps = [_col(neg_lr, p) for p in st.params]
@@ -266,49 +225,6 @@ class _Runner:
 # the trainer
 
 
-# Activation floats (trials x examples x floats per example) one stack may hold: the trial
-# count per stack is the largest power of two from 8 to 128 within it.
-ACTIVATION_BUDGET = 1 << 22
-
-
-def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
-    patches of convolutions."""
-    total = 0
-
-    def hook(module, inputs, output):
-        nonlocal total
-        total += output.numel()
-        if isinstance(module, nn.modules.conv._ConvNd):
-            total += output.numel() // module.out_channels * (
-                module.in_channels // module.groups) * math.prod(module.kernel_size)
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    try:
-        with torch.no_grad():
-            p = next(model.parameters())
-            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
-    finally:
-        for h in handles:
-            h.remove()
-    return total
-
-
-def default_chunk(batch_size: int, floats_per_example: int) -> int:
-    """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
-    the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
-    (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):
-    mlp (450 floats per example), B = 8: 14.0k / 17.2k / 18.0k / 14.0k / 22.6k; B = 64: 5.3k /
-    6.7k / 7.8k / 6.9k; B = 512: 1074 / 1020 / 947 / 873; B = 4096: 125 / 106 / 76 / 68.
-    cnn1d (3095 floats), B = 8: 5.9k / 6.7k / 7.7k / 8.9k; B = 64 (4 / 8 / 16 / 32 trials):
-    1023 / 1205 / 1519 / 1385; B = 512: 198 / 182 / 148 / 125."""
-    n = 128
-    while n > 8 and n * batch_size * floats_per_example > ACTIVATION_BUDGET:
-        n //= 2
-    return n
-
-
 def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                  first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype
                  ) -> list[_Stack]:
@@ -324,8 +240,8 @@ def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor]
         m_st: list[Tensor | None] = [
             None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
             for m, p in zip(mask_list, base)]
-        params = [(p.unsqueeze(0) * (1 if m is None else m)).expand(n, *p.shape).clone()
-                  for p, m in zip(base, m_st)]
+        params = [p.unsqueeze(0).expand(n, *p.shape).clone() for p in base]
+        mask_(params, m_st)
         decays = [trials[i].decay_steps for i in ids]
         f64 = dict(dtype=torch.float64, device=device)
         stacks.append(_Stack(
@@ -341,53 +257,47 @@ def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor]
     return stacks
 
 
-def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
-                 trials: Sequence[Trial | Mapping[str, Any]], optimizer: str = "momentum",
-                 target: Goal | float | None = None, max_steps: int = 1000,
-                 masks: Mapping[str, Tensor] | None = None, seed: int = 0,
-                 eval_schedule: EvalSchedule | None = None, stop: str = "first",
-                 device: str = "cpu", dtype: torch.dtype = torch.float32,
+@legacy.accepts_old_form(legacy.trials_args, "train_trials(model, dataset, trials, run)")
+def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+                 run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
                  trials_per_chunk: int | None = None, first_index: int = 0) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
-    starts from ``model``'s weights. ``optimizer``: ``sgd`` / ``momentum`` / ``nesterov``, the
-    update rules of ``torch.optim.SGD``. ``target``: a ``Goal`` or a bare target (error for
-    classification, loss for regression), or None to train every trial for ``max_steps``.
+    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
+    ``torch.optim.SGD``), goal, step budget, evaluation schedule, data seed, dtype and device
+    (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
+    evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
+    divergence or the budget; ``"never"`` trains every trial to divergence or the budget and
+    records each one's first hit.
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
-    per trial). ``stop="first"`` ends the group at the first evaluation where any trial meets the
-    goal; ``stop="all"`` trains each trial to its own first hit, divergence or the budget.
-    ``trials_per_chunk``: trials stacked per computation (default :func:`default_chunk`, by
-    measurement); chunks advance in lockstep between evaluations, so results do not depend on it.
+    per trial), see :mod:`training.masks`.
+    ``trials_per_chunk``: trials stacked per computation (default
+    :func:`training.stacked.default_chunk`, by measurement); chunks advance in lockstep between evaluations, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
-    seed is ``trial_seed(seed, first_index + k)``), so a group can be split across calls.
-    The first call tunes the process's malloc (:func:`tune_allocator`).
+    seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
+    The keyword form of earlier releases is accepted with a DeprecationWarning
+    (:mod:`training.legacy`). A process that trains many groups should call
+    :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
+    worker pools do).
     """
     trial_list = check_trials(trials)
-    check_optimizer(optimizer, [t.momentum for t in trial_list])
-    tune_allocator()
-    if stop not in STOPS:
-        raise ConfigError(f"stop {stop!r}; allowed: {', '.join(STOPS)}")
-    if not _is_int(max_steps) or max_steps < 0:
-        raise ConfigError(f"max_steps must be an integer >= 0, got {max_steps!r}")
-    if not _is_int(batch_size) or not 1 <= batch_size <= dataset.n_train:
-        raise ConfigError(f"batch_size must be an integer in [1, {dataset.n_train}] (training "
-                          f"set size), got {batch_size!r}")
+    check_optimizer(run.optimizer, [t.momentum for t in trial_list])
+    batch_size = check_batch_size(run.batch_size, dataset.n_train)
     chunk = trials_per_chunk if trials_per_chunk is not None else default_chunk(
         batch_size, activation_floats(model, dataset.input_shape))
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
     n = len(trial_list)
-    mask_map = check_mask(model, masks, trials=n)
-    goal = as_goal(target, dataset.task)
+    mask_map = check_mask(masks, model, trials=n)
+    goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
-    if not _is_int(first_index) or first_index < 0:
-        raise ConfigError(f"first_index must be an integer >= 0, got {first_index!r}")
-    data = dataset.to(device, dtype)
+    first_index = check_index(first_index, "first_index")
+    data = dataset.to(run.device, run.dtype)
     runner = _Runner(build_program(model, dataset.task), data.x_train, data.y_train, data.x_val,
-                     data.y_val, dataset.task, metric, int(batch_size), optimizer, dtype)
-    stacks = _make_stacks(model, trial_list, mask_map, seed, int(first_index), optimizer, chunk,
-                          device, dtype)
+                     data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype)
+    stacks = _make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
+                          chunk, run.device, run.dtype)
     for st in stacks:
         st.init_loss = runner.initial_loss(st)
 
@@ -402,15 +312,17 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
         taken[st.ids[r]] = step
 
     def record(st: _Stack, step: int, gap: int) -> list[int]:
-        """Evaluate at ``step``, append curve rows; positions of trials meeting the goal."""
+        """Evaluate at ``step``, append curve rows; positions of trials meeting the goal for the
+        first time (only ``stop="never"`` keeps training a trial that met it)."""
         value = runner.evaluate(st).tolist()
         train = (st.init_loss if step == 0 else st.loss_sum / gap).tolist()
         st.loss_sum.zero_()
         for r, i in enumerate(st.ids):
             rows[i].append((step, train[r], value[r]))
-        return [r for r, v in enumerate(value) if goal is not None and goal.met(v)]
+        return [r for r, v in enumerate(value)
+                if goal is not None and hit[st.ids[r]] is None and goal.met(v)]
 
-    schedule = (eval_schedule or EvalSchedule()).steps(max_steps)
+    schedule = run.eval_schedule.steps(run.max_steps)
     prev, steps_run = 0, 0
     snapshots: list[_Stack] = []
     for j, e in enumerate(schedule):
@@ -432,8 +344,8 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
             for i, h in _replay(runner, snapshots[k] if e > 0 else None, [st.ids[r] for r in met],
                                 prev, e, goal).items():
                 hit[i] = h
-            stop_now = stop == "first"
-            if stop == "all":
+            stop_now = run.stop == "first"
+            if run.stop == "all":
                 for r in met:
                     finish(st, r, e)
                 stacks[k] = st.select([r for r in range(len(st.ids)) if r not in met])

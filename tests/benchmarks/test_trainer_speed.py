@@ -1,17 +1,19 @@
 """Trial-steps per second of train_trials against the plain PyTorch loop (pytest-benchmark).
 
 With the default ``--benchmark-disable`` each runs once as a quick test; run
-``pytest tests/benchmarks --benchmark-enable`` to time them (``python -m training.bench`` prints
-the full table with ratios and GFLOP/s).
+``pytest tests/benchmarks --benchmark-enable`` to time them (``sparsescale bench`` prints the
+full table with ratios and GFLOP/s).
 """
 
+import argparse
 import math
 
 import pytest
 import torch
 
 import training
-from training.bench import format_table, main, plain_loop, training_flops, vectorized
+from training.bench import (add_bench_parser, format_table, plain_loop, training_flops,
+                            vectorized)
 
 STEPS, TRIALS = 20, 32
 
@@ -44,9 +46,13 @@ def test_training_flops_closed_form(mnist1d_small):
 
 def test_bench_command_prints_ratio_table(capsys):
     before = torch.get_num_threads()
+    parser = argparse.ArgumentParser(prog="sparsescale")
+    handler = add_bench_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(["bench", "--models", "mlp", "--batch-sizes", "8", "--trials", "2",
+                              "--seconds", "0.01", "--samples", "1000", "--threads", "1"])
+    assert args.fn is handler
     try:
-        assert main(["--models", "mlp", "--batch-sizes", "8", "--trials", "2", "--seconds",
-                     "0.01", "--samples", "1000", "--threads", "1"]) == 0
+        assert args.fn(args) == 0
     finally:
         torch.set_num_threads(before)
     out = capsys.readouterr().out

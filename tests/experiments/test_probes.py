@@ -35,7 +35,7 @@ def test_probes_match_direct_computation(tmp_path):
 
     ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
     net = training.models.build("mlp", ds, seed=0, hidden=[16])
-    mask = pruning.prune(net, "snip", 0.5, data=ds, seed=0)
+    mask = pruning.prune(net, "snip", 0.5, dataset=ds, seed=0)
     mask.apply(net)
     noise = theory.gradient_noise(net, ds, mask=mask, examples=64, seed=0,
                                   hessian_examples=HESSIAN_EXAMPLES)
@@ -54,10 +54,10 @@ def test_probes_match_direct_computation(tmp_path):
     t = steps[-1]
 
     def state(k):
-        return training.train_reference(net, ds, 32, lr=float(trial.lr),
-                                        momentum=float(trial.momentum), steps=k, seed=0,
-                                        trial_index=int(trial.trial), stop_at_goal=False,
-                                        mask=mask).state
+        return training.train_reference(
+            net, ds, training.Trial(lr=float(trial.lr), momentum=float(trial.momentum)),
+            training.RunConfig(32, max_steps=k, stop="never"), mask=mask,
+            trial_index=int(trial.trial)).state
 
     lip = theory.local_lipschitz(net, ds, state(t - 1), state(t), mask=mask, examples=64)
     assert probes[("trajectory", t, "local_lipschitz")] == pytest.approx(lip.value, rel=1e-9)

@@ -152,3 +152,47 @@ def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
     with pytest.raises(SpecError) as info:
         validate(raw)
     assert info.value.problems == ['eval."\\n": unknown key; allowed: kind, every, first, ratio, max_gap']
+
+
+
+# every optional table away from its default, a relative decay and a non-default pruning method
+NON_DEFAULT = (edit("[budget]\nexamples = 8000\nmin = 20\nmax = 200", "[budget]\nmax_steps = 50")
+               .replace("[eval]\nevery = 10",
+                        '[eval]\nkind = "geometric"\nfirst = 2\nratio = 1.5\nmax_gap = 9')
+               .replace("[probes]\nenabled = false", "[probes]\nbatch_size = 32\npoints = 3")
+               .replace("[search]", '[search]\nseed = 3\nend_factor = {scale = "log", min = 1e-4, '
+                        'max = 0.1}\ndecay_steps = {scale = "linear", min = 0.5, max = 1.0, '
+                        'relative = true}')
+               .replace("[goal]", '[pruning]\nmethod = "magnitude"\n\n[goal]')
+               .replace("target = 0.3", 'target = 0.3\ncomparison = "<="'))
+
+
+def assert_round_trip(spec):
+    """A store keeps ``spec.canonical()``; ``from_canonical`` validates it back into an equal
+    Spec with the same hash (``workers`` is not stored)."""
+    from dataclasses import replace
+
+    from experiments.spec import from_canonical
+
+    for variant in spec.variants():
+        again = from_canonical(variant.canonical(), toml_text=variant.toml)
+        assert again == replace(variant, workers=None)
+        assert again.hash == variant.hash and again.toml == variant.toml
+
+
+@pytest.mark.parametrize("text", [TINY, NON_DEFAULT,
+                                  edit('optimizer = "momentum"', 'optimizer = ["sgd", "nesterov"]')])
+def test_canonical_form_gives_back_the_same_spec(text):
+    spec = loads(text)
+    assert_round_trip(spec)
+    if text == NON_DEFAULT:   # the edits took: nothing fell back to a default
+        assert (spec.budget.max_steps, spec.eval.kind, spec.probes.batch_size, spec.search_seed,
+                spec.search["decay_steps"].relative, spec.pruning_method, spec.strict) == \
+            (50, "geometric", 32, 3, True, "magnitude", False)
+
+
+def test_bundled_configs_round_trip():
+    from experiments.spec import list_configs
+
+    for name in list_configs():
+        assert_round_trip(load(resolve_config(name)))

@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 import pruning
-from pruning import criteria, prunable_parameters
+from pruning import PruningError, criteria, prunable_parameters
 from pruning.select import top_k_mask
 
 
@@ -59,7 +59,7 @@ def test_snip_equals_abs_grad_times_weight(teacher, small_mlp):
         torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-8)
     assert all(p.grad is None for p in small_mlp.parameters())  # model untouched
 
-    mask = pruning.prune(small_mlp, "snip", 0.8, data=teacher)
+    mask = pruning.prune(small_mlp, "snip", 0.8, dataset=teacher)
     assert mask == top_k_mask(expected, 0.8)
 
 
@@ -81,7 +81,7 @@ def test_grasp_equals_minus_w_hessian_gradient(teacher):
     assert max(v.abs().max() for v in expected.values()) > 0
 
     # GraSP removes the largest scores: the kept ones are the smallest
-    mask = pruning.prune(model, "grasp", 0.7, data=teacher)
+    mask = pruning.prune(model, "grasp", 0.7, dataset=teacher)
     assert mask == top_k_mask({k: -v for k, v in expected.items()}, 0.7)
 
 
@@ -139,31 +139,39 @@ def test_magnitude_and_random(small_mlp):
 def test_prune_leaves_the_model_unchanged(teacher, small_mlp):
     before = copy.deepcopy(small_mlp.state_dict())
     for method in ("snip", "grasp", "synflow"):
-        pruning.prune(small_mlp, method, 0.9, data=teacher, rounds=3)
+        pruning.prune(small_mlp, method, 0.9, dataset=teacher, rounds=3)
     for k, v in small_mlp.state_dict().items():
         assert torch.equal(v, before[k])
     assert all(p.grad is None for p in small_mlp.parameters())
 
 
 def test_prune_biases_option(teacher, small_mlp):
-    mask = pruning.prune(small_mlp, "snip", 0.5, data=teacher, prune_biases=True)
+    mask = pruning.prune(small_mlp, "snip", 0.5, dataset=teacher, prune_biases=True)
     assert list(mask) == [k for k, _ in small_mlp.named_parameters()]
     assert mask.kept() == round(sum(p.numel() for p in small_mlp.parameters()) * 0.5)
 
 
 def test_bad_arguments(teacher, small_mlp):
-    with pytest.raises(ValueError, match="unknown pruning method 'snp'; allowed: random, "
+    with pytest.raises(PruningError, match="unknown pruning method 'snp'; allowed: random, "
                                          "magnitude, snip, grasp, synflow, imp"):
-        pruning.prune(small_mlp, "snp", 0.5, data=teacher)
-    with pytest.raises(ValueError, match=r"sparsity must be a number in \[0, 1\)"):
+        pruning.prune(small_mlp, "snp", 0.5, dataset=teacher)
+    with pytest.raises(PruningError, match=r"sparsity must be a number in \[0, 1\)"):
         pruning.prune(small_mlp, "magnitude", 1.0)
-    with pytest.raises(ValueError, match="'snip' needs data"):
+    with pytest.raises(PruningError, match="'snip' needs dataset"):
         pruning.prune(small_mlp, "snip", 0.5)
-    with pytest.raises(ValueError, match="'synflow' needs input_shape"):
+    with pytest.raises(PruningError, match="'synflow' needs input_shape"):
         pruning.prune(small_mlp, "synflow", 0.5)
-    with pytest.raises(ValueError, match="scope 'all'"):
+    with pytest.raises(PruningError, match="scope 'all'"):
         pruning.prune(small_mlp, "magnitude", 0.5, scope="all")
-    with pytest.raises(ValueError, match="data must be a training.Dataset"):
-        pruning.prune(small_mlp, "snip", 0.5, data=teacher.x_train)
-    with pytest.raises(ValueError, match="GraSP temperature"):
-        pruning.prune(small_mlp, "grasp", 0.5, data=teacher, temperature=0)
+    with pytest.raises(PruningError, match="dataset must be a training.Dataset"):
+        pruning.prune(small_mlp, "snip", 0.5, dataset=teacher.x_train)
+    with pytest.raises(PruningError, match="GraSP temperature"):
+        pruning.prune(small_mlp, "grasp", 0.5, dataset=teacher, temperature=0)
+
+
+def test_data_keyword_is_deprecated_for_dataset(teacher, small_mlp):
+    with pytest.warns(DeprecationWarning, match=r"prune\(data=\) is deprecated"):
+        old = pruning.prune(small_mlp, "snip", 0.5, data=teacher)
+    assert old == pruning.prune(small_mlp, "snip", 0.5, dataset=teacher)
+    with pytest.raises(PruningError, match="both dataset= and its deprecated name data="):
+        pruning.prune(small_mlp, "snip", 0.5, dataset=teacher, data=teacher)

@@ -11,7 +11,9 @@ BATCHES = 2.0 ** np.arange(0, 15)
 
 
 def iterate_moments(spec, lr, mom, batch, steps, precond=0.0):
-    """E x^2 by applying REFERENCE.md's 3x3 moment map step by step (b = 0 is SGD)."""
+    """E x^2 by applying the 3x3 second-moment map of heavy-ball SGD on each NQM coordinate
+    (Zhang et al. 2019, "Which algorithmic choices matter at which batch sizes?") step by step
+    (momentum 0 is SGD)."""
     p = spec.h**-precond
     z, n = lr * p * spec.h, lr**2 * p**2 * spec.c / batch
     x2, v2, xv = spec.s0.copy(), np.zeros_like(spec.s0), np.zeros_like(spec.s0)
@@ -51,6 +53,27 @@ def test_near_repeated_roots_are_accurate_over_many_steps(offset):
     k = np.arange(3001)
     got = nqm.momentum_second_moments(spec, np.full(len(k), lr), np.full(len(k), b), 2.0, k)
     np.testing.assert_allclose(got, ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("lr", "mom", "precond"), [(0.5, 0.0, 0.0), (1.5, 0.9, 0.0), (0.3, 0.5, 0.5), (2.5, 0.3, 0.0)])
+def test_all_three_moments_from_any_start_match_iterating_the_moment_map(lr, mom, precond):
+    rng = np.random.default_rng(1)
+    spec = nqm.paper_spectrum(30)
+    p = spec.h**-precond
+    z, n = lr * p * spec.h, lr**2 * p**2 * spec.c / 4.0
+    x2, v2 = rng.uniform(0.1, 2.0, 30), rng.uniform(0.1, 2.0, 30)
+    start = (x2, v2, rng.uniform(-1, 1, 30) * np.sqrt(x2 * v2))   # a valid covariance per coordinate
+    state, ref = start, []
+    for _ in range(60):
+        a, b, c = state
+        state = ((1 - z) ** 2 * a + mom**2 * b + 2 * (1 - z) * mom * c + n,
+                 z**2 * a + mom**2 * b - 2 * z * mom * c + n,
+                 -(1 - z) * z * a + mom**2 * b + (1 - 2 * z) * mom * c + n)
+        ref.append(state)
+    k = np.arange(1, 61)
+    got = nqm.momentum_moments(spec, np.full(60, lr), np.full(60, mom), 4.0, k, start, precond)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], np.array([r[i] for r in ref]), rtol=1e-9, atol=1e-12)
 
 
 def test_moment_map_matches_monte_carlo_heavy_ball():

@@ -1,0 +1,109 @@
+"""The report's prose: sentences generated from the analysis tables and the theory view.
+
+Every sentence states numbers the tables hold (fixed formatting, :mod:`experiments.formatting`),
+so the same store always gives the same words: where perfect scaling ends per series (the regimes
+of Shallue et al. 2019, the fit of McCandlish et al. 2018), how many more steps sparsity costs
+(Lee et al. 2021), whether the theory's predictions held, what is missing, and per run what was
+fitted and what was predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from theory.scaling import MAXIMAL_SLOPE
+
+from .analysis import FIT_LEVEL, perfect_scaling_until
+from .formatting import fmt_interval, fmt_num, series_label, sparsity_label
+from .theory_view import HELD_FACTOR, RunPrediction, held
+
+
+def scaling_sentence(name: str, f: pd.Series, reached: pd.Series) -> str:
+    """Where perfect scaling ends for one fitted series (or that the measured range does not show
+    it, when the fit puts B_crit at the edge of what the batch sizes resolve)."""
+    if f["note"] and f["b_crit"] > reached.max():
+        return (f"{name}: perfect scaling did not end within the measured batch sizes (up to "
+                f"B = {int(reached.max())}); B_crit is only bounded below.")
+    if f["note"] and f["b_crit"] < reached.min():
+        return (f"{name}: no perfect scaling at the measured batch sizes (from B = {int(reached.min())}): "
+                f"steps barely fall with B (S_min = {fmt_num(f['s_min'], 3)} steps).")
+    perfect = reached[reached <= f["perfect_until"]]
+    last = (f"the largest measured batch size in that regime is B = {int(perfect.max())}" if len(perfect)
+            else "no measured batch size lies in that regime")
+    return (f"{name}: perfect scaling ends near B ≈ {fmt_num(f['perfect_until'], 3)} "
+            f"(B_crit / {perfect_scaling_until(1.0) ** -1:g} with fitted B_crit = {fmt_num(f['b_crit'], 3)}, "
+            f"{int(FIT_LEVEL * 100)} % interval {fmt_interval(f['b_crit_lo'], f['b_crit_hi'])}; "
+            f"{last}); beyond B ≈ {fmt_num(f['largest_useful_batch'], 3)} doubling the batch "
+            f"saves under {100 * (1 - 2 ** MAXIMAL_SLOPE):.0f} % of the steps "
+            f"(S_min = {fmt_num(f['s_min'], 3)} steps).")
+
+
+def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame,
+                  predictions: pd.DataFrame, missing: pd.DataFrame, order: Sequence[str],
+                  runs: Sequence[str]) -> list[str]:
+    """Sentences stating, from the numbers: where perfect scaling ends per series (``order``),
+    how many more steps sparsity costs, whether the theory's predictions held, how the runs'
+    dense critical batches compare, and what is missing. ``fits`` is the fits table
+    (:func:`experiments.analysis.fit_series`), ``predictions`` the theory's long table."""
+    out = []
+    combined = len(runs) > 1
+    ft = fits.set_index("series")
+    for name in order:
+        p = points[(points["series"] == name) & (points["status"] == "reached")]
+        if name not in ft.index or pd.isna(ft.loc[name, "b_crit"]):
+            reason = ft.loc[name, "note"] if name in ft.index else "no groups stored"
+            out.append(f"{name}: {len(p)} batch size(s) reached the goal; no scaling fit ({reason}).")
+            continue
+        out.append(scaling_sentence(name, ft.loc[name], p["batch_size"]))
+    for (run, series), r in ratios.groupby(["run", "series"], sort=False):
+        dense = series_label(run, 0.0, combined)
+        lo, hi = r.loc[r["ratio"].idxmin()], r.loc[r["ratio"].idxmax()]
+        more = r["ratio"].median()
+        out.append(f"{series} needs {fmt_num(more, 3)}× the steps of {dense} (median over "
+                   f"{len(r)} batch sizes where both reached the goal; from {fmt_num(lo['ratio'], 3)}× "
+                   f"at B = {int(lo['batch_size'])} to {fmt_num(hi['ratio'], 3)}× "
+                   f"at B = {int(hi['batch_size'])}).")
+    scored = predictions.dropna(subset=["relative_error"])
+    for series, rows in scored.groupby("series", sort=False):
+        parts = [f"{r.quantity} predicted {fmt_num(r.predicted, 3)} vs measured {fmt_num(r.measured, 3)} "
+                 f"({r.relative_error:+.0%}, {'held' if held(r.relative_error) else 'did not hold'})"
+                 for r in rows.itertuples(index=False)]
+        out.append(f"Theory for {series}: " + "; ".join(parts) + ".")
+    if len(scored):
+        out.append(f"(A prediction held when within a factor {HELD_FACTOR:g} of the measurement: "
+                   f"{sum(held(e) for e in scored['relative_error'])} of {len(scored)} did.)")
+    if combined:
+        dense = [(r, ft.loc[series_label(r, 0.0, True), "b_crit"]) for r in runs
+                 if series_label(r, 0.0, True) in ft.index]
+        dense = [(label, b) for label, b in dense if not pd.isna(b)]
+        if len(dense) > 1:
+            base_label, base = dense[0]
+            out += [f"Dense B_crit of {label} is {fmt_num(b / base, 3)}× that of {base_label}."
+                    for label, b in dense[1:]]
+    counts = missing["state"].value_counts()
+    if len(missing):
+        words = {"missing": "groups missing", "failed": "failed", "no probes": "sparsity levels without probes"}
+        parts = [f"{int(counts[s])} {w}" for s, w in words.items() if s in counts]
+        out.append("Incomplete: " + ", ".join(parts) + " (listed under Missing and failed); "
+                   "the numbers above use only what the store holds.")
+    return out
+
+
+def prediction_statement(p: RunPrediction) -> str:
+    """One run in words: what was fitted on the measured curves, what was set from the dense
+    probes and what was predicted with nothing further fitted (or why nothing could be)."""
+    skip_text = (f" Left out: {', '.join(f'{sparsity_label(s)} ({why})' for s, why in p.left_out)}."
+                 if p.left_out else "")
+    if p.prediction is None:
+        return f"{p.run}: no theory prediction: {p.reason}.{skip_text}"
+    pred = p.prediction
+    return (
+        f"{p.run}: fitted on measured curves: S_min and B_crit of every curve (fit_scaling) and "
+        f"the bound's one scale constant c = {fmt_num(pred.scale, 3)} on the dense curve. Set from the "
+        f"dense probes, not from any curve: the goal on the gradient norm ε = 4σ²/B_simple = "
+        f"{fmt_num(pred.eps, 3)}. Predicted with nothing further fitted: every sparse level's steps "
+        f"(c·{pred.form} bound with its own L = {p.l_source.replace('_', ' ')}, σ² = tr Σ and Δ = initial "
+        f"loss), its critical batch and its step ratio to dense; and every level's critical batch "
+        f"from its noise scale B_simple.{skip_text}")
