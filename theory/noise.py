@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -73,7 +73,8 @@ class NoiseEstimate:
     on ``hessian_examples`` examples) and ``g_h_g`` ~ G^T H G get the same correction with H the
     Hessian of the sampled set; ``b_noise`` = their ratio (nan when ``hessian_examples`` is 0).
     ``n_params`` kept coordinates, ``loss`` the mean loss on the sample, ``finite`` the sample's
-    own finite-set statistics.
+    own finite-set statistics; ``gradient`` the sample's mean gradient over kept coordinates (in
+    the estimate's dtype), to reuse (e.g. as ``theory.local_lipschitz``'s ``grad_prev``).
     """
 
     g_sq: float
@@ -91,6 +92,7 @@ class NoiseEstimate:
     trace_sigma_se: float
     b_simple_se: float
     finite: FiniteSetNoise
+    gradient: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
 
 def _ratio(num: float, den: float) -> float:
@@ -172,7 +174,7 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
                          loss=float(fl.loss()), trace_h_sigma=trace_h_sigma, g_h_g=g_h_g,
                          hessian_examples=m, population=population, g_sq_se=est.g_sq_se,
                          trace_sigma_se=est.trace_sigma_se, b_simple_se=est.b_simple_se,
-                         finite=finite)
+                         finite=finite, gradient=mean)
 
 
 def _trace_h_sigma(fl: FlatLoss, hess: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor,

@@ -14,7 +14,9 @@ from theory.functional import parameter_vector
 from theory.summaries import PROBE_COLUMNS
 from theory.trajectory import QUANTITIES, probe_trajectory, replay_states, window
 
-REPLAY = dict(batch_size=8, lr=0.3, momentum=0.9, optimizer="momentum", seed=3, trial_index=1)
+TRIAL = training.Trial(lr=0.3, momentum=0.9)
+RUN = training.RunConfig(batch_size=8, optimizer="momentum", seed=3)
+EXACT = dict(dtype=torch.float64, lanczos=100)   # float64, Lanczos to the full dimension
 HIDDEN = 6
 
 
@@ -64,7 +66,7 @@ def lee_direct(ds, w_prev, w_next, keep):
 
 
 def check_rows(ds, net, rows, steps, horizon, average, keep, mask=None):
-    states = replay_states(net, ds, REPLAY, range(horizon + 1), mask)
+    states = replay_states(net, ds, TRIAL, RUN, range(horizon + 1), mask, trial_index=1)
     table = rows.set_index(["step", "quantity"]).value
     for t in steps:
         w = window(t, horizon, max(2, average))
@@ -82,8 +84,8 @@ def check_rows(ds, net, rows, steps, horizon, average, keep, mask=None):
 
 def test_probes_match_direct_computations(tiny):
     ds, net = tiny
-    rows = probe_trajectory(net, ds, REPLAY, steps=[0, 5, 12], horizon=12, sparsity=0.0, average=2,
-                            hessian_examples=None)
+    rows = probe_trajectory(net, ds, TRIAL, RUN, steps=[0, 5, 12], horizon=12, sparsity=0.0, average=2,
+                            hessian_examples=None, trial_index=1, **EXACT)
     assert list(rows.columns) == list(PROBE_COLUMNS)
     assert len(rows) == 3 * len(QUANTITIES)
     assert set(rows.seed) == {3} and set(rows.batch_size) == {8}
@@ -96,20 +98,30 @@ def test_masked_probes_use_kept_weights_only(tiny):
     mask = pruning.prune(net, "random", 0.5, seed=1)
     keep = torch.cat([mask[n].reshape(-1) != 0 if n in mask else torch.ones(p.numel(), dtype=torch.bool)
                       for n, p in net.named_parameters()])
-    rows = probe_trajectory(net, ds, REPLAY, steps=[4], horizon=10, mask=mask, sparsity=0.5,
-                            average=3, hessian_examples=None)
+    rows = probe_trajectory(net, ds, TRIAL, RUN, steps=[4], horizon=10, mask=mask, sparsity=0.5,
+                            average=3, hessian_examples=None, trial_index=1, **EXACT)
     assert set(rows.sparsity) == {0.5}
     check_rows(ds, net, rows, [4], 10, 3, keep, mask)
 
 
 def test_replay_reproduces_the_trial(tiny):
     ds, net = tiny
-    res = training.train_trials(net, ds, batch_size=8, trials=[{"lr": 0.5, "momentum": 0.0},
-                                                                 {"lr": 0.3, "momentum": 0.9}],
-                                optimizer="momentum", max_steps=12, seed=3)
-    state = replay_states(net, ds, REPLAY, [12])[12]
+    res = training.train_trials(net, ds, [training.Trial(lr=0.5), TRIAL],
+                                training.RunConfig(batch_size=8, optimizer="momentum",
+                                                   max_steps=12, seed=3))
+    state = replay_states(net, ds, TRIAL, RUN, [12], trial_index=1)[12]
     for name, p in res.state(1).items():
         assert torch.allclose(state[name], p, atol=1e-6), name
+
+
+def test_one_replay_snapshots_what_separate_replays_give(tiny):
+    ds, net = tiny
+    once = replay_states(net, ds, TRIAL, RUN, [0, 3, 7, 12], trial_index=1)
+    for t in (0, 3, 7, 12):
+        alone = training.train_reference(net, ds, TRIAL, training.RunConfig(
+            batch_size=8, optimizer="momentum", seed=3, max_steps=t, stop="never"), trial_index=1)
+        for name, p in alone.state.items():
+            assert torch.equal(once[t][name], p), (t, name)
 
 
 def test_window_stays_inside_the_run():
@@ -120,8 +132,8 @@ def test_window_stays_inside_the_run():
 def test_bad_arguments_are_named(tiny):
     ds, net = tiny
     with pytest.raises(TheoryError, match="steps must be"):
-        probe_trajectory(net, ds, REPLAY, steps=[20], horizon=10)
-    with pytest.raises(TheoryError, match="'batch_size'"):
-        probe_trajectory(net, ds, {"seed": 0, "lr": 0.1}, steps=[0], horizon=10)
+        probe_trajectory(net, ds, TRIAL, RUN, steps=[20], horizon=10)
+    with pytest.raises(TheoryError, match="run must be a training.RunConfig"):
+        probe_trajectory(net, ds, TRIAL, {"batch_size": 8}, steps=[0], horizon=10)
     with pytest.raises(TheoryError, match="horizon"):
-        probe_trajectory(net, ds, REPLAY, steps=[0], horizon=0)
+        probe_trajectory(net, ds, TRIAL, RUN, steps=[0], horizon=0)
