@@ -88,7 +88,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
                      run: RunConfig, steps: Sequence[int], horizon: int,
                      mask: Mapping[str, torch.Tensor] | None = None, sparsity: float = 0.0,
                      trial_index: int = 0, average: int = DEFAULT_AVERAGE,
-                     examples: int | None = None,
+                     examples: int | None = None, curvature_examples: int | None = None,
                      hessian_examples: int | None = DEFAULT_HESSIAN_EXAMPLES,
                      lanczos: int = DEFAULT_LANCZOS, gammas: Sequence[float] = LEE_GAMMAS,
                      sample_seed: int = 0, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
@@ -96,7 +96,8 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     seed) once and measure every quantity of :data:`QUANTITIES` at each of ``steps`` in
     [0, ``horizon``] (module docstring). ``model`` holds the run's initial weights, ``mask`` its
     pruning mask. ``examples``: a sample of that many training examples (seeded by
-    ``sample_seed``) instead of the full split; ``hessian_examples``: examples of B_noise's
+    ``sample_seed``) instead of the full split for the noise; ``curvature_examples`` the same
+    for lambda_max and B_noise (Lee's L always uses the full split); ``hessian_examples``: examples of B_noise's
     tr(H Sigma) sample (None: all); ``lanczos``: Lanczos steps for lambda_max. ``dtype``:
     precision of the measurements (the replay runs in ``run.dtype``, like the trial). Returns
     long-format rows with the columns of :data:`theory.summaries.PROBE_COLUMNS`."""
@@ -109,23 +110,27 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     windows = {int(t): window(int(t), horizon, max(2, average)) for t in steps}
     states = replay_states(model, dataset, trial, run, [s for w in windows.values() for s in w],
                            mask, trial_index)
-    common = dict(mask=mask, examples=examples, seed=sample_seed, dtype=dtype)
+    common = dict(mask=mask, seed=sample_seed, dtype=dtype)
+    same = curvature_examples == examples
     rows = []
     for t, steps_t in sorted(windows.items()):
         nets = [_with_state(model, states[s]) for s in steps_t[:average]]
-        noise = [gradient_noise(net, dataset, hessian_examples=hessian_examples if i == 0 else 0,
+        noise = [gradient_noise(net, dataset, examples=examples,
+                                hessian_examples=hessian_examples if i == 0 and same else 0,
                                 **common) for i, net in enumerate(nets)]
         g_sq = sum(n.g_sq for n in noise) / len(noise)
         trace = sum(n.trace_sigma for n in noise) / len(noise)
         first = noise[0]
-        fl = flat_loss(nets[0], dataset, **common)
+        curved = first if same else gradient_noise(nets[0], dataset, examples=curvature_examples,
+                                                   hessian_examples=hessian_examples, **common)
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
-            "b_noise": first.b_noise, "g_h_g": first.g_h_g,
-            "hessian_top": lanczos_top(fl, lanczos, seed=sample_seed),
-            "local_lipschitz": local_lipschitz(nets[0], dataset, states[steps_t[0]],
-                                               states[steps_t[1]], gammas=gammas,
-                                               grad_prev=first.gradient, **common).value,
+            "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
+            "hessian_top": lanczos_top(flat_loss(nets[0], dataset, examples=curvature_examples,
+                                                 **common), lanczos, seed=sample_seed),
+            "local_lipschitz": local_lipschitz(
+                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
+                grad_prev=first.gradient if examples is None else None, **common).value,
             "loss": first.loss,
         }
         rows += [(float(sparsity), int(run.seed), int(run.batch_size), t, t / horizon,
