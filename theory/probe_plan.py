@@ -38,8 +38,8 @@ def probe_batch_sizes(reached: Sequence[int], b_crit: float | None,
     """Batch sizes to probe, ascending and distinct, from those that ``reached`` the goal.
 
     ``choose`` lists rules and explicit batch sizes: ``"smallest"`` / ``"largest"`` reached,
-    ``"b_crit"`` the reached batch size nearest the fitted ``b_crit`` in log distance (ties: the
-    smaller; the geometric middle of ``reached`` when ``b_crit`` is None, i.e. no fit), or an
+    ``"b_crit"`` the reached batch size nearest the fitted ``b_crit`` in log distance among
+    those strictly between the smallest and the largest when there are any (ties: the smaller; the geometric middle of ``reached`` when ``b_crit`` is None, i.e. no fit), or an
     integer, which must be one of ``reached`` (a run that never met the goal has no
     steps-to-result to probe up to).
     """
@@ -56,7 +56,10 @@ def probe_batch_sizes(reached: Sequence[int], b_crit: float | None,
         elif rule == "largest":
             out.add(sizes[-1])
         elif rule == "b_crit":
-            out.add(min(sizes, key=lambda b: (abs(math.log(b / target)), b)))
+            # between the smallest and the largest when there is room, so the default rules
+            # give three batch sizes even when the fit puts B_crit at an edge of the sweep
+            inner = sizes[1:-1] or sizes
+            out.add(min(inner, key=lambda b: (abs(math.log(b / target)), b)))
         elif isinstance(rule, (int, np.integer)) and not isinstance(rule, bool):
             if int(rule) not in sizes:
                 raise TheoryError(f"probe batch size {rule} did not reach the goal; "

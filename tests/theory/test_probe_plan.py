@@ -18,7 +18,7 @@ def test_probe_batch_sizes_default_rules():
     reached = [8, 16, 32, 64, 128, 256, 512]
     assert probe_batch_sizes(reached, b_crit=100.0) == (8, 128, 512)   # log-nearest: 128, not 64
     assert probe_batch_sizes(reached, b_crit=90.5) == (8, 64, 512)     # below sqrt(64 * 128)
-    assert probe_batch_sizes(reached, b_crit=5000.0) == (8, 512)       # nearest is the largest
+    assert probe_batch_sizes(reached, b_crit=5000.0) == (8, 256, 512)  # nearest inner size: 256
     assert probe_batch_sizes(reached, b_crit=None) == (8, 64, 512)     # geometric middle
     assert probe_batch_sizes([64], b_crit=10.0) == (64,)
 
