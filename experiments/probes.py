@@ -38,6 +38,22 @@ from .workload import Workload
 PROBE_THREADS = 1
 
 
+def probe_network(model: torch.nn.Module, dataset: training.Dataset,
+                  mask: Mapping[str, torch.Tensor] | None = None, examples: int | None = None,
+                  seed: int = 0, lanczos: int = 40) -> dict[str, float]:
+    """Noise and smoothness of ``model`` at its current weights (``sparsescale probe``):
+    ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
+    ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
+    Lanczos steps) and ``loss``."""
+    examples = None if examples is None else min(int(examples), dataset.n_train)
+    noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
+                                  hessian_examples=16)
+    fl = theory.functional.flat_loss(model, dataset, mask=mask, examples=examples, seed=seed)
+    return {"g_sq": noise.g_sq, "trace_sigma": noise.trace_sigma, "b_simple": noise.b_simple,
+            "b_noise": noise.b_noise, "hessian_top": theory.lanczos_top(fl, lanczos, seed),
+            "loss": noise.loss}
+
+
 def level_b_crit(groups: pd.DataFrame, sparsity: float) -> float | None:
     """The level's fitted B_crit (McCandlish et al. 2018's S(B) fit over every seed's reached
     groups), None when it cannot be fitted."""

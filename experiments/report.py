@@ -110,8 +110,8 @@ def build(runs: RunSet) -> Report:
         Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
             points, fits.table, ratios, missing, order, labels) + theory_words), "findings"),)),
-        _theory_section(runs, fits, judged),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory))),
+        _theory_section(runs, fits, judged),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
@@ -167,7 +167,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
                "each probed run (x: step / H, H its steps-to-result), one line per probed batch size "
                "(median over seeds); black line and grey band: the series' fitted B_crit and its "
                "interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
-        Figure("fig5b_smoothness", "Figure 5b. L and λ_max along the run, dense beside sparse",
+        Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
                "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
                "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "
                "median over seeds and probed batch sizes at each point of the run.",
@@ -221,14 +221,14 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
                "at the first evaluation where any trial meets the goal unless the study ran with "
                "stop = \"all\", so \"did not\" means not met by then.",
                drawn(lambda: F.trials_figure(runs.trials, order, first.target, first.metric))),
-        Figure("fig6_nqm", "Figure 6. Noisy quadratic model beside the measurement",
+        Figure("fig7_nqm", "Figure 7. Noisy quadratic model beside the measurement",
                nqm_caption(optimizers),
                F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
     ]
 
 
 def nqm_caption(optimizers: list[str]) -> str:
-    """Figure 6's caption: which NQM optimizers stand beside the study's."""
+    """Figure 7's caption: which NQM optimizers stand beside the study's."""
     nqm_opts = ", ".join(sorted({NQM_OPTIMIZER[o] for o in optimizers}))
     if "nesterov" in optimizers:
         nqm_opts += "; Nesterov is compared with heavy-ball momentum"

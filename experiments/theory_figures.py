@@ -1,5 +1,6 @@
-"""The report's theory figures: B_simple along the run against the fitted B_crit and L, lambda_max
-along the run (Theory vs measurement), and the noisy quadratic model beside the measurement (Figure 6), in the style of :mod:`experiments.figures`.
+"""The report's theory figures: B_simple along the run against the fitted B_crit (Figure 5), L and
+lambda_max along the run (Figure 6), and the noisy quadratic model beside the measurement
+(Figure 7), in the style of :mod:`experiments.figures`.
 
 Each function takes plain DataFrames and returns a matplotlib Figure
 (:func:`experiments.figures.png_bytes` renders it deterministically).

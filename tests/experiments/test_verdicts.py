@@ -51,7 +51,7 @@ def test_the_report_section_holds_the_table_the_figures_and_one_sentence_per_ver
     assert "This report used: " in paragraphs.texts[0] and "every 10" in paragraphs.texts[0]
     shown = sub.blocks[0].frame
     assert len(shown) == len(table) and list(shown.verdict) == list(table.verdict)
-    assert (fig_b.name, fig_l.name) == ("fig5_b_simple", "fig5b_smoothness")
+    assert (fig_b.name, fig_l.name) == ("fig5_b_simple", "fig6_smoothness")
     (findings,) = [s for s in report.document.sections if s.title == "Findings"]
     text = findings.blocks[0].texts
     assert sum(t.endswith(".") and "tier): " in t for t in text) == len(table)
