@@ -37,7 +37,6 @@ REGIME_COLORS = {"perfect scaling": "#cfe3f3", "diminishing returns": "#f6e3c6",
 _cb = sns.color_palette(PALETTE)
 STATUS_STYLE = {"reached": (_cb[2], "o", "met the goal"), "not_reached": (_cb[0], "s", "did not"),
                 "diverged": (_cb[3], "X", "diverged")}
-PHASE_MARKERS = {"init": ("o", "at initialization"), "trajectory": ("s", "along training (median)")}
 
 
 def colors(series: list[str]) -> dict[str, tuple]:

@@ -3,9 +3,8 @@
 Every sentence states numbers the tables hold (fixed formatting, :mod:`experiments.formatting`),
 so the same store always gives the same words: where perfect scaling ends per series (the regimes
 of Shallue et al. 2019, the fit of McCandlish et al. 2018), how many more steps sparsity costs
-(Lee et al. 2021), whether the theory's predictions held, which optimizer extends perfect
-scaling further when several are compared, what is missing, and per run what was fitted and what
-was predicted.
+(Lee et al. 2021), which optimizer extends perfect scaling further when several are compared,
+what is missing, and per run what was fitted and what was predicted.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from theory.scaling import MAXIMAL_SLOPE
 from .analysis import FIT_LEVEL, perfect_scaling_until
 from .formatting import fmt_interval, fmt_num, fmt_pct, series_label, sparsity_label
 from .sanity import DENSITY_PRESERVING, SAME_COST_FACTOR, same_cost
-from .theory_view import HELD_FACTOR, RunPrediction, held
+from .theory_view import RunPrediction
 
 # The sanity checks as adjectives of "masks" (experiments.series.SANITY).
 SANITY_WORDS = {"shuffle": "shuffled", "matched_random": "matched-random",
@@ -47,12 +46,11 @@ def scaling_sentence(name: str, f: pd.Series, reached: pd.Series) -> str:
 
 
 def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame,
-                  predictions: pd.DataFrame, missing: pd.DataFrame, order: Sequence[str],
-                  runs: Sequence[str]) -> list[str]:
+                  missing: pd.DataFrame, order: Sequence[str], runs: Sequence[str]) -> list[str]:
     """Sentences stating, from the numbers: where perfect scaling ends per series (``order``),
-    how many more steps sparsity costs, whether the theory's predictions held, how the runs'
-    dense critical batches compare, and what is missing. ``fits`` is the fits table
-    (:func:`experiments.analysis.fit_series`), ``predictions`` the theory's long table."""
+    how many more steps sparsity costs, how the runs' dense critical batches compare, and what is
+    missing. ``fits`` is the fits table (:func:`experiments.analysis.fit_series`); the claims'
+    verdicts get their sentences from :mod:`experiments.verdicts`."""
     out = []
     combined = len(runs) > 1
     ft = fits.set_index("series")
@@ -71,15 +69,6 @@ def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame
                    f"{len(r)} batch sizes where both reached the goal; from {fmt_num(lo['ratio'], 3)}× "
                    f"at B = {int(lo['batch_size'])} to {fmt_num(hi['ratio'], 3)}× "
                    f"at B = {int(hi['batch_size'])}).")
-    scored = predictions.dropna(subset=["relative_error"])
-    for series, rows in scored.groupby("series", sort=False):
-        parts = [f"{r.quantity} predicted {fmt_num(r.predicted, 3)} vs measured {fmt_num(r.measured, 3)} "
-                 f"({r.relative_error:+.0%}, {'held' if held(r.relative_error) else 'did not hold'})"
-                 for r in rows.itertuples(index=False)]
-        out.append(f"Theory for {series}: " + "; ".join(parts) + ".")
-    if len(scored):
-        out.append(f"(A prediction held when within a factor {HELD_FACTOR:g} of the measurement: "
-                   f"{sum(held(e) for e in scored['relative_error'])} of {len(scored)} did.)")
     if combined:
         dense = [(r, ft.loc[series_label(r, 0.0, True), "b_crit"]) for r in runs
                  if series_label(r, 0.0, True) in ft.index]

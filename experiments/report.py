@@ -47,7 +47,8 @@ from .prose import findings_text, optimizer_sentences, prediction_statement, san
 from .runs import ReportError, RunSet, load_runs
 from .sanity import SanityPart, sanity_view
 from .sections import Code, Document, Figure, Formula, Paragraphs, Section, Table, render
-from .theory_view import HELD_FACTOR, NQM_NOTE, NQM_OPTIMIZER, theory_view
+from .theory_view import NQM_NOTE, NQM_OPTIMIZER, theory_view
+from .verdicts import STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts
 
 __all__ = ["write_report", "build", "ReportError"]
 
@@ -106,29 +107,33 @@ def build(runs: RunSet) -> Report:
     missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
+    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
+    theory_words = verdict_sentences(judged) + failure_sentences(judged, runs.probes) + unjudged
     sections = (
         Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
-            points, fits.table, ratios, theory.table, missing, order, labels)
+            points, fits.table, ratios, missing, order, labels) + theory_words
             + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
                                   sorted({s for r in runs.runs for s in r.spec.sparsities}))
             + sanity_sentences(sanity.table)), "findings"),)),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
+        _theory_section(runs, fits, judged),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
                    "intervals, regime boundaries)", T.fits_table(fits)),
-            _table("Predicted vs measured", T.predictions_table(theory.table),
-                   f"Relative error = predicted / measured − 1; a prediction held when it is within "
-                   f"a factor {HELD_FACTOR:g} of the measurement." if len(theory.table) else
-                   "No prediction could be made (see What was fitted and what was predicted)."),
+            _table("Structure of the bound (not scored)", T.predictions_table(theory.table),
+                   "The convergence bound's values beside the measurement. Not a prediction the "
+                   "papers make: with one ε shared by all levels the bound's critical batch 4σ²/ε "
+                   "scales as σ²_sparse / σ²_dense by construction. The papers' claims are scored "
+                   "under Theory vs measurement." if len(theory.table) else
+                   "No bound could be evaluated (see What was fitted and what was predicted)."),
             _table("Sparse / dense step ratios (measured)", T.ratios_table(ratios),
                    "" if len(ratios) else
                    "No sparse and dense curve reached the goal at a common batch size."),
             _table("Probe inputs to the theory", T.probe_inputs_table(theory.inputs),
-                   "L: Lee et al.'s local Lipschitz constant (median along the reference trajectory; "
-                   "the top Hessian eigenvalue at initialization if no trajectory was probed); σ² = "
-                   "tr Σ and B_simple: median along the trajectory; Δ: loss at initialization."),
+                   "L: Lee et al.'s local Lipschitz constant (mean along the probed runs); σ² = "
+                   "tr Σ and B_simple: over the last 20 % of the runs; Δ: loss at step 0."),
             *_sanity_tables(sanity),
             _table("Missing and failed", T.missing_table(missing),
                    "" if len(missing) else "Every planned group is in the store and none failed."),
@@ -146,6 +151,36 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()))
+
+
+def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section:
+    """Theory vs measurement: the steps-to-result definition used, the tiered verdict table and
+    the two figures along the runs."""
+    order = list(runs.order)
+    cmap = F.colors(order)
+    evals = "; ".join(dict.fromkeys(f"{r.label}: [eval] {r.spec.eval.kind} every {r.spec.eval.every}"
+                                    for r in runs.runs))
+    return Section("Theory vs measurement", 2, (
+        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.",)),
+        _table("Claims in their own terms", verdict_table(judged),
+               "Paper's tier: McCandlish et al. (2018) B_simple at the goal within 10x of the "
+               "fitted B_crit; Lee et al. (2021) the sparse/dense step ratio explained by "
+               "(L_s Δ_s)/(L_d Δ_d) in direction (and ordering with >= 3 levels); shape: small-B "
+               "slope in [-1.1, -0.8], plateau within 2x of S_min. Strict tier: within 2x. "
+               "\"holds\": the whole interval inside the allowed range; \"does not hold\": wholly "
+               "outside; \"inconclusive\": it straddles the line." if len(judged) else
+               "No claim could be judged (no probes or no fitted curve)."),
+        Figure("fig5_b_simple", "Figure 5. B_simple along the run against the fitted B_crit",
+               "McCandlish et al. (2018)'s simple noise scale tr Σ / |G|² at K evenly spaced points of "
+               "each probed run (x: step / H, H its steps-to-result), one line per probed batch size "
+               "(median over seeds); black line and grey band: the series' fitted B_crit and its "
+               "interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
+        Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
+               "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
+               "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "
+               "median over seeds and probed batch sizes at each point of the run.",
+               F.png_bytes(TF.smoothness_figure(runs.probes, order, cmap))),
+    ))
 
 
 def _table(title: str, frame: pd.DataFrame, note: str = "") -> Section:
@@ -213,16 +248,10 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
                "at the first evaluation where any trial meets the goal unless the study ran with "
                "stop = \"all\", so \"did not\" means not met by then.",
                drawn(lambda: F.trials_figure(runs.trials, order, first.target, first.metric))),
-        Figure("fig5_probes", "Figure 5. Smoothness and gradient noise",
-               "Probes of the store: Lee et al. (2021)'s local Lipschitz constant along the reference "
-               "trajectory, the top Hessian eigenvalue (Lanczos) and McCandlish et al. (2018)'s simple "
-               "noise scale B_simple = tr Σ / |G|², vs sparsity (top: hollow = initialization, filled = "
-               "median along training, bars = min to max) and over training steps (bottom).",
-               F.png_bytes(TF.probes_figure(runs.probes, order, runs.labels, cmap))),
-        Figure("fig6_nqm", "Figure 6. Noisy quadratic model beside the measurement",
+        Figure("fig7_nqm", "Figure 7. Noisy quadratic model beside the measurement",
                nqm_caption(optimizers),
                F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
-        *([Figure("fig7_layer_density", "Figure 7. Per-layer density of the masks",
+        *([Figure("fig8_layer_density", "Figure 8. Per-layer density of the masks",
                   "Kept / total weights of every masked layer (log axis; lowest seed), one bar per "
                   "series; \"0\": a layer with nothing kept. Shuffled and matched-random masks have "
                   "their criterion's densities by construction.",
@@ -232,7 +261,7 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
 
 
 def nqm_caption(optimizers: list[str]) -> str:
-    """Figure 6's caption: the NQM's three optimizers, and which of them each of the study's
+    """Figure 7's caption: the NQM's three optimizers, and which of them each of the study's
     optimizers maps to."""
     nqm_opts = ", ".join(f"{o} → {NQM_OPTIMIZER[o]}" for o in dict.fromkeys(optimizers))
     return ("(a) Measured steps-to-result of every series divided by its value at the smallest "

@@ -21,15 +21,15 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
                "beta1", "beta2", "eps", "weight_decay"),
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
-    "probes": ("sparsity", "phase", "step", "batch_size", "quantity", "value", "lib_version",
-               "torch_version"),
+    "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
+               "seconds", "lib_version", "torch_version"),
 }
 
 SORT_KEYS: dict[str, list[str]] = {
     "groups": ["sparsity", "batch_size", "seed", "key"],
     "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
-    "probes": ["sparsity", "phase", "step", "quantity"],
+    "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
@@ -71,14 +71,16 @@ CREATE TABLE IF NOT EXISTS curves (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
     train_loss REAL, metric REAL, PRIMARY KEY (group_key, trial, step));
 CREATE TABLE IF NOT EXISTS probes (
-    sparsity REAL NOT NULL, phase TEXT NOT NULL CHECK (phase IN ('init', 'trajectory')),
-    step INTEGER NOT NULL, batch_size INTEGER, quantity TEXT NOT NULL, value REAL,
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
+    step INTEGER NOT NULL, fraction REAL NOT NULL CHECK (fraction BETWEEN 0 AND 1),
+    quantity TEXT NOT NULL, value REAL, seconds REAL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    PRIMARY KEY (sparsity, phase, step, quantity));
+    PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
 """
 
-PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "hessian_top",
-                    "local_lipschitz", "loss", "grad_norm_sq")
+# theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
+PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
+                    "local_lipschitz", "loss")
 
 
 @dataclass(frozen=True)
@@ -130,12 +132,17 @@ class GroupRecord:
 
 @dataclass(frozen=True)
 class ProbeRow:
+    """One probe measurement along one run (``fraction`` = step / H); ``seconds``: wall time of
+    that run's replay and measurements (the same on each of its rows)."""
+
     sparsity: float
-    phase: str
+    seed: int
+    batch_size: int
     step: int
-    batch_size: int | None
+    fraction: float
     quantity: str
     value: float | None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,15 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     kind = "interval"
     every = 50
 
-    [probes]
+    [probes]                            # along the best trial's run, per level, seed and B
     enabled = true
-    batch_size = 64                     # reference batch size of the trajectory probes
-    examples = 512                      # examples used by each noise / curvature estimate
-    points = 4                          # trajectory snapshots
+    batch_sizes = ["smallest", "b_crit", "largest"]   # rules, or batch sizes that reached the goal
+    points = 10                         # K evenly spaced steps of [0, H]
+    average = 3                         # consecutive steps averaged for |G|^2, tr(Sigma)
+    examples = 1024                     # noise sample (default: the full training split)
+    curvature_examples = 1024           # lambda_max and B_noise sample (default: full split)
+    hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
+    lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
 
     [executor]
     workers = 2
@@ -68,11 +72,12 @@ import json
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from training.config import EvalSchedule
+from theory.probe_plan import BATCH_RULES
+from training.config import EvalSchedule, is_int
 from training.errors import SparsescaleError
 
 from . import spec_checks as checks
@@ -115,12 +120,21 @@ class Budget:
 
 @dataclass(frozen=True)
 class Probes:
-    """The ``[probes]`` table: noise / curvature measurements per sparsity level."""
+    """The ``[probes]`` table: noise and smoothness along the best trial's run, for every
+    sparsity level and seed at the batch sizes ``batch_sizes`` chooses
+    (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
+    [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
+    the noise and the Hessian quantities (None: the full training split; the noise estimates
+    are unbiased for the split either way); Lee's L always uses the full split."""
 
     enabled: bool = True
-    batch_size: int | None = None   # None: the median batch size of the study
-    examples: int = 512
-    points: int = 4
+    batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
+    points: int = 10
+    average: int = 3
+    examples: int | None = None
+    curvature_examples: int | None = None
+    hessian_examples: int = 16
+    lanczos: int = 20
 
 
 @dataclass(frozen=True)
@@ -204,7 +218,7 @@ class Spec(SpecCore):
             "budget": asdict(self.budget),
             "eval": asdict(self.eval),
             "seeds": list(self.seeds),
-            "probes": asdict(self.probes),
+            "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
             **overrides,
         }
 
@@ -346,22 +360,37 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # probes
     pb = ck.table(raw, "probes", "probes") or {}
-    ck.keys(pb, "probes", ("enabled", "batch_size", "examples", "points"))
+    ck.keys(pb, "probes", tuple(f.name for f in fields(Probes)))
     enabled = pb.get("enabled", True)
     if not isinstance(enabled, bool):
         ck.add("probes.enabled", f"found {enabled!r}; allowed: true or false")
-    pb_bs = ck.integer(pb["batch_size"], "probes.batch_size", 1) if "batch_size" in pb else None
-    pb_ex = ck.integer(pb.get("examples", 512), "probes.examples", 2)
-    pb_pts = ck.integer(pb.get("points", 4), "probes.points", 1)
+    pb_bs = pb.get("batch_sizes", list(Probes.batch_sizes))
+    if not isinstance(pb_bs, list) or not pb_bs or not all(
+            b in BATCH_RULES or (is_int(b) and b >= 1) for b in pb_bs):
+        ck.add("probes.batch_sizes", f"found {pb_bs!r}; allowed: a non-empty list of "
+                                     f"{', '.join(map(repr, BATCH_RULES))} or batch sizes")
+        pb_bs = list(Probes.batch_sizes)
+    sizes = {"examples": None, "curvature_examples": None}
+    for key in sizes:
+        if key in pb:
+            sizes[key] = ck.integer(pb[key], f"probes.{key}", 2)
+    probes = Probes(enabled=enabled, batch_sizes=tuple(pb_bs),
+                    points=ck.integer(pb.get("points", Probes.points), "probes.points", 1),
+                    average=ck.integer(pb.get("average", Probes.average), "probes.average", 1),
+                    hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
+                                                "probes.hessian_examples", 0),
+                    lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
+                    **sizes)
 
     # executor
     ex_t = ck.table(raw, "executor", "executor") or {}
     ck.keys(ex_t, "executor", ("workers",))
     workers = ck.integer(ex_t["workers"], "executor.workers", 1) if "workers" in ex_t else None
 
-    if pb_bs is not None and batch_sizes is not None and pb_bs not in batch_sizes:
-        ck.add("probes.batch_size", f"found {pb_bs}; allowed: one of the study's batch sizes "
-                                    f"({', '.join(map(str, batch_sizes))})")
+    for b in probes.batch_sizes:
+        if is_int(b) and batch_sizes is not None and b not in batch_sizes:
+            ck.add("probes.batch_sizes", f"found {b}; allowed: one of the study's batch sizes "
+                                         f"({', '.join(map(str, batch_sizes))})")
 
     if ck.problems:
         raise SpecError(ck.problems, source)
@@ -374,7 +403,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
-        probes=Probes(enabled=enabled, batch_size=pb_bs, examples=pb_ex, points=pb_pts),
+        probes=probes,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
 
 
@@ -421,8 +450,10 @@ def check_against_dataset(spec: Spec, n_train: int) -> None:
     """Checks that need the loaded data set: every batch size fits in the training set."""
     problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
                 f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
-    if spec.probes.batch_size is not None and spec.probes.batch_size > n_train:
-        problems.append(f"probes.batch_size: found {spec.probes.batch_size} > {n_train} "
-                        f"(the training set size); allowed: 1..{n_train}")
+    for key in ("examples", "curvature_examples"):
+        value = getattr(spec.probes, key)
+        if value is not None and value > n_train:
+            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
+                            f"allowed: 2..{n_train}")
     if problems:
         raise SpecError(problems)

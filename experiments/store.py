@@ -257,8 +257,8 @@ class Store:
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['probes']))})",
-                [(float(sparsity), r.phase, int(r.step), r.batch_size, r.quantity,
-                  _none_if_nan(r.value), lv, tv) for r in rows])
+                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
+                  r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
 
         self._write(tx)
 

@@ -15,7 +15,6 @@ from .analysis import Fits
 from .formatting import budget_text, fmt_interval, fmt_num, goal_text, sparsity_label
 from .hardware import HardwarePart
 from .runs import Run
-from .theory_view import held
 
 
 def fmt_frame(df: pd.DataFrame, columns: dict[str, str], digits: int = 4) -> pd.DataFrame:
@@ -80,11 +79,12 @@ def fits_table(fits: Fits) -> pd.DataFrame:
 
 
 def predictions_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Predicted vs measured with the relative error and whether the prediction held."""
-    df = fmt_frame(table, {"series": "series", "quantity": "quantity", "predicted": "predicted",
+    """The bound's values beside the measurement, with their ratio: the structure of the bound,
+    not scored (the papers' claims are scored in the verdict table)."""
+    df = fmt_frame(table, {"series": "series", "quantity": "quantity", "predicted": "bound",
                             "measured": "measured"})
-    df["relative error"] = [f"{e:+.1%}" if not pd.isna(e) else "–" for e in table["relative_error"]]
-    df["held"] = [("yes" if held(e) else "no") if not pd.isna(e) else "–" for e in table["relative_error"]]
+    df["bound / measured"] = [fmt_num(1.0 + e, 3) if not pd.isna(e) else "–"
+                              for e in table["relative_error"]]
     return df
 
 

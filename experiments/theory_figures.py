@@ -1,5 +1,6 @@
-"""The report's theory figures: probes of smoothness and gradient noise (Figure 5) and the noisy
-quadratic model beside the measurement (Figure 6), in the style of :mod:`experiments.figures`.
+"""The report's theory figures: B_simple along the run against the fitted B_crit (Figure 5), L and
+lambda_max along the run (Figure 6), and the noisy quadratic model beside the measurement
+(Figure 7), in the style of :mod:`experiments.figures`.
 
 Each function takes plain DataFrames and returns a matplotlib Figure
 (:func:`experiments.figures.png_bytes` renders it deterministically).
@@ -7,84 +8,67 @@ Each function takes plain DataFrames and returns a matplotlib Figure
 
 from __future__ import annotations
 
-import math
 import textwrap
 
 # first: experiments.figures selects the Agg backend before pyplot is loaded
-from .figures import PHASE_MARKERS, empty_panel, log2_axis, log10_axis, normalized_panel, style
+from .figures import empty_panel, log2_axis, log10_axis, normalized_panel, style
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 
 
-PROBE_PANELS = (("local_lipschitz", "local Lipschitz constant L"),
-                ("hessian_top", "top Hessian eigenvalue λ_max"),
-                ("b_simple", "noise scale B_simple = tr Σ / |G|²"))
-
-
-def probes_figure(probes: pd.DataFrame, series: list[str], runs: list[str], cmap: dict[str, tuple]):
-    """Top: each quantity vs sparsity, at initialization and along the reference trajectory
-    (median over its snapshots, bars from min to max), one line per run. Bottom: the same
-    quantities over training steps, one line per series. Local Lipschitz (Lee et al. 2021),
-    Lanczos top eigenvalue, McCandlish et al. (2018)'s B_simple (B_noise dashed where measured)."""
-    run_colors = (dict(zip(runs, sns.color_palette("dark", len(runs)))) if len(runs) > 1
-                  else {runs[0]: (0.2, 0.2, 0.2)})
+def b_simple_figure(probes: pd.DataFrame, fits: pd.DataFrame, series: list[str], cmap: dict[str, tuple]):
+    """B_simple(t) = tr Sigma / |G|^2 along the run (fraction of H) at each probed batch size
+    (line style by batch size rank), one panel per series, against the series' fitted B_crit
+    with its interval (band): McCandlish et al. (2018) compare the two at the goal."""
+    names = [s for s in series if s in set(probes["series"])] or series[:1]
     with style():
-        fig, axes = plt.subplots(2, 3, figsize=(12, 7.0))
-        for k, (q, label) in enumerate(PROBE_PANELS):
-            top, bottom = axes[0, k], axes[1, k]
+        fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.6), squeeze=False,
+                                 layout="constrained")
+        fit = fits.set_index("series")
+        for ax, name in zip(axes[0], names):
+            d = probes[(probes["series"] == name) & (probes["quantity"] == "b_simple")
+                       & probes["value"].notna()]
+            if not len(d):
+                empty_panel(ax, f"{name}:\nno probes")
+                continue
+            for k, (b, g) in enumerate(d.groupby("batch_size")):
+                m = g.groupby("fraction")["value"].median()
+                ax.plot(m.index, m.to_numpy(), ["-", "--", ":", "-."][k % 4], marker="o", ms=3,
+                        color=cmap[name], lw=1.2, label=f"B = {int(b)}")
+            if name in fit.index and not pd.isna(fit.loc[name, "b_crit"]):
+                ax.axhspan(fit.loc[name, "b_crit_lo"], fit.loc[name, "b_crit_hi"], color="0.85", zorder=0)
+                ax.axhline(fit.loc[name, "b_crit"], color="black", lw=0.9, label="fitted B_crit")
+            log10_axis(ax.yaxis)
+            ax.set_xlabel("fraction of the run (step / H)")
+            ax.set_ylabel("B_simple = tr Σ / |G|²")
+            ax.set_title(name)
+            ax.legend(loc="best", fontsize=7)
+        return fig
+
+
+def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, tuple]):
+    """Lee et al. (2021)'s local Lipschitz constant L(t) on the run's own update and the top
+    Hessian eigenvalue lambda_max(t) along the run, dense beside sparse (median over seeds and
+    probed batch sizes at each fraction of H)."""
+    with style():
+        fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
+        for ax, (q, label) in zip(axes, (("local_lipschitz", "local Lipschitz constant L"),
+                                         ("hessian_top", "top Hessian eigenvalue λ_max"))):
             d = probes[(probes["quantity"] == q) & probes["value"].notna()]
             if not len(d):
-                empty_panel(top, f"{label}:\nnot measured")
-                empty_panel(bottom, f"{label}:\nnot measured")
+                empty_panel(ax, f"{label}:\nnot measured")
                 continue
-            for run in runs:
-                for phase, (marker, _) in PHASE_MARKERS.items():
-                    g = d[(d["run"] == run) & (d["phase"] == phase)].groupby("sparsity")["value"]
-                    if not len(g):
-                        continue
-                    med, mn, mx = g.median(), g.min(), g.max()
-                    color = run_colors[run]
-                    top.errorbar(100 * med.index.to_numpy(float), med.to_numpy(), yerr=[med - mn, mx - med],
-                                 marker=marker, ls="-" if phase == "trajectory" else ":", color=color,
-                                 ms=5, capsize=2, lw=1, mfc=color if phase == "trajectory" else "white")
-            top.set_xlabel("sparsity (%)")
-            top.set_ylabel(label)
-            log10_axis(top.yaxis)
-            top.set_title(f"{label} vs sparsity")
-            traj = d[d["phase"] == "trajectory"]
             for name in series:
-                g = traj[traj["series"] == name]
-                if len(g):
-                    bottom.plot(g["step"], g["value"], "o-", color=cmap[name], ms=3.5, lw=1.1)
-                if q == "b_simple":
-                    n = probes[(probes["quantity"] == "b_noise") & (probes["phase"] == "trajectory")
-                               & (probes["series"] == name) & probes["value"].notna()]
-                    bottom.plot(n["step"], n["value"], ls="--", color=cmap[name], lw=0.9)
-            if len(traj):
-                log10_axis(bottom.xaxis)
-                log10_axis(bottom.yaxis)
-                bottom.set_xlabel("training step (reference trajectory)")
-                bottom.set_ylabel(label)
-            else:
-                empty_panel(bottom, f"{label}:\nno trajectory probes")
-            bottom.set_title(f"{label} over training")
-        handles = [Line2D([], [], marker=m, ls="", color="0.2", mfc="white" if p == "init" else "0.2",
-                          label=lab) for p, (m, lab) in PHASE_MARKERS.items()]
-        if len(runs) > 1:
-            handles += [Line2D([], [], color=c, label=f"{r} (top row)") for r, c in run_colors.items()]
-        handles += [Line2D([], [], color=cmap[s], marker="o", ms=3.5, label=s) for s in series
-                    if s in set(probes["series"])]
-        handles.append(Line2D([], [], ls="--", color="0.3", label="B_noise = tr(HΣ) / GᵀHG"))
-        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
-        # a regular grid with fixed margins (a layout engine costs more than the drawing); the
-        # bottom margin leaves 0.6 in for the x labels plus one legend row per 5 entries
-        rows = math.ceil(len(handles) / 5)
-        fig.subplots_adjust(left=0.06, right=0.99, top=0.96, bottom=(0.6 + 0.17 * rows) / 7.0,
-                            wspace=0.28, hspace=0.38)
+                m = d[d["series"] == name].groupby("fraction")["value"].median()
+                if len(m):
+                    ax.plot(m.index, m.to_numpy(), "o-", ms=3, color=cmap[name], lw=1.2, label=name)
+            log10_axis(ax.yaxis)
+            ax.set_xlabel("fraction of the run (step / H)")
+            ax.set_ylabel(label)
+            ax.legend(loc="best", fontsize=7)
         return fig
 
 

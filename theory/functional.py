@@ -221,6 +221,11 @@ def parameter_vector(model: nn.Module, weights: Weights | None = None) -> torch.
     return torch.cat([weights[n].detach().reshape(-1) for n in params])
 
 
+def split_size(dataset: Dataset, split: str = "train") -> int:
+    """Number of examples in ``split`` of ``dataset``."""
+    return int(select_examples(dataset, None, split=split)[0].shape[0])
+
+
 def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tensor | None = None,
                     seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of ``split``: all of them (``examples=None``), a sample without

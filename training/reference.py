@@ -113,12 +113,12 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     the schedule's batch sizes take the place of ``run.batch_size``, which is the batch size only
     when ``schedule`` is None (``BatchSchedule.constant(run.batch_size)``). ``run.max_steps``
     counts updates from the run's beginning, not from ``start``. From ``start`` (one trial:
-    ``state.trial(i)``), the weights, momentum buffers, step, data position and divergence
+    ``state.trial(i)``), the weights, optimizer buffers, step, data position and divergence
     reference are the state's, and evaluations resume after ``start.step`` (the saving run
     recorded the earlier ones). Masks, evaluations, stopping and divergence as in
     :func:`train_reference`. The result's ``examples`` are the training examples this call used.
-    A :class:`TrainState` holds momentum buffers, not Adam's moments: an ``adam`` / ``adamw`` run
-    starts from the model's weights (``start`` None) and returns a state without buffers.
+    For ``adam`` / ``adamw`` the state's ``buffers`` and ``moments`` are Adam's m and v and its
+    ``step`` Adam's step count; a state resumes only a run of its own optimizer family.
     """
     trial = Trial.from_dict(trial)
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
@@ -134,9 +134,6 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     if start is not None and not isinstance(start, TrainState):
         raise ConfigError(f"start must be a training.state.TrainState or None, "
                           f"got {type(start).__name__}")
-    if start is not None and run.optimizer in ADAM_OPTIMIZERS:
-        raise ConfigError(f"optimizer {run.optimizer!r} cannot resume from a TrainState (it holds "
-                          f"momentum buffers, not Adam's moments); start must be None")
     step = 0 if start is None else start.step
     if run.max_steps < step:
         raise ConfigError(f"max_steps ({run.max_steps}) must be >= the start state's step ({step})")
@@ -150,8 +147,7 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     params = dict(net.named_parameters())
     opt = make_optimizer(net.parameters(), run.optimizer, trial)
     if start is not None:
-        for name, buf in start.buffers.items():
-            opt.state[params[name]]["momentum_buffer"] = buf[0].to(run.device, run.dtype).clone()
+        _resume_optimizer(opt, params, start, run)
     stream = DataStream(trial_seed(run.seed, trial_index), data.n_train)
     criterion = loss_fn(dataset.task)
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
@@ -201,14 +197,45 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
             hit = step
 
     weights = {k: v.detach().clone() for k, v in net.named_parameters()}
-    buffers = {k: opt.state[p]["momentum_buffer"].detach().clone()[None]
-               for k, p in params.items() if opt.state[p].get("momentum_buffer") is not None}
+    first, second = _STATE_KEYS[run.optimizer in ADAM_OPTIMIZERS]
+    buffers, moments = _saved(opt, params, first), _saved(opt, params, second)
     result = ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
         steps_run=step, curve=Curve.from_rows(rows), state=weights)
     state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
-                       (initial_loss,))
+                       (initial_loss,), moments)
     return ScheduleResult(result=result, state=state, examples=examples)
+
+
+# torch.optim's per-parameter state a TrainState's buffers and moments hold, by Adam-type or not
+_STATE_KEYS = {False: ("momentum_buffer", None), True: ("exp_avg", "exp_avg_sq")}
+
+
+def _saved(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter], key: str | None
+           ) -> dict[str, torch.Tensor]:
+    """``opt``'s state ``key`` of every parameter that has it, as ``[1, *shape]`` copies."""
+    return {} if key is None else {k: opt.state[p][key].detach().clone()[None]
+                                   for k, p in params.items() if opt.state[p].get(key) is not None}
+
+
+def _resume_optimizer(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
+                      start: TrainState, run: RunConfig) -> None:
+    """Put ``start``'s momentum buffers, or Adam's moments and step count, into ``opt``; a state
+    of the other optimizer family raises ConfigError."""
+    adam = run.optimizer in ADAM_OPTIMIZERS
+    if adam and (set(start.moments) != set(start.buffers) or (start.step and not start.moments)):
+        raise ConfigError(f"optimizer {run.optimizer!r} resumes from a TrainState with Adam's "
+                          f"moments (buffers and moments of the same parameters); start has none")
+    if not adam and start.moments:
+        raise ConfigError(f"start holds Adam's moments; optimizer {run.optimizer!r} cannot resume "
+                          f"from it")
+    first, second = _STATE_KEYS[adam]
+    for name, buf in start.buffers.items():
+        state = opt.state[params[name]]
+        state[first] = buf[0].to(run.device, run.dtype).clone()
+        if adam:   # torch.optim.Adam's own state: a float step count (CPU) and the moments
+            state[second] = start.moments[name][0].to(run.device, run.dtype).clone()
+            state["step"] = torch.tensor(float(start.step))
 
 
 @torch.no_grad()

@@ -38,7 +38,7 @@ momentum = {momentum}
 max_steps = 20000
 
 [probes]
-batch_size = 32
+batch_sizes = [8, 32, 256]
 """
 
 # Ground truth of the synthetic curves: S(B) = S_min (1 + B_crit / B) per sparsity level.
@@ -59,25 +59,30 @@ def noisy_steps(sparsity: float, batch_size: int, seed: int, momentum_gain: floa
 
 # Probes consistent with TRUTH under the bound S = c (2 L Delta / eps) (1 + 4 sigma^2 / (eps B)):
 # B_simple = the true B_crit, tr(Sigma) proportional to it (so 4 sigma^2 / eps = B_crit at every
-# level) and L proportional to S_min (same Delta). Values wobble along the trajectory by factors
-# whose median is 1, so the medians the report uses are exactly these.
+# level) and L proportional to S_min (same Delta). L and B_simple wobble along the run by factors
+# whose mean is 1 (so L's trajectory mean is exact); in the last 20 % of the run B_simple is exact.
 PROBES = {0.0: {"trace_sigma": 50.0, "b_simple": 200.0, "local_lipschitz": 2.0},
           0.9: {"trace_sigma": 25.0, "b_simple": 100.0, "local_lipschitz": 4.4}}
+PROBED_BATCHES = (8, 32, 256)
+FRACTIONS = np.linspace(0.0, 1.0, 10)
+WOBBLE = np.array([0.8, 1.2] * 4 + [1.0, 1.0])
 
 
-def probe_rows(sparsity: float) -> list[ProbeRow]:
+def probe_rows(sparsity: float, seeds=(0,), horizon: int = 900) -> list[ProbeRow]:
     p = PROBES[sparsity]
     rows = []
-    for phase, steps in (("init", (0,)), ("trajectory", (1, 10, 100))):
-        for step, wobble in zip(steps, (0.8, 1.0, 1.25) if phase == "trajectory" else (1.0,)):
-            values = {"trace_sigma": p["trace_sigma"], "b_simple": p["b_simple"] * wobble,
-                      "g_sq": p["trace_sigma"] / (p["b_simple"] * wobble),
-                      "b_noise": 0.8 * p["b_simple"] * wobble, "hessian_top": 1.5 * p["local_lipschitz"],
-                      "loss": 2.3 / (1 + step / 50)}
-            if phase == "trajectory":
-                values["local_lipschitz"] = p["local_lipschitz"] / wobble
-            rows += [ProbeRow(sparsity, phase, step, 32 if phase == "trajectory" else None, q, v)
-                     for q, v in values.items()]
+    for seed in seeds:
+        for b in PROBED_BATCHES:
+            for f, wobble in zip(FRACTIONS, WOBBLE):
+                step = int(round(f * horizon))
+                values = {"trace_sigma": p["trace_sigma"], "b_simple": p["b_simple"] * wobble,
+                          "g_sq": p["trace_sigma"] / (p["b_simple"] * wobble),
+                          "b_noise": 0.8 * p["b_simple"] * wobble, "g_h_g": 1.0,
+                          "hessian_top": 1.5 * p["local_lipschitz"],
+                          "local_lipschitz": p["local_lipschitz"] * wobble,
+                          "loss": 2.3 / (1 + step / 50)}
+                rows += [ProbeRow(sparsity, seed, b, step, float(f), q, v, 1.0)
+                         for q, v in values.items()]
     return rows
 
 
@@ -119,5 +124,5 @@ def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(
                                                   20000, float(rng.uniform(1, 2)), 6 * (steps or 20000),
                                                   cfg, tuple(trials)))
             if probes:
-                store.write_probes(sparsity, probe_rows(sparsity))
+                store.write_probes(sparsity, probe_rows(sparsity, spec.seeds))
     return run_dir

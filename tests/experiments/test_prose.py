@@ -44,21 +44,15 @@ def test_findings_from_the_tables():
     ratios = pd.DataFrame({"run": "r", "series": "90 % sparse", "sparsity": 0.9,
                            "batch_size": [8, 16, 32], "ratio": [1.5, 2.0, 2.5],
                            "dense_series": "dense"})
-    predictions = pd.DataFrame({"series": ["90 % sparse"] * 2, "quantity": ["a", "b"],
-                                "predicted": [2.0, 9.0], "measured": [1.6, 3.0],
-                                "relative_error": [0.25, 2.0]})
     missing = pd.DataFrame({"run": "r", "sparsity": [0.9, 0.9, 0.0], "batch_size": [8, 16, None],
                             "seed": [0, 0, None], "state": ["missing", "missing", "no probes"],
                             "detail": ""})
-    text = findings_text(pts, fits, ratios, predictions, missing, ["dense", "90 % sparse"], ["r"])
-    assert len(text) == 6 and text[0].startswith("dense: perfect scaling ends near B ≈ 50")
+    text = findings_text(pts, fits, ratios, missing, ["dense", "90 % sparse"], ["r"])
+    assert len(text) == 4 and text[0].startswith("dense: perfect scaling ends near B ≈ 50")
     assert text[1] == "90 % sparse: 2 batch size(s) reached the goal; no scaling fit (not fitted: too few)."
     assert text[2] == ("90 % sparse needs 2× the steps of dense (median over 3 batch sizes where both "
                        "reached the goal; from 1.5× at B = 8 to 2.5× at B = 32).")
-    assert text[3] == ("Theory for 90 % sparse: a predicted 2 vs measured 1.6 (+25%, held); "
-                       "b predicted 9 vs measured 3 (+200%, did not hold).")
-    assert text[4] == "(A prediction held when within a factor 1.5 of the measurement: 1 of 2 did.)"
-    assert text[5] == ("Incomplete: 2 groups missing, 1 sparsity levels without probes (listed under "
+    assert text[3] == ("Incomplete: 2 groups missing, 1 sparsity levels without probes (listed under "
                        "Missing and failed); the numbers above use only what the store holds.")
 
 
@@ -67,7 +61,7 @@ def test_findings_compare_the_dense_critical_batch_of_combined_runs():
                         columns=FIT_COLUMNS)
     pts = pd.concat([points("a (sgd), dense", [8, 16, 32]), points("b (momentum), dense", [8, 16, 32])])
     text = findings_text(pts, fits, pd.DataFrame(columns=["run", "series", "batch_size", "ratio"]),
-                         pd.DataFrame(columns=["series", "relative_error"]), MISSING,
+                         MISSING,
                          ["a (sgd), dense", "b (momentum), dense"], ["a (sgd)", "b (momentum)"])
     assert text[-1] == "Dense B_crit of b (momentum) is 2.5× that of a (sgd)."
 

@@ -24,8 +24,10 @@ from .synthetic import TRUTH, make_store
 
 # the run folders of the shared reports (``full``, ``combined``, ``partial``) are in conftest.py
 
-FIGURES = ("fig1_steps", "fig2_normalized", "fig3_metaparameters", "fig4_trials", "fig5_probes", "fig6_nqm")
-TABLES = ("Steps to result", "Scaling fits", "Predicted vs measured", "Sparse / dense step ratios",
+FIGURES = ("fig1_steps", "fig2_normalized", "fig3_metaparameters", "fig4_trials", "fig5_b_simple",
+           "fig6_smoothness", "fig7_nqm")
+TABLES = ("Steps to result", "Scaling fits", "Structure of the bound (not scored)",
+          "Claims in their own terms", "Theory vs measurement", "Sparse / dense step ratios",
           "Missing and failed", "Cost and versions", "What was fitted and what was predicted",
           "Theory formulas", "Study specs", "Findings")
 OUTPUTS = ("report.html", "report.md", "summary.csv", *(f"figures/{f}.png" for f in FIGURES))
@@ -124,10 +126,9 @@ def test_theory_predictions_against_closed_forms(full):
     log_gap = np.log(dense.predicted_steps / dense.steps_to_result)
     assert abs(log_gap.mean()) < 1e-3 and log_gap.abs().max() < 0.1   # (median vs geometric mean of seeds)
     md = (full / "report.md").read_text()
-    table = md.split("### Predicted vs measured")[1].split("###")[0]
-    assert "| 90 % sparse | critical batch B_crit (bound 4σ²/ε) | 100 |" in table
-    assert "| dense | critical batch B_crit ≈ B_simple (noise scale) | 200 |" in table
-    assert table.count("| yes |") == 4      # every prediction held (the synthetic truth is exact)
+    table = md.split("### Structure of the bound (not scored)")[1].split("###")[0]
+    assert "| 90 % sparse | critical batch 4σ²/ε (structure of the bound) | 100 |" in table
+    assert "held" not in table and "noise scale" not in table   # shown, not scored
     assert "c = " in md and "ε = 4σ²/B_simple = 1." in md
 
 
@@ -152,8 +153,9 @@ def test_combining_two_run_folders(combined):
     b = s.groupby("series")["fit_b_crit"].first()
     assert b["shallue (momentum), dense"] / b["shallue (sgd), dense"] == pytest.approx(2.0, rel=0.1)
     md = (out / "report.md").read_text()
-    # the momentum stores double B_crit but keep the probes: the noise-scale route fails there
-    assert "(A prediction held when within a factor 1.5 of the measurement: 5 of 8 did.)" in md
+    # the momentum stores double B_crit but keep the probes: B_simple at the goal is half of it
+    claims = md.split("### Claims in their own terms")[1].split("###")[0]
+    assert claims.count("| shallue (momentum), dense | mccandlish | paper | 0.4") == 1
     ratio = re.search(r"Dense B_crit of shallue \(momentum\) is (\S+)× that of shallue \(sgd\)\.", md)
     assert float(ratio.group(1)) == pytest.approx(2.0, rel=0.1)
     assert "Which optimizer extends perfect scaling further, dense: shallue (momentum) extends" in md
@@ -177,12 +179,13 @@ def test_partial_run_reports_what_exists_and_lists_what_is_missing(partial):
     assert "| dense | 8 | 0 | failed | RuntimeError: out of memory |" in missing
     assert missing.count("| no probes |") == 2
     assert "Incomplete: 2 groups missing, 1 failed, 2 sparsity levels without probes" in md
-    # no probes stored: every panel of Figure 5 says so instead of drawing
+    # no probes stored: every panel of Figure 6 says so instead of drawing
     runs = load_runs([partial])
-    fig = TF.probes_figure(runs.probes, list(runs.order), runs.labels, F.colors(list(runs.order)))
-    assert len(fig.axes) == 6
+    fig = TF.smoothness_figure(runs.probes, list(runs.order), F.colors(list(runs.order)))
+    assert len(fig.axes) == 2
     assert all([t.get_text().endswith("not measured") for t in ax.texts] == [True] and not ax.lines
                for ax in fig.axes)
+    assert "No claim could be judged" in md
     # 90 % sparse still has 3 points (16, 32, 64): fitted; the dense curve lost B = 8 only
     assert s.loc[s.sparsity == 0.9, "fit_b_crit"].notna().all()
 

@@ -126,4 +126,4 @@ def test_report_sections(tmp_path):
     assert "### Sanity checks: each series beside its criterion" in md
     assert "| snip-shuffle (sgd), 90 % sparse | snip (sgd), 90 % sparse | 6 | 1 [1, 1] |" in md
     assert "| snip-invert (sgd), 90 % sparse | 3.weight | 0 / 10 | 0 | 10 | 0 | no |" in md
-    assert "Figure 7. Per-layer density of the masks" in md
+    assert "Figure 8. Per-layer density of the masks" in md

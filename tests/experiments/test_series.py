@@ -116,8 +116,8 @@ def test_tiny_sanity_study_runs_every_series(tmp_path):
     assert reinit["info"]["mask_init_seed"] == REINIT_SEED_OFFSET
     md = (out / "report.md").read_text()
     assert "### Sanity checks: each series beside its criterion" in md
-    assert "Figure 7. Per-layer density of the masks" in md and (out / "figures" /
-                                                                 "fig7_layer_density.png").exists()
+    assert "Figure 8. Per-layer density of the masks" in md and (out / "figures" /
+                                                                 "fig8_layer_density.png").exists()
     assert "snip-shuffle (momentum), 0.5" not in md   # series are labelled "<series> (<optimizer>)"
     assert "snip-shuffle (momentum), 50 % sparse" in md
 

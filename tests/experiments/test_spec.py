@@ -50,7 +50,8 @@ BAD_SPECS = [
     (edit("enabled = false", 'enabled = "yes"'), "probes.enabled", "true or false"),
     (edit("[probes]", "[executor]\nworkers = 0\n[probes]"), "executor.workers", ">= 1"),
     (edit("seeds = [0]", "seeds = [-1]"), "seeds[0]", ">= 0"),
-    (edit("enabled = false", "batch_size = 64"), "probes.batch_size", "8, 32, 128"),
+    (edit("enabled = false", "batch_sizes = [64]"), "probes.batch_sizes", "8, 32, 128"),
+    (edit("enabled = false", "batch_sizes = [\"median\"]"), "probes.batch_sizes", "'b_crit'"),
     (edit('metric = "error"', 'metric = "accuracy"'), "goal.metric", "error, loss"),
     (edit("[workload]", "[workload]\ndata = 1"), "workload.data", "did you mean 'dataset'"),
     (TINY + "\n[pruning]\nmethod = \"snipp\"\n", "pruning.method", "did you mean 'snip'"),
@@ -192,7 +193,8 @@ def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
 NON_DEFAULT = (edit("[budget]\nexamples = 8000\nmin = 20\nmax = 200", "[budget]\nmax_steps = 50")
                .replace("[eval]\nevery = 10",
                         '[eval]\nkind = "geometric"\nfirst = 2\nratio = 1.5\nmax_gap = 9')
-               .replace("[probes]\nenabled = false", "[probes]\nbatch_size = 32\npoints = 3")
+               .replace("[probes]\nenabled = false", "[probes]\nbatch_sizes = [32, \"b_crit\"]\npoints = 3\n"
+                                                                  "examples = 64\nlanczos = 5")
                .replace("[search]", '[search]\nseed = 3\nend_factor = {scale = "log", min = 1e-4, '
                         'max = 0.1}\ndecay_steps = {scale = "linear", min = 0.5, max = 1.0, '
                         'relative = true}')
@@ -220,9 +222,10 @@ def test_canonical_form_gives_back_the_same_spec(text):
     spec = loads(text)
     assert_round_trip(spec)
     if text == NON_DEFAULT:   # the edits took: nothing fell back to a default
-        assert (spec.budget.max_steps, spec.eval.kind, spec.probes.batch_size, spec.search_seed,
+        assert (spec.budget.max_steps, spec.eval.kind, spec.probes.batch_sizes, spec.search_seed,
                 spec.search["decay_steps"].relative, spec.pruning_method, spec.strict) == \
-            (50, "geometric", 32, 3, True, "magnitude", False)
+            (50, "geometric", (32, "b_crit"), 3, True, "magnitude", False)
+        assert (spec.probes.points, spec.probes.examples, spec.probes.lanczos) == (3, 64, 5)
 
 
 def test_bundled_configs_round_trip():

@@ -29,8 +29,8 @@ def record(key="k1", status="done", trials=2):
 def test_round_trip(tmp_path):
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record())
-        store.write_probes(0.5, [ProbeRow(0.5, "init", 0, None, "b_simple", 3.5),
-                                 ProbeRow(0.5, "trajectory", 10, 32, "hessian_top", 7.0)])
+        store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "b_simple", 3.5, 2.0),
+                                 ProbeRow(0.5, 1, 32, 10, 1.0, "hessian_top", 7.0, 2.5)])
     res = load_results(tmp_path)
     assert list(res.study.columns) == list(COLUMNS["study"]) and len(res.study) == 1
     assert res.spec == SPEC and res.spec.hash == SPEC.hash and res.spec.toml == TINY
@@ -44,7 +44,11 @@ def test_round_trip(tmp_path):
     assert t.hit_step.tolist()[0] == 12 and pd.isna(t.hit_step.iloc[1])
     assert t.decay_steps.tolist()[0] == 50 and pd.isna(t.decay_steps.iloc[1])
     assert len(res.curves) == 6 and res.curves.metric.iloc[-1] == pytest.approx(0.28)
-    assert sorted(res.probes.quantity) == ["b_simple", "hessian_top"]
+    p = res.probes
+    assert list(p.columns[:7]) == ["sparsity", "seed", "batch_size", "step", "fraction", "quantity",
+                                   "value"]
+    assert p[["seed", "step", "fraction", "quantity", "value", "seconds"]].values.tolist() == [
+        [0, 0, 0.0, "b_simple", 3.5, 2.0], [1, 10, 1.0, "hessian_top", 7.0, 2.5]]
     assert res.predictions.empty
 
 

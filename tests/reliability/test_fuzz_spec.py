@@ -131,7 +131,8 @@ TABLES = {
     ("goal",): ("metric", "target", "comparison"),
     ("search",): ("seed",) + SEARCH_KEYS + ("optimizers",),
     ("eval",): ("kind", "every", "first", "ratio", "max_gap"),
-    ("probes",): ("enabled", "batch_size", "examples", "points"),
+    ("probes",): ("enabled", "batch_sizes", "points", "average", "examples", "curvature_examples",
+                  "hessian_examples", "lanczos"),
     ("executor",): ("workers",),
 }
 

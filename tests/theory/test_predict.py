@@ -131,10 +131,13 @@ def test_predicted_steps_use_the_bound_functions():
 
 
 def test_probe_summary_from_a_noise_estimate():
-    from theory.noise import NoiseEstimate
+    from theory.noise import FiniteSetNoise, NoiseEstimate
 
-    est = NoiseEstimate(g_sq=0.5, trace_sigma=4.0, b_simple=8.0, b_noise=float("nan"), n=100, n_params=10,
-                        loss=2.3, trace_h_sigma=float("nan"), g_h_g=float("nan"), hessian_examples=0)
+    nan = float("nan")
+    est = NoiseEstimate(g_sq=0.5, trace_sigma=4.0, b_simple=8.0, b_noise=nan, n=100, n_params=10,
+                        loss=2.3, trace_h_sigma=nan, g_h_g=nan, hessian_examples=0, population=100,
+                        g_sq_se=0.0, trace_sigma_se=0.0, b_simple_se=0.0,
+                        finite=FiniteSetNoise(0.5, 4.0, 8.0, nan, nan, nan))
     p = ProbeSummary.from_noise(0.5, est, L=3.0)
     assert (p.sparsity, p.L, p.sigma2, p.delta, p.b_simple) == (0.5, 3.0, 4.0, 2.3, 8.0)
     assert ProbeSummary.from_noise(0.5, est, L=3.0, delta=1.0).delta == 1.0

@@ -224,14 +224,40 @@ def test_bad_adam_keys(teacher, kwargs, match):
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
-def test_adam_run_does_not_resume_from_a_train_state(teacher, optimizer):
-    """A TrainState holds momentum buffers, not Adam's moments: resuming would restart them."""
+def test_a_resumed_adam_run_equals_the_straight_run_bit_for_bit(teacher, optimizer):
+    """The state holds Adam's m, v and step count: 30 + 30 steps are 60 steps (float64)."""
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    base = train_schedule_reference(net, teacher, Trial(lr=0.1, momentum=0.9),
-                                    RunConfig(8, max_steps=4))
+    mask = {"1.weight": random_mask((16, 8), 5)}
+    trial = Trial(lr=1e-2, beta1=0.8, beta2=0.99, weight_decay=0.1, decay_steps=50,
+                  end_factor=0.1)
+    run = RunConfig(16, optimizer, max_steps=60, seed=2, dtype=F64, stop="never",
+                    eval_schedule=EvalSchedule(every=10))
+    straight = train_schedule_reference(net, teacher, trial, run, mask=mask, trial_index=1)
+    half = train_schedule_reference(net, teacher, trial, replace(run, max_steps=30), mask=mask,
+                                    trial_index=1)
+    assert set(half.state.buffers) == set(half.state.moments) == set(half.state.params)
+    resumed = train_schedule_reference(net, teacher, trial, run, mask=mask, trial_index=1,
+                                       start=half.state)
+    for name, v in straight.result.state.items():
+        assert torch.equal(resumed.result.state[name], v), name
+    for kind in ("buffers", "moments"):
+        for name, v in getattr(straight.state, kind).items():
+            assert torch.equal(getattr(resumed.state, kind)[name], v), (kind, name)
+    assert torch.all(straight.state.moments["1.weight"][0][mask["1.weight"] == 0] == 0)
+    assert resumed.result.curve.rows()[-3:] == straight.result.curve.rows()[-3:]
+
+
+def test_a_state_resumes_only_its_own_optimizer_family(teacher):
+    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    momentum = train_schedule_reference(net, teacher, Trial(lr=0.1, momentum=0.9),
+                                        RunConfig(8, max_steps=4)).state
     adam = train_schedule_reference(net, teacher, Trial(lr=1e-2),
-                                    RunConfig(8, optimizer, max_steps=4))
-    assert adam.state.step == 4 and dict(adam.state.buffers) == {}
-    resumed = RunConfig(8, optimizer, max_steps=8)
-    with pytest.raises(ConfigError, match=f"optimizer '{optimizer}' cannot resume"):
-        train_schedule_reference(net, teacher, Trial(lr=1e-2), resumed, start=base.state)
+                                    RunConfig(8, "adam", max_steps=4)).state
+    assert momentum.moments == {} and set(adam.moments) == set(adam.buffers)
+    with pytest.raises(ConfigError, match="optimizer 'adamw' resumes from a TrainState with "
+                                          "Adam's moments"):
+        train_schedule_reference(net, teacher, Trial(lr=1e-2), RunConfig(8, "adamw", max_steps=8),
+                                 start=momentum)
+    with pytest.raises(ConfigError, match="start holds Adam's moments; optimizer 'momentum'"):
+        train_schedule_reference(net, teacher, Trial(lr=0.1, momentum=0.9),
+                                 RunConfig(8, max_steps=8), start=adam)
