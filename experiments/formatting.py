@@ -57,6 +57,14 @@ def goal_text(spec: Spec | ExternalSpec) -> str:
     return f"{metric} {'<' if spec.strict else '<='} {spec.target:g}"
 
 
+def eval_text(spec: Spec | ExternalSpec) -> str:
+    """How steps-to-result was evaluated: '[eval] exact every 20', or for an imported workload
+    that its source's own measurement was kept ('as published (batch_science)')."""
+    if isinstance(spec, ExternalSpec):
+        return f"as published ({spec.source.get('format', 'import')})"
+    return f"[eval] {spec.eval.kind} every {spec.eval.every}"
+
+
 def budget_text(budget: Budget | str) -> str:
     """The step budget: 'N', 'E examples / B, in [min, max]', or an imported workload's own
     description (its batch sizes had different budgets)."""

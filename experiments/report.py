@@ -41,7 +41,7 @@ from . import analysis as A
 from . import figures as F
 from . import tables as T
 from . import theory_figures as TF
-from .formatting import goal_text
+from .formatting import eval_text, goal_text
 from .hardware import hardware_view, time_to_result_frame
 from .prose import findings_text, optimizer_sentences, prediction_statement, sanity_sentences
 from .runs import ReportError, RunSet, load_runs
@@ -158,7 +158,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
     the two figures along the runs."""
     order = list(runs.order)
     cmap = F.colors(order)
-    evals = "; ".join(dict.fromkeys(f"{r.label}: [eval] {r.spec.eval.kind} every {r.spec.eval.every}"
+    evals = "; ".join(dict.fromkeys(f"{r.label}: {eval_text(r.spec)}"
                                     for r in runs.runs))
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.",)),
