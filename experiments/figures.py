@@ -241,15 +241,17 @@ def normalized_figure(points: pd.DataFrame, ratios: pd.DataFrame, series: list[s
 
 def _momentum_note(fixed: set[float]) -> str:
     if fixed == {0.0}:
-        return "momentum not used\n(plain SGD)"
+        return "momentum not used\n(plain SGD, or Adam-type)"
     return "momentum not searched\n(fixed at " + ", ".join(f"{v:g}" for v in sorted(fixed)) + ")"
 
 
 def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: list[str],
                           cmap: dict[str, tuple]):
     """Best trial's learning rate, 1 - momentum and effective lr / (1 - momentum) vs B, with the
-    linear (y0 B / B0) and square-root (y0 sqrt(B / B0)) heuristics anchored at the smallest B
-    (Shallue et al. 2019); values in the outer 10 % of the search range are ringed."""
+    linear (y0 B / B0, SGD-type) and square-root (y0 sqrt(B / B0), the usual rule for Adam-type
+    optimizers) heuristics anchored at the smallest B (Shallue et al. 2019); values in the outer
+    10 % of the search range are ringed. Adam-type runs record momentum 0 (their step size does
+    not scale with 1 / (1 - beta1)), so their effective lr is their lr."""
     panels = (("lr", "learning rate (best trial)"), ("momentum", "1 − momentum (best trial)"),
               ("effective_lr", "effective lr = lr / (1 − momentum)"))
     data = points.join(edges)
@@ -291,7 +293,8 @@ def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: lis
         handles = [Line2D([], [], color=cmap[s], marker="o", label=s) for s in series
                    if s in set(points["series"])]
         handles += [Line2D([], [], ls="--", color="0.3", label="linear heuristic y0·B/B0"),
-                    Line2D([], [], ls=":", color="0.3", label="square-root heuristic y0·√(B/B0)"),
+                    Line2D([], [], ls=":", color="0.3",
+                           label="square-root heuristic y0·√(B/B0) (Adam-type rule)"),
                     Line2D([], [], marker="o", ls="", mfc="none", mec="black", ms=9,
                            label="in the outer 10 % of the search range")]
         fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), frameon=False)

@@ -3,7 +3,8 @@
 For every sparsity level and seed, at the batch sizes ``[probes] batch_sizes`` picks from those
 that reached the goal (``theory.probe_batch_sizes``; default the smallest, the one nearest the
 level's fitted B_crit, the largest), the group's best trial is replayed once to its
-steps-to-result H (``theory.probe_trajectory``: same data order, schedule and mask) and
+steps-to-result H (``theory.probe_trajectory``: same metaparameters, Adam's included, data order,
+schedule and mask) and
 measured at ``points`` evenly spaced steps of [0, H] (``theory.probe_steps``): |G|^2, tr(Sigma)
 and B_simple averaged over ``average`` consecutive steps, B_noise and G^T H G, lambda_max, Lee
 et al. (2021)'s local Lipschitz constant of the run's own update, and the training loss.
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 import theory
 import training
 from theory.errors import TheoryError
+from training.config import ADAM_KEYS
 
 from .executors import torch_threads
 from .schema import ProbeRow
@@ -76,17 +78,23 @@ def best_trial(store: Store, key: str) -> pd.Series:
     return t[t.trial == int(g.best_trial)].iloc[0]
 
 
+def stored_trial(row: pd.Series) -> training.Trial:
+    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
+    weight_decay) where the row holds them (an adam / adamw study's trials)."""
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
+    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
+                          end_factor=float(row.end_factor), **adam)
+
+
 def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
               trial: pd.Series, mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
     """Replay one group's best trial and probe it along [0, H] (module docstring)."""
     start = time.perf_counter()
     horizon = int(group.steps_to_result)
-    decay = None if pd.isna(trial.decay_steps) else int(trial.decay_steps)
     p = spec.probes
     rows = theory.probe_trajectory(
-        model, dataset,
-        training.Trial(lr=float(trial.lr), momentum=float(trial.momentum), decay_steps=decay,
-                       end_factor=float(trial.end_factor)),
+        model, dataset, stored_trial(trial),
         training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed)),
         theory.probe_steps(horizon, p.points) if horizon > 0 else (0,), max(horizon, 1),
         mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),

@@ -3,13 +3,13 @@
 Every sentence states numbers the tables hold (fixed formatting, :mod:`experiments.formatting`),
 so the same store always gives the same words: where perfect scaling ends per series (the regimes
 of Shallue et al. 2019, the fit of McCandlish et al. 2018), how many more steps sparsity costs
-(Lee et al. 2021), what is missing, and per run what was
-fitted and what was predicted.
+(Lee et al. 2021), which optimizer extends perfect scaling further when several are compared,
+what is missing, and per run what was fitted and what was predicted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -83,6 +83,49 @@ def findings_text(points: pd.DataFrame, fits: pd.DataFrame, ratios: pd.DataFrame
         parts = [f"{int(counts[s])} {w}" for s, w in words.items() if s in counts]
         out.append("Incomplete: " + ", ".join(parts) + " (listed under Missing and failed); "
                    "the numbers above use only what the store holds.")
+    return out
+
+
+def optimizer_sentences(fits: pd.DataFrame, optimizers: Mapping[str, str],
+                        sparsities: Sequence[float]) -> list[str]:
+    """Which optimizer extends perfect scaling further: one sentence per sparsity level that runs
+    with two or more optimizers fitted. ``fits``: the fits table
+    (:func:`experiments.analysis.fit_series`); ``optimizers``: run label -> optimizer (a combined
+    report: series labelled "run, level"); ``sparsities``: the levels planned.
+
+    Perfect scaling lasts up to about B_crit / 4 on the fitted curve S(B) = S_min (1 + B_crit / B)
+    (McCandlish et al. 2018), so at one level the optimizer with the larger fitted B_crit extends
+    it further (Shallue et al. 2019 found momentum extends it beyond plain SGD; Zhang et al.
+    2019's noisy quadratic model predicts that Adam-like preconditioning extends it beyond
+    momentum). The verdict is only as firm as the fits: the leader's bootstrap interval must lie
+    above every other's, and a B_crit the measured batch sizes only bound (the fit's note) decides
+    nothing."""
+    if len(set(optimizers.values())) < 2:
+        return []
+    ft = fits.set_index("series")
+    out = []
+    for sparsity in sorted(set(sparsities)):
+        rows = [(run, ft.loc[series_label(run, sparsity, True)]) for run in optimizers
+                if series_label(run, sparsity, True) in ft.index
+                and not pd.isna(ft.loc[series_label(run, sparsity, True), "b_crit"])]
+        if len(rows) < 2:
+            continue
+        rows.sort(key=lambda item: -item[1]["b_crit"])
+        values = "; ".join(
+            f"{run} {fmt_num(f['b_crit'], 3)} {fmt_interval(f['b_crit_lo'], f['b_crit_hi'])}"
+            + (" (a bound: at the edge of the measured batch sizes)" if f["note"] else "")
+            for run, f in rows)
+        (lead, best), others = rows[0], rows[1:]
+        if any(f["note"] for _, f in rows):
+            verdict = ("not resolved: a critical batch at the edge of the measured batch sizes is "
+                       "only a bound")
+        elif all(best["b_crit_lo"] > f["b_crit_hi"] for _, f in others):
+            verdict = f"{lead} extends perfect scaling further (the intervals do not overlap)"
+        else:
+            verdict = (f"not resolved: {lead} has the largest B_crit but the intervals overlap, "
+                       "so these measurements do not separate the optimizers")
+        out.append(f"Which optimizer extends perfect scaling further, {sparsity_label(sparsity)}: "
+                   f"{verdict}. Fitted B_crit ({int(FIT_LEVEL * 100)} % intervals): {values}.")
     return out
 
 

@@ -43,7 +43,7 @@ from . import tables as T
 from . import theory_figures as TF
 from .formatting import eval_text, goal_text
 from .hardware import hardware_view, time_to_result_frame
-from .prose import findings_text, prediction_statement, sanity_sentences
+from .prose import findings_text, optimizer_sentences, prediction_statement, sanity_sentences
 from .runs import ReportError, RunSet, load_runs
 from .sanity import SanityPart, sanity_view
 from .sections import Code, Document, Figure, Formula, Paragraphs, Section, Table, render
@@ -113,6 +113,8 @@ def build(runs: RunSet) -> Report:
         Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
             points, fits.table, ratios, missing, order, labels) + theory_words
+            + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
+                                  sorted({s for r in runs.runs for s in r.spec.sparsities}))
             + sanity_sentences(sanity.table)), "findings"),)),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
         _theory_section(runs, fits, judged),
@@ -236,8 +238,9 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
                drawn(lambda: F.normalized_figure(points, ratios, order, cmap))),
         Figure("fig3_metaparameters", "Figure 3. Optimal metaparameters vs batch size",
                "Learning rate, 1 − momentum and effective learning rate lr / (1 − momentum) of the best "
-               "trial at each batch size (Shallue et al. 2019), with the linear (dashed) and square-root "
-               "(dotted) heuristics anchored at the smallest batch size; ringed: best value in the outer "
+               "trial at each batch size (Shallue et al. 2019), with the linear (dashed, SGD-type) and "
+               "square-root (dotted, the usual rule for Adam-type optimizers) heuristics anchored at the "
+               "smallest batch size; ringed: best value in the outer "
                "10 % of the searched range (the optimum may lie outside the search space).",
                drawn(lambda: F.metaparameters_figure(points, edges, order, cmap))),
         Figure("fig4_trials", "Figure 4. Every trial: learning rate × (1 − momentum)",
@@ -258,12 +261,12 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
 
 
 def nqm_caption(optimizers: list[str]) -> str:
-    """Figure 7's caption: which NQM optimizers stand beside the study's."""
-    nqm_opts = ", ".join(sorted({NQM_OPTIMIZER[o] for o in optimizers}))
-    if "nesterov" in optimizers:
-        nqm_opts += "; Nesterov is compared with heavy-ball momentum"
+    """Figure 7's caption: the NQM's three optimizers, and which of them each of the study's
+    optimizers maps to."""
+    nqm_opts = ", ".join(f"{o} → {NQM_OPTIMIZER[o]}" for o in dict.fromkeys(optimizers))
     return ("(a) Measured steps-to-result of every series divided by its value at the smallest "
-            "batch size. (b) The noisy quadratic model (Zhang et al. 2019) for the study's "
-            f"optimizer(s) ({nqm_opts}), normalized the same way; dashed: perfect scaling. Nothing "
-            "is fitted: compare where each curve leaves perfect scaling and whether momentum "
-            "extends it. " + NQM_NOTE)
+            "batch size. (b) The noisy quadratic model (Zhang et al. 2019) with SGD, heavy-ball "
+            "momentum and Adam-like preconditioning (the study's optimizers map to "
+            f"{nqm_opts}), normalized the same way; dashed: perfect scaling. Nothing is fitted: "
+            "compare where each curve leaves perfect scaling and whether momentum or "
+            "preconditioning extends it. " + NQM_NOTE)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import training
+from training.config import ADAM_KEYS
 
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .planning import GroupPlan, plan
@@ -79,7 +80,7 @@ def run_group(task: GroupTask) -> GroupRecord:
             end_factor=t["end_factor"], status=res.status[i],
             hit_step=None if hit is None else int(hit),
             final_metric=float(curve.metric[-1]) if len(curve) else None,
-            curve=tuple(curve.rows())))
+            curve=tuple(curve.rows()), **{k: t[k] for k in ADAM_KEYS if k in t}))
     return GroupRecord(
         key=p.key, sparsity=p.sparsity, batch_size=p.batch_size, seed=p.seed, status="done",
         steps_to_result=None if res.steps_to_result is None else int(res.steps_to_result),

@@ -18,7 +18,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
                "error", "config_json", "lib_version", "torch_version", "finished"),
     "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
-               "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric"),
+               "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
+               "beta1", "beta2", "eps", "weight_decay"),
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
@@ -33,6 +34,13 @@ SORT_KEYS: dict[str, list[str]] = {
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
 NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps")
+
+# Columns added after their table was first written: (name, SQL type), nullable. A store written
+# before them gains them when opened for writing (its rows read NULL); a read-only reader of
+# such a store reads NULL too.
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
+}
 
 # Columns that legitimately differ between two runs of the same spec.
 VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished")}
@@ -56,7 +64,9 @@ CREATE TABLE IF NOT EXISTS trials (
     lr REAL NOT NULL, momentum REAL NOT NULL, decay_steps INTEGER, end_factor REAL NOT NULL,
     effective_lr REAL NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('reached', 'not_reached', 'diverged')),
-    hit_step INTEGER, final_metric REAL, PRIMARY KEY (group_key, trial));
+    hit_step INTEGER, final_metric REAL,
+    beta1 REAL, beta2 REAL, eps REAL, weight_decay REAL,   -- adam / adamw trials only
+    PRIMARY KEY (group_key, trial));
 CREATE TABLE IF NOT EXISTS curves (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
     train_loss REAL, metric REAL, PRIMARY KEY (group_key, trial, step));
@@ -75,7 +85,8 @@ PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hess
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One trial of a group, as stored (``status``: reached | not_reached | diverged)."""
+    """One trial of a group, as stored (``status``: reached | not_reached | diverged). The Adam
+    keys are None for the SGD family, which does not use them."""
 
     trial: int
     lr: float
@@ -86,6 +97,10 @@ class TrialRow:
     hit_step: int | None
     final_metric: float | None
     curve: tuple[tuple[int, float, float], ...] = ()   # (step, train_loss, metric) rows
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 ``goal``, ``batch_sizes`` and ``search.lr`` have defaults)::
 
     name = "quickstart"
-    optimizer = "momentum"              # sgd | momentum | nesterov, or a list of them
+    optimizer = "momentum"              # sgd | momentum | nesterov | adam | adamw, or a list
     batch_sizes = {min = 8, max = 4096} # powers of two from min to max, or an explicit list
     sparsities = [0.0, 0.9]             # fractions in [0, 1)
     trials = 16                         # metaparameter points per batch size (same at every B)
@@ -33,6 +33,14 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     momentum = 0.9
     decay_steps = {scale = "linear", min = 0.5, max = 1.0, relative = true}  # fraction of budget
     end_factor = {scale = "log", min = 1e-4, max = 0.1}
+    # adam / adamw only (defaults 0.9, 0.999, 1e-8, 0; momentum is not used by them):
+    beta1 = {scale = "reverse-log", min = 0.5, max = 0.99}   # 1 - beta1 is log-uniform
+    beta2 = 0.999
+    eps = 1e-8
+    weight_decay = {scale = "log", min = 1e-5, max = 0.1}
+
+    [search.optimizers.adamw]           # overrides for one optimizer of the list
+    lr = {scale = "log", min = 1e-4, max = 1e-2}
 
     [budget]                            # max_steps = N, or a rule in examples seen:
     examples = 2_000_000                # max_steps(B) = clamp(ceil(examples / B), min, max)
@@ -73,7 +81,7 @@ from training.config import EvalSchedule, is_int
 from training.errors import SparsescaleError
 
 from . import spec_checks as checks
-from .search import SEARCH_KEYS, Dimension
+from .search import SEARCH_KEYS, Dimension, optimizer_search
 from .series import SANITY, series_label, series_names
 from .spec_checks import COMPARISONS, Checker
 
@@ -191,9 +199,14 @@ class Spec(SpecCore):
     pruning_sanity: str | None = None       # this series' sanity check (a variant's)
     series: str = ""                        # this series' name when the study has several
     subdir: str = field(default="", compare=False)   # a variant's folder under the study's
+    # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
+    search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
+        overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
+                                           for o, t in sorted(self.search_overrides.items())}}
+                     if self.search_overrides else {})   # only a multi-optimizer spec has them
         return {
             **self.core(),
             "pruning": {"method": self.pruning_method,
@@ -206,12 +219,14 @@ class Spec(SpecCore):
             "eval": asdict(self.eval),
             "seeds": list(self.seeds),
             "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
+            **overrides,
         }
 
     def variants(self) -> list["Spec"]:
         """One spec per listed optimizer and pruning series (``[self]`` if there is one of each),
         named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
-        [<series>]``. Only the first series of each optimizer keeps the dense level."""
+        [<series>]``. Only the first series of each optimizer keeps the dense level. Each
+        optimizer searches its own space (:func:`experiments.search.optimizer_search`)."""
         optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
         series = series_names(self.pruning_methods or (self.pruning_method,), self.sanity)
         if len(optimizers) == 1 and len(series) == 1:
@@ -226,7 +241,9 @@ class Spec(SpecCore):
                     self, optimizer=o, optimizers=(o,), name="-".join([self.name, *parts]),
                     pruning_method=method, pruning_methods=(method,), sanity=(),
                     pruning_sanity=check, series=label, subdir="/".join(parts),
-                    sparsities=self.sparsities if i == 0 else sparse))
+                    sparsities=self.sparsities if i == 0 else sparse,
+                    search=optimizer_search(self.search, self.search_overrides, o),
+                    search_overrides={}))
         return out
 
 
@@ -303,7 +320,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # search space
     se = ck.table(raw, "search", "search") or {}
-    ck.keys(se, "search", ("seed",) + SEARCH_KEYS)
+    ck.keys(se, "search", ("seed",) + SEARCH_KEYS + ("optimizers",))
     search_seed = ck.integer(se.get("seed", 0), "search.seed", 0)
     if "lr" not in se:
         ck.add("search.lr", "missing; allowed: {scale = log|reverse-log|linear, min, max} or a value")
@@ -313,6 +330,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
             search[key] = checks.dimension(ck, se[key], f"search.{key}", key)
         elif key in _DEFAULTS:
             search[key] = Dimension("linear", _DEFAULTS[key], _DEFAULTS[key])
+    overrides = checks.search_overrides(ck, se, optimizers)
 
     # budget
     bu = ck.table(raw, "budget", "budget") or {"max_steps": 1000}
@@ -376,6 +394,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     if ck.problems:
         raise SpecError(ck.problems, source)
+    if len(optimizers) == 1:   # one optimizer: its own space now (several: in variants)
+        search, overrides = optimizer_search(search, overrides, optimizers[0]), {}
     return Spec(
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
         model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
@@ -384,7 +404,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=probes,
-        workers=workers, optimizers=optimizers, toml=toml_text)
+        workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
 
 
 def loads(text: str, source: str | None = None) -> Spec:

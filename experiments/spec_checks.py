@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import pruning
-from training.config import OPTIMIZERS, EvalSchedule
+from training.config import ADAM_KEYS, ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule
 from training.data import list_datasets
 from training.errors import SparsescaleError
 from training.goal import unreachable
 from training.models import list_models
 
-from .search import SCALES, Dimension
+from .search import SCALES, SEARCH_KEYS, Dimension
 from .series import SANITY
 
 COMPARISONS = {"<": True, "<=": False}   # goal comparison -> Goal.strict
@@ -129,7 +129,9 @@ def key_path(path: str, key: str) -> str:
 
 # bounds of each searchable metaparameter: (lo, hi, lo_open, hi_open)
 _BOUNDS = {"lr": (0.0, None, True, False), "momentum": (0.0, 1.0, False, True),
-           "decay_steps": (0.0, None, True, False), "end_factor": (0.0, 1.0, False, False)}
+           "decay_steps": (0.0, None, True, False), "end_factor": (0.0, 1.0, False, False),
+           "beta1": (0.0, 1.0, False, True), "beta2": (0.0, 1.0, False, True),
+           "eps": (0.0, None, True, False), "weight_decay": (0.0, None, False, False)}
 
 
 def dimension(ck: Checker, raw: Any, path: str, key: str) -> Dimension | None:
@@ -159,6 +161,29 @@ def dimension(ck: Checker, raw: Any, path: str, key: str) -> Dimension | None:
     if len(ck.problems) > n:
         return None
     return Dimension(scale, lo, hi, bool(relative))
+
+
+def search_overrides(ck: Checker, se: Mapping[str, Any], optimizers: tuple[str | None, ...]
+                     ) -> dict[str, dict[str, Dimension]]:
+    """The ``[search.optimizers.<optimizer>]`` tables (each for an optimizer of the study), and a
+    problem for Adam keys that no optimizer of the study uses."""
+    listed = [o for o in optimizers if o]
+    tables = ck.table(se, "optimizers", "search.optimizers") or {}
+    ck.keys(tables, "search.optimizers", tuple(listed))
+    out: dict[str, dict[str, Dimension]] = {}
+    for opt in listed:
+        path = f"search.optimizers.{opt}"
+        table = ck.table(tables, opt, path) if opt in tables else None
+        if table is not None:
+            ck.keys(table, path, SEARCH_KEYS)
+            out[opt] = {k: dimension(ck, table[k], f"{path}.{k}", k)
+                        for k in SEARCH_KEYS if k in table}
+    if not any(o in ADAM_OPTIMIZERS for o in listed):
+        for key in ADAM_KEYS:
+            if key in se:
+                ck.add(f"search.{key}", f"used by optimizers {', '.join(ADAM_OPTIMIZERS)} only; "
+                                        f"the study's: {', '.join(listed)}")
+    return out
 
 
 def batch_sizes(ck: Checker, raw: Any) -> tuple[int, ...] | None:

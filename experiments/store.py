@@ -26,11 +26,12 @@ from typing import Any
 
 import pandas as pd
 
+from training.config import ADAM_KEYS
 from training.errors import SparsescaleError
 
 from .external import StudySpec, external_spec, is_external
-from .schema import (COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS, GroupRecord,
-                     ProbeRow, StudyInfo)
+from .schema import (ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS,
+                     GroupRecord, ProbeRow, StudyInfo)
 from .spec import SpecError, from_canonical
 
 DB_NAME = "results.sqlite"
@@ -130,6 +131,7 @@ class Store:
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA foreign_keys=ON")
             self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(SCHEMA)])
+            self._write(_add_columns)
         except BaseException as exc:
             self.close()
             if isinstance(exc, (OSError, sqlite3.Error)):
@@ -229,7 +231,8 @@ class Store:
                 [(rec.key, t.trial, float(rec.sparsity), int(rec.batch_size), int(rec.seed),
                   float(t.lr), float(t.momentum), t.decay_steps, float(t.end_factor),
                   float(t.lr) / (1.0 - float(t.momentum)), t.status, t.hit_step,
-                  _none_if_nan(t.final_metric)) for t in rec.trials])
+                  _none_if_nan(t.final_metric), *(_none_if_nan(getattr(t, k)) for k in ADAM_KEYS))
+                 for t in rec.trials])
             c.executemany(
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
                 [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
@@ -269,8 +272,25 @@ def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
+def _existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _add_columns(c: sqlite3.Cursor) -> None:
+    """Add the :data:`~experiments.schema.ADDED_COLUMNS` a store written before them lacks."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = _existing_columns(c, table)
+        for name, kind in columns:
+            if name not in have:
+                c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
 def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
-    df = pd.read_sql_query(f"SELECT {', '.join(COLUMNS[table])} FROM {table}", conn)
+    have = _existing_columns(conn, table)
+    # a column added later is NULL in a store written before it (read-only: not migrated)
+    select = [c if c in have or c not in dict(ADDED_COLUMNS.get(table, ())) else f"NULL AS {c}"
+              for c in COLUMNS[table]]
+    df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
     for col in NULLABLE_INT:
         if col in df.columns:
             df[col] = df[col].astype("Int64")

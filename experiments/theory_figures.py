@@ -79,7 +79,8 @@ def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, t
 def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap: dict[str, tuple],
                note: str):
     """(a) measured steps normalized at the smallest batch size; (b) the noisy quadratic model
-    (Zhang et al. 2019) for the study's optimizer(s), normalized the same way, in its own units."""
+    (Zhang et al. 2019) with SGD, momentum and Adam-like preconditioning (one curve per
+    ``nqm["optimizer"]``), normalized the same way, in its own units."""
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
         normalized_panel(ax, points, series, cmap)
@@ -87,11 +88,12 @@ def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap:
         if not len(nqm):
             empty_panel(bx, "the NQM reached the target at no batch size")
         else:
-            styles = {"sgd": "-", "momentum": "-."}
+            styles = {"sgd": "-", "momentum": "-.", "preconditioned": ":"}
             pal = sns.color_palette("dark", 4)
             for i, (opt, g) in enumerate(nqm.groupby("optimizer", sort=True)):
                 bx.plot(g["batch_size"], g["steps"] / g["steps"].iloc[0], ls=styles.get(opt, "-"),
-                        marker="o", ms=3.5, color=pal[i], lw=1.3, label=f"NQM, {opt}")
+                        marker="o", ms=3.5, color=pal[i], lw=1.3,
+                        label=f"NQM, {opt}" + (" (Adam-like)" if opt == "preconditioned" else ""))
             b = nqm["batch_size"]
             grid = np.geomspace(b.min(), b.max(), 32)
             bx.plot(grid, b.min() / grid, ls="--", color="black", lw=0.9, label="perfect scaling")

@@ -8,7 +8,8 @@ quadratic model, computed from the stacked stored tables and the measured curves
   (McCandlish et al. 2018);
 - :func:`probe_summary`: the probe values the theory needs per level;
 - :func:`formulas`: the bound's derivation (``theory.bounds``, sympy) as LaTeX and Unicode;
-- :func:`nqm_curves`: the noisy quadratic model (Zhang et al. 2019) for the study's optimizers.
+- :func:`nqm_curves`: the noisy quadratic model (Zhang et al. 2019) with SGD, heavy-ball momentum
+  and Adam-like preconditioning, beside whatever the study ran.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def theory_view(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Se
     inputs = probe_summary(probes)
     table, curves, outcomes = predictions(groups, fits, inputs, runs)
     return TheoryPart(table=table, curves=curves, runs=outcomes, inputs=inputs,
-                      formulas=formulas(optimizers), nqm=nqm_curves(optimizers))
+                      formulas=formulas(optimizers), nqm=nqm_curves())
 
 
 # The noisy quadratic model drawn beside the measurement (Zhang et al. 2019's setup, shrunk so the
@@ -80,27 +81,37 @@ NQM_BATCH_SIZES = 2.0 ** np.arange(0, 15)
 NQM_SGD_LRS = np.logspace(-4, 0.5, 72)
 NQM_MOMENTUM_LRS = np.logspace(-4, 1, 24)
 NQM_MOMENTA = 1.0 - np.logspace(-2.5, 0, 9)[:-1]
+# preconditioning moves the best lr at small batch below the momentum grid
+NQM_PRECOND_LRS = np.logspace(-6, 1, 30)
 NQM_MAX_STEPS = 10**6
-# the NQM has heavy-ball momentum only; Nesterov studies are compared with it
-NQM_OPTIMIZER = {"sgd": "sgd", "momentum": "momentum", "nesterov": "momentum"}
+# the NQM has heavy-ball momentum only (Nesterov studies are compared with it); Adam-type studies
+# with heavy ball under Adam-like diagonal preconditioning p_i = h_i^-1/2 (theory.nqm.ADAM_POWER)
+NQM_OPTIMIZER = {"sgd": "sgd", "momentum": "momentum", "nesterov": "momentum",
+                 "adam": "preconditioned", "adamw": "preconditioned"}
+NQM_CURVES = ("sgd", "momentum", "preconditioned")
 
 
-def nqm_curves(optimizers: Sequence[str]) -> pd.DataFrame:
+def nqm_curves() -> pd.DataFrame:
     """Steps to target of the noisy quadratic model (h_i = 1/i, C = H, x_0 ~ N(0, I)) per batch
-    size, best lr (and momentum) on a grid, for each NQM optimizer the study's optimizers map to;
-    columns optimizer, batch_size, steps, best_lr, best_momentum."""
-    return _nqm_curves(tuple(sorted({NQM_OPTIMIZER[o] for o in optimizers}))).copy()
+    size, best lr (and momentum) on a grid, for SGD, heavy-ball momentum and heavy ball with
+    Adam-like preconditioning (:data:`NQM_CURVES`); columns optimizer, batch_size, steps,
+    best_lr, best_momentum."""
+    return _nqm_curves().copy()
 
 
 @cache
-def _nqm_curves(nqm_optimizers: tuple[str, ...]) -> pd.DataFrame:
+def _nqm_curves() -> pd.DataFrame:
     # the model does not depend on the store: computed once per process
     spectrum = nqm.paper_spectrum(NQM_DIM)
     target = NQM_TARGET_SHARE * spectrum.initial_loss()
+    grids = {"sgd": {"lrs": NQM_SGD_LRS},
+             "momentum": {"lrs": NQM_MOMENTUM_LRS, "momenta": NQM_MOMENTA},
+             "preconditioned": {"lrs": NQM_PRECOND_LRS, "momenta": NQM_MOMENTA,
+                                "precond": nqm.ADAM_POWER}}
     frames = []
-    for opt in nqm_optimizers:
-        kw = ({"lrs": NQM_SGD_LRS} if opt == "sgd" else {"lrs": NQM_MOMENTUM_LRS, "momenta": NQM_MOMENTA})
-        c = nqm.steps_to_target(spectrum, target, NQM_BATCH_SIZES, opt, max_steps=NQM_MAX_STEPS, **kw)
+    for opt in NQM_CURVES:
+        c = nqm.steps_to_target(spectrum, target, NQM_BATCH_SIZES, "sgd" if opt == "sgd" else "momentum",
+                                max_steps=NQM_MAX_STEPS, **grids[opt])
         frames.append(pd.DataFrame({"optimizer": opt, "batch_size": c.batch_sizes, "steps": c.steps,
                                     "best_lr": c.best_lr, "best_momentum": c.best_momentum}))
     df = pd.concat(frames, ignore_index=True)
@@ -109,12 +120,14 @@ def _nqm_curves(nqm_optimizers: tuple[str, ...]) -> pd.DataFrame:
 
 NQM_NOTE = (f"NQM: loss ½ xᵀHx, h_i = 1/i, d = {NQM_DIM}, gradient noise C = H / B, target = "
             f"{NQM_TARGET_SHARE:.0%} of the initial loss, best lr (and momentum) on a grid; "
+            "preconditioned: heavy ball with step a·h_i^-½ per coordinate (Adam-like); "
             "its batch axis is in the model's own units: compare shapes, not positions.")
 
 
 def formulas(optimizers: Sequence[str]) -> list[tuple[str, str, str]]:
     """(what, LaTeX, Unicode rendering) of the convergence-bound derivation (``theory.bounds``,
-    sympy), with the momentum form of the optimal step when a study used momentum. The Unicode
+    sympy), with the momentum form of the optimal step when a study used momentum (heavy ball or
+    Nesterov; Adam's step does not scale with 1 / (1 - beta1)). The Unicode
     form (sympy's pretty printer, sigma^2 written as a square) reads offline without a TeX engine."""
     sigma = sp.Symbol("sigma", positive=True)
     items = [("Convergence bound (1/K) Σ E‖∇f‖² ≤", "bound", False),
@@ -124,7 +137,7 @@ def formulas(optimizers: Sequence[str]) -> list[tuple[str, str, str]]:
              ("Large-batch limit S_min", "s_min", False),
              ("Small-batch limit E_min = lim B K*(B)", "e_min", False),
              ("Critical batch B_crit = E_min / S_min", "b_crit", False)]
-    if any(o != "sgd" for o in optimizers):
+    if any(o in ("momentum", "nesterov") for o in optimizers):
         items.append(("Optimal base step with momentum μ (effective step η / (1 − μ))", "lr_opt", True))
     out = []
     for what, key, momentum in items:

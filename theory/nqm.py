@@ -24,6 +24,13 @@ target at the current upper end. This is exact when each loss path crosses the t
 with s_i(0) >= s_i*, e.g. the paper's setting); for oscillating momentum paths it returns a
 crossing step, as the notebook's bisection does. Heavy ball (v' = b v - a p g, x' = x + v') is
 Shallue et al.'s momentum form with v = -lr a.
+
+Adam-like preconditioning (Zhang et al. 2019, Sec. 3.3): Adam divides the step by sqrt(v_i), the
+root of a running mean of g_i^2; when the gradient noise dominates, E g_i^2 ~ c_i / B = h_i / B
+(C = H), so its preconditioner is p_i ~ h_i^-1/2: power ``ADAM_POWER`` = 1/2 with heavy-ball
+momentum (Adam's beta1). The same closed forms hold with z_i = a p_i h_i and n_i = a^2 p_i^2 c_i
+/ B; the paper predicts that preconditioning needs fewer steps at every batch size and extends
+perfect scaling to a larger critical batch than momentum alone.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ SGD_LRS = np.logspace(-5, 0.5, 100)
 MOMENTUM_LRS = np.logspace(-8, 1, 100)
 MOMENTA = 1.0 - np.logspace(-5, 0, 20)
 DEFAULT_DIM = 10_000
+# preconditioning power of an Adam-like optimizer in the NQM: p_i = h_i^-1/2 (module docstring)
+ADAM_POWER = 0.5
 MAX_STEPS = 10**8
 # coordinates x grid points evaluated at once (bounds memory to a few tens of MB)
 _CHUNK = 400_000

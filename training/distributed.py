@@ -4,9 +4,9 @@ The global mini-batch of step t is ``BatchOrder(trial_seed(run.seed, trial_index
 exactly the batch :func:`training.train_reference` uses; rank r takes the contiguous shard
 ``[r B/k, (r+1) B/k)`` (``B`` must be divisible by ``k``). Each rank computes the mean loss of its
 shard and DDP averages the gradients over ranks, so the update is the gradient of
-(1/k) sum_r mean(shard_r) = mean(batch): the same SGD step as the single process (Goyal et al.,
-2017), up to floating-point summation order. Learning-rate schedule, optimizer
-(:func:`training.reference.make_sgd`), gradient masking (:mod:`training.masks`) and goal
+(1/k) sum_r mean(shard_r) = mean(batch): the same SGD (or Adam) step as the single process
+(Goyal et al., 2017), up to floating-point summation order. Learning-rate schedule, optimizer
+(:func:`training.reference.make_optimizer`), gradient masking (:mod:`training.masks`) and goal
 evaluation follow the reference trainer; rank 0 evaluates the goal on the validation split and
 broadcasts the value so every rank stops at the same step.
 
@@ -51,7 +51,7 @@ from .errors import ConfigError
 from .goal import as_goal, goal_metric, is_diverged, loss_fn
 from .masks import apply_mask, mask_
 from .order import BatchOrder, trial_seed
-from .reference import evaluate, make_sgd
+from .reference import evaluate, make_optimizer
 from .results import Curve, ReferenceResult
 from .schedules import lr_factor
 
@@ -74,7 +74,7 @@ class DistRun:
         if not isinstance(self.trial, Trial) or not isinstance(self.run, RunConfig):
             raise ConfigError(f"DistRun needs a training.Trial and a training.RunConfig, got "
                               f"{type(self.trial).__name__} and {type(self.run).__name__}")
-        check_optimizer(self.run.optimizer, [self.trial.momentum])
+        check_optimizer(self.run.optimizer, [self.trial.momentum], [self.trial.weight_decay])
         check_world(self.world_size, self.run.batch_size)
         check_index(self.trial_index, "trial_index")
         if not isinstance(self.threads, int) or self.threads < 1:
@@ -200,7 +200,7 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
     masks = apply_mask(net, mask)
     params = dict(net.named_parameters())
     ddp, slot = wrap_ddp(net, device, k)
-    opt = make_sgd(ddp.parameters(), run.optimizer, trial.lr, trial.momentum)
+    opt = make_optimizer(ddp.parameters(), run.optimizer, trial)
     order = BatchOrder(trial_seed(run.seed, dist_run.trial_index), data.n_train, run.batch_size)
     lo, hi = rank * dist_run.shard, (rank + 1) * dist_run.shard
     criterion = loss_fn(dataset.task)
@@ -367,7 +367,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist_run = DistRun(
         Trial(lr=args.lr, momentum=args.momentum, decay_steps=args.decay_steps,
-              end_factor=args.end_factor),
+              end_factor=args.end_factor, beta1=args.beta1, beta2=args.beta2, eps=args.eps,
+              weight_decay=args.weight_decay),
         RunConfig(batch_size=args.batch_size, optimizer=args.optimizer, max_steps=args.steps,
                   goal=args.target, eval_schedule=EvalSchedule(every=args.eval_every),
                   seed=args.seed, device=args.device),
@@ -408,6 +409,10 @@ def add_train_parser(subparsers: Any, name: str = "ddp") -> Any:
     p.add_argument("--trial-index", type=int, default=0)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--end-factor", type=float, default=1.0)
+    p.add_argument("--beta1", type=float, default=0.9, help="adam / adamw")
+    p.add_argument("--beta2", type=float, default=0.999, help="adam / adamw")
+    p.add_argument("--eps", type=float, default=1e-8, help="adam / adamw")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="adam / adamw")
     p.add_argument("--target", type=float)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)

@@ -63,9 +63,13 @@ def reference_args(model: Any, dataset: Any, batch_size: int, lr: float, momentu
                    end_factor: float = 1.0, target: Any = None,
                    eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
                    mask: Mapping[str, torch.Tensor] | None = None,
-                   dtype: torch.dtype = torch.float32, device: str = "cpu") -> Translation:
-    """The old ``train_reference`` signature, as the new call's arguments."""
-    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor)
+                   dtype: torch.dtype = torch.float32, device: str = "cpu",
+                   beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                   weight_decay: float = 0.0) -> Translation:
+    """The old ``train_reference`` signature (with the Adam keys of ``adam`` / ``adamw``), as
+    the new call's arguments."""
+    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor,
+                  beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     run = _run(dataset, batch_size, optimizer, steps, target, eval_schedule,
                "first" if stop_at_goal else "never", seed, dtype, device)
     return (model, dataset, trial, run), {"mask": mask, "trial_index": trial_index}
@@ -91,10 +95,13 @@ def distributed_args(model: Any, dataset: Any, world_size: int, batch_size: int,
                      eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
                      mask: Mapping[str, torch.Tensor] | None = None,
                      dtype: torch.dtype = torch.float32, device: str = "cpu", threads: int = 1,
-                     timeout: float = 300.0) -> Translation:
-    """The old ``train_distributed`` signature, as the new call's arguments."""
+                     timeout: float = 300.0, beta1: float = 0.9, beta2: float = 0.999,
+                     eps: float = 1e-8, weight_decay: float = 0.0) -> Translation:
+    """The old ``train_distributed`` signature (with the Adam keys), as the new call's
+    arguments."""
     (model, dataset, trial, run), kwargs = reference_args(
         model, dataset, batch_size, lr, momentum, optimizer, steps, seed, trial_index,
-        decay_steps, end_factor, target, eval_schedule, stop_at_goal, mask, dtype, device)
+        decay_steps, end_factor, target, eval_schedule, stop_at_goal, mask, dtype, device,
+        beta1, beta2, eps, weight_decay)
     return (model, dataset, trial, run), dict(kwargs, world_size=world_size, threads=threads,
                                               timeout=timeout)

@@ -1,4 +1,4 @@
-"""The plain reference trainer: one trial, ``torch.optim.SGD``, nothing clever.
+"""The plain reference trainer: one trial, ``torch.optim`` (SGD, Adam, AdamW), nothing clever.
 
 It is the ground truth the vectorized trainer is tested against, so it stays a textbook loop:
 index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``. One loop,
@@ -27,7 +27,8 @@ from torch import nn
 
 from . import legacy
 from .batch_schedule import BatchSchedule
-from .config import RunConfig, Trial, check_batch_size, check_index, check_optimizer
+from .config import (ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index,
+                     check_optimizer)
 from .data import Dataset
 from .errors import ConfigError
 from .goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
@@ -48,6 +49,18 @@ def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=optimizer == "nesterov")
 
 
+def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
+                   ) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer of ``trial``: :func:`make_sgd` for the SGD family, else
+    ``torch.optim.Adam`` (L2 weight decay) or ``AdamW`` (decoupled) with the trial's lr,
+    (beta1, beta2), eps and weight_decay."""
+    if optimizer not in ADAM_OPTIMIZERS:
+        return make_sgd(params, optimizer, trial.lr, trial.momentum)
+    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=trial.lr, betas=(trial.beta1, trial.beta2), eps=trial.eps,
+               weight_decay=trial.weight_decay)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, task: str,
              chunk: int = 4096) -> float:
@@ -66,14 +79,16 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, ta
 def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
                     run: RunConfig, *, mask: Mapping[str, torch.Tensor] | None = None,
                     trial_index: int = 0) -> ReferenceResult:
-    """Train a copy of ``model`` for up to ``run.max_steps`` updates with ``torch.optim.SGD``.
+    """Train a copy of ``model`` for up to ``run.max_steps`` updates with ``torch.optim.SGD``
+    (optimizers ``sgd``, ``momentum``, ``nesterov``) or ``torch.optim.Adam`` / ``AdamW``
+    (``adam``, ``adamw``: the trial's beta1, beta2, eps and weight_decay; :func:`make_optimizer`).
 
     Mini-batches follow :class:`training.order.BatchOrder` with data seed
     ``trial_seed(run.seed, trial_index)``, exactly as trial ``trial_index`` of
     ``train_trials(..., run)``. The learning rate at update t is
     ``trial.lr * lr_factor(t, trial.decay_steps, trial.end_factor)``. Masked weights are zeroed
     at the start and their gradients before every step (:mod:`training.masks`), so weights and
-    momentum buffers stay exactly zero. The goal is evaluated on the validation split at
+    momentum (Adam: moment) buffers stay exactly zero. The goal is evaluated on the validation split at
     ``run.eval_schedule`` steps; the run ends at the first evaluation that meets it unless
     ``run.stop == "never"`` (one trial: ``"first"`` and ``"all"`` agree). A non-finite or
     exploding mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
@@ -98,13 +113,15 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     the schedule's batch sizes take the place of ``run.batch_size``, which is the batch size only
     when ``schedule`` is None (``BatchSchedule.constant(run.batch_size)``). ``run.max_steps``
     counts updates from the run's beginning, not from ``start``. From ``start`` (one trial:
-    ``state.trial(i)``), the weights, momentum buffers, step, data position and divergence
+    ``state.trial(i)``), the weights, optimizer buffers, step, data position and divergence
     reference are the state's, and evaluations resume after ``start.step`` (the saving run
     recorded the earlier ones). Masks, evaluations, stopping and divergence as in
     :func:`train_reference`. The result's ``examples`` are the training examples this call used.
+    For ``adam`` / ``adamw`` the state's ``buffers`` and ``moments`` are Adam's m and v and its
+    ``step`` Adam's step count; a state resumes only a run of its own optimizer family.
     """
     trial = Trial.from_dict(trial)
-    check_optimizer(run.optimizer, [trial.momentum])
+    check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:
         schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))
     elif not isinstance(schedule, BatchSchedule):
@@ -128,10 +145,9 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
         _load(net, start)
     masks = apply_mask(net, mask)
     params = dict(net.named_parameters())
-    opt = make_sgd(net.parameters(), run.optimizer, trial.lr, trial.momentum)
+    opt = make_optimizer(net.parameters(), run.optimizer, trial)
     if start is not None:
-        for name, buf in start.buffers.items():
-            opt.state[params[name]]["momentum_buffer"] = buf[0].to(run.device, run.dtype).clone()
+        _resume_optimizer(opt, params, start, run)
     stream = DataStream(trial_seed(run.seed, trial_index), data.n_train)
     criterion = loss_fn(dataset.task)
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
@@ -181,14 +197,45 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
             hit = step
 
     weights = {k: v.detach().clone() for k, v in net.named_parameters()}
-    buffers = {k: opt.state[p]["momentum_buffer"].detach().clone()[None]
-               for k, p in params.items() if opt.state[p].get("momentum_buffer") is not None}
+    first, second = _STATE_KEYS[run.optimizer in ADAM_OPTIMIZERS]
+    buffers, moments = _saved(opt, params, first), _saved(opt, params, second)
     result = ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
         steps_run=step, curve=Curve.from_rows(rows), state=weights)
     state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
-                       (initial_loss,))
+                       (initial_loss,), moments)
     return ScheduleResult(result=result, state=state, examples=examples)
+
+
+# torch.optim's per-parameter state a TrainState's buffers and moments hold, by Adam-type or not
+_STATE_KEYS = {False: ("momentum_buffer", None), True: ("exp_avg", "exp_avg_sq")}
+
+
+def _saved(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter], key: str | None
+           ) -> dict[str, torch.Tensor]:
+    """``opt``'s state ``key`` of every parameter that has it, as ``[1, *shape]`` copies."""
+    return {} if key is None else {k: opt.state[p][key].detach().clone()[None]
+                                   for k, p in params.items() if opt.state[p].get(key) is not None}
+
+
+def _resume_optimizer(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
+                      start: TrainState, run: RunConfig) -> None:
+    """Put ``start``'s momentum buffers, or Adam's moments and step count, into ``opt``; a state
+    of the other optimizer family raises ConfigError."""
+    adam = run.optimizer in ADAM_OPTIMIZERS
+    if adam and (set(start.moments) != set(start.buffers) or (start.step and not start.moments)):
+        raise ConfigError(f"optimizer {run.optimizer!r} resumes from a TrainState with Adam's "
+                          f"moments (buffers and moments of the same parameters); start has none")
+    if not adam and start.moments:
+        raise ConfigError(f"start holds Adam's moments; optimizer {run.optimizer!r} cannot resume "
+                          f"from it")
+    first, second = _STATE_KEYS[adam]
+    for name, buf in start.buffers.items():
+        state = opt.state[params[name]]
+        state[first] = buf[0].to(run.device, run.dtype).clone()
+        if adam:   # torch.optim.Adam's own state: a float step count (CPU) and the moments
+            state[second] = start.moments[name][0].to(run.device, run.dtype).clone()
+            state["step"] = torch.tensor(float(start.step))
 
 
 @torch.no_grad()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import OPTIMIZERS, EvalSchedule, Trial, check_optimizer
+from .config import ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule, Trial, check_optimizer
 from .errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["lr_factor", "OPTIMIZERS", "ConfigError", "EvalSchedule", "Trial", "check_optimizer"]
+__all__ = ["lr_factor", "ADAM_OPTIMIZERS", "OPTIMIZERS", "ConfigError", "EvalSchedule", "Trial",
+           "check_optimizer"]
 
 
 def lr_factor(step: int, decay_steps: int | float | torch.Tensor | None,

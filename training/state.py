@@ -1,8 +1,8 @@
 """A training state to resume from: weights, optimizer buffers, step and data-order position.
 
 A run is a function of its state and of what comes after it, so a trainer that starts from a
-:class:`TrainState` continues exactly as the run that saved it: same weights, momentum buffers,
-lr-schedule step, position in the data order and divergence reference. Tensors are stacked with
+:class:`TrainState` continues exactly as the run that saved it: same weights, momentum buffers
+(or Adam's moments), lr-schedule step, position in the data order and divergence reference. Tensors are stacked with
 a leading trial dimension ``[N, *shape]``, as ``train_trials`` stacks its trials; the reference
 loop uses N = 1. Branches of a checkpoint (Merrill et al. 2025) all start from one state.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -54,27 +54,32 @@ class DataStream:
 
 @dataclass(frozen=True, eq=False)
 class TrainState:
-    """``params`` / ``buffers`` (momentum buffers; empty for plain SGD or before the first
-    update): name -> ``[N, *shape]``; ``step``: updates taken; ``position``: next example of the
-    data order; ``initial_loss``: per trial, the loss the divergence test compares with. Trainers
-    copy the tensors on entry, so a state can seed any number of runs."""
+    """``params`` / ``buffers`` (momentum buffers, or Adam's first moments m; empty for plain SGD
+    or before the first update) / ``moments`` (Adam's second moments v; empty for the SGD
+    family): name -> ``[N, *shape]``; ``step``: updates taken (also Adam's bias-correction step);
+    ``position``: next example of the data order; ``initial_loss``: per trial, the loss the
+    divergence test compares with. Trainers copy the tensors on entry, so a state can seed any
+    number of runs."""
 
     params: Mapping[str, torch.Tensor]
     buffers: Mapping[str, torch.Tensor]
     step: int
     position: DataPosition
     initial_loss: tuple[float, ...]
+    moments: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.initial_loss)
         if n < 1 or not all(isinstance(v, float) and math.isfinite(v) for v in self.initial_loss):
             raise ConfigError(f"TrainState initial_loss must be one finite float per trial, got {self.initial_loss!r}")
-        for kind in ("params", "buffers"):
+        for kind in ("params", "buffers", "moments"):
             for name, t in getattr(self, kind).items():
                 if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != n:
                     raise ConfigError(f"TrainState {kind}[{name!r}] must be a tensor [{n}, ...] (one per trial)")
-        if not set(self.buffers) <= set(self.params):
-            raise ConfigError(f"TrainState buffers {sorted(set(self.buffers) - set(self.params))} have no parameter")
+        for kind in ("buffers", "moments"):
+            extra = sorted(set(getattr(self, kind)) - set(self.params))
+            if extra:
+                raise ConfigError(f"TrainState {kind} {extra} have no parameter")
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise ConfigError(f"TrainState step must be an integer >= 0, got {self.step!r}")
 
@@ -88,7 +93,8 @@ class TrainState:
             raise ConfigError(f"trial index must be in [0, {self.n_trials}), got {i}")
         return TrainState({k: v[i:i + 1] for k, v in self.params.items()},
                           {k: v[i:i + 1] for k, v in self.buffers.items()},
-                          self.step, self.position, (self.initial_loss[i],))
+                          self.step, self.position, (self.initial_loss[i],),
+                          {k: v[i:i + 1] for k, v in self.moments.items()})
 
     def check_model(self, model: nn.Module) -> None:
         """The state's parameters are exactly ``model``'s, by name and shape."""

@@ -10,9 +10,9 @@ Nothing in a step mixes trials, so trial i follows the same trajectory as
 Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
 the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
 evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
-snapshot of its weights and momentum) with an evaluation after every step, so its hit step is
-exact to the step. A trial whose metric dips below the target and back up between two scheduled
-evaluations is not seen, as with any evaluation schedule.
+snapshot of its weights and momentum or Adam moments) with an evaluation after every step, so
+its hit step is exact to the step. A trial whose metric dips below the target and back up
+between two scheduled evaluations is not seen, as with any evaluation schedule.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from . import legacy
-from .config import (RunConfig, Trial, check_batch_size, check_index, check_optimizer,
-                     check_trials)
+from .adam import AdamState, per_trial
+from .config import (ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index,
+                     check_optimizer, check_trials)
 from .data import Dataset
 from .errors import ConfigError
 from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
@@ -96,6 +97,7 @@ class _Stack:
     seeds: list[int]
     perm: Tensor | None = None
     perm_epoch: int = -1
+    adam: AdamState | None = None  # moments and metaparameters of adam / adamw (bufs is None)
 
     def select(self, rows: list[int]) -> "_Stack":
         """The stack restricted to positions ``rows``."""
@@ -111,7 +113,8 @@ class _Stack:
                    for j, m in enumerate(self.masks)],
             lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
             init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
-            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch)
+            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.select(idx))
 
     def clone(self) -> "_Stack":
         return _Stack(
@@ -119,12 +122,8 @@ class _Stack:
             bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
             masks=self.masks, lr=self.lr, mu=self.mu, decay=self.decay, end=self.end,
             init_loss=self.init_loss, loss_sum=self.loss_sum.clone(), seeds=self.seeds,
-            perm=self.perm, perm_epoch=self.perm_epoch)
-
-
-def _col(t: Tensor, like: Tensor) -> Tensor:
-    """Per-trial scalars [n] shaped to broadcast against a stacked tensor [n, ...]."""
-    return t.view(-1, *([1] * (like.dim() - 1)))
+            perm=self.perm, perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.clone())
 
 
 @dataclass
@@ -168,8 +167,8 @@ class _Runner:
         loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
         (id, parameters before the update). Update rules (torch.optim.SGD, dampening 0):
         sgd: w -= lr g; momentum: a = mu a + g, w -= lr a; nesterov: a = mu a + g,
-        w -= lr (g + mu a). Masked entries of g are zeroed first, so masked weights and momentum
-        buffers stay exactly zero.
+        w -= lr (g + mu a); adam / adamw: :meth:`training.adam.AdamState.step`. Masked entries
+        of g are zeroed first, so masked weights and momentum (or moment) buffers stay zero.
         """
         idx = self.batch_indices(st, step)
         loss, grads = self.program.loss_and_grads(st.params, self.x_train[idx], self.y_train[idx])
@@ -190,12 +189,15 @@ class _Runner:
         st.loss_sum += loss
         mask_(grads, st.masks)
         lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
+        if st.adam is not None:
+            st.adam.step(st.params, grads, lr, step)
+            return st, dropped
         neg_lr = lr.neg().to(self.dtype)
-        steps = [_col(neg_lr, p) for p in st.params]
+        steps = [per_trial(neg_lr, p) for p in st.params]
         if st.bufs is None:
             torch._foreach_addcmul_(st.params, grads, steps)
             return st, dropped
-        mus = [_col(st.mu, p) for p in st.params]
+        mus = [per_trial(st.mu, p) for p in st.params]
         if self.optimizer == "nesterov":
             st.bufs = torch._foreach_addcmul(grads, st.bufs, mus)
             torch._foreach_addcmul_(grads, st.bufs, mus)
@@ -246,7 +248,10 @@ def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor]
         f64 = dict(dtype=torch.float64, device=device)
         stacks.append(_Stack(
             ids=ids, params=params,
-            bufs=None if optimizer == "sgd" else [torch.zeros_like(p) for p in params],
+            bufs=None if optimizer in ("sgd", *ADAM_OPTIMIZERS) else [
+                torch.zeros_like(p) for p in params],
+            adam=AdamState.zeros(params, [trials[i] for i in ids], optimizer == "adamw")
+            if optimizer in ADAM_OPTIMIZERS else None,
             masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
             mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
             decay=None if all(d is None for d in decays) else torch.tensor(
@@ -265,8 +270,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
     starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
-    ``torch.optim.SGD``), goal, step budget, evaluation schedule, data seed, dtype and device
-    (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
+    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    step budget, evaluation schedule, data seed, dtype and device (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
     evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
     divergence or the budget; ``"never"`` trains every trial to divergence or the budget and
     records each one's first hit.
@@ -282,7 +287,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     worker pools do).
     """
     trial_list = check_trials(trials)
-    check_optimizer(run.optimizer, [t.momentum for t in trial_list])
+    check_optimizer(run.optimizer, [t.momentum for t in trial_list],
+                    [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
     chunk = trials_per_chunk if trials_per_chunk is not None else default_chunk(
         batch_size, activation_floats(model, dataset.input_shape))

@@ -43,7 +43,7 @@ def test_an_imported_spec_reads_back_with_the_fields_the_report_uses():
 
 
 def test_every_problem_is_named_by_its_key():
-    bad = CANONICAL | {"source": {"format": "other"}, "optimizer": "adam", "batch_sizes": [0],
+    bad = CANONICAL | {"source": {"format": "other"}, "optimizer": "adagrad", "batch_sizes": [0],
                        "goal": {"metric": "", "target": "x", "strict": True},
                        "probes": {"enabled": True}, "extra": 1}
     with pytest.raises(SpecError) as info:

@@ -78,6 +78,52 @@ def test_stored_probes_equal_the_theory_functions_on_a_rebuilt_run(probed):
         assert stored[(r.step, r.quantity)] == pytest.approx(r.value, rel=1e-6), (r.step, r.quantity)
 
 
+# an AdamW study: beta1 searched, weight decay fixed; one seed, one level, three points at its
+# largest batch size (the replay must use the trial's Adam keys, and resumes Adam's moments)
+PROBED_ADAMW = (TINY.replace('optimizer = "momentum"', 'optimizer = "adamw"')
+                .replace("batch_sizes = [8, 32, 128]", "batch_sizes = [8, 32]")
+                .replace("sparsities = [0.0, 0.5]", "sparsities = [0.5]")
+                .replace('lr = {scale = "log", min = 0.01, max = 1.0}\n'
+                         'momentum = {scale = "reverse-log", min = 0.5, max = 0.99}',
+                         'lr = {scale = "log", min = 0.003, max = 0.1}\n'
+                         'beta1 = {scale = "reverse-log", min = 0.5, max = 0.95}\n'
+                         'weight_decay = 0.05')
+                .replace("enabled = false", 'enabled = true\nbatch_sizes = ["largest"]\n'
+                                            "points = 3\naverage = 2\nhessian_examples = 4\n"
+                                            "lanczos = 5"))
+
+
+def test_an_adamw_study_stores_and_replays_its_adam_keys(tmp_path):
+    (tmp_path / "adamw.toml").write_text(PROBED_ADAMW)
+    spec = experiments.load_spec(tmp_path / "adamw.toml")
+    run_dir = experiments.run_study(spec, out=tmp_path / "run", executor=ThreadPoolExecutor(1),
+                                    quiet=True, report=False)
+    res = experiments.load_results(run_dir)
+    p, g, t = res.probes, res.groups, res.trials
+    b = int(p.batch_size.max())
+    group = g[g.batch_size == b].iloc[0]
+    trial = t[(t.group_key == group.key) & (t.trial == group.best_trial)].iloc[0]
+    # the trial row holds the planned Adam keys
+    point = next(x.trials for x in experiments.plan(spec) if x.batch_size == b)[int(trial.trial)]
+    adam = {k: point[k] for k in ("beta1", "beta2", "eps", "weight_decay")}
+    assert {k: trial[k] for k in adam} == adam and adam["weight_decay"] == 0.05
+    assert 0.5 <= adam["beta1"] <= 0.95 and trial.momentum == 0.0
+    ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
+    net = training.models.build("mlp", ds, seed=0, hidden=[16])
+    mask = pruning.prune(net, "snip", 0.5, dataset=ds, seed=0)
+    horizon = int(group.steps_to_result)
+    decay = None if pd.isna(trial.decay_steps) else int(trial.decay_steps)
+    expected = theory.probe_trajectory(
+        net, ds, training.Trial(lr=float(trial.lr), decay_steps=decay,
+                                end_factor=float(trial.end_factor), **adam),
+        training.RunConfig(b, "adamw"), theory.probe_steps(horizon, 3), horizon, mask=mask,
+        sparsity=0.5, trial_index=int(trial.trial), average=2, hessian_examples=4, lanczos=5)
+    stored = p[p.batch_size == b].set_index(["step", "quantity"]).value
+    assert len(stored) == len(expected)
+    for r in expected.itertuples(index=False):
+        assert stored[(r.step, r.quantity)] == pytest.approx(r.value, rel=1e-6), (r.step, r.quantity)
+
+
 def test_torch_threads_sets_and_restores_the_thread_count():
     from experiments.probes import torch_threads
 

@@ -4,7 +4,8 @@ import pandas as pd
 
 from experiments import theory_view as V
 from experiments.analysis import FIT_COLUMNS
-from experiments.prose import findings_text, prediction_statement, scaling_sentence
+from experiments.prose import (findings_text, optimizer_sentences, prediction_statement,
+                               scaling_sentence)
 from theory.predict import Prediction
 
 MISSING = pd.DataFrame(columns=["run", "sparsity", "batch_size", "seed", "state", "detail"])
@@ -74,3 +75,41 @@ def test_prediction_statement():
     text = prediction_statement(V.RunPrediction("r", pred, l_source="hessian_top"))
     assert "c = 1.23 on the dense curve" in text and "ε = 4σ²/B_simple = 0.5." in text
     assert "c·asymptotic bound with its own L = hessian top" in text and "Left out" not in text
+
+
+# the multi-optimizer verdict: which optimizer extends perfect scaling further
+OPTIMIZERS = {"opt (momentum)": "momentum", "opt (adamw)": "adamw"}
+
+
+def b_crit_fits(rows):
+    return pd.DataFrame(rows, columns=["series", "b_crit", "b_crit_lo", "b_crit_hi", "note"])
+
+
+def test_separated_intervals_name_the_optimizer_with_the_larger_critical_batch():
+    table = b_crit_fits([("opt (momentum), dense", 450.0, 380.0, 530.0, ""),
+                         ("opt (adamw), dense", 900.0, 700.0, 1200.0, ""),
+                         ("opt (momentum), 90 % sparse", 660.0, 500.0, 800.0, ""),
+                         ("opt (adamw), 90 % sparse", 700.0, 600.0, 900.0, "")])
+    dense, sparse = optimizer_sentences(table, OPTIMIZERS, [0.9, 0.0])
+    assert dense == ("Which optimizer extends perfect scaling further, dense: opt (adamw) extends "
+                     "perfect scaling further (the intervals do not overlap). Fitted B_crit (90 % "
+                     "intervals): opt (adamw) 900 [700, 1200]; opt (momentum) 450 [380, 530].")
+    assert sparse.startswith("Which optimizer extends perfect scaling further, 90 % sparse: not "
+                             "resolved: opt (adamw) has the largest B_crit but the intervals overlap")
+
+
+def test_a_bound_decides_nothing_and_unfitted_levels_are_skipped():
+    table = b_crit_fits([("opt (momentum), dense", 450.0, 380.0, 530.0, ""),
+                         ("opt (adamw), dense", 9000.0, 5000.0, 20000.0,
+                          "B_crit at the edge of what the batch sizes resolve: a bound"),
+                         ("opt (momentum), 90 % sparse", 660.0, 500.0, 800.0, "")])
+    (dense,) = optimizer_sentences(table, OPTIMIZERS, [0.0, 0.9])
+    assert "dense: not resolved: a critical batch at the edge" in dense
+    assert "opt (adamw) 9000 [5000, 20000] (a bound: at the edge of the measured batch sizes)" in dense
+
+
+def test_one_optimizer_has_no_comparison():
+    table = b_crit_fits([("a (momentum), dense", 450.0, 380.0, 530.0, ""),
+                         ("b (momentum), dense", 900.0, 700.0, 1200.0, "")])
+    assert optimizer_sentences(table, {"a (momentum)": "momentum", "b (momentum)": "momentum"},
+                               [0.0]) == []

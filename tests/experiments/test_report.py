@@ -158,6 +158,7 @@ def test_combining_two_run_folders(combined):
     assert claims.count("| shallue (momentum), dense | mccandlish | paper | 0.4") == 1
     ratio = re.search(r"Dense B_crit of shallue \(momentum\) is (\S+)× that of shallue \(sgd\)\.", md)
     assert float(ratio.group(1)) == pytest.approx(2.0, rel=0.1)
+    assert "Which optimizer extends perfect scaling further, dense: shallue (momentum) extends" in md
     html_text = (out / "report.html").read_text()
     assert html_text.count("data:image/png;base64,") == len(FIGURES)
     assert "Study report: shallue (sgd), shallue (momentum)" in html_text

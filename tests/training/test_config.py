@@ -10,7 +10,8 @@ from training.config import check_trials
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(stop="some"), "stop 'some'; allowed: first, all, never"),
-    (dict(optimizer="adam"), "unknown optimizer 'adam'"),
+    (dict(optimizer="adagrad"),
+     "unknown optimizer 'adagrad'; allowed: sgd, momentum, nesterov, adam, adamw"),
     (dict(batch_size=0), "batch_size must be an integer >= 1"),
     (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
     (dict(max_steps=-1), "max_steps must be an integer >= 0"),

@@ -27,13 +27,31 @@ def relative_error(state, ref_state):
     return max(float((state[n] - ref_state[n]).norm() / ref_state[n].norm()) for n in ref_state)
 
 
-@pytest.fixture(scope="module")
-def workload(mnist1d_small):
+# the optimizers' own trials and goals; momentum and AdamW spawn k = 2 by default, Adam runs
+# in-process
+WORKLOADS = {
+    "momentum": (Trial(lr=0.1, momentum=0.9, decay_steps=40, end_factor=0.1), 0.81),
+    "adam": (Trial(lr=1e-2, decay_steps=40, end_factor=0.1, beta1=0.8, beta2=0.99,
+                   weight_decay=0.1), 0.84),
+    "adamw": (Trial(lr=1e-2, decay_steps=40, end_factor=0.1, beta1=0.8, beta2=0.99,
+                    weight_decay=0.1), 0.84),
+}
+
+
+def old_form(trial, run, mask, **kwargs):
+    """The deprecated keyword arguments of ``train_distributed`` for ``trial`` and ``run``."""
+    return dict(batch_size=run.batch_size, optimizer=run.optimizer, steps=run.max_steps,
+                seed=run.seed, target=run.goal, stop_at_goal=run.stop != "never",
+                eval_schedule=run.eval_schedule, mask=mask, **trial.as_dict(), **kwargs)
+
+
+@pytest.fixture(scope="module", params=list(WORKLOADS))
+def workload(request, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small, seed=0)
     g = torch.Generator().manual_seed(1)
     mask = {"1.weight": (torch.rand(net[1].weight.shape, generator=g) > 0.5).float()}
-    trial = Trial(lr=0.1, momentum=0.9, decay_steps=40, end_factor=0.1)
-    run = RunConfig(32, "momentum", max_steps=STEPS, goal=0.81, stop="never", seed=3,
+    trial, goal = WORKLOADS[request.param]
+    run = RunConfig(32, request.param, max_steps=STEPS, goal=goal, stop="never", seed=3,
                     eval_schedule=training.EvalSchedule(every=5))
     ref = training.train_reference(net, mnist1d_small, trial, run, mask=mask)
     # the comparison is only meaningful if the goal is met inside the run and masking bites
@@ -53,6 +71,8 @@ def check_equivalent(res, ref):
     assert abs(res.curve.train_loss - ref.curve.train_loss).max() < 1e-5
 
 
+@pytest.mark.parametrize("workload", ["momentum", pytest.param("adam", marks=pytest.mark.slow),
+                                      "adamw"], indirect=True)
 def test_ddp_two_workers_match_reference(workload, mnist1d_small):
     net, trial, run, mask, ref = workload
     res = train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask)
@@ -81,10 +101,7 @@ def test_old_keyword_form_warns_and_is_bit_identical(workload, mnist1d_small):
     net, trial, run, mask, _ = workload
     new = train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask)
     with pytest.warns(DeprecationWarning, match="train_distributed.*deprecated"):
-        old = train_distributed(net, mnist1d_small, 2, batch_size=32, lr=0.1, momentum=0.9,
-                                optimizer="momentum", steps=STEPS, seed=3, decay_steps=40,
-                                end_factor=0.1, target=0.81, stop_at_goal=False,
-                                eval_schedule=training.EvalSchedule(every=5), mask=mask)
+        old = train_distributed(net, mnist1d_small, 2, **old_form(trial, run, mask))
     assert old.curve.rows() == new.curve.rows() and old.steps_run == new.steps_run
     assert all(torch.equal(old.state[k], new.state[k]) for k in new.state)
 
@@ -99,10 +116,7 @@ def test_old_keyword_form_translates_to_the_same_run(monkeypatch, workload, mnis
         (k, backend, threads, args[2:], timeout)))
     train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask, threads=2)
     with pytest.warns(DeprecationWarning, match="train_distributed.*deprecated"):
-        train_distributed(net, mnist1d_small, 2, batch_size=32, lr=0.1, momentum=0.9,
-                          optimizer="momentum", steps=STEPS, seed=3, decay_steps=40,
-                          end_factor=0.1, target=0.81, stop_at_goal=False,
-                          eval_schedule=training.EvalSchedule(every=5), mask=mask, threads=2)
+        train_distributed(net, mnist1d_small, 2, **old_form(trial, run, mask, threads=2))
     assert seen[0] == seen[1]
     assert seen[0][3][0] == DistRun(trial, run, world_size=2, threads=2)
 
@@ -134,6 +148,8 @@ def test_bad_arguments_fail_before_spawning(mnist1d_small):
         train_distributed(net, mnist1d_small, trial, RunConfig(10_000), world_size=1)
     with pytest.raises(ConfigError, match="'nesterov' needs momentum > 0"):
         DistRun(trial, RunConfig(8, "nesterov"), world_size=1)
+    with pytest.raises(ConfigError, match="weight_decay is used by optimizers adam, adamw only"):
+        DistRun(Trial(lr=0.1, weight_decay=0.1), RunConfig(8), world_size=1)
     with pytest.raises(ConfigError, match="threads"):
         DistRun(trial, RunConfig(8), world_size=1, threads=0)
     with pytest.raises(ConfigError, match="device 'mps'; allowed: cpu, cuda"):

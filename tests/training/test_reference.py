@@ -169,8 +169,8 @@ def test_schedules():
     (dict(lr=-1.0), {}, None, "lr must be a positive finite number"),
     (dict(lr=float("nan")), {}, None, "lr must be a positive finite number"),
     (dict(lr=0.1, momentum=1.0), {}, None, r"momentum must be in \[0, 1\)"),
-    (dict(lr=0.1), dict(optimizer="adam"), None,
-     "unknown optimizer 'adam'; allowed: sgd, momentum, nesterov"),
+    (dict(lr=0.1), dict(optimizer="adagrad"), None,
+     "unknown optimizer 'adagrad'; allowed: sgd, momentum, nesterov, adam, adamw"),
     (dict(lr=0.1), dict(optimizer="nesterov"), None, "'nesterov' needs momentum > 0"),
     (dict(lr=0.1), dict(batch_size=400), None, r"batch_size must be an integer in \[1, 320\]"),
 ])

@@ -18,11 +18,6 @@ TRIALS = [
 
 
 @pytest.fixture(scope="module")
-def teacher():
-    return training.data.load("teacher", n=500, dim=8, num_classes=3, seed=1)
-
-
-@pytest.fixture(scope="module")
 def linreg():
     return training.data.load("linreg", n=400, dim=6, noise=0.3, seed=2)
 
