@@ -106,11 +106,14 @@ class GroupMoments:
     @classmethod
     def of_chunks(cls, groups: list[list[torch.Tensor]]) -> "GroupMoments":
         """Moments of groups given as lists of ``[c, dim]`` chunks of per-example gradients."""
-        counts, means, m2 = [], [], []
-        for chunks in groups:
-            c, m, s = _merge(((g.shape[0], g.mean(0), float((g - g.mean(0)).pow(2).sum()))
-                              for g in chunks))
-            counts.append(c), means.append(m), m2.append(s)
+        return cls.of_parts([[(g.shape[0], g.mean(0), float((g - g.mean(0)).pow(2).sum()))
+                              for g in chunks] for chunks in groups])
+
+    @classmethod
+    def of_parts(cls, groups: list[list[tuple[int, torch.Tensor, float]]]) -> "GroupMoments":
+        """Moments of groups given as lists of their chunks' (count, mean, sum of squared
+        deviations from that mean)."""
+        counts, means, m2 = zip(*(_merge(parts) for parts in groups))
         return cls(np.array(counts), torch.stack(means), np.array(m2))
 
     def total(self) -> tuple[int, torch.Tensor, float]:
