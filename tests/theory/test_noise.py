@@ -259,10 +259,9 @@ def test_unbiased_on_subsamples_small_mlp():
     assert finite_g.mean() > 1.3 * full.g_sq and finite_b.mean() < 0.8 * full.b_simple
 
 
-@pytest.mark.slow
 def test_unbiased_on_subsamples_mnist1d_mlp():
     """The MNIST-1D MLP at initialization, 100 seeded 512-example subsamples of the 7,200-example
-    training split (about 15 s)."""
+    training split (a few seconds with per-example gradient norms)."""
     ds = training.data.load("mnist1d", num_samples=10000)
     net = training.models.build("mlp", ds, seed=0)
     full = gradient_noise(net, ds, hessian_examples=0)
