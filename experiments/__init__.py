@@ -7,7 +7,8 @@ Public API::
     spec = experiments.load_spec("quickstart")  # validated Spec (raises SpecError)
 """
 
-from .runner import plan, run_study
+from .planning import plan
+from .runner import run_study
 from .spec import Spec, SpecError
 from .spec import load as load_spec
 from .spec import loads as loads_spec

@@ -29,7 +29,10 @@ def _init_worker() -> None:
 
     import torch
 
+    from training.process import setup_training_process
+
     torch.set_num_threads(1)
+    setup_training_process()
     # Ctrl-C is the driver's business: it stops submitting and ends the pool (LocalPool.terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

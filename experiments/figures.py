@@ -1,6 +1,8 @@
-"""The report's figures: matplotlib (Agg) with seaborn styling and its colour-blind palette.
+"""The report's figures of the measurement (Figures 1-4, and 7 for studies that record their
+masks) and the style every figure shares: matplotlib (Agg) with seaborn styling and its
+colour-blind palette (Figures 5 and 6, the theory's, are in :mod:`experiments.theory_figures`).
 
-Every function takes plain DataFrames (see :mod:`experiments.findings`) and returns a matplotlib
+Every function takes plain DataFrames (see :mod:`experiments.analysis`) and returns a matplotlib
 Figure; :func:`png_bytes` renders it deterministically (no software/time metadata), so the same
 store gives byte-identical PNGs. Batch sizes are drawn on log2 axes with powers-of-two ticks and
 every axis names its quantity.
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import io
 import math
-import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +27,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
+import pruning  # noqa: E402
+
 DPI = 110
 PALETTE = "colorblind"
 # Regime bands (light, distinguishable without colour by their legend and order left to right).
@@ -34,7 +37,6 @@ REGIME_COLORS = {"perfect scaling": "#cfe3f3", "diminishing returns": "#f6e3c6",
 _cb = sns.color_palette(PALETTE)
 STATUS_STYLE = {"reached": (_cb[2], "o", "met the goal"), "not_reached": (_cb[0], "s", "did not"),
                 "diverged": (_cb[3], "X", "diverged")}
-PHASE_MARKERS = {"init": ("o", "at initialization"), "trajectory": ("s", "along training (median)")}
 
 
 def colors(series: list[str]) -> dict[str, tuple]:
@@ -85,7 +87,7 @@ def log10_axis(axis, subs: tuple[float, ...] = (1.0, 2.0, 5.0)) -> None:
     axis.set_minor_locator(NullLocator())
 
 
-def _empty(ax, text: str) -> None:
+def empty_panel(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=8,
             color="0.35", wrap=True)
     ax.set_xticks([])
@@ -173,12 +175,12 @@ def steps_figure(points: pd.DataFrame, fits: pd.DataFrame, predicted: pd.DataFra
 # 2. normalized steps (Lee et al.) and the sparse / dense ratio
 
 
-def _normalized_panel(ax, points: pd.DataFrame, series: list[str], cmap: dict[str, tuple]) -> None:
+def normalized_panel(ax, points: pd.DataFrame, series: list[str], cmap: dict[str, tuple]) -> None:
     """Each series' steps divided by its steps at its smallest reached batch size, with the
     perfect-scaling line B0 / B from every distinct anchor B0."""
     reached = points[points["status"] == "reached"]
     if reached.empty:
-        _empty(ax, "no batch size reached the goal yet")
+        empty_panel(ax, "no batch size reached the goal yet")
         return
     anchors = set()
     for name in series:
@@ -203,7 +205,7 @@ def placeholder(text: str):
     """A small figure saying why a figure has nothing to show (e.g. no group stored yet)."""
     with style():
         fig, ax = plt.subplots(figsize=(6, 1.6), layout="constrained")
-        _empty(ax, text)
+        empty_panel(ax, text)
         return fig
 
 
@@ -213,7 +215,7 @@ def normalized_figure(points: pd.DataFrame, ratios: pd.DataFrame, series: list[s
     with the perfect-scaling line; (b) measured sparse / dense steps at each batch size."""
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
-        _normalized_panel(ax, points, series, cmap)
+        normalized_panel(ax, points, series, cmap)
         ax.set_title("(a) normalized steps to result")
         lo, hi = _b_range(points)
         if len(ratios):
@@ -228,7 +230,7 @@ def normalized_figure(points: pd.DataFrame, ratios: pd.DataFrame, series: list[s
             bx.set_ylabel("steps sparse / steps dense")
             bx.legend(loc="upper left")
         else:
-            _empty(bx, "no sparse and dense curves\nreached the goal at a common batch size")
+            empty_panel(bx, "no sparse and dense curves\nreached the goal at a common batch size")
         bx.set_title("(b) cost of sparsity in steps")
         return fig
 
@@ -239,15 +241,17 @@ def normalized_figure(points: pd.DataFrame, ratios: pd.DataFrame, series: list[s
 
 def _momentum_note(fixed: set[float]) -> str:
     if fixed == {0.0}:
-        return "momentum not used\n(plain SGD)"
+        return "momentum not used\n(plain SGD, or Adam-type)"
     return "momentum not searched\n(fixed at " + ", ".join(f"{v:g}" for v in sorted(fixed)) + ")"
 
 
 def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: list[str],
                           cmap: dict[str, tuple]):
     """Best trial's learning rate, 1 - momentum and effective lr / (1 - momentum) vs B, with the
-    linear (y0 B / B0) and square-root (y0 sqrt(B / B0)) heuristics anchored at the smallest B
-    (Shallue et al. 2019); values in the outer 10 % of the search range are ringed."""
+    linear (y0 B / B0, SGD-type) and square-root (y0 sqrt(B / B0), the usual rule for Adam-type
+    optimizers) heuristics anchored at the smallest B (Shallue et al. 2019); values in the outer
+    10 % of the search range are ringed. Adam-type runs record momentum 0 (their step size does
+    not scale with 1 / (1 - beta1)), so their effective lr is their lr."""
     panels = (("lr", "learning rate (best trial)"), ("momentum", "1 − momentum (best trial)"),
               ("effective_lr", "effective lr = lr / (1 − momentum)"))
     data = points.join(edges)
@@ -277,7 +281,7 @@ def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: lis
                     ey = 1.0 - e[key] if key == "momentum" else e[key]
                     ax.plot(e["batch_size"], ey, "o", mfc="none", mec="black", ms=10, mew=1.1)
             if not drawn:
-                _empty(ax, _momentum_note(fixed) if key == "momentum" and fixed else "no best trials")
+                empty_panel(ax, _momentum_note(fixed) if key == "momentum" and fixed else "no best trials")
                 ax.set_title(label)
                 continue
             log2_axis(ax.xaxis)
@@ -289,7 +293,8 @@ def metaparameters_figure(points: pd.DataFrame, edges: pd.DataFrame, series: lis
         handles = [Line2D([], [], color=cmap[s], marker="o", label=s) for s in series
                    if s in set(points["series"])]
         handles += [Line2D([], [], ls="--", color="0.3", label="linear heuristic y0·B/B0"),
-                    Line2D([], [], ls=":", color="0.3", label="square-root heuristic y0·√(B/B0)"),
+                    Line2D([], [], ls=":", color="0.3",
+                           label="square-root heuristic y0·√(B/B0) (Adam-type rule)"),
                     Line2D([], [], marker="o", ls="", mfc="none", mec="black", ms=9,
                            label="in the outer 10 % of the search range")]
         fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), frameon=False)
@@ -316,7 +321,7 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
     with style():
         if not names:
             fig, ax = plt.subplots(figsize=(4, 2), layout="constrained")
-            _empty(ax, "no trials stored")
+            empty_panel(ax, "no trials stored")
             return fig
         ncols = min(len(sizes), TRIAL_COLUMNS)
         wraps = math.ceil(len(sizes) / ncols)
@@ -334,11 +339,11 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
             any_metric_row |= not momentum_searched
             for k in range(wraps * ncols):
                 ax = axes[i * wraps + k // ncols, k % ncols]
-                if k >= len(sizes):
+                t = mine[mine["batch_size"] == sizes[k]] if k < len(sizes) else mine.iloc[:0]
+                if not len(t):   # columns are batch sizes of every series: not all have each
                     ax.set_visible(False)
                     continue
                 b = sizes[k]
-                t = mine[mine["batch_size"] == b]
                 for status, (color, marker, _) in STATUS_STYLE.items():
                     s = t[t["status"] == status]
                     y = 1.0 - s["momentum"] if momentum_searched else s["final_metric"].fillna(ceiling)
@@ -363,105 +368,11 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. smoothness and gradient noise
+# 7. per-layer density of the masks
 
 
-PROBE_PANELS = (("local_lipschitz", "local Lipschitz constant L"),
-                ("hessian_top", "top Hessian eigenvalue λ_max"),
-                ("b_simple", "noise scale B_simple = tr Σ / |G|²"))
-
-
-def probes_figure(probes: pd.DataFrame, series: list[str], runs: list[str], cmap: dict[str, tuple]):
-    """Top: each quantity vs sparsity, at initialization and along the reference trajectory
-    (median over its snapshots, bars from min to max), one line per run. Bottom: the same
-    quantities over training steps, one line per series. Local Lipschitz (Lee et al. 2021),
-    Lanczos top eigenvalue, McCandlish et al. (2018)'s B_simple (B_noise dashed where measured)."""
-    run_colors = (dict(zip(runs, sns.color_palette("dark", len(runs)))) if len(runs) > 1
-                  else {runs[0]: (0.2, 0.2, 0.2)})
+def layer_density_figure(densities: pd.DataFrame):
+    """``pruning.density_figure`` of the masks' per-layer densities
+    (:func:`experiments.sanity.density_frame`), in the report's style."""
     with style():
-        fig, axes = plt.subplots(2, 3, figsize=(12, 7.0))
-        for k, (q, label) in enumerate(PROBE_PANELS):
-            top, bottom = axes[0, k], axes[1, k]
-            d = probes[(probes["quantity"] == q) & probes["value"].notna()]
-            if not len(d):
-                _empty(top, f"{label}:\nnot measured")
-                _empty(bottom, f"{label}:\nnot measured")
-                continue
-            for run in runs:
-                for phase, (marker, _) in PHASE_MARKERS.items():
-                    g = d[(d["run"] == run) & (d["phase"] == phase)].groupby("sparsity")["value"]
-                    if not len(g):
-                        continue
-                    med, mn, mx = g.median(), g.min(), g.max()
-                    color = run_colors[run]
-                    top.errorbar(100 * med.index.to_numpy(float), med.to_numpy(), yerr=[med - mn, mx - med],
-                                 marker=marker, ls="-" if phase == "trajectory" else ":", color=color,
-                                 ms=5, capsize=2, lw=1, mfc=color if phase == "trajectory" else "white")
-            top.set_xlabel("sparsity (%)")
-            top.set_ylabel(label)
-            log10_axis(top.yaxis)
-            top.set_title(f"{label} vs sparsity")
-            traj = d[d["phase"] == "trajectory"]
-            for name in series:
-                g = traj[traj["series"] == name]
-                if len(g):
-                    bottom.plot(g["step"], g["value"], "o-", color=cmap[name], ms=3.5, lw=1.1)
-                if q == "b_simple":
-                    n = probes[(probes["quantity"] == "b_noise") & (probes["phase"] == "trajectory")
-                               & (probes["series"] == name) & probes["value"].notna()]
-                    bottom.plot(n["step"], n["value"], ls="--", color=cmap[name], lw=0.9)
-            if len(traj):
-                log10_axis(bottom.xaxis)
-                log10_axis(bottom.yaxis)
-                bottom.set_xlabel("training step (reference trajectory)")
-                bottom.set_ylabel(label)
-            else:
-                _empty(bottom, f"{label}:\nno trajectory probes")
-            bottom.set_title(f"{label} over training")
-        handles = [Line2D([], [], marker=m, ls="", color="0.2", mfc="white" if p == "init" else "0.2",
-                          label=lab) for p, (m, lab) in PHASE_MARKERS.items()]
-        if len(runs) > 1:
-            handles += [Line2D([], [], color=c, label=f"{r} (top row)") for r, c in run_colors.items()]
-        handles += [Line2D([], [], color=cmap[s], marker="o", ms=3.5, label=s) for s in series
-                    if s in set(probes["series"])]
-        handles.append(Line2D([], [], ls="--", color="0.3", label="B_noise = tr(HΣ) / GᵀHG"))
-        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
-        # a regular grid with fixed margins (a layout engine costs more than the drawing); the
-        # bottom margin leaves 0.6 in for the x labels plus one legend row per 5 entries
-        rows = math.ceil(len(handles) / 5)
-        fig.subplots_adjust(left=0.06, right=0.99, top=0.96, bottom=(0.6 + 0.17 * rows) / 7.0,
-                            wspace=0.28, hspace=0.38)
-        return fig
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. noisy quadratic model beside the measured curves
-
-
-def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap: dict[str, tuple],
-               note: str):
-    """(a) measured steps normalized at the smallest batch size; (b) the noisy quadratic model
-    (Zhang et al. 2019) for the study's optimizer(s), normalized the same way, in its own units."""
-    with style():
-        fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
-        _normalized_panel(ax, points, series, cmap)
-        ax.set_title("(a) measured")
-        if len(nqm):
-            styles = {"sgd": "-", "momentum": "-."}
-            pal = sns.color_palette("dark", 4)
-            for i, (opt, g) in enumerate(nqm.groupby("optimizer", sort=True)):
-                bx.plot(g["batch_size"], g["steps"] / g["steps"].iloc[0], ls=styles.get(opt, "-"),
-                        marker="o", ms=3.5, color=pal[i], lw=1.3, label=f"NQM, {opt}")
-            b = nqm["batch_size"]
-            grid = np.geomspace(b.min(), b.max(), 32)
-            bx.plot(grid, b.min() / grid, ls="--", color="black", lw=0.9, label="perfect scaling")
-            log2_axis(bx.xaxis)
-            log2_axis(bx.yaxis)
-            bx.set_xlabel("batch size B (NQM units)")
-            bx.set_ylabel("steps / steps at smallest B")
-            bx.legend(loc="lower left")
-        else:
-            _empty(bx, "the NQM reached the target at no batch size")
-        bx.set_title("(b) noisy quadratic model")
-        fig.supxlabel(textwrap.fill(note, 160), fontsize=7, color="0.3")
-        return fig
+        return pruning.density_figure(densities, title="Per-layer density of the masks")

@@ -1,6 +1,7 @@
 """Time to result on real hardware: a study's measured curves combined with a DDP cost model.
 
-A run folder may hold ``cost_model.json`` (written by ``sparsescale bench ddp --out
+A run folder may hold ``cost_model.json`` (copied in by ``sparsescale study``,
+:mod:`experiments.costcache`, or written by ``sparsescale bench ddp --out
 RUN_DIR/cost_model.json``, :mod:`training.costmodel`). For every series of that run, its measured
 steps-to-result S(B) (the median over the seeds that reached the goal, as in the report's
 steps table) and the cost model's seconds per step t(B, k) give, with
@@ -18,6 +19,7 @@ network is still computed and its gradient all-reduced densely.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,8 @@ import pandas as pd
 from theory.walltime import WallTime, predict_time_to_result
 from training.costmodel import CostModel, load_cost_model, load_measurements
 
-from .findings import Run, fmt_num, series_order
+from .formatting import fmt_num
+from .runs import Run
 
 COST_MODEL_FILE = "cost_model.json"
 WORKERS = (1, 2, 4, 8)
@@ -74,9 +77,10 @@ def steps_by_batch(points: pd.DataFrame, series: str) -> dict[int, int]:
     return {int(b): int(math.ceil(s)) for b, s in zip(p["batch_size"], p["steps"])}
 
 
-def hardware_view(runs: tuple[Run, ...], points: pd.DataFrame,
+def hardware_view(runs: Sequence[Run], order: Sequence[str], points: pd.DataFrame,
                   workers: tuple[int, ...] = WORKERS) -> HardwarePart:
-    """Predicted time-to-result per series of every run whose folder holds a cost model."""
+    """Predicted time-to-result per series (in report ``order``) of every run whose folder
+    holds a cost model; ``points`` is :func:`experiments.analysis.points_table`."""
     costs = {r.label: load_run_cost(r.results.run_dir) for r in runs}
     if not any(costs.values()):
         return HardwarePart(pd.DataFrame(columns=COLUMNS),
@@ -87,11 +91,11 @@ def hardware_view(runs: tuple[Run, ...], points: pd.DataFrame,
         "data-parallel workers: T(B, k) = S(B) · t(B, k) and the cost W = k · T in "
         "worker-seconds, with S(B) the measured steps to result (median over seeds, rounded up "
         "to a whole step) and t(B, k) = t_fixed + t_example · B / k + t_allreduce(P, k) the "
-        "cost model measured with `sparsescale bench ddp` (ring all-reduce: "
+        "cost model measured on this machine by `sparsescale study` or `sparsescale bench ddp` "
+        "(ring all-reduce: "
         "2 (k − 1) α + 2 (k − 1) / k · β · P · bytes). Times count training steps only, not "
         "evaluations; a B not divisible by k has no entry. Sparse series use the dense step "
         "time: masked weights are still computed and all-reduced."]
-    order = series_order(runs)
     for r in runs:
         rc = costs[r.label]
         if rc is None:
@@ -129,7 +133,7 @@ def _cost_sentence(run: Run, rc: RunCost, workers: tuple[int, ...]) -> str:
             f"α = {fmt_num(c.alpha * 1e6, 4)} µs per ring round, "
             f"β = {fmt_num(c.beta * 1e9, 4)} ns per byte, P = {c.n_params} parameters of "
             f"{c.bytes_per_param} bytes" + (f" ({where})" if where else "") + ".")
-    study = f"{run.spec['workload']['dataset']}/{run.spec['workload']['model']}"
+    study = f"{run.spec.dataset}/{run.spec.model}"
     if meta.get("workload") and meta["workload"] != study:
         text += (f" It was measured on {meta['workload']}, not on this study's {study}: the "
                  f"times are that workload's step times.")
@@ -150,3 +154,13 @@ def _fastest_sentence(series: str, best: WallTime, by_k: list[WallTime]) -> str:
             f"{fmt_num(best.time, 3)} s ({fmt_num(best.worker_seconds, 3)} worker-s); on "
             f"k = {most.workers} the fastest is B = {most.batch_size}: {fmt_num(most.time, 3)} s "
             f"({fmt_num(most.worker_seconds, 3)} worker-s).")
+
+
+def time_to_result_frame(part: HardwarePart, info: pd.DataFrame) -> pd.DataFrame:
+    """time_to_result.csv: the prediction points with the study and optimizer of their run
+    (``info``: :meth:`experiments.runs.RunSet.info`)."""
+    by_run = info.set_index("run")
+    df = part.points.rename(columns={"step_time": "step_time_s", "time": "time_s"}).copy()
+    df.insert(0, "study", [by_run.loc[r, "study"] for r in df["run"]])
+    df.insert(1, "optimizer", [by_run.loc[r, "optimizer"] for r in df["run"]])
+    return df.drop(columns=["run"])

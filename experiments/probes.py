@@ -1,161 +1,150 @@
-"""Theory probes of a study: gradient noise and smoothness per sparsity level.
+"""Theory probes of a study: noise and smoothness along the run, per level, seed and batch size.
 
-For every sparsity level (first seed of the study), on a seeded subsample of ``probes.examples``
-training examples:
+For every sparsity level and seed, at the batch sizes ``[probes] batch_sizes`` picks from those
+that reached the goal (``theory.probe_batch_sizes``; default the smallest, the one nearest the
+level's fitted B_crit, the largest), the group's best trial is replayed once to its
+steps-to-result H (``theory.probe_trajectory``: same metaparameters, Adam's included, data order,
+schedule and mask) and
+measured at ``points`` evenly spaced steps of [0, H] (``theory.probe_steps``): |G|^2, tr(Sigma)
+and B_simple averaged over ``average`` consecutive steps, B_noise and G^T H G, lambda_max, Lee
+et al. (2021)'s local Lipschitz constant of the run's own update, and the training loss.
 
-- at initialization (phase ``init``, step 0): |G|^2, tr(Sigma), B_simple, B_noise (McCandlish et
-  al. 2018, ``theory.gradient_noise``), the top Hessian eigenvalue (Lanczos on Hessian-vector
-  products, ``theory.hessian_top_eigenvalues``) and the loss;
-- along the best trial's trajectory at the reference batch size (phase ``trajectory``): the best
-  trial of that group is replayed with the plain reference trainer (``training.train_reference``,
-  same data order, same mask) to ``probes.points`` geometrically spaced steps t up to its
-  steps-to-result; at each, the same quantities at w_t plus Lee et al. (2021)'s local Lipschitz
-  constant of the step w_{t-1} -> w_t (``theory.local_lipschitz``).
-
-Rows go to the store's ``probes`` table, one transaction per sparsity level; a rerun skips levels
-already probed.
+Rows go to the store's ``probes`` table (columns ``sparsity, seed, batch_size, step, fraction,
+quantity, value`` and ``seconds``, the wall time of that run's replay and measurements), one
+transaction per sparsity level; a rerun skips levels already probed.
 """
 
 from __future__ import annotations
 
-import copy
+import time
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+import theory
 import training
+from theory.errors import TheoryError
+from training.config import ADAM_KEYS
 
 from .executors import torch_threads
+from .schema import ProbeRow
 from .spec import Spec
-from .store import ProbeRow, Store
+from .store import Store
+from .workload import Workload
 
-# Hessian-weighted noise (B_noise) costs one Hessian-vector product per sampled example: cap it.
-HESSIAN_EXAMPLES = 16
-# Lanczos tolerance: two significant digits are plenty for a smoothness comparison across levels.
-LANCZOS_TOL = 1e-3
-# Torch threads while probing. The probes' operations are small (512 examples, ~15k parameters):
-# a second intra-op thread barely helps on an idle machine, and on a loaded 2-core machine it
-# multiplied the probes' CPU time by 8 (spinning workers; 63 s instead of 7 s for the quickstart).
+# Torch threads while probing: on the loaded 2-core machine a second intra-op thread multiplied
+# the probes' CPU time (spinning workers), and the operations are small.
 PROBE_THREADS = 1
 
 
 def probe_network(model: torch.nn.Module, dataset: training.Dataset,
-                  mask: Mapping[str, torch.Tensor] | None = None, examples: int = 512,
-                  seed: int = 0) -> dict[str, float]:
-    """Noise and smoothness of ``model`` at its current weights on ``examples`` training examples:
-    ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise``, ``hessian_top``, ``loss``."""
-    import theory
-
-    examples = min(int(examples), dataset.n_train)
+                  mask: Mapping[str, torch.Tensor] | None = None, examples: int | None = None,
+                  seed: int = 0, lanczos: int = 40) -> dict[str, float]:
+    """Noise and smoothness of ``model`` at its current weights (``sparsescale probe``):
+    ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
+    ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
+    Lanczos steps) and ``loss``."""
+    examples = None if examples is None else min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
-                                  hessian_examples=min(HESSIAN_EXAMPLES, examples))
-    top = theory.hessian_top_eigenvalues(model, dataset, k=1, mask=mask, examples=examples,
-                                         seed=seed, tol=LANCZOS_TOL)
+                                  hessian_examples=16)
+    fl = theory.functional.flat_loss(model, dataset, mask=mask, examples=examples, seed=seed)
     return {"g_sq": noise.g_sq, "trace_sigma": noise.trace_sigma, "b_simple": noise.b_simple,
-            "b_noise": noise.b_noise, "hessian_top": float(top[0]), "loss": noise.loss}
+            "b_noise": noise.b_noise, "hessian_top": theory.lanczos_top(fl, lanczos, seed),
+            "loss": noise.loss}
 
 
-def snapshot_steps(horizon: int, points: int) -> list[int]:
-    """``points`` distinct steps in [1, horizon], geometrically spaced (fewer if horizon is small)."""
-    if horizon < 1:
-        return []
-    return sorted({int(s) for s in np.round(np.geomspace(1, horizon, points))})
-
-
-def reference_batch_size(spec: Spec) -> int:
-    """The probes' reference batch size: ``probes.batch_size`` or the middle of the sweep."""
-    if spec.probes.batch_size is not None:
-        return spec.probes.batch_size
-    return spec.batch_sizes[len(spec.batch_sizes) // 2]
-
-
-def _best_trial(store: Store, sparsity: float, batch_size: int, seed: int):
-    """(trial row, horizon) of the group's best trial: the goal-hitting one, else the
-    non-diverged trial with the lowest final metric; None if the group is missing."""
-    groups = store.frame("groups")
-    g = groups[(groups.sparsity == sparsity) & (groups.batch_size == batch_size)
-                & (groups.seed == seed) & (groups.status == "done")]
-    if g.empty:
+def level_b_crit(groups: pd.DataFrame, sparsity: float) -> float | None:
+    """The level's fitted B_crit (McCandlish et al. 2018's S(B) fit over every seed's reached
+    groups), None when it cannot be fitted."""
+    g = groups[(groups.sparsity == sparsity) & (groups.status == "done")
+               & groups.steps_to_result.notna()]
+    try:
+        fit = theory.fit_scaling(g.batch_size.to_numpy(float), g.steps_to_result.to_numpy(float),
+                                 seeds=g.seed.to_numpy() if g.seed.nunique() > 1 else None,
+                                 n_boot=50, seed=0)
+    except TheoryError:
         return None
-    g = g.iloc[0]
-    trials = store.frame("trials")
-    t = trials[trials.group_key == g.key]
-    if not pd.isna(g.best_trial):
-        row = t[t.trial == int(g.best_trial)].iloc[0]
-        return row, int(g.steps_to_result)
-    ok = t[t.status != "diverged"].dropna(subset=["final_metric"])
-    if ok.empty:
-        return None
-    return ok.sort_values(["final_metric", "trial"]).iloc[0], int(g.max_steps)
+    return fit.b_crit
 
 
-def _rows(values: dict[str, float], sparsity: float, phase: str, step: int,
-          batch_size: int | None) -> list[ProbeRow]:
-    return [ProbeRow(sparsity, phase, step, batch_size, q, float(v)) for q, v in values.items()]
+def best_trial(store: Store, key: str) -> pd.Series:
+    """The stored row of group ``key``'s best (goal-reaching) trial."""
+    groups, trials = store.frame("groups"), store.frame("trials")
+    g = groups[groups.key == key].iloc[0]
+    t = trials[trials.group_key == key]
+    return t[t.trial == int(g.best_trial)].iloc[0]
+
+
+def stored_trial(row: pd.Series) -> training.Trial:
+    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
+    weight_decay) where the row holds them (an adam / adamw study's trials)."""
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
+    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
+                          end_factor=float(row.end_factor), **adam)
+
+
+def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
+              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
+    """Replay one group's best trial and probe it along [0, H] (module docstring)."""
+    start = time.perf_counter()
+    horizon = int(group.steps_to_result)
+    p = spec.probes
+    rows = theory.probe_trajectory(
+        model, dataset, stored_trial(trial),
+        training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed)),
+        theory.probe_steps(horizon, p.points) if horizon > 0 else (0,), max(horizon, 1),
+        mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
+        average=p.average, examples=p.examples, curvature_examples=p.curvature_examples,
+        hessian_examples=p.hessian_examples, lanczos=p.lanczos, sample_seed=int(group.seed))
+    seconds = time.perf_counter() - start
+    return [ProbeRow(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.step),
+                     float(r.fraction), r.quantity, float(r.value), seconds)
+            for r in rows.itertuples(index=False)]
 
 
 def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: float,
-                mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
-    """All probe rows of one sparsity level (see the module docstring)."""
-    from .runner import build_model
-
-    seed = spec.seeds[0]
-    workload = spec.canonical()["workload"]
-    model = build_model(workload, dataset, seed)
-    if mask is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in mask:
-                    p.mul_(mask[name].to(p.dtype))
-    n = spec.probes.examples
-    rows = _rows(probe_network(model, dataset, mask, n, seed), sparsity, "init", 0, None)
-
-    b_ref = reference_batch_size(spec)
-    best = _best_trial(store, sparsity, b_ref, seed)
-    if best is None:
-        return rows
-    trial, horizon = best
-    decay = None if pd.isna(trial.decay_steps) else int(trial.decay_steps)
-
-    def state_at(steps: int) -> dict[str, torch.Tensor]:
-        res = training.train_reference(
-            model, dataset, batch_size=b_ref, lr=float(trial.lr), momentum=float(trial.momentum),
-            optimizer=spec.optimizer, steps=steps, seed=seed, trial_index=int(trial.trial),
-            decay_steps=decay,
-            end_factor=float(trial.end_factor), target=None, stop_at_goal=False, mask=mask,
-            eval_schedule=training.EvalSchedule(every=max(steps, 1)))
-        return res.state
-
-    import theory
-
-    for t in snapshot_steps(horizon, spec.probes.points):
-        w_prev, w_next = state_at(t - 1), state_at(t)
-        net = copy.deepcopy(model)
-        net.load_state_dict(w_next, strict=False)
-        values = probe_network(net, dataset, mask, n, seed)
-        if any(not torch.equal(w_prev[k], w_next[k]) for k in w_next):
-            values["local_lipschitz"] = theory.local_lipschitz(
-                net, dataset, w_prev, w_next, mask=mask, examples=min(n, dataset.n_train),
-                seed=seed).value
-        rows += _rows(values, sparsity, "trajectory", t, b_ref)
+                masks: Mapping[int, Mapping[str, torch.Tensor] | None]) -> list[ProbeRow]:
+    """Probe rows of one sparsity level: every seed, at the chosen batch sizes."""
+    groups = store.frame("groups")
+    b_crit = level_b_crit(groups, sparsity)
+    workload = Workload.of(spec)
+    rows: list[ProbeRow] = []
+    for seed in spec.seeds:
+        mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
+                      & (groups.status == "done") & groups.steps_to_result.notna()]
+        if mine.empty:
+            continue
+        chosen = theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
+                                          spec.probes.batch_sizes)
+        model = workload.build_model(dataset, seed)
+        for b in chosen:
+            group = mine[mine.batch_size == b].iloc[0]
+            rows += probe_run(spec, dataset, model, group, best_trial(store, group.key),
+                              masks[seed])
     return rows
 
 
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False) -> None:
     """Probe every sparsity level not yet in the store (one transaction per level), with
     ``PROBE_THREADS`` torch threads."""
-    from .runner import compute_masks
-
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return
     # outside the thread change: the same masks, bit for bit, as the runner gave the groups
-    masks = compute_masks(spec, dataset, ((s, spec.seeds[0]) for s in todo))
-    from tqdm.auto import tqdm
-
+    masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
     with torch_threads(PROBE_THREADS):
         for sparsity in tqdm(todo, disable=quiet, desc="probes", unit="level"):
-            rows = probe_level(spec, dataset, store, sparsity, masks[(sparsity, spec.seeds[0])])
+            rows = probe_level(spec, dataset, store, sparsity,
+                               {seed: masks[(sparsity, seed)] for seed in spec.seeds})
             store.write_probes(sparsity, rows)
+
+
+def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame) -> tuple[float, float]:
+    """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
+    replay and measurement time, and the sum of the groups' wall times."""
+    runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
+    return float(np.nansum(runs.seconds)), float(groups.wall_time.sum())

@@ -1,111 +1,54 @@
 """Run a study: spec -> plan of groups -> executor -> store -> probes -> report.
 
-A *group* is one (sparsity, batch size, seed) cell: ``spec.trials`` metaparameter points (the same
-Sobol points at every cell) trained as one vectorized ``training.train_trials`` call. Its key is
-the hash of its canonical config, so a rerun skips every group the store already holds. Masks are
-computed once per (sparsity, seed), on the driver, from the same initialization the workers build
-(``training.models.build(..., seed=seed)``). Workers return plain picklable data
-(:class:`experiments.store.GroupRecord`); only the driver writes the store, one transaction per
+The plan (:mod:`experiments.planning`) lists the groups; each (sparsity, seed) mask is computed
+once, on the driver, from the same initialization the workers build
+(:class:`experiments.workload.Workload`). Workers train one group each as one vectorized
+``training.train_trials`` call and return plain picklable data
+(:class:`experiments.schema.GroupRecord`); only the driver writes the store, one transaction per
 group, so Ctrl-C or SIGKILL at any moment leaves a consistent store that a rerun completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import hashlib
 import json
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
 
 import training
+from training.cellplan import kernels_ready
+from training.config import ADAM_KEYS
+from training.kernels import disabled as kernels_disabled
 
-from . import search, timing
+from . import timing
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
-from .spec import Spec, check_against_dataset, canonical_json
+from .planning import GroupPlan, plan
+from .probes import run_probes
+from .schema import GroupRecord, StudyInfo, TrialRow
+from .spec import Spec, check_against_dataset
 from .spec import load as load_spec
-from .store import GroupRecord, Store, StudyInfo, TrialRow, open_store
-
-
-@dataclass(frozen=True)
-class GroupPlan:
-    """One group to run: everything a worker needs except the mask (added on submission)."""
-
-    key: str
-    sparsity: float
-    batch_size: int
-    seed: int
-    max_steps: int
-    trials: tuple[dict[str, Any], ...]
-    config_json: str
-
-    @property
-    def cost(self) -> int:
-        """Upper bound on trial-steps (every trial runs the whole budget)."""
-        return self.max_steps * len(self.trials)
+from .store import Store, open_store
+from .workload import Mask, Workload
 
 
 @dataclass(frozen=True)
 class GroupTask:
-    """What is shipped to a worker: the plan, the workload and the (sparsity, seed) mask."""
+    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask, and
+    whether the compiled kernel is usable (the driver built it or found it missing, once)."""
 
     plan: GroupPlan
-    workload: dict[str, Any]
-    mask: dict[str, torch.Tensor] | None
-
-
-def group_config(spec: Spec, sparsity: float, batch_size: int, seed: int, max_steps: int,
-                 trials: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything that determines a group's results (its key is this dict's hash)."""
-    c = spec.canonical()
-    return {"workload": c["workload"], "optimizer": spec.optimizer, "goal": c["goal"],
-            "pruning": c["pruning"] if sparsity > 0 else None, "sparsity": sparsity,
-            "batch_size": batch_size, "seed": seed, "max_steps": max_steps, "eval": c["eval"],
-            "trials": trials}
-
-
-def plan(spec: Spec) -> list[GroupPlan]:
-    """All groups of ``spec`` in a stable order (sparsity, batch size, seed)."""
-    groups = []
-    for sparsity in spec.sparsities:
-        for b in spec.batch_sizes:
-            max_steps = spec.budget.steps(b)
-            trials = search.sample(spec.search, spec.trials, spec.search_seed, max_steps,
-                                   momentum_used=spec.optimizer != "sgd")
-            for seed in spec.seeds:
-                cfg = group_config(spec, sparsity, b, seed, max_steps, trials)
-                text = canonical_json(cfg)
-                groups.append(GroupPlan(key=hashlib.sha256(text.encode()).hexdigest()[:20],
-                                        sparsity=sparsity, batch_size=b, seed=seed,
-                                        max_steps=max_steps, trials=tuple(trials),
-                                        config_json=text))
-    return groups
+    workload: Workload
+    mask: Mask | None
+    kernels: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
 # worker side
-
-
-@functools.lru_cache(maxsize=4)
-def _dataset_cached(workload_json: str) -> training.Dataset:
-    w = json.loads(workload_json)
-    return training.data.load(w["dataset"], **w["dataset_options"])
-
-
-def load_dataset(workload: dict[str, Any]) -> training.Dataset:
-    """The workload's data set (cached per process: every group of a study shares it)."""
-    return _dataset_cached(canonical_json(workload))
-
-
-def build_model(workload: dict[str, Any], dataset: training.Dataset, seed: int) -> torch.nn.Module:
-    """The workload's model initialized with ``seed`` (workers, masks and probes all build it so)."""
-    return training.models.build(workload["model"], dataset, seed=seed, **workload["model_options"])
 
 
 def failed_record(p: GroupPlan, error: str, wall_time: float) -> GroupRecord:
@@ -123,15 +66,14 @@ def run_group(task: GroupTask) -> GroupRecord:
     cfg = json.loads(p.config_json)
     start = time.perf_counter()
     try:
-        with torch_threads(1):
-            ds = load_dataset(task.workload)
-            model = build_model(task.workload, ds, p.seed)
+        with torch_threads(1), contextlib.nullcontext() if task.kernels else kernels_disabled():
+            ds = task.workload.load_dataset()
+            model = task.workload.build_model(ds, p.seed)
             goal = training.Goal(**cfg["goal"])
-            res = training.train_trials(
-                model, ds, batch_size=p.batch_size, trials=list(p.trials),
-                optimizer=cfg["optimizer"], target=goal, max_steps=p.max_steps,
-                masks=task.mask, seed=p.seed,
-                eval_schedule=training.EvalSchedule(**cfg["eval"]))
+            run = training.RunConfig(
+                p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
+                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed)
+            res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask)
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)
@@ -144,34 +86,18 @@ def run_group(task: GroupTask) -> GroupRecord:
             end_factor=t["end_factor"], status=res.status[i],
             hit_step=None if hit is None else int(hit),
             final_metric=float(curve.metric[-1]) if len(curve) else None,
-            curve=tuple(curve.rows())))
+            curve=tuple(curve.rows()), **{k: t[k] for k in ADAM_KEYS if k in t}))
     return GroupRecord(
         key=p.key, sparsity=p.sparsity, batch_size=p.batch_size, seed=p.seed, status="done",
         steps_to_result=None if res.steps_to_result is None else int(res.steps_to_result),
         best_trial=None if res.best is None else int(res.best),
         max_steps=p.max_steps, wall_time=time.perf_counter() - start,
-        trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows))
+        trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
+        kernel=res.kernel)
 
 
 # ---------------------------------------------------------------------------------------------
 # driver side
-
-
-def compute_masks(spec: Spec, dataset: training.Dataset, keys: Iterable[tuple[float, int]]
-                  ) -> dict[tuple[float, int], dict[str, torch.Tensor] | None]:
-    """One mask per (sparsity, seed), from the initialization ``build_model(..., seed)``."""
-    workload = spec.canonical()["workload"]
-    out: dict[tuple[float, int], dict[str, torch.Tensor] | None] = {}
-    for sparsity, seed in sorted(set(keys)):
-        if sparsity == 0:
-            out[(sparsity, seed)] = None
-            continue
-        import pruning
-
-        model = build_model(workload, dataset, seed)
-        mask = pruning.prune(model, spec.pruning_method, sparsity, data=dataset, seed=seed)
-        out[(sparsity, seed)] = {k: v.detach().clone() for k, v in mask.items()}
-    return out
 
 
 def _progress(total: int, quiet: bool, desc: str):
@@ -259,7 +185,7 @@ def study_info(spec: Spec) -> StudyInfo:
 def run_study(config: str | Path | Spec, out: str | Path | None = None,
               workers: int | None = None, executor: Executor | None = None,
               quiet: bool = False, dask: str | None = None, probes: bool = True,
-              report: bool = True) -> Path:
+              report: bool = True, cost_model: bool = False) -> Path:
     """Run (or complete) the study ``config`` into ``out`` and return the run folder.
 
     ``config``: a TOML path, a bundled config name (``"quickstart"``) or a :class:`Spec`.
@@ -267,10 +193,14 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then the probes run (unless disabled) and the report is written.
-    The wall time of each phase and the training time per batch size go to ``timing.json``
-    (:mod:`experiments.timing`), printed unless ``quiet``.
-    A spec listing several optimizers runs one sub-study per optimizer in ``out/<optimizer>`` and
-    writes one report comparing them into ``out``.
+    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
+    writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
+    model into ``out`` for the report's time-to-result section (:mod:`experiments.costcache`:
+    measured once per machine and workload, then cached; ``sparsescale study`` does this unless
+    given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
+    time per batch size go to ``timing.json`` (:mod:`experiments.timing`), printed unless
+    ``quiet``.
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
@@ -278,18 +208,18 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     clock = timing.PhaseClock()
     if len(variants) > 1:
         with clock.phase("variants"):
-            dirs = [run_study(v, out / v.optimizer, workers, executor, quiet, dask, probes,
-                              report=False) for v in variants]
+            dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
+                              report=False, cost_model=cost_model) for v in variants]
         if report:
             with clock.phase("report"):
                 _write_report(dirs, out, quiet)
         timing.record(out, clock, quiet)
         return out
 
-    workload = spec.canonical()["workload"]
-    dataset = load_dataset(workload)
+    workload = Workload.of(spec)
+    dataset = workload.load_dataset()
     check_against_dataset(spec, dataset.n_train)
-    build_model(workload, dataset, spec.seeds[0])   # a bad model option fails here, not in workers
+    model = workload.build_model(dataset, spec.seeds[0])   # a bad option fails here, not in workers
     groups = plan(spec)
     with open_store(out, study_info(spec)) as store:
         done = store.done_keys()
@@ -298,8 +228,11 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                       key=lambda g: -g.cost * (g.batch_size + 32))
         if todo:
             with clock.phase("masks"):
-                masks = compute_masks(spec, dataset, ((g.sparsity, g.seed) for g in todo))
-            tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
+                masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo), record=out)
+            # build the compiled kernel here, once, or warn once that it is missing
+            use_kernels = kernels_ready(model, dataset.input_shape)
+            tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
+                     for g in todo]
             own = executor is None
             n_workers = workers or spec.workers
             pool_size = min(n_workers or default_workers(), len(tasks))
@@ -317,10 +250,13 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
         if probes and spec.probes.enabled:
-            from .probes import run_probes
-
             with clock.phase("probes"):
                 run_probes(spec, dataset, store, quiet=quiet)
+    if cost_model:
+        from .costcache import ensure_cost_model
+
+        with clock.phase("cost model"):
+            ensure_cost_model(out, workload, quiet)
     if report:
         with clock.phase("report"):
             _write_report([out], out, quiet)

@@ -6,7 +6,8 @@ trial budget is identical everywhere and differences come from B, not from luck 
 A unit coordinate u in [0, 1) maps onto a dimension [lo, hi] by its scale:
 
 - ``log``: lo * (hi / lo) ** u
-- ``reverse-log``: 1 - (1 - lo) * ((1 - hi) / (1 - lo)) ** u   (1 - x is log-uniform: momentum)
+- ``reverse-log``: 1 - (1 - lo) * ((1 - hi) / (1 - lo)) ** u   (1 - x is log-uniform: momentum,
+  Adam's beta1 and beta2)
 - ``linear``: lo + (hi - lo) * u
 """
 
@@ -15,11 +16,36 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import qmc
 
-from .spec import SEARCH_KEYS, Dimension
+from training.config import ADAM_KEYS, ADAM_OPTIMIZERS
+
+SCALES = ("log", "reverse-log", "linear")
+# the searchable metaparameters, in the order they take Sobol coordinates; the Adam keys come
+# last, so a spec without them draws the points it drew before they existed
+SEARCH_KEYS = ("lr", "momentum", "decay_steps", "end_factor", *ADAM_KEYS)
+# torch.optim.Adam's defaults (weight decay 0 for AdamW too): the Adam keys a spec leaves out
+ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One metaparameter: searched over [min, max] on ``scale``, or ``fixed`` (min == max).
+
+    ``relative`` (decay_steps only): values are fractions of the group's step budget.
+    """
+
+    scale: str
+    min: float
+    max: float
+    relative: bool = False
+
+    @property
+    def fixed(self) -> bool:
+        return self.min == self.max
 
 
 def unit_points(n: int, dims: int, seed: int) -> np.ndarray:
@@ -89,6 +115,22 @@ def sample(space: Mapping[str, Dimension], n: int, seed: int, max_steps: int | N
         if not momentum_used:
             point["momentum"] = 0.0
         out.append(point)
+    return out
+
+
+def optimizer_search(search: Mapping[str, Dimension],
+                     overrides: Mapping[str, Mapping[str, Dimension]], optimizer: str
+                     ) -> dict[str, Dimension]:
+    """The search space ``optimizer`` uses: the shared dimensions with its
+    ``[search.optimizers.<optimizer>]`` overrides. ``adam`` / ``adamw`` drop momentum and fill
+    beta1, beta2, eps and weight_decay left out with :data:`ADAM_DEFAULTS`; the SGD family
+    drops the Adam keys."""
+    out = {**search, **overrides.get(optimizer, {})}
+    if optimizer not in ADAM_OPTIMIZERS:
+        return {k: d for k, d in out.items() if k not in ADAM_KEYS}
+    out.pop("momentum", None)
+    for key, value in ADAM_DEFAULTS.items():
+        out.setdefault(key, Dimension("linear", value, value))
     return out
 
 

@@ -13,6 +13,7 @@ two stores with the same contents load identically, whatever order the groups fi
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import sys
@@ -24,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from training.config import ADAM_KEYS
 from training.errors import SparsescaleError
+
+from .external import StudySpec, external_spec, is_external
+from .schema import (ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS,
+                     GroupRecord, ProbeRow, StudyInfo)
+from .spec import SpecError, from_canonical
 
 DB_NAME = "results.sqlite"
 
@@ -48,127 +56,6 @@ def torch_version() -> str:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# Column order is the contract with the report (experiments/report.py); add, never rename.
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "study": ("name", "spec_toml", "spec_hash", "spec_json", "created", "lib_version",
-              "torch_version", "python_version"),
-    "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
-               "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
-               "error", "config_json", "lib_version", "torch_version", "finished"),
-    "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
-               "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric"),
-    "curves": ("group_key", "trial", "step", "train_loss", "metric"),
-    "probes": ("sparsity", "phase", "step", "batch_size", "quantity", "value", "lib_version",
-               "torch_version"),
-}
-
-SORT_KEYS: dict[str, list[str]] = {
-    "groups": ["sparsity", "batch_size", "seed", "key"],
-    "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
-    "curves": ["group_key", "trial", "step"],
-    "probes": ["sparsity", "phase", "step", "quantity"],
-}
-
-# Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
-NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps")
-
-# Columns that legitimately differ between two runs of the same spec.
-VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished")}
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS study (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    name TEXT NOT NULL, spec_toml TEXT NOT NULL, spec_hash TEXT NOT NULL, spec_json TEXT NOT NULL,
-    created TEXT NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    python_version TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS groups (
-    key TEXT PRIMARY KEY, sparsity REAL NOT NULL, batch_size INTEGER NOT NULL,
-    seed INTEGER NOT NULL, status TEXT NOT NULL CHECK (status IN ('done', 'failed')),
-    steps_to_result INTEGER, best_trial INTEGER, max_steps INTEGER NOT NULL,
-    n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
-    wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
-    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS trials (
-    group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL,
-    sparsity REAL NOT NULL, batch_size INTEGER NOT NULL, seed INTEGER NOT NULL,
-    lr REAL NOT NULL, momentum REAL NOT NULL, decay_steps INTEGER, end_factor REAL NOT NULL,
-    effective_lr REAL NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('reached', 'not_reached', 'diverged')),
-    hit_step INTEGER, final_metric REAL, PRIMARY KEY (group_key, trial));
-CREATE TABLE IF NOT EXISTS curves (
-    group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
-    train_loss REAL, metric REAL, PRIMARY KEY (group_key, trial, step));
-CREATE TABLE IF NOT EXISTS probes (
-    sparsity REAL NOT NULL, phase TEXT NOT NULL CHECK (phase IN ('init', 'trajectory')),
-    step INTEGER NOT NULL, batch_size INTEGER, quantity TEXT NOT NULL, value REAL,
-    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    PRIMARY KEY (sparsity, phase, step, quantity));
-"""
-
-PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "hessian_top",
-                    "local_lipschitz", "loss", "grad_norm_sq")
-
-
-@dataclass(frozen=True)
-class TrialRow:
-    """One trial of a group, as stored (``status``: reached | not_reached | diverged)."""
-
-    trial: int
-    lr: float
-    momentum: float
-    decay_steps: int | None
-    end_factor: float
-    status: str
-    hit_step: int | None
-    final_metric: float | None
-    curve: tuple[tuple[int, float, float], ...] = ()   # (step, train_loss, metric) rows
-
-
-@dataclass(frozen=True)
-class GroupRecord:
-    """Everything one finished (or failed) group writes, as plain picklable data."""
-
-    key: str
-    sparsity: float
-    batch_size: int
-    seed: int
-    status: str
-    steps_to_result: int | None
-    best_trial: int | None
-    max_steps: int
-    wall_time: float
-    trial_steps: int
-    config_json: str
-    trials: tuple[TrialRow, ...] = ()
-    error: str | None = None
-
-    @property
-    def n_reached(self) -> int:
-        return sum(t.status == "reached" for t in self.trials)
-
-    @property
-    def n_diverged(self) -> int:
-        return sum(t.status == "diverged" for t in self.trials)
-
-
-@dataclass(frozen=True)
-class ProbeRow:
-    sparsity: float
-    phase: str
-    step: int
-    batch_size: int | None
-    quantity: str
-    value: float | None
-
-
-@dataclass(frozen=True)
-class StudyInfo:
-    name: str
-    spec_toml: str
-    spec_hash: str
-    spec_json: str
 
 
 def _none_if_nan(x: float | None) -> float | None:
@@ -243,7 +130,8 @@ class Store:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA foreign_keys=ON")
-            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(_SCHEMA)])
+            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(SCHEMA)])
+            self._write(_add_columns)
         except BaseException as exc:
             self.close()
             if isinstance(exc, (OSError, sqlite3.Error)):
@@ -336,14 +224,15 @@ class Store:
                 (rec.key, float(rec.sparsity), int(rec.batch_size), int(rec.seed), rec.status,
                  rec.steps_to_result, rec.best_trial, int(rec.max_steps), len(rec.trials),
                  rec.n_reached, rec.n_diverged, float(rec.wall_time), int(rec.trial_steps),
-                 rec.error, rec.config_json, lv, tv, now_iso()))
+                 rec.error, rec.config_json, lv, tv, now_iso(), rec.kernel))
             c.executemany(
                 f"INSERT INTO trials ({', '.join(COLUMNS['trials'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['trials']))})",
                 [(rec.key, t.trial, float(rec.sparsity), int(rec.batch_size), int(rec.seed),
                   float(t.lr), float(t.momentum), t.decay_steps, float(t.end_factor),
                   float(t.lr) / (1.0 - float(t.momentum)), t.status, t.hit_step,
-                  _none_if_nan(t.final_metric)) for t in rec.trials])
+                  _none_if_nan(t.final_metric), *(_none_if_nan(getattr(t, k)) for k in ADAM_KEYS))
+                 for t in rec.trials])
             c.executemany(
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
                 [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
@@ -368,8 +257,8 @@ class Store:
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['probes']))})",
-                [(float(sparsity), r.phase, int(r.step), r.batch_size, r.quantity,
-                  _none_if_nan(r.value), lv, tv) for r in rows])
+                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
+                  r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
 
         self._write(tx)
 
@@ -383,8 +272,25 @@ def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
+def _existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _add_columns(c: sqlite3.Cursor) -> None:
+    """Add the :data:`~experiments.schema.ADDED_COLUMNS` a store written before them lacks."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = _existing_columns(c, table)
+        for name, kind in columns:
+            if name not in have:
+                c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
 def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
-    df = pd.read_sql_query(f"SELECT {', '.join(COLUMNS[table])} FROM {table}", conn)
+    have = _existing_columns(conn, table)
+    # a column added later is NULL in a store written before it (read-only: not migrated)
+    select = [c if c in have or c not in dict(ADDED_COLUMNS.get(table, ())) else f"NULL AS {c}"
+              for c in COLUMNS[table]]
+    df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
     for col in NULLABLE_INT:
         if col in df.columns:
             df[col] = df[col].astype("Int64")
@@ -408,7 +314,9 @@ def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:
 
 @dataclass(frozen=True)
 class Results:
-    """A study's stored results as pandas DataFrames (see ``COLUMNS`` for the columns).
+    """A study's stored results as pandas DataFrames (see ``COLUMNS`` for the columns) and its
+    validated :class:`~experiments.spec.Spec` (an :class:`~experiments.external.ExternalSpec`
+    for an imported workload; None while the store has no study row).
 
     ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
     trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
@@ -422,13 +330,29 @@ class Results:
     curves: pd.DataFrame
     probes: pd.DataFrame
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    spec: StudySpec | None = None
 
-    @property
-    def spec(self) -> dict[str, Any]:
-        """The validated spec as a dict (``study.spec_json`` decoded)."""
-        import json
 
-        return json.loads(self.study["spec_json"].iloc[0]) if len(self.study) else {}
+def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
+    """The spec of a store's study row, validated again and checked against its stored hash: a
+    :class:`Spec`, or for an imported workload (its spec names a ``source``) an
+    :class:`~experiments.external.ExternalSpec`."""
+    if not len(study):
+        return None
+    row = study.iloc[0]
+    try:
+        canonical = json.loads(row["spec_json"])
+        parse = external_spec if is_external(canonical) else from_canonical
+        spec = parse(canonical, toml_text=str(row["spec_toml"]))
+    except (SpecError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else repr(exc)
+        raise StoreError(f"{path}: the stored spec is not a valid study spec ({reason}); was "
+                         f"it written by another sparsescale version?") from None
+    if spec.hash != row["spec_hash"]:
+        raise StoreError(f"{path}: the stored spec does not give its stored hash "
+                         f"({row['spec_hash'][:12]}); was it written by another sparsescale "
+                         f"version?")
+    return spec
 
 
 def load_results(run_dir: str | Path) -> Results:
@@ -457,4 +381,4 @@ def load_results(run_dir: str | Path) -> Results:
                          f"written by another sparsescale version?") from None
     finally:
         conn.close()
-    return Results(run_dir=Path(run_dir), **frames)
+    return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path), **frames)

@@ -1,7 +1,8 @@
 """Where a study's wall time goes: masks, training (per batch size), probes, report.
 
 ``run_study`` times each phase it runs with a :class:`PhaseClock`; :func:`record` adds, from the
-store, every finished group's own training time and trial-steps summed per batch size, writes
+store, every finished group's own training time and trial-steps summed per batch size, and the
+kernels that trained them (:mod:`training.cellplan`), writes
 them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
 clock of this invocation (a rerun that skips stored groups shows a short training phase); the
 per-batch-size group seconds are summed over groups, so with several workers they add up to
@@ -37,8 +38,8 @@ class PhaseClock:
 
 
 def training_by_batch_size(run_dir: Path) -> list[dict[str, Any]]:
-    """Per batch size: finished groups, their summed training seconds, trial-steps and
-    trial-steps per second (empty when the folder holds no store)."""
+    """Per batch size: finished groups, their summed training seconds, trial-steps,
+    trial-steps per second and kernels (empty when the folder holds no store)."""
     from .store import DB_NAME, load_results
 
     if not (run_dir / DB_NAME).exists():
@@ -49,7 +50,8 @@ def training_by_batch_size(run_dir: Path) -> list[dict[str, Any]]:
     for batch_size, g in done.groupby("batch_size"):
         seconds, steps = float(g.wall_time.sum()), int(g.trial_steps.sum())
         rows.append({"batch_size": int(batch_size), "groups": len(g), "seconds": seconds,
-                     "trial_steps": steps, "trial_steps_per_s": steps / seconds if seconds else 0})
+                     "trial_steps": steps, "trial_steps_per_s": steps / seconds if seconds else 0,
+                     "kernels": sorted(str(k) for k in g.kernel.dropna().unique())})
     return rows
 
 
@@ -60,9 +62,10 @@ def format_timing(timing: dict[str, Any]) -> str:
              + f" (total {sum(phases.values()):.1f} s)"]
     if timing["training"]:
         lines.append(f"{'batch':>6} {'groups':>6} {'group s':>9} {'trial-steps':>12} "
-                     f"{'trial-steps/s':>13}")
+                     f"{'trial-steps/s':>13}  kernel")
         lines += [f"{r['batch_size']:>6} {r['groups']:>6} {r['seconds']:>9.1f} "
-                  f"{r['trial_steps']:>12,} {r['trial_steps_per_s']:>13,.0f}"
+                  f"{r['trial_steps']:>12,} {r['trial_steps_per_s']:>13,.0f}  "
+                  f"{', '.join(r['kernels']) or '-'}"
                   for r in timing["training"]]
     return "\n".join(lines)
 

@@ -1,20 +1,34 @@
-"""sparsescale.pruning: sparsity masks by published criteria, and structured channel pruning.
+"""sparsescale.pruning: sparsity masks by published criteria, sanity checks, layer-collapse
+diagnostics, and structured channel pruning.
 
 Public API::
 
-    mask = pruning.prune(net, "snip", sparsity=0.9, data=ds)   # -> pruning.Mask
+    mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)   # -> pruning.Mask
     mask.sparsity(); mask.apply(net)
-    pruning.list_methods()        # random, magnitude, snip, grasp, synflow, imp
+    pruning.list_methods()   # random, magnitude, snip, grasp, synflow, imp, iterative_snip, force
+    pruning.prune(net, "snip", 0.9, dataset=ds, keep="lowest") # inverted criterion
+    pruning.shuffle_layers(mask, seed=1); pruning.matched_random(mask, seed=1)
+    pruning.reinitialize(net, seed=1, mask=mask)               # same mask, another init
+    pruning.diagnose(net, mask)   # per-layer density, dead units, input-output paths
     pruning.report(net, mask)     # per-layer kept / total weights and FLOPs (pandas DataFrame)
     small, rep = pruning.structured.prune_channels(net, x[:1], param_fraction=0.5)
+
+Bad arguments raise :class:`PruningError`, bad masks :class:`MaskError` (both
+``training.SparsescaleError``). ``import pruning`` needs only torch: torch-pruning is imported
+by the structured-pruning functions that use it.
 """
 
-from . import accounting, criteria, iterative, select, structured
+from . import accounting, criteria, diagnostics, iterative, sanity, select, structured
 from .accounting import report
-from .mask import Mask, MaskError, prunable_parameters
+from .diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
+from .errors import MaskError, PruningError
+from .mask import Mask, prunable_parameters
 from .methods import list_methods, prune
+from .sanity import matched_random, reinitialize, shuffle_layers
 from .structured import StructuredReport, prune_channels
 
-__all__ = ["accounting", "criteria", "iterative", "select", "structured", "report", "Mask",
-           "MaskError", "prunable_parameters", "list_methods", "prune", "StructuredReport",
+__all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
+           "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
+           "MaskError", "PruningError", "prunable_parameters", "list_methods", "prune",
+           "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .mask import PRUNABLE_MODULES, fitted_entries
+from training.masks import check_mask
+
+from .mask import PRUNABLE_MODULES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +75,7 @@ def report(model: nn.Module, mask: Mapping[str, torch.Tensor] | None = None,
     """
     import pandas as pd  # imported here: trainer worker processes import pruning without it
 
-    entries = fitted_entries(model, mask)
+    entries = check_mask(mask, model)
     owners = {}
     for mod_name, module in model.named_modules():
         if isinstance(module, PRUNABLE_MODULES):

@@ -12,6 +12,12 @@ per criterion (``methods.py`` turns them into keep-priorities).
 - GraSP (Wang, Zhang & Grosse 2020): S = -w * (H g), g = dL_T/dw and H = d^2 L_T/dw^2 of the
   cross-entropy on logits / T (T = 200), over the prunable weights only, model in eval mode.
   Remove the LARGEST S, i.e. keep the smallest.
+- Iterative SNIP (Verdenius et al. 2020; de Jorge et al. 2021's "Iter SNIP"): SNIP's score,
+  recomputed every round on the network with the pruned weights zeroed; pruned weights stay pruned.
+- FORCE (de Jorge et al. 2021, foresight connection sensitivity): |w0 * dL/dw| with the gradient
+  taken at the PRUNED network w0 * c and multiplied by the ORIGINAL weights w0, so every weight,
+  pruned or not, keeps a score (and can come back in a later round). Keep the largest; on the
+  dense network (c = 1) it is SNIP's score.
 - SynFlow (Tanaka et al. 2020): data-free. With every parameter replaced by its absolute value,
   R = sum(f(1)) for an all-ones input of batch 1; score |w * dR/dw|. Keep the largest. Computed
   in float64 because R is a product over layers.
@@ -28,6 +34,8 @@ from torch import nn
 from training.data import Dataset
 from training.goal import loss_fn
 
+from .errors import PruningError
+
 Params = Mapping[str, torch.Tensor]
 
 # Pruning batches (Synaptic-Flow's choices, Tanaka et al. 2020; Wang et al. 2020 for GraSP).
@@ -36,20 +44,20 @@ GRASP_PER_CLASS = 25
 GRASP_TEMPERATURE = 200.0
 
 
-def pruning_batch(data: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pruning_batch(dataset: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic batch data-driven criteria score on: for classification, the first
-    ``per_class`` examples of every class in ``data.x_train`` order (fewer if a class has fewer),
-    classes in increasing order; for regression, the first ``per_class * 10`` examples."""
+    ``per_class`` examples of every class in ``dataset.x_train`` order (fewer if a class has
+    fewer), classes in increasing order; for regression, the first ``per_class * 10`` examples."""
     if per_class < 1:
-        raise ValueError(f"examples per class must be >= 1, got {per_class}")
-    if data.task == "classification":
-        idx = torch.cat([torch.nonzero(data.y_train == c).flatten()[:per_class]
-                         for c in range(data.num_classes)])
+        raise PruningError(f"examples per class must be >= 1, got {per_class}")
+    if dataset.task == "classification":
+        idx = torch.cat([torch.nonzero(dataset.y_train == c).flatten()[:per_class]
+                         for c in range(dataset.num_classes)])
     else:
-        idx = torch.arange(min(per_class * 10, data.n_train))
+        idx = torch.arange(min(per_class * 10, dataset.n_train))
     if idx.numel() == 0:
-        raise ValueError(f"data set {data.name!r} has no training examples to score on")
-    return data.x_train[idx], data.y_train[idx]
+        raise PruningError(f"data set {dataset.name!r} has no training examples to score on")
+    return dataset.x_train[idx], dataset.y_train[idx]
 
 
 def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: Params,
@@ -77,9 +85,17 @@ def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
 def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                 task: str = "classification") -> dict[str, torch.Tensor]:
     """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y)."""
+    return force_scores(model, params, x, y, params, task)
+
+
+def force_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                 weights: Params, task: str = "classification") -> dict[str, torch.Tensor]:
+    """FORCE's foresight connection sensitivity |w0 * dL/dw|: the gradient of the mean training
+    loss on (x, y) at ``model`` (whose ``params`` hold the pruned weights w0 * c) times
+    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score."""
     loss = loss_fn(task)
     grads = _eval_mode_grad(model, lambda out: loss(out, y.to(x.device)), x, params)
-    return {k: (g * p).detach().abs() for (k, p), g in zip(params.items(), grads)}
+    return {k: (g * weights[k].to(g)).detach().abs() for k, g in zip(params, grads)}
 
 
 def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
@@ -88,7 +104,7 @@ def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     """GraSP scores -w * (H g) with a Hessian-vector product by double backward; the logits are
     divided by ``temperature`` (classification only; regression uses the plain loss)."""
     if temperature <= 0:
-        raise ValueError(f"GraSP temperature must be > 0, got {temperature}")
+        raise PruningError(f"GraSP temperature must be > 0, got {temperature}")
     loss = loss_fn(task)
     scale = temperature if task == "classification" else 1.0
     tempered = lambda out: loss(out / scale, y.to(x.device))  # noqa: E731

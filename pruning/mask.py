@@ -1,7 +1,9 @@
 """Sparsity masks: parameter name -> 0/1 tensor, and what is prunable.
 
-A :class:`Mask` is a read-only ``Mapping[str, Tensor]`` so both trainers accept it directly
-(``training.train_reference(mask=...)``, ``training.train_trials(masks=...)``). Entries exist only
+A :class:`Mask` is a read-only ``Mapping[str, Tensor]`` so every trainer accepts it directly
+(``training.train_reference(mask=...)``, ``training.train_trials(masks=...)``); checking and
+applying it is :mod:`training.masks`' job, so a bad mask raises the same :class:`MaskError`
+here and in the trainers. Entries exist only
 for prunable parameters; every other parameter is dense. By default the prunable parameters are
 the weights of ``nn.Linear`` and ``nn.Conv1d/2d/3d`` layers and biases are kept (Lee et al.'s code
 also prunes biases, which start at zero so SNIP scores them 0: ``prune_biases=True`` reproduces
@@ -19,14 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.reference import check_mask
-from training.errors import SparsescaleError
+from training.masks import MaskError, apply_mask, check_entry
 
 PRUNABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
-
-
-class MaskError(SparsescaleError):
-    """A mask is malformed or does not fit a model: names the entry and what was expected."""
 
 
 def prunable_parameters(model: nn.Module, prune_biases: bool = False) -> dict[str, nn.Parameter]:
@@ -45,40 +42,12 @@ def prunable_parameters(model: nn.Module, prune_biases: bool = False) -> dict[st
     return out
 
 
-def fitted_entries(model: nn.Module, mask: Mapping[str, torch.Tensor] | None
-                   ) -> dict[str, torch.Tensor]:
-    """``mask``'s entries checked against ``model`` by the trainers' own check
-    (``training.reference.check_mask``), a misfit raised as :class:`MaskError`."""
-    try:
-        return check_mask(model, mask)
-    except ValueError as exc:
-        raise MaskError(str(exc)) from None
-
-
-def _as_01(name: str, value: Any) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(value).detach().cpu()
-    except (TypeError, ValueError, RuntimeError) as exc:   # None, strings, ragged lists, ...
-        reason = str(exc).partition("\n")[0]
-        raise MaskError(f"mask entry {name!r} is not a 0/1 tensor ({type(value).__name__}: "
-                        f"{reason})") from None
-    if t.numel() == 0 or t.is_complex():
-        raise MaskError(f"mask entry {name!r} is {'empty' if t.numel() == 0 else 'complex'}; "
-                        f"allowed: a real 0/1 tensor shaped like its parameter")
-    if t.dtype != torch.bool:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise MaskError(f"mask entry {name!r} has non-finite values; allowed: 0 and 1")
-        if not bool(((t == 0) | (t == 1)).all()):
-            raise MaskError(f"mask entry {name!r} has values other than 0 and 1")
-    return t.to(torch.float32).contiguous()
-
-
 class Mask(Mapping[str, torch.Tensor]):
     """Immutable mapping parameter name -> float32 0/1 tensor of the parameter's shape
     (1 = kept, 0 = pruned), with metadata ``info`` (method, requested sparsity, scope, seed, ...).
     The tensors are shared, not copied, on access: treat them as read-only.
 
-    >>> mask = pruning.prune(net, "snip", sparsity=0.9, data=ds)
+    >>> mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)
     >>> mask.sparsity(), mask.layer_sparsity()["1.weight"]
     >>> mask.apply(net)   # zero pruned weights in place
     """
@@ -89,7 +58,8 @@ class Mask(Mapping[str, torch.Tensor]):
         if info is not None and not isinstance(info, Mapping):
             raise MaskError(f"mask info must be a mapping (method, sparsity, ...), got "
                             f"{type(info).__name__}")
-        self._entries = {str(k): _as_01(str(k), v) for k, v in entries.items()}
+        self._entries = {str(k): check_entry(str(k), v).cpu().to(torch.float32).contiguous()
+                         for k, v in entries.items()}
         for t in self._entries.values():
             t.requires_grad_(False)
         self.info: dict[str, Any] = dict(info or {})
@@ -173,14 +143,12 @@ class Mask(Mapping[str, torch.Tensor]):
         return self._entries[name]
 
     # use -------------------------------------------------------------------------------------
-    @torch.no_grad()
     def apply(self, model: nn.Module) -> nn.Module:
-        """Zero the pruned weights of ``model`` in place (idempotent) and return it."""
+        """Zero the pruned weights of ``model`` in place (idempotent,
+        :func:`training.masks.apply_mask`) and return it."""
         if not isinstance(model, nn.Module):
             raise MaskError(f"a mask applies to a torch.nn.Module, got {type(model).__name__}")
-        params = dict(model.named_parameters())
-        for name, m in fitted_entries(model, self).items():
-            params[name].mul_(m.to(device=params[name].device, dtype=params[name].dtype))
+        apply_mask(model, self)
         return model
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,22 +2,29 @@
 
 Every method ranks the prunable weights (``mask.prunable_parameters``) by a keep-priority and
 keeps exactly round(N * (1 - sparsity)) of them (``select.top_k_mask``), in one round or in
-several with the exponential schedule (``iterative.prune_in_rounds``). The caller's model is never
-modified: scores are computed on a copy.
+several with the exponential schedule (``iterative.prune_in_rounds``). ``keep="lowest"`` inverts
+any criterion (keeps what it ranks lowest: Frankle et al. 2021's sanity check). The caller's
+model is never modified: scores are computed on a copy. Every mask is checked for layer collapse
+(``diagnostics.check``: a ``LayerCollapseWarning`` when a layer is >= 99 % pruned or no input
+reaches an output).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from training.data import Dataset
 
 from . import criteria
+from .diagnostics import check
+from .errors import PruningError
 from .iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
 from .mask import Mask, prunable_parameters
 from .select import check_scope, check_sparsity
@@ -25,7 +32,7 @@ from .select import check_scope, check_sparsity
 
 @dataclass(frozen=True)
 class Method:
-    """A pruning method: whether it needs ``data``, its default number of rounds, a summary."""
+    """A pruning method: whether it needs a dataset, its default number of rounds, a summary."""
 
     name: str
     needs_data: bool
@@ -43,7 +50,17 @@ METHODS = {m.name: m for m in (
                                   "exponential schedule (Tanaka et al. 2020)"),
     Method("imp", True, 5, "iterative magnitude pruning with rewinding to init, trained between "
                            "rounds (Frankle & Carbin 2019)"),
+    Method("iterative_snip", True, 5, "SNIP re-scored on the remaining weights every round, 5 "
+                                      "rounds with the exponential schedule (Verdenius et al. "
+                                      "2020)"),
+    Method("force", True, 10, "largest |w0 * dL/dw| at the pruned network, pruned weights can "
+                              "return, 10 rounds with the exponential schedule (de Jorge et al. "
+                              "2021)"),
 )}
+
+KEEP = ("highest", "lowest")
+# methods whose rounds rank every weight again, pruned ones included (iterative.prune_in_rounds)
+REVIVING = ("force",)
 
 
 def list_methods() -> list[str]:
@@ -53,7 +70,7 @@ def list_methods() -> list[str]:
 
 @dataclass(frozen=True)
 class _Context:
-    data: Dataset | None
+    dataset: Dataset | None
     seed: int
     per_class: int | None
     temperature: float
@@ -62,7 +79,7 @@ class _Context:
 
 
 def _batch(ctx: _Context, work: nn.Module, default_per_class: int):
-    x, y = criteria.pruning_batch(ctx.data, ctx.per_class or default_per_class)
+    x, y = criteria.pruning_batch(ctx.dataset, ctx.per_class or default_per_class)
     p = next(work.parameters())
     return x.to(device=p.device, dtype=p.dtype), y.to(p.device)
 
@@ -73,79 +90,121 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
         return copy.deepcopy, lambda work, params, cur: criteria.random_scores(params, ctx.seed)
     if name == "magnitude":
         return copy.deepcopy, lambda work, params, cur: criteria.magnitude_scores(params)
-    if name == "snip":
+    if name in ("snip", "iterative_snip"):
         def snip(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.snip_scores(work, params, x, y, ctx.data.task)
+            return criteria.snip_scores(work, params, x, y, ctx.dataset.task)
         return copy.deepcopy, snip
+    if name == "force":
+        original: dict[str, nn.Parameter] = {}
+
+        def copy_and_remember(model: nn.Module) -> nn.Module:
+            work = copy.deepcopy(model)
+            original.update({k: p.detach().clone() for k, p in work.named_parameters()})
+            return work
+
+        def force(work, params, cur):
+            x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
+            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task)
+        return copy_and_remember, force
     if name == "grasp":
         def grasp(work, params, cur):
             x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
-            scores = criteria.grasp_scores(work, params, x, y, ctx.data.task, ctx.temperature)
+            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature)
             return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
         return copy.deepcopy, grasp
     if name == "synflow":
         return criteria.linearized_copy, lambda work, params, cur: criteria.synflow_scores(
             work, params, ctx.input_shape)
     if name == "imp":
-        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.data, ctx.seed))
+        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.dataset, ctx.seed))
     raise AssertionError(name)  # unreachable: names are checked against METHODS first
 
 
-def prune(model: nn.Module, method: str, sparsity: float, data: Dataset | None = None,
+def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | None = None,
           scope: str = "global", rounds: int | None = None, seed: int = 0,
           prune_biases: bool = False, *, per_class: int | None = None,
           temperature: float = criteria.GRASP_TEMPERATURE,
           input_shape: tuple[int, ...] | None = None,
-          train_fn: TrainFn | None = None) -> Mask:
+          train_fn: TrainFn | None = None, keep: str = "highest",
+          data: Dataset | None = None) -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
     - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
-    - ``data``: a ``training.Dataset``; required by snip, grasp and imp. SNIP scores on the first
-      10 training examples of every class, GraSP on 25 per class (``per_class`` overrides both),
-      see ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
-    - ``scope``: ``"global"`` (one ranking across layers) or ``"layer"`` (every layer at the same
-      sparsity, within one weight).
-    - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 5 for
-      imp, 1 otherwise).
+    - ``dataset``: a ``training.Dataset``; required by snip, grasp, imp, iterative_snip and
+      force. SNIP (and iterative SNIP, FORCE) score on the first 10 training examples of every
+      class, GraSP on 25 per class (``per_class`` overrides both), see
+      ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
+      ``data=`` is its former name, deprecated (DeprecationWarning).
+    - ``scope``: ``"global"`` (one ranking across layers), ``"layer"`` (every layer at the same
+      sparsity, within one weight) or ``"even"`` (every layer keeps the same number of weights,
+      ``select.even_quotas``). With ``method="random"`` these are the three random baselines:
+      uniform over all weights, uniform per-layer density, and an even split of the kept count.
+    - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 10 for
+      force, 5 for imp and iterative_snip, 1 otherwise). iterative_snip with one round is SNIP.
+    - ``keep``: ``"highest"`` (the criterion's own choice) or ``"lowest"`` (inverted scores:
+      keep what the criterion would prune first, every round).
     - ``seed``: random scores (random) and IMP's default training data order.
     - ``prune_biases``: also prune Linear / Conv biases (default: weights only).
-    - ``input_shape``: SynFlow's input shape without batch (default ``data.input_shape``).
+    - ``input_shape``: SynFlow's input shape without batch (default ``dataset.input_shape``).
     - ``train_fn(model, mask) -> trained model``: IMP's training run per round (default
       :func:`iterative.default_train_fn`); it receives the initial weights with the mask applied.
 
     The returned mask's ``info`` records the method and options (and ``input_shape`` when
-    known, which ``pruning.report`` uses to count FLOPs).
+    known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
+    :class:`pruning.PruningError`.
     """
+    if data is not None:
+        if dataset is not None:
+            raise PruningError("prune got both dataset= and its deprecated name data=; "
+                               "pass dataset= only")
+        warnings.warn("pruning.prune(data=) is deprecated and will be removed in the next "
+                      "release; pass dataset=", DeprecationWarning, stacklevel=2)
+        dataset = data
     if method not in METHODS:
-        raise ValueError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+        raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+    if keep not in KEEP:
+        raise PruningError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
     spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
-    if data is not None and not isinstance(data, Dataset):
-        raise ValueError(f"data must be a training.Dataset, got {type(data).__name__}")
-    if spec.needs_data and data is None and not (method == "imp" and train_fn is not None):
-        raise ValueError(f"pruning method {method!r} needs data=training.Dataset")
-    if input_shape is None and data is not None:
-        input_shape = tuple(data.input_shape)
+    if dataset is not None and not isinstance(dataset, Dataset):
+        raise PruningError(f"dataset must be a training.Dataset, got {type(dataset).__name__}")
+    if spec.needs_data and dataset is None and not (method == "imp" and train_fn is not None):
+        raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
+    if input_shape is None and dataset is not None:
+        input_shape = tuple(dataset.input_shape)
     if method == "synflow" and input_shape is None:
-        raise ValueError("pruning method 'synflow' needs input_shape=(...) or data=Dataset "
-                         "to build its all-ones input")
+        raise PruningError("pruning method 'synflow' needs input_shape=(...) or "
+                           "dataset=training.Dataset to build its all-ones input")
     rounds = spec.default_rounds if rounds is None else rounds
-    ctx = _Context(data, int(seed), per_class, float(temperature), input_shape, train_fn)
+    ctx = _Context(dataset, int(seed), per_class, float(temperature), input_shape, train_fn)
     make_work, score_fn = _scorer(method, ctx)
+    if keep == "lowest":
+        score_fn = _inverted(score_fn)
     work = make_work(model)
     params = prunable_parameters(work, prune_biases)
-    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope)
+    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope,
+                              revive=method in REVIVING)
     info: dict[str, Any] = {"method": method, "sparsity": sparsity, "scope": scope,
-                            "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases}
+                            "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases,
+                            "keep": keep}
     if input_shape is not None:
         info["input_shape"] = list(input_shape)
-    if method in ("snip", "grasp"):
-        info["per_class"] = per_class or (criteria.SNIP_PER_CLASS if method == "snip"
-                                          else criteria.GRASP_PER_CLASS)
+    if method in ("snip", "grasp", "iterative_snip", "force"):
+        info["per_class"] = per_class or (criteria.GRASP_PER_CLASS if method == "grasp"
+                                          else criteria.SNIP_PER_CLASS)
     if method == "grasp":
         info["temperature"] = float(temperature)
-    if data is not None:
-        info["data"] = data.name
-    return Mask(entries, info)
+    if dataset is not None:
+        info["data"] = dataset.name
+    mask = Mask(entries, info)
+    check(model, mask, stacklevel=2)
+    return mask
+
+
+def _inverted(score_fn: ScoreFn) -> ScoreFn:
+    """Negated keep-priorities: the lowest-ranked weights are kept."""
+    def inverted(work, params, cur):
+        return {k: -v.detach().to(torch.float64) for k, v in score_fn(work, params, cur).items()}
+    return inverted

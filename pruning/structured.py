@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch_pruning as tp
 from torch import nn
 
+from .errors import PruningError
 from .mask import PRUNABLE_MODULES
 
 BISECTION_STEPS = 30
@@ -54,17 +54,21 @@ def output_layer(model: nn.Module) -> nn.Module:
     so its output channels are never pruned)."""
     layers = [m for m in model.modules() if isinstance(m, PRUNABLE_MODULES)]
     if not layers:
-        raise ValueError(f"model {type(model).__name__} has no Linear / Conv layers to prune")
+        raise PruningError(f"model {type(model).__name__} has no Linear / Conv layers to prune")
     return layers[-1]
 
 
 def _count(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
+    import torch_pruning as tp  # here, not at import: `import pruning` needs only torch
+
     macs, params = tp.utils.count_ops_and_params(model, example)
     return int(macs), int(params)
 
 
 def _pruned_copy(model: nn.Module, example: torch.Tensor, ratio: float, global_pruning: bool,
                  ignored: list[str]) -> nn.Module:
+    import torch_pruning as tp
+
     work = copy.deepcopy(model).eval()
     if ratio <= 0.0:
         return work
@@ -89,21 +93,21 @@ def prune_channels(model: nn.Module, example_input: torch.Tensor, param_fraction
     (False), across layers (True), or (None) try the per-layer ratio first and fall back to the
     global ranking, whose finer steps help narrow networks. ``ignored_layers``: modules of
     ``model`` whose output channels are kept (default: the output layer, :func:`output_layer`).
-    The caller's model is not modified. Raises ValueError if no channel ratio reaches the target
+    The caller's model is not modified. Raises PruningError if no channel ratio reaches the target
     (channels are too coarse for it).
     """
     if not (isinstance(param_fraction, (int, float)) and 0.0 < param_fraction <= 1.0):
-        raise ValueError(f"param_fraction must be a number in (0, 1], got {param_fraction!r}")
+        raise PruningError(f"param_fraction must be a number in (0, 1], got {param_fraction!r}")
     if not 0.0 < tolerance < 1.0:
-        raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}")
+        raise PruningError(f"tolerance must be in (0, 1), got {tolerance!r}")
     if not isinstance(example_input, torch.Tensor) or example_input.dim() < 1 \
             or example_input.shape[0] < 1:
-        raise ValueError("example_input must be a tensor holding a batch of at least one input")
+        raise PruningError("example_input must be a tensor holding a batch of at least one input")
     example = example_input[:1]
     names = {id(m): n for n, m in model.named_modules()}
     keep = ignored_layers if ignored_layers is not None else [output_layer(model)]
     if any(id(m) not in names for m in keep):
-        raise ValueError("ignored_layers must be modules of the model being pruned")
+        raise PruningError("ignored_layers must be modules of the model being pruned")
     ignored = [names[id(m)] for m in keep]
     macs_before, params_before = _count(copy.deepcopy(model).eval(), example)
     modes = [False, True] if global_pruning is None else [bool(global_pruning)]
@@ -129,7 +133,7 @@ def prune_channels(model: nn.Module, example_input: torch.Tensor, param_fraction
     error, ratio, mode, pruned = best
     macs_after, params_after = _count(pruned, example)
     if error > tolerance:
-        raise ValueError(f"channel pruning cannot reach param_fraction {param_fraction} within "
+        raise PruningError(f"channel pruning cannot reach param_fraction {param_fraction} within "
                          f"{tolerance:.0%}: closest is {params_after / params_before:.4f} at "
                          f"channel ratio {ratio:.4f} (channels too coarse; try a wider model or "
                          f"a larger tolerance)")

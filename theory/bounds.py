@@ -19,8 +19,8 @@ Derivation (``derivation()`` holds every expression; ``latex()`` prints them):
    B_crit = 4 sigma^2 / eps, the crossing of the two asymptotes; it does not depend on L or
    Delta, while K* scales with L Delta at every B.
 
-So the constant is 4 (REFERENCE.md's reconstruction) for B_crit defined by the asymptotes, and 2
-for the batch where the step-size cap starts to bind. The exact curve is not S_min (1 + B_crit/B):
+So the constant is 4 for B_crit defined by the crossing of the asymptotes (E_min / S_min,
+McCandlish et al. 2018), and 2 for the batch where the step-size cap starts to bind. The exact curve is not S_min (1 + B_crit/B):
 at B = B_crit it is 4/3 S_min rather than 2 S_min (``approx_steps`` gives the asymptotic form).
 
 Momentum (heavy ball, Lee et al. 2021 state it through the effective step eta / (1 - mu)): the same

@@ -30,7 +30,7 @@ from torch.func import functional_call, grad, vmap
 
 from training.data import Dataset
 from training.goal import loss_fn
-from training.reference import check_mask
+from training.masks import check_mask
 
 from .errors import TheoryError, check_int
 
@@ -221,12 +221,9 @@ def parameter_vector(model: nn.Module, weights: Weights | None = None) -> torch.
     return torch.cat([weights[n].detach().reshape(-1) for n in params])
 
 
-def _mask_items(mask) -> Mapping[str, torch.Tensor] | None:
-    if mask is None:
-        return None
-    if not hasattr(mask, "items"):
-        raise TheoryError(f"mask must map parameter names to 0/1 tensors, got {type(mask).__name__}")
-    return mask
+def split_size(dataset: Dataset, split: str = "train") -> int:
+    """Number of examples in ``split`` of ``dataset``."""
+    return int(select_examples(dataset, None, split=split)[0].shape[0])
 
 
 def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tensor | None = None,
@@ -271,7 +268,7 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
     if not params:
         raise TheoryError("model has no parameters")
     device = next(iter(params.values())).device
-    masks = check_mask(model, _mask_items(mask))
+    masks = check_mask(mask, model)
     full = parameter_vector(model, weights).to(device=device, dtype=dtype)
     keep = torch.cat([masks[n].reshape(-1).to(device) != 0 if n in masks
                       else torch.ones(p.numel(), dtype=torch.bool, device=device)

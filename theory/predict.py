@@ -27,7 +27,7 @@ reference level the curve and critical batch are calibrated, not predicted
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +36,7 @@ from numpy.typing import ArrayLike
 from . import bounds
 from .errors import TheoryError
 from .noise import NoiseEstimate
-from .scaling import ScalingFit, fit_scaling
+from .scaling import ScalingFit, fit_scaling, renamed_rng
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def predicted_steps(probe: ProbeSummary, eps: float, batch_sizes: ArrayLike, sca
                     form: str = "asymptotic") -> np.ndarray:
     """c K*(B) for one network (``scale`` = c): ``"exact"`` the piecewise optimum of the bound,
     ``"asymptotic"`` S_min (1 + B_crit / B) with S_min = 2 L Delta / eps, B_crit = 4 sigma^2 / eps
-    (exact in both limits; the form DESIGN.md and fit_scaling use)."""
+    (exact in both limits; the form :func:`theory.fit_scaling` fits, McCandlish et al. 2018)."""
     if form not in FORMS:
         raise TheoryError(f"form must be one of {', '.join(FORMS)}; got {form!r}")
     fn = bounds.sgd_steps if form == "exact" else bounds.approx_steps
@@ -167,10 +167,17 @@ def predict_levels(
     eps: float | None = None,
     form: str = "asymptotic",
     n_boot: int = 200,
-    rng: int = 0,
+    seed: int = 0,
+    *,
+    rng: int | None = None,
+    fits: Mapping[float, ScalingFit] | None = None,
 ) -> Prediction:
     """Calibrate the scale c on the ``reference`` level's measured curve, predict every level
-    from its probes, and compare with the measured curves (module docstring for the model)."""
+    from its probes, and compare with the measured curves (module docstring for the model).
+    ``seed``: the bootstrap seed of every curve's fit (``rng=`` is its deprecated former name).
+    ``fits`` (sparsity -> :class:`ScalingFit`): fits the caller already made of those levels'
+    measured curves (e.g. with more bootstrap replicates), used instead of fitting them again."""
+    seed = renamed_rng(seed, rng, "predict_levels")
     probe_by = _by_sparsity(probes, ProbeSummary, "probes")
     curve_by = _by_sparsity(measured, MeasuredCurve, "measured")
     missing = sorted(set(curve_by) - set(probe_by))
@@ -197,7 +204,9 @@ def predict_levels(
     for sparsity in sorted(curve_by):
         probe, curve = probe_by[sparsity], curve_by[sparsity]
         b, s = _curve_arrays(curve)
-        fit: ScalingFit = fit_scaling(curve.batch_sizes, curve.steps, seeds=curve.seeds, n_boot=n_boot, rng=rng)
+        fit: ScalingFit = (fits[sparsity] if fits is not None and sparsity in fits else
+                           fit_scaling(curve.batch_sizes, curve.steps, seeds=curve.seeds, n_boot=n_boot,
+                                       seed=seed))
         pred = predicted_steps(probe, eps, b, scale, form)
         ref_meas = np.array([ref_steps.get(x, np.nan) for x in b])
         ratio_meas = s / ref_meas

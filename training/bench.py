@@ -1,59 +1,69 @@
 """Benchmark: trial-steps per second of ``train_trials`` against the plain PyTorch loop.
 
-``python -m training.bench [--models mlp,cnn1d,simple_cnn,resnet8] [--batch-sizes
-8,64,512,4096] [--trials 32]`` (also ``sparsescale bench``). Both trainers run in the same
+``sparsescale bench [--models mlp,cnn1d,simple_cnn,resnet8] [--batch-sizes 8,64,512,4096]
+[--trials 32] [--optimizer momentum]`` (:func:`add_bench_parser`). Both trainers run in the same
 process, one after the other, so the ratio is meaningful on a shared machine even when absolute
 numbers are noisy.
 
-- plain loop: ``DataLoader(TensorDataset, shuffle=True)`` + ``nn.Module`` + ``torch.optim.SGD``
-  (momentum 0.9), one trial at a time, as typical reference code trains;
-- vectorized: ``train_trials`` with N trials (momentum 0.9, spread learning rates), evaluated only
-  at the start and end, on the first VAL_EXAMPLES validation examples.
+- plain loop: ``DataLoader(TensorDataset, shuffle=True)`` + ``nn.Module`` + the ``torch.optim``
+  optimizer (``--optimizer``: SGD with momentum 0.9 by default, or Adam / AdamW), one trial at a
+  time, as typical reference code trains;
+- vectorized: ``train_trials`` with N trials (spread learning rates; momentum 0.9 for the SGD
+  family), evaluated only at the start and end, on the first VAL_EXAMPLES validation examples.
 
-Rates are marginal (see ``_rate``): a run of 2s steps against one of s, so neither trainer's
-once-per-run costs (setup, the two evaluations) count.
+Rates are marginal (:func:`training.bench_measure.marginal_rate`): a run of 2s steps against one
+of s, so neither trainer's once-per-run costs (setup, the two evaluations) count. With an
+optimizer other than ``momentum``, the vectorized trainer is also timed with momentum at the same
+batch size, alternating the two (best of ``ROUNDS`` each), and the table adds the slowdown of the
+chosen optimizer against momentum.
 
 Data: MNIST-1D for ``mlp`` and ``cnn1d``; MNIST for ``simple_cnn`` and CIFAR-10 for ``resnet8``
 when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the same shape
 (Gaussian images, uniform labels: the speed does not depend on the values).
 
 Achieved GFLOP/s count the training FLOPs of the layers (forward 2 MAC, weight gradient 2 MAC,
-input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. The peak
-resident memory of the process during the vectorized run (``VmHWM``, reset before it) is the
-memory a worker needs for that group.
+input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. Each row
+names the kernel that ran (:mod:`training.cellplan`) and the peak resident memory of the process
+during the vectorized runs (``VmHWM``, reset before them): the memory a worker needs for that
+group.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import data as data_mod
 from . import models
-from .cellplan import plan_cell
+from .bench_measure import (CLOCKS, marginal_rate, matmul_peak, peak_rss_mib, reset_peak_rss,
+                            training_flops)
+from .config import ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule, RunConfig, Trial
+from .errors import ConfigError
 from .goal import loss_fn
-from .schedules import EvalSchedule
-from .trials import TrialsResult, train_trials, tune_allocator
+from .process import setup_training_process
+from .reference import make_optimizer
+from .trials import TrialsResult, train_trials
 
 MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
 # Real data set and input shape of each model's workload (synthetic when the files are absent).
 IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32))}
 VAL_EXAMPLES = 256
+# Alternating rounds when the vectorized trainer is compared with itself under momentum.
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
 class Row:
-    """One benchmark cell: both trainers' rates, the vectorized trainer's GFLOP/s, its kernel
-    (training.cellplan) and the peak resident memory of the process while it ran."""
+    """One benchmark cell: both trainers' rates, the vectorized trainer's GFLOP/s, the kernel
+    that ran (training.cellplan), the peak resident memory of the process while it ran and, for
+    an optimizer other than momentum, the vectorized momentum rate beside it."""
 
     model: str
     batch_size: int
@@ -64,91 +74,19 @@ class Row:
     peak_gflops: float
     kernel: str = ""
     peak_rss_mib: float = math.nan
+    optimizer: str = "momentum"
+    momentum_trial_steps_per_s: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.trial_steps_per_s / self.plain_steps_per_s
 
-
-def training_flops(model: nn.Module, input_shape: Sequence[int], batch_size: int) -> float:
-    """FLOPs of one training step on one trial: 6 per multiply-accumulate and example in Linear /
-    Conv layers, 4 in the first one (its input gradient is not needed)."""
-    macs: list[float] = []
-
-    def hook(module, inputs, output):
-        if isinstance(module, nn.Linear):
-            macs.append(module.in_features * module.out_features)
-        elif isinstance(module, nn.modules.conv._ConvNd):
-            k = math.prod(module.kernel_size) * module.in_channels // module.groups
-            macs.append(k * output[0].numel())
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
-    try:
-        with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
-    finally:
-        for h in handles:
-            h.remove()
-    return batch_size * (6 * sum(macs) - (2 * macs[0] if macs else 0))
-
-
-def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> float:
-    """Measured fp32 GEMM throughput (GFLOP/s) for size^3 products."""
-    tick = CLOCKS[clock]
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    n, start = 0, tick()
-    while tick() - start < seconds:
-        a @ b
-        n += 1
-    return 2 * size ** 3 * n / (tick() - start) / 1e9
-
-
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def _rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float]) -> float:
-    """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), with s grown until a
-    run lasts ``seconds`` / 2, after an untimed one-step warm-up (one-off imports, builds and
-    allocations). The difference cancels what a run pays once whatever its length: setup, and
-    the vectorized trainer's evaluations at start and end, which for the image models at small
-    batches would otherwise outweigh the steps."""
-    run(1)
-    steps = 1
-    while True:
-        start = clock()
-        run(steps)
-        took = clock() - start
-        if took >= seconds / 2:
-            break
-        steps = max(steps + 1, int(steps * min(10.0, 0.6 * seconds / max(took, 1e-6))))
-    start = clock()
-    run(2 * steps)
-    twice = clock() - start
-    return steps / (twice - took) if twice > took else 2 * steps / twice
-
-
-def reset_peak_rss() -> bool:
-    """Return freed heap to the OS and reset the process's peak resident set (``VmHWM``) to the
-    current one (Linux: ``/proc/self/clear_refs``); False where that is not possible."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set of this process in MiB (``VmHWM``; NaN where unknown)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return math.nan
+    @property
+    def slowdown(self) -> float | None:
+        """Vectorized momentum rate over this optimizer's (1.0: as fast as momentum)."""
+        if self.momentum_trial_steps_per_s is None:
+            return None
+        return self.momentum_trial_steps_per_s / self.trial_steps_per_s
 
 
 def bench_dataset(model: str, samples: int) -> data_mod.Dataset:
@@ -169,13 +107,24 @@ def bench_dataset(model: str, samples: int) -> data_mod.Dataset:
     return replace(ds, x_val=ds.x_val[:VAL_EXAMPLES], y_val=ds.y_val[:VAL_EXAMPLES])
 
 
-def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int) -> float:
-    """The plain loop: DataLoader(TensorDataset, shuffle) + nn.Module + torch.optim.SGD, for
-    ``steps`` updates of a copy of ``net``; returns the last mini-batch loss."""
+def bench_trials(optimizer: str, n_trials: int) -> list[Trial]:
+    """The benchmark's trials: learning rates 0.001 * 1.1^k with momentum 0.9 (SGD family) or
+    0.0001 * 1.1^k (Adam family, torch's default betas and eps)."""
+    if optimizer in ADAM_OPTIMIZERS:
+        return [Trial(lr=1e-4 * 1.1 ** k) for k in range(n_trials)]
+    return [Trial(lr=0.001 * 1.1 ** k, momentum=0.9) for k in range(n_trials)]
+
+
+def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int,
+               optimizer: str = "momentum") -> float:
+    """The plain loop: DataLoader(TensorDataset, shuffle) + nn.Module + the torch.optim optimizer
+    of ``optimizer`` (SGD lr 0.01, momentum 0.9; Adam / AdamW lr 0.001), for ``steps`` updates of
+    a copy of ``net``; returns the last mini-batch loss."""
     model = copy.deepcopy(net)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ds.x_train, ds.y_train),
                                          batch_size=batch_size, shuffle=True, drop_last=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    lr = 1e-3 if optimizer in ADAM_OPTIMIZERS else 0.01
+    opt = make_optimizer(model.parameters(), optimizer, Trial(lr=lr, momentum=0.9))
     criterion = loss_fn(ds.task)
     done, loss = 0, torch.tensor(math.nan)
     while done < steps:
@@ -191,42 +140,98 @@ def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int
 
 
 def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: int,
-               steps: int, trials_per_chunk: int | None = None) -> TrialsResult:
-    """``train_trials`` on ``n_trials`` trials (momentum 0.9, learning rates 0.001 * 1.1^k)."""
-    trials = [{"lr": 0.001 * 1.1 ** k, "momentum": 0.9} for k in range(n_trials)]
-    return train_trials(net, ds, batch_size, trials, optimizer="momentum", max_steps=steps,
-                        eval_schedule=EvalSchedule(every=max(steps, 1)),
+               steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum"
+               ) -> TrialsResult:
+    """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials`."""
+    run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps,
+                    eval_schedule=EvalSchedule(every=max(steps, 1)))
+    return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
                         trials_per_chunk=trials_per_chunk)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
-          seconds: float = 1.0, clock: str = "wall") -> Row:
+          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum") -> Row:
     """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
-    CPU time, which a single-threaded run on a shared machine should be measured with)."""
+    CPU time, which a single-threaded run on a shared machine should be measured with). For an
+    optimizer other than momentum, the vectorized trainer's rates with it and with momentum are
+    the best of ``ROUNDS`` alternating measurements."""
     net = models.build(model, ds, seed=0)
     tick = CLOCKS[clock]
-    plain = _rate(lambda s: plain_loop(net, ds, batch_size, s), seconds, tick)
+    plain = marginal_rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
+    compared = [optimizer] if optimizer == "momentum" else [optimizer, "momentum"]
+    rates = dict.fromkeys(compared, 0.0)
+    kernel = {}
     reset_peak_rss()
-    vec = _rate(lambda s: vectorized(net, ds, batch_size, n_trials, s), seconds, tick) * n_trials
+    for _ in range(1 if optimizer == "momentum" else ROUNDS):
+        for opt in compared:
+            def run(steps: int, opt: str = opt) -> None:
+                kernel[opt] = vectorized(net, ds, batch_size, n_trials, steps,
+                                         optimizer=opt).kernel
+
+            rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
     rss = peak_rss_mib()
+    vec = rates[optimizer]
     flops = training_flops(net, ds.input_shape, batch_size)
-    kernel = plan_cell(net, ds.task, ds.input_shape, batch_size, n_trials).kernel
-    return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak, kernel, rss)
+    return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
+               kernel[optimizer], rss, optimizer,
+               rates.get("momentum") if optimizer != "momentum" else None)
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (ratio = vectorized / plain)."""
+    """The rows as a Markdown table (ratio = vectorized / plain); rows compared with momentum
+    add its rate and the slowdown (momentum rate / this optimizer's)."""
+    compared = any(r.slowdown is not None for r in rows)
     head = ("| model | B | trials | kernel | plain loop steps/s | vectorized trial-steps/s | ratio "
-            "| GFLOP/s | % of peak | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|")
-    lines = [f"| {r.model} | {r.batch_size} | {r.trials} | {r.kernel} | "
-             f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
-             f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | {r.peak_rss_mib:.0f} |"
-             for r in rows]
-    return "\n".join([head, *lines])
+            "| GFLOP/s | % of peak | peak RSS MiB |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|"
+    if compared:
+        head += " vectorized momentum trial-steps/s | slowdown vs momentum |"
+        rule += "---|---|"
+    lines = []
+    for r in rows:
+        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.kernel} | "
+                f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
+                f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | "
+                f"{r.peak_rss_mib:.0f} |")
+        if compared:
+            line += (" – | – |" if r.slowdown is None else
+                     f" {r.momentum_trial_steps_per_s:.3g} | {r.slowdown:.2f}x |")
+        lines.append(line)
+    return "\n".join([head, rule, *lines])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sparsescale bench", description=__doc__.split("\n\n")[0])
+def run_bench_command(args: argparse.Namespace) -> int:
+    """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
+    sizes and optimizer. Returns 0."""
+    names = [m.strip() for m in args.models.split(",")]
+    unknown = sorted(set(names) - set(models.list_models()))
+    if unknown:
+        raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; "
+                          f"allowed: {', '.join(models.list_models())}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # both trainers run in a process set up for training, as a study's workers are
+    setup_training_process()
+    peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
+    print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
+          f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}")
+    rows = []
+    for model in names:
+        ds = bench_dataset(model, args.samples)
+        print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
+        for b in (int(s) for s in args.batch_sizes.split(",")):
+            rows.append(bench(model, b, args.trials, ds, peak, args.seconds, args.clock,
+                              args.optimizer))
+            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(format_table(rows))
+    return 0
+
+
+def add_bench_parser(subparsers: Any, name: str = "bench") -> Any:
+    """Add the ``name`` subcommand (``sparsescale bench``); the handler
+    :func:`run_bench_command` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
+                                         "loop", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated (default {','.join(MODELS)})")
     p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
@@ -236,32 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=10_000,
                    help="MNIST-1D samples, and synthetic images when MNIST / CIFAR-10 files are "
                         "absent (default 10000)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
+                   help="optimizer of both trainers (default momentum); any other is also "
+                        "compared with the vectorized trainer under momentum")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or process CPU time (robust on a shared machine "
                         "with --threads 1)")
-    args = p.parse_args(argv)
-    names = [m.strip() for m in args.models.split(",")]
-    unknown = sorted(set(names) - set(models.list_models()))
-    if unknown:
-        p.error(f"unknown model(s) {', '.join(unknown)}; allowed: "
-                f"{', '.join(models.list_models())}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # train_trials tunes malloc on its first call; do it first so both trainers run with it
-    tune_allocator()
-    peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
-    print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
-          f"{peak:.0f} GFLOP/s (1024^3)")
-    rows = []
-    for model in names:
-        ds = bench_dataset(model, args.samples)
-        print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
-        for b in (int(s) for s in args.batch_sizes.split(",")):
-            rows.append(bench(model, b, args.trials, ds, peak, args.seconds, args.clock))
-            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    print(format_table(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    p.set_defaults(fn=run_bench_command)
+    return run_bench_command

@@ -8,7 +8,7 @@ The choice comes from a cost model, not a constant; its rules and their measurem
   (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
   independent of the other trials and its activations live only per chunk, so a stack holds up
   to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
-  in half the L2 cache (:func:`training.stacked_fused.examples_per_chunk`).
+  in half the L2 cache (``L2_SHARE``).
 - ``per_trial`` (:mod:`training.stacked_conv`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
   alive and a stack holds up to MAX_STACK trials; a chunk holds the examples whose activations
@@ -16,7 +16,17 @@ The choice comes from a cost model, not a constant; its rules and their measurem
 - ``batched`` (:class:`training.stacked.SequentialProgram`, the eager fallback of ``fused``) and
   ``func`` (:class:`training.stacked.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
-  floats (:func:`training.trials.default_chunk`).
+  floats (:func:`training.stacked.default_chunk`).
+
+Where the update runs (``CellPlan.update_in_step``), by optimizer: the compiled kernel applies
+the SGD rules (sgd, momentum, nesterov) to each trial right after its backward pass, while its
+gradients are in cache. For adam / adamw the plan keeps the kernel for what costs the time, the
+chunked forward and backward passes (its ``loss_and_grads``), and the trainer applies torch's
+fused Adam update to the stack (:class:`training.updates.StackUpdate`, :mod:`training.adam`):
+one implementation of Adam, the one tested against ``torch.optim``, instead of a second copy in
+C++ that would have to be kept equal to it. The per-trial program updates each trial right
+after its backward pass with any optimizer (one trial's gradients alive, not a stack's);
+``batched`` and ``func`` compute the stack's gradients, then update it.
 """
 
 from __future__ import annotations
@@ -31,8 +41,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from . import stacked_fused
-from .stacked import FuncProgram, SequentialProgram
+from . import kernels, stacked_fused
+from .stacked import SequentialProgram, activation_floats, build_program, default_chunk
 from .stacked_conv import PerTrialProgram, has_conv2d
 
 KERNELS = ("fused", "per_trial", "batched", "func")
@@ -48,7 +58,9 @@ CHUNK_BUDGET = 128 << 20
 
 
 class Program(Protocol):
-    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``."""
+    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``.
+    Programs that update in place also have ``train_step`` and ``supports(optimizer)``
+    (:class:`training.stacked_fused.FusedProgram`, :class:`PerTrialProgram`)."""
 
     def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
@@ -69,6 +81,7 @@ class CellPlan:
     trials_per_stack: int
     examples_per_chunk: int
     program: Program = field(repr=False, compare=False)
+    update_in_step: bool = False  # the program's train_step applies the update (module doc)
 
 
 @functools.cache
@@ -94,10 +107,9 @@ def even_chunks(batch_size: int, limit: int) -> int:
 
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
-              device: str | torch.device = "cpu") -> CellPlan:
-    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``."""
-    from .trials import activation_floats, default_chunk  # the eager rule lives there
-
+              device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
+    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``
+    with ``optimizer`` (see the module docstring)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     encoding = stacked_fused.encode(model, input_shape)
     if encoding is not None:
@@ -106,15 +118,25 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         chunk = even_chunks(batch_size, limit)
         fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
         if fused is not None:
-            return CellPlan("fused", min(n_trials, MAX_STACK), chunk, fused)
+            return CellPlan("fused", min(n_trials, MAX_STACK), chunk, fused,
+                            fused.supports(optimizer))
     if has_conv2d(model):
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
         chunk = even_chunks(batch_size, limit)
         program = PerTrialProgram.try_build(model, task, chunk, limit)
         if program is not None:
-            return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program)
+            return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program,
+                            program.supports(optimizer))
     stack = min(n_trials, default_chunk(batch_size, activation_floats(model, input_shape)))
-    eager = SequentialProgram.try_build(model, task)
-    if eager is not None:
-        return CellPlan("batched", stack, batch_size, eager)
-    return CellPlan("func", stack, batch_size, FuncProgram(model, task))
+    eager = build_program(model, task)
+    kernel = "batched" if isinstance(eager, SequentialProgram) else "func"
+    return CellPlan(kernel, stack, batch_size, eager)
+
+
+def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
+    """Whether the compiled kernel ``model`` would run on is usable, built now if need be (once
+    per process, with the one warning of a failed build); True for a model that needs none. A
+    study's driver calls it before its workers start, so that they neither build nor warn."""
+    if stacked_fused.encode(model, input_shape) is None:
+        return True
+    return kernels.fused_sequential() is not None

@@ -1,25 +1,26 @@
 """Real data parallelism: one trial on k worker processes with DistributedDataParallel.
 
-The global mini-batch of step t is ``BatchOrder(trial_seed(seed, trial_index), n, B).batch(t)``,
+The global mini-batch of step t is ``BatchOrder(trial_seed(run.seed, trial_index), n, B).batch(t)``,
 exactly the batch :func:`training.train_reference` uses; rank r takes the contiguous shard
 ``[r B/k, (r+1) B/k)`` (``B`` must be divisible by ``k``). Each rank computes the mean loss of its
 shard and DDP averages the gradients over ranks, so the update is the gradient of
-(1/k) sum_r mean(shard_r) = mean(batch): the same SGD step as the single process (Goyal et al.,
-2017), up to floating-point summation order. Learning-rate schedule, optimizer
-(:func:`training.reference.make_sgd`), gradient masking and goal evaluation follow the reference
-trainer; rank 0 evaluates the goal on the validation split and broadcasts the value so every rank
-stops at the same step.
+(1/k) sum_r mean(shard_r) = mean(batch): the same SGD (or Adam) step as the single process
+(Goyal et al., 2017), up to floating-point summation order. Learning-rate schedule, optimizer
+(:func:`training.reference.make_optimizer`), gradient masking (:mod:`training.masks`) and goal
+evaluation follow the reference trainer; rank 0 evaluates the goal on the validation split and
+broadcasts the value so every rank stops at the same step.
 
 Launchers:
 
 - in-process (tests, laptops): :func:`train_distributed` spawns k processes with
   ``torch.multiprocessing`` and rendezvous through a TCP store on 127.0.0.1 (a free port).
-- cluster: ``torchrun --nproc-per-node K -m training.distributed train --dataset mnist1d
-  --model mlp --batch-size 64 --lr 0.1 --steps 1000 --out result.pt`` reads the ``env://``
-  rendezvous (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).
+- cluster: ``torchrun --nproc-per-node K -m training.distributed ddp --dataset mnist1d
+  --model mlp --batch-size 64 --lr 0.1 --steps 1000 --out result.pt`` (the ``sparsescale ddp``
+  command, :func:`add_train_parser`) reads the ``env://`` rendezvous (``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
-Backends: gloo on CPU, nccl on CUDA. ``python -m training.distributed bench ...`` (or
-:func:`bench_main`) measures step times and fits :class:`training.costmodel.CostModel`.
+Backends: gloo on CPU, nccl on CUDA. The step-time benchmark and its cost model are
+:mod:`training.ddp_bench`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,57 +44,49 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import costmodel
+from . import legacy
+from .config import EvalSchedule, RunConfig, Trial, check_batch_size, check_index, check_optimizer
 from .data import Dataset
-from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn
-from .models import count_parameters
+from .errors import ConfigError
+from .goal import as_goal, goal_metric, is_diverged, loss_fn
+from .masks import apply_mask, mask_
 from .order import BatchOrder, trial_seed
-from .reference import evaluate, make_sgd, zero_masked
+from .reference import evaluate, make_optimizer
 from .results import Curve, ReferenceResult
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .schedules import lr_factor
 
 LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
 class DistRun:
-    """Everything one distributed trial needs besides the model and the data (the arguments of
-    :func:`training.train_reference`, plus ``world_size`` k and ``threads`` per worker)."""
+    """One distributed trial besides the model and the data: the :class:`training.Trial`, the
+    :class:`training.RunConfig`, the trial's index in its group (its data seed), ``world_size``
+    k and ``threads`` (torch threads per worker)."""
 
+    trial: Trial
+    run: RunConfig
     world_size: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.0
-    optimizer: str = "momentum"
-    steps: int = 500
-    seed: int = 0
     trial_index: int = 0
-    decay_steps: int | None = None
-    end_factor: float = 1.0
-    target: Goal | float | None = None
-    eval_schedule: EvalSchedule = field(default_factory=EvalSchedule)
-    stop_at_goal: bool = True
-    dtype: torch.dtype = torch.float32
-    device: str = "cpu"
     threads: int = 1
 
     def __post_init__(self) -> None:
-        Trial(lr=self.lr, momentum=self.momentum, decay_steps=self.decay_steps,
-              end_factor=self.end_factor)
-        check_optimizer(self.optimizer, [self.momentum])
-        check_world(self.world_size, self.batch_size)
-        if self.steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {self.steps}")
-        if self.threads < 1:
+        if not isinstance(self.trial, Trial) or not isinstance(self.run, RunConfig):
+            raise ConfigError(f"DistRun needs a training.Trial and a training.RunConfig, got "
+                              f"{type(self.trial).__name__} and {type(self.run).__name__}")
+        check_optimizer(self.run.optimizer, [self.trial.momentum], [self.trial.weight_decay])
+        check_world(self.world_size, self.run.batch_size)
+        check_index(self.trial_index, "trial_index")
+        if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError(f"threads (torch threads per worker) must be >= 1, "
-                              f"got {self.threads}")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ConfigError(f"device {self.device!r}; allowed: cpu, cuda")
+                              f"got {self.threads!r}")
+        if str(self.run.device).split(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"device {self.run.device!r}; allowed: cpu, cuda")
 
     @property
     def shard(self) -> int:
         """Per-worker batch B / k."""
-        return self.batch_size // self.world_size
+        return self.run.batch_size // self.world_size
 
 
 def check_world(world_size: int, batch_size: int) -> None:
@@ -112,12 +104,12 @@ def check_world(world_size: int, batch_size: int) -> None:
 
 def backend_for(device: str) -> str:
     """gloo on CPU, nccl on CUDA."""
-    return "nccl" if device.startswith("cuda") else "gloo"
+    return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
 def rank_device(device: str, local_rank: int) -> torch.device:
     """CPU stays CPU; on CUDA each local rank gets its own GPU (round robin)."""
-    if device.startswith("cuda"):
+    if str(device).startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError("device 'cuda' asked for but torch.cuda is not available")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -191,33 +183,36 @@ def forward_backward(ddp: DistributedDataParallel, slot: LossSlot, criterion,
 def apply_update(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
                  masks: Mapping[str, torch.Tensor]) -> None:
     """Mask the (already averaged) gradients, then step: masked weights stay exactly zero."""
-    for name, m in masks.items():
-        params[name].grad.mul_(m)
+    mask_([params[name].grad for name in masks], list(masks.values()))
     opt.step()
 
 
-def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
+def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
                device: torch.device, mask: Mapping[str, torch.Tensor] | None = None
                ) -> ReferenceResult:
     """The training loop of one rank (process group already initialised). Every rank returns the
     same result; the curve's ``train_loss`` is the global-batch loss."""
-    k = run.world_size
-    goal = as_goal(run.target, dataset.task)
+    trial, run, k = dist_run.trial, dist_run.run, dist_run.world_size
+    goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
     data = dataset.to(device, run.dtype)
     net = copy.deepcopy(model).to(device=device, dtype=run.dtype).train()
-    masks, params = zero_masked(net, mask, device, run.dtype)
+    masks = apply_mask(net, mask)
+    params = dict(net.named_parameters())
     ddp, slot = wrap_ddp(net, device, k)
-    opt = make_sgd(ddp.parameters(), run.optimizer, run.lr, run.momentum)
-    order = BatchOrder(trial_seed(run.seed, run.trial_index), data.n_train, run.batch_size)
-    lo, hi = rank * run.shard, (rank + 1) * run.shard
+    opt = make_optimizer(ddp.parameters(), run.optimizer, trial)
+    order = BatchOrder(trial_seed(run.seed, dist_run.trial_index), data.n_train, run.batch_size)
+    lo, hi = rank * dist_run.shard, (rank + 1) * dist_run.shard
     criterion = loss_fn(dataset.task)
-    evals = set(run.eval_schedule.steps(run.steps))
+    evals = set(run.eval_schedule.steps(run.max_steps))
+    stop_at_goal = run.stop != "never"
 
     def shard(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = order.batch(step)[lo:hi]
         return data.x_train[idx], data.y_train[idx]
 
+    # The loop mirrors training.reference.train_reference line for line on purpose (see there):
+    # a reader checks the data-parallel step against the single-process one side by side.
     with torch.no_grad():
         x, y = shard(0)
         initial_loss = global_mean(criterion(net(x), y), k)
@@ -238,9 +233,9 @@ def train_rank(model: nn.Module, dataset: Dataset, run: DistRun, rank: int,
     step = 0
     if 0 in evals and record(0):
         hit = 0
-    while step < run.steps and not (hit is not None and run.stop_at_goal):
+    while step < run.max_steps and not (hit is not None and stop_at_goal):
         for group in opt.param_groups:
-            group["lr"] = run.lr * lr_factor(step, run.decay_steps, run.end_factor)
+            group["lr"] = trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor)
         opt.zero_grad(set_to_none=False)
         value = forward_backward(ddp, slot, criterion, *shard(step))
         # the reference stops before its update on a diverged loss: skip the step likewise
@@ -302,141 +297,35 @@ def spawn(fn, world_size: int, backend: str, threads: int, *args: Any, timeout: 
         return torch.load(out, weights_only=False)
 
 
-def _train_spawned(rank: int, model: nn.Module, dataset: Dataset, run: DistRun,
+def _train_spawned(rank: int, model: nn.Module, dataset: Dataset, dist_run: DistRun,
                    mask: Mapping[str, torch.Tensor] | None) -> ReferenceResult:
-    return train_rank(model, dataset, run, rank, rank_device(run.device, rank), mask)
+    return train_rank(model, dataset, dist_run, rank, rank_device(dist_run.run.device, rank), mask)
 
 
-def train_distributed(model: nn.Module, dataset: Dataset, world_size: int, batch_size: int,
-                      lr: float, momentum: float = 0.0, optimizer: str = "momentum",
-                      steps: int = 500, seed: int = 0, trial_index: int = 0,
-                      decay_steps: int | None = None, end_factor: float = 1.0,
-                      target: Goal | float | None = None,
-                      eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
-                      mask: Mapping[str, torch.Tensor] | None = None,
-                      dtype: torch.dtype = torch.float32, device: str = "cpu", threads: int = 1,
-                      timeout: float = 300.0) -> ReferenceResult:
+@legacy.accepts_old_form(legacy.distributed_args,
+                         "train_distributed(model, dataset, trial, run, world_size=k)")
+def train_distributed(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                      run: RunConfig, *, world_size: int,
+                      mask: Mapping[str, torch.Tensor] | None = None, trial_index: int = 0,
+                      threads: int = 1, timeout: float = 300.0) -> ReferenceResult:
     """Train a copy of ``model`` like :func:`training.train_reference` (same arguments, same
     result) but on ``world_size`` worker processes with DistributedDataParallel, each taking
-    ``batch_size / world_size`` examples of the global batch. ``threads``: torch threads per
+    ``run.batch_size / world_size`` examples of the global batch. ``threads``: torch threads per
     worker; ``timeout``: seconds before a stuck collective fails. Workers are spawned (see
-    :func:`spawn`): call it under ``if __name__ == "__main__":`` in a script."""
-    run = DistRun(world_size=world_size, batch_size=batch_size, lr=lr, momentum=momentum,
-                  optimizer=optimizer, steps=steps, seed=seed, trial_index=trial_index,
-                  decay_steps=decay_steps, end_factor=end_factor, target=target,
-                  eval_schedule=eval_schedule or EvalSchedule(), stop_at_goal=stop_at_goal,
-                  dtype=dtype, device=device, threads=threads)
-    if batch_size > dataset.n_train:
-        raise ConfigError(f"batch_size {batch_size} exceeds the training set size "
-                          f"{dataset.n_train}")
-    return spawn(_train_spawned, world_size, backend_for(device), threads, model, dataset, run,
-                 mask, timeout=timeout)
+    :func:`spawn`): call it under ``if __name__ == "__main__":`` in a script. The keyword form
+    of earlier releases is accepted with a DeprecationWarning (:mod:`training.legacy`)."""
+    dist_run = DistRun(Trial.from_dict(trial), run, world_size, trial_index, threads)
+    check_batch_size(run.batch_size, dataset.n_train)
+    return spawn(_train_spawned, world_size, backend_for(run.device), threads, model, dataset,
+                 dist_run, mask, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
-# benchmark: step time against k and per-worker batch, all-reduce time against message size
+# command line: one trial under torchrun
 
 
-@dataclass(frozen=True)
-class BenchPlan:
-    """What :func:`measure` times on k workers. Each configuration gets ``warmup`` untimed calls,
-    then ``rounds`` rounds of ``repeats`` timed calls; its time is the smallest per-round median.
-    Rounds interleave the configurations in time, and the minimum over rounds discards rounds
-    slowed by other processes on a shared machine."""
-
-    per_worker_batches: tuple[int, ...] = (8, 32, 128, 512)
-    allreduce_sizes: tuple[int, ...] = (1_000, 30_000, 300_000, 3_000_000)
-    warmup: int = 5
-    repeats: int = 20
-    rounds: int = 5
-
-
-def _median_time(fn, repeats: int, sync) -> float:
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def _bench_rank(rank: int, world_size: int, model: nn.Module, dataset: Dataset,
-                plan: BenchPlan, device: str) -> dict[str, list]:
-    dev = rank_device(device, rank)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    data = dataset.to(dev, torch.float32)
-    net = copy.deepcopy(model).to(dev).train()
-    ddp, slot = wrap_ddp(net, dev, world_size)
-    opt = make_sgd(ddp.parameters(), "momentum", 1e-3, 0.9)
-    criterion = loss_fn(dataset.task)
-    params = dict(net.named_parameters())
-    gen = torch.Generator().manual_seed(rank)
-
-    def train_step(b: int):
-        idx = torch.randint(0, data.n_train, (b,), generator=gen).to(dev)
-        x, y = data.x_train[idx], data.y_train[idx]
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=False)
-            forward_backward(ddp, slot, criterion, x, y)
-            apply_update(opt, params, {})
-
-        return step
-
-    def allreduce(n: int):
-        buf = torch.ones(n, device=dev)
-        return lambda: dist.all_reduce(buf)
-
-    configs = [("steps", b, train_step(b)) for b in plan.per_worker_batches]
-    if world_size > 1:
-        configs += [("allreduce", n * 4, allreduce(n)) for n in plan.allreduce_sizes]
-    for _, _, fn in configs:
-        for _ in range(plan.warmup):
-            fn()
-    best = [float("inf")] * len(configs)
-    for _ in range(plan.rounds):
-        for i, (_, _, fn) in enumerate(configs):
-            best[i] = min(best[i], _median_time(fn, plan.repeats, sync))
-    out: dict[str, list] = {"steps": [], "allreduce": []}
-    for (kind, size, _), t in zip(configs, best):
-        out[kind].append((size, t))
-    return out
-
-
-def measure(model: nn.Module, dataset: Dataset, workers: Sequence[int],
-            plan: BenchPlan = BenchPlan(), device: str = "cpu", threads: int = 1,
-            timeout: float = 300.0) -> costmodel.Measurements:
-    """Time a DDP training step (forward, backward with gradient all-reduce, SGD update) for every
-    k in ``workers`` and per-worker batch in ``plan``, and a bare all-reduce of each message size.
-    """
-    steps, reduces = [], []
-    for k in workers:
-        if k < 1:
-            raise ConfigError(f"workers must be >= 1, got {k}")
-        out = spawn(_bench_rank, k, backend_for(device), threads, k, model, dataset, plan, device,
-                    timeout=timeout)
-        steps += [costmodel.StepTime(k, b, t) for b, t in out["steps"]]
-        reduces += [costmodel.AllReduceTime(k, n, t) for n, t in out["allreduce"]]
-    n_params = count_parameters(model)
-    return costmodel.Measurements(steps=tuple(steps), allreduce=tuple(reduces),
-                                  n_params=n_params, bytes_per_param=4)
-
-
-# ---------------------------------------------------------------------------------------------
-# command line: `train` (torchrun) and `bench`
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-
-
-def _options(items: Sequence[str]) -> dict[str, Any]:
+def options(items: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` strings as a dict, values parsed as JSON where they are JSON."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -449,7 +338,8 @@ def _options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _workload_args(p: argparse.ArgumentParser) -> None:
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The data set, model and device options of the DDP commands."""
     p.add_argument("--dataset", default="mnist1d", help="data set name (training.data)")
     p.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
                    help="data set option, e.g. num_samples=1000 (repeatable)")
@@ -458,54 +348,58 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
 
 
-def _workload(args: argparse.Namespace) -> tuple[nn.Module, Dataset]:
+def build_workload(args: argparse.Namespace) -> tuple[nn.Module, Dataset]:
+    """The model and data set named by :func:`add_workload_arguments`' options."""
     from . import data, models
 
-    ds = data.load(args.dataset, **_options(args.data_option))
+    ds = data.load(args.dataset, **options(args.data_option))
     return models.build(args.model, ds, seed=args.model_seed), ds
 
 
-def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``sparsescale bench ddp``: measure DDP step times on this machine, fit
-    t(B, k) = t_fixed + t_example B / k + t_allreduce(P, k) (see :mod:`training.costmodel`),
-    print the constants and the table, and save them as JSON with ``--out``. Returns 0."""
-    p = argparse.ArgumentParser(prog="sparsescale bench ddp", description=bench_main.__doc__)
-    _workload_args(p)
-    p.add_argument("--workers", type=_ints, default=(1, 2), help="worker counts k, e.g. 1,2,4")
-    p.add_argument("--per-worker-batch", type=_ints, default=BenchPlan.per_worker_batches,
-                   help="per-worker batch sizes B / k")
-    p.add_argument("--allreduce-sizes", type=_ints, default=BenchPlan.allreduce_sizes,
-                   help="all-reduce message sizes in float32 elements")
-    p.add_argument("--repeats", type=int, default=BenchPlan.repeats)
-    p.add_argument("--warmup", type=int, default=BenchPlan.warmup)
-    p.add_argument("--rounds", type=int, default=BenchPlan.rounds)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--out", type=Path, help="write the fitted cost model here (cost_model.json)")
-    args = p.parse_args(argv)
-    if args.out:
-        # fail on an unwritable destination now, not after minutes of measuring
-        folder = args.out if args.out.suffix != ".json" else args.out.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--out {args.out}: cannot create folder {folder} ({exc.strerror})") from None
-    model, ds = _workload(args)
-    plan = BenchPlan(args.per_worker_batch, args.allreduce_sizes, args.warmup, args.repeats,
-                     args.rounds)
-    meas = measure(model, ds, args.workers, plan, device=args.device, threads=args.threads)
-    fit = costmodel.fit(meas, backend=backend_for(args.device), device=args.device,
-                        workload=f"{args.dataset}/{args.model}", threads=args.threads)
-    print(costmodel.format_report(fit, meas))
-    if args.out:
-        print(f"saved {costmodel.save_cost_model(fit, args.out, meas)}")
+def run_train_command(args: argparse.Namespace) -> int:
+    """One trial under ``torchrun`` (env:// rendezvous). Rank 0 prints a summary and saves the
+    :class:`ReferenceResult` with ``torch.save`` to ``--out``. Returns 0."""
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if v not in os.environ]
+    if missing:
+        raise ConfigError(f"environment variables {', '.join(missing)} are not set: launch with "
+                          f"torchrun, or call training.distributed.train_distributed in-process")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist_run = DistRun(
+        Trial(lr=args.lr, momentum=args.momentum, decay_steps=args.decay_steps,
+              end_factor=args.end_factor, beta1=args.beta1, beta2=args.beta2, eps=args.eps,
+              weight_decay=args.weight_decay),
+        RunConfig(batch_size=args.batch_size, optimizer=args.optimizer, max_steps=args.steps,
+                  goal=args.target, eval_schedule=EvalSchedule(every=args.eval_every),
+                  seed=args.seed, device=args.device),
+        world_size=world, trial_index=args.trial_index, threads=args.threads)
+    torch.set_num_threads(dist_run.threads)
+    model, ds = build_workload(args)
+    dist.init_process_group(backend_for(args.device), init_method="env://")
+    try:
+        res = train_rank(model, ds, dist_run, rank,
+                         rank_device(args.device, int(os.environ.get("LOCAL_RANK", rank))))
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        print(f"world_size={world} batch_size={args.batch_size} steps_run={res.steps_run} "
+              f"steps_to_result={res.steps_to_result} diverged={res.diverged} "
+              f"final_metric={res.curve.metric[-1] if len(res.curve) else float('nan'):.4f}")
+        if args.out:
+            torch.save(res, args.out)
     return 0
 
 
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """One trial under ``torchrun`` (env:// rendezvous). Rank 0 prints a summary and saves the
-    :class:`ReferenceResult` with ``torch.save`` to ``--out``."""
-    p = argparse.ArgumentParser(prog="python -m training.distributed train")
-    _workload_args(p)
+def add_train_parser(subparsers: Any, name: str = "ddp") -> Any:
+    """Add the ``name`` subcommand (``sparsescale ddp``): one trial on the workers torchrun
+    started. Its options are those of :func:`train_distributed`; the handler
+    :func:`run_train_command` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(
+        name, help="train one trial with DistributedDataParallel under torchrun",
+        description="Train one trial on the workers torchrun started (env:// rendezvous): "
+                    "torchrun --nproc-per-node K -m training.distributed ddp [options]. Rank 0 "
+                    "prints a summary and saves the result with --out.")
+    add_workload_arguments(p)
     p.add_argument("--batch-size", type=int, required=True, help="global batch B")
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--momentum", type=float, default=0.0)
@@ -515,49 +409,21 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trial-index", type=int, default=0)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--end-factor", type=float, default=1.0)
+    p.add_argument("--beta1", type=float, default=0.9, help="adam / adamw")
+    p.add_argument("--beta2", type=float, default=0.999, help="adam / adamw")
+    p.add_argument("--eps", type=float, default=1e-8, help="adam / adamw")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="adam / adamw")
     p.add_argument("--target", type=float)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
-    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-               if v not in os.environ]
-    if missing:
-        raise ConfigError(f"environment variables {', '.join(missing)} are not set: launch with "
-                          f"torchrun, or call training.distributed.train_distributed in-process")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    run = DistRun(world_size=world, batch_size=args.batch_size, lr=args.lr,
-                  momentum=args.momentum, optimizer=args.optimizer, steps=args.steps,
-                  seed=args.seed, trial_index=args.trial_index, decay_steps=args.decay_steps,
-                  end_factor=args.end_factor, target=args.target,
-                  eval_schedule=EvalSchedule(every=args.eval_every), device=args.device,
-                  threads=args.threads)
-    torch.set_num_threads(run.threads)
-    model, ds = _workload(args)
-    dist.init_process_group(backend_for(run.device), init_method="env://")
-    try:
-        res = train_rank(model, ds, run, rank,
-                         rank_device(run.device, int(os.environ.get("LOCAL_RANK", rank))))
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"world_size={world} batch_size={run.batch_size} steps_run={res.steps_run} "
-              f"steps_to_result={res.steps_to_result} diverged={res.diverged} "
-              f"final_metric={res.curve.metric[-1] if len(res.curve) else float('nan'):.4f}")
-        if args.out:
-            torch.save(res, args.out)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main, "bench": bench_main}
-    if not argv or argv[0] not in commands:
-        print("usage: python -m training.distributed {train,bench} [options] (see --help)",
-              file=sys.stderr)
-        return 2
-    return commands[argv[0]](argv[1:])
+    p.set_defaults(fn=run_train_command)
+    return run_train_command
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torchrun's entry without the experiments package: python -m training.distributed ddp ...
+    parser = argparse.ArgumentParser(prog="python -m training.distributed")
+    add_train_parser(parser.add_subparsers(required=True, metavar="COMMAND"))
+    parsed = parser.parse_args()
+    sys.exit(parsed.fn(parsed))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .schedules import ConfigError
+from .errors import ConfigError
 
 METRICS = ("error", "loss")
 

@@ -1,33 +1,65 @@
 """Compiled kernels of the vectorized trainer, built from ``training/csrc`` on first use.
 
 ``fused_sequential()`` returns the extension module of ``csrc/fused_sequential.cpp`` (see
-:mod:`training.stacked_fused`), compiled with ``torch.utils.cpp_extension.load`` into torch's
-extension cache (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``): about 30 s
-once per machine and source version, then a cached import; concurrent worker processes wait for
-one build (torch's file lock). It is compiled for the host CPU (``-march=native``), so its name
-carries a digest of the sources and of the CPU model and flags: a cache shared by different
-machines holds one build per CPU. It needs a C++ compiler and ninja. When the build fails, or
-``SPARSESCALE_KERNELS=0`` is set, it returns None and the trainer uses its eager path, which
-computes the same quantities (tested to 1e-12 in float64) more slowly.
+:mod:`training.stacked_fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
+(``-march=native``, OpenMP): about 30 s once per machine and source version, then a cached
+import; concurrent processes wait for one build (torch's file lock). The build lives in torch's
+extension cache, a user cache folder (``$TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), never in the source tree, under a name that carries a digest of
+the sources, the CPU model and flags, and the Python and torch versions: a cache shared by
+machines or environments holds one build for each.
+
+The build needs a C++ compiler (``$CXX``, default ``c++``), ninja (the ``ninja`` package, a
+dependency of sparsescale) and Python's headers. When any of them is missing or the build fails,
+the trainer runs its eager ``batched`` program instead, which computes the same quantities
+(tested to 1e-12 in float64) more slowly: the process warns once, naming why
+(:class:`KernelWarning`), and :attr:`training.TrialsResult.kernel` (and a study's ``kernel``
+column) records the program that ran. ``SPARSESCALE_KERNELS=0``, or :func:`disabled`, skips the
+kernel without a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
+import shutil
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
+from .errors import SparsescaleError
+
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
+_off = 0  # depth of disabled() contexts
+
+
+class KernelWarning(SparsescaleError, RuntimeWarning):
+    """A compiled kernel cannot be used; the eager program runs instead (same results)."""
 
 
 def enabled() -> bool:
-    """False when ``SPARSESCALE_KERNELS=0`` asks for the eager path only."""
-    return os.environ.get(DISABLE_ENV, "1") != "0"
+    """False when ``SPARSESCALE_KERNELS=0`` or a :func:`disabled` context asks for the eager
+    path only."""
+    return _off == 0 and os.environ.get(DISABLE_ENV, "1") != "0"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within this context the trainer does not use (or build) compiled kernels."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
 
 
 def _cpu_description() -> str:
@@ -41,28 +73,79 @@ def _cpu_description() -> str:
 
 def build_name(name: str) -> str:
     """Extension name of kernel ``name``: a digest of every file in ``csrc`` (torch rebuilds
-    on a change of the listed source only, not of its headers) and of the host CPU."""
-    digest = hashlib.sha256(_cpu_description().encode())
+    on a change of the listed source only, not of its headers), of the host CPU and of the
+    Python and torch versions (the extension's ABI)."""
+    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}".encode())
     for path in sorted(SOURCES.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
 
 
+def _ninja_dir() -> str | None:
+    """Folder of a ninja executable, if ninja is not on PATH: the ``ninja`` package's (a venv's
+    ``bin`` is not on PATH when its python is run directly)."""
+    if shutil.which("ninja"):
+        return None
+    try:
+        import ninja
+    except ImportError:
+        return None
+    return str(ninja.BIN_DIR)
+
+
+def missing_tool() -> str | None:
+    """Why the build cannot start (no compiler, no ninja), or None."""
+    compiler = os.environ.get("CXX", "c++")
+    if not shutil.which(compiler):
+        return (f"no C++ compiler ({compiler!r} not found; install one, e.g. g++, or set CXX)")
+    if not shutil.which("ninja") and _ninja_dir() is None:
+        return "ninja not found (pip install ninja)"
+    return None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a build failed: the compiler's first error line if the message holds
+    one (e.g. a missing Python.h), else the message's first line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    line = next((ln for ln in lines if "error:" in ln.lower()), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {line[:300]}"
+
+
+@contextlib.contextmanager
+def _on_path(folder: str | None) -> Iterator[None]:
+    """``folder`` first on PATH within the context (None: PATH unchanged)."""
+    old = os.environ.get("PATH")
+    if folder:
+        os.environ["PATH"] = os.pathsep.join([folder, *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if folder and old is None:
+            os.environ.pop("PATH", None)
+        elif folder:
+            os.environ["PATH"] = old
+
+
 @functools.cache
 def _build(name: str) -> ModuleType | None:
-    try:
-        from torch.utils.cpp_extension import load
+    reason = missing_tool()
+    if reason is None:
+        try:
+            from torch.utils.cpp_extension import load
 
-        # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
-        return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
-                    extra_include_paths=[str(SOURCES)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        warnings.warn(f"sparsescale: compiled kernel {name!r} unavailable, using the eager "
-                      f"path ({type(exc).__name__}: {first})", RuntimeWarning, stacklevel=3)
-        return None
+            with _on_path(_ninja_dir()):
+                # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
+                return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
+                            extra_include_paths=[str(SOURCES)],
+                            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                            extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
+            reason = failure_reason(exc)
+    warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "
+                  f"training uses the eager 'batched' program instead: same results, slower. "
+                  f"Set {DISABLE_ENV}=0 to skip the kernel without this warning.", KernelWarning,
+                  stacklevel=2)
+    return None
 
 
 def fused_sequential() -> ModuleType | None:

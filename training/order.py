@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .errors import ConfigError
+
 
 def trial_seed(seed: int, index: int) -> int:
     """Seed of trial ``index`` in a group with seed ``seed`` (independent of the group's size)."""
@@ -29,7 +31,7 @@ class BatchOrder:
     def __init__(self, seed: int, n: int, batch_size: int):
         if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                 or not 1 <= batch_size <= n):
-            raise ValueError(f"batch size must be in [1, {n}] (training set size), got "
+            raise ConfigError(f"batch size must be in [1, {n}] (training set size), got "
                              f"{batch_size!r}")
         self.seed, self.n, self.batch_size = int(seed), int(n), int(batch_size)
         self.per_epoch = n // batch_size

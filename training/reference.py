@@ -1,23 +1,42 @@
-"""The plain reference trainer: one trial, ``torch.optim.SGD``, nothing clever.
+"""The plain reference trainer: one trial, ``torch.optim`` (SGD, Adam, AdamW), nothing clever.
 
 It is the ground truth the vectorized trainer is tested against, so it stays a textbook loop:
-index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``.
+index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``. One loop,
+:func:`train_schedule_reference`, serves two entry points:
+
+- :func:`train_reference`: one constant batch size (``run.batch_size``), from the model's weights;
+- :func:`train_schedule_reference`: the mini-batch size and an lr factor follow a
+  piecewise-constant :class:`training.batch_schedule.BatchSchedule` (e.g. Merrill et al. 2025's
+  batch-size warmup), and the run can start from a :class:`training.state.TrainState` and returns
+  its final one, so branches of a checkpoint continue the base run exactly.
+
+Mini-batches come from :class:`training.state.DataStream`, which for one constant batch size
+takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``train_trials`` and
+``train_distributed``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from . import legacy
+from .batch_schedule import BatchSchedule
+from .config import (ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index,
+                     check_optimizer)
 from .data import Dataset
-from .goal import Goal, as_goal, goal_metric, is_diverged, loss_fn, metric_value
-from .order import BatchOrder, trial_seed
-from .results import Curve, ReferenceResult
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
+from .errors import ConfigError
+from .goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
+from .masks import apply_mask, mask_
+from .order import trial_seed
+from .results import Curve, ReferenceResult, ScheduleResult
+from .schedules import lr_factor
+from .state import DataPosition, DataStream, TrainState
 
 
 def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum: float
@@ -30,46 +49,16 @@ def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=optimizer == "nesterov")
 
 
-def check_mask(model: nn.Module, mask: Mapping[str, torch.Tensor] | None,
-               trials: int | None = None) -> dict[str, torch.Tensor]:
-    """Validate a name -> 0/1 tensor mapping against ``model``'s parameters: every entry is
-    shaped like its parameter or, when ``trials`` is given, ``[trials, *shape]`` (one mask per
-    trial)."""
-    if mask is None:
-        return {}
-    if not isinstance(mask, Mapping):
-        raise ConfigError(f"masks must be a mapping name -> 0/1 tensor, got {type(mask).__name__}")
-    params = dict(model.named_parameters())
-    out = {}
-    for name, m in mask.items():
-        if name not in params:
-            raise ConfigError(f"mask entry {name!r} is not a parameter of the model; "
-                              f"parameters: {', '.join(params)}")
-        m = torch.as_tensor(m)
-        shape = tuple(params[name].shape)
-        allowed = [shape] if trials is None else [shape, (trials, *shape)]
-        if tuple(m.shape) not in allowed:
-            per_trial = "" if trials is None else f" (shared) or {allowed[1]} (one per trial)"
-            raise ConfigError(f"mask entry {name!r} has shape {tuple(m.shape)}; allowed: "
-                              f"{shape}{per_trial}")
-        if not bool(((m == 0) | (m == 1)).all()):
-            raise ConfigError(f"mask entry {name!r} must contain only 0 and 1")
-        out[name] = m
-    return out
-
-
-@torch.no_grad()
-def zero_masked(net: nn.Module, mask: Mapping[str, torch.Tensor] | None,
-                device: str | torch.device, dtype: torch.dtype
-                ) -> tuple[dict[str, torch.Tensor], dict[str, nn.Parameter]]:
-    """Check ``mask`` against ``net`` (:func:`check_mask`) and zero its masked weights in place.
-    Returns the masks on ``device`` / ``dtype`` and ``net``'s parameters by name: a training loop
-    masks every step's gradient with them."""
-    masks = {k: v.to(device=device, dtype=dtype) for k, v in check_mask(net, mask).items()}
-    params = dict(net.named_parameters())
-    for name, m in masks.items():
-        params[name].mul_(m)
-    return masks, params
+def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
+                   ) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer of ``trial``: :func:`make_sgd` for the SGD family, else
+    ``torch.optim.Adam`` (L2 weight decay) or ``AdamW`` (decoupled) with the trial's lr,
+    (beta1, beta2), eps and weight_decay."""
+    if optimizer not in ADAM_OPTIMIZERS:
+        return make_sgd(params, optimizer, trial.lr, trial.momentum)
+    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=trial.lr, betas=(trial.beta1, trial.beta2), eps=trial.eps,
+               weight_decay=trial.weight_decay)
 
 
 @torch.no_grad()
@@ -86,45 +75,98 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, ta
     return total / x.shape[0]
 
 
-def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: float,
-                    momentum: float = 0.0, optimizer: str = "momentum", steps: int = 500,
-                    seed: int = 0, trial_index: int = 0, decay_steps: int | None = None,
-                    end_factor: float = 1.0, target: Goal | float | None = None,
-                    eval_schedule: EvalSchedule | None = None, stop_at_goal: bool = True,
-                    mask: Mapping[str, torch.Tensor] | None = None,
-                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> ReferenceResult:
-    """Train a copy of ``model`` for up to ``steps`` updates with ``torch.optim.SGD``.
+@legacy.accepts_old_form(legacy.reference_args, "train_reference(model, dataset, trial, run)")
+def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                    run: RunConfig, *, mask: Mapping[str, torch.Tensor] | None = None,
+                    trial_index: int = 0) -> ReferenceResult:
+    """Train a copy of ``model`` for up to ``run.max_steps`` updates with ``torch.optim.SGD``
+    (optimizers ``sgd``, ``momentum``, ``nesterov``) or ``torch.optim.Adam`` / ``AdamW``
+    (``adam``, ``adamw``: the trial's beta1, beta2, eps and weight_decay; :func:`make_optimizer`).
 
     Mini-batches follow :class:`training.order.BatchOrder` with data seed
-    ``trial_seed(seed, trial_index)``, exactly as trial ``trial_index`` of
-    ``train_trials(..., seed=seed)``. The learning rate at update t is
-    ``lr * lr_factor(t, decay_steps, end_factor)``. Masked weights are zeroed at the start and
-    their gradients zeroed before every step, so weights and momentum buffers stay exactly zero.
-    The goal is evaluated on the validation split at ``eval_schedule`` steps; with
-    ``stop_at_goal`` the run ends at the first evaluation that meets it. A non-finite or exploding
-    mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
+    ``trial_seed(run.seed, trial_index)``, exactly as trial ``trial_index`` of
+    ``train_trials(..., run)``. The learning rate at update t is
+    ``trial.lr * lr_factor(t, trial.decay_steps, trial.end_factor)``. Masked weights are zeroed
+    at the start and their gradients before every step (:mod:`training.masks`), so weights and
+    momentum (Adam: moment) buffers stay exactly zero. The goal is evaluated on the validation split at
+    ``run.eval_schedule`` steps; the run ends at the first evaluation that meets it unless
+    ``run.stop == "never"`` (one trial: ``"first"`` and ``"all"`` agree). A non-finite or
+    exploding mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
+    The keyword form of earlier releases is accepted with a DeprecationWarning
+    (:mod:`training.legacy`). It is :func:`train_schedule_reference` with the constant schedule
+    ``run.batch_size``, from the model's weights.
     """
-    trial = Trial(lr=lr, momentum=momentum, decay_steps=decay_steps, end_factor=end_factor)
-    check_optimizer(optimizer, [trial.momentum])
-    if steps < 0:
-        raise ConfigError(f"steps must be >= 0, got {steps}")
-    goal = as_goal(target, dataset.task)
-    metric = goal_metric(goal, dataset.task)
-    data = dataset.to(device, dtype)
-    net = copy.deepcopy(model).to(device=device, dtype=dtype).train()
-    masks, params = zero_masked(net, mask, device, dtype)
-    opt = make_sgd(net.parameters(), optimizer, trial.lr, trial.momentum)
-    order = BatchOrder(trial_seed(seed, trial_index), data.n_train, batch_size)
-    criterion = loss_fn(dataset.task)
-    evals = set((eval_schedule or EvalSchedule()).steps(steps))
+    return train_schedule_reference(model, dataset, trial, run, mask=mask,
+                                    trial_index=trial_index).result
 
+
+def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                             run: RunConfig, *, schedule: BatchSchedule | None = None,
+                             mask: Mapping[str, torch.Tensor] | None = None,
+                             start: TrainState | None = None, trial_index: int = 0
+                             ) -> ScheduleResult:
+    """:func:`train_reference` following a batch-size ``schedule``, optionally from ``start``.
+
+    Update t uses ``schedule.at(t).batch_size`` examples of the data stream of
+    ``trial_seed(run.seed, trial_index)`` and learning rate
+    ``trial.lr * lr_factor(t, trial.decay_steps, trial.end_factor) * schedule.at(t).lr_scale``;
+    the schedule's batch sizes take the place of ``run.batch_size``, which is the batch size only
+    when ``schedule`` is None (``BatchSchedule.constant(run.batch_size)``). ``run.max_steps``
+    counts updates from the run's beginning, not from ``start``. From ``start`` (one trial:
+    ``state.trial(i)``), the weights, optimizer buffers, step, data position and divergence
+    reference are the state's, and evaluations resume after ``start.step`` (the saving run
+    recorded the earlier ones). Masks, evaluations, stopping and divergence as in
+    :func:`train_reference`. The result's ``examples`` are the training examples this call used.
+    For ``adam`` / ``adamw`` the state's ``buffers`` and ``moments`` are Adam's m and v and its
+    ``step`` Adam's step count; a state resumes only a run of its own optimizer family.
+    """
+    trial = Trial.from_dict(trial)
+    check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
+    if schedule is None:
+        schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))
+    elif not isinstance(schedule, BatchSchedule):
+        raise ConfigError(f"schedule must be a training.batch_schedule.BatchSchedule or None, "
+                          f"got {type(schedule).__name__}")
+    else:
+        for segment in schedule.segments:
+            check_batch_size(segment.batch_size, dataset.n_train)
+    check_index(trial_index, "trial_index")
+    if start is not None and not isinstance(start, TrainState):
+        raise ConfigError(f"start must be a training.state.TrainState or None, "
+                          f"got {type(start).__name__}")
+    step = 0 if start is None else start.step
+    if run.max_steps < step:
+        raise ConfigError(f"max_steps ({run.max_steps}) must be >= the start state's step ({step})")
+    goal = as_goal(run.goal, dataset.task)
+    metric = goal_metric(goal, dataset.task)
+    data = dataset.to(run.device, run.dtype)
+    net = copy.deepcopy(model).to(device=run.device, dtype=run.dtype).train()
+    if start is not None:
+        _load(net, start)
+    masks = apply_mask(net, mask)
+    params = dict(net.named_parameters())
+    opt = make_optimizer(net.parameters(), run.optimizer, trial)
+    if start is not None:
+        _resume_optimizer(opt, params, start, run)
+    stream = DataStream(trial_seed(run.seed, trial_index), data.n_train)
+    criterion = loss_fn(dataset.task)
+    evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
+    stop_at_goal = run.stop != "never"
+
+    # This loop and training.distributed.train_rank mirror each other line for line on purpose:
+    # each stays a readable textbook loop (the ground truth, and its data-parallel twin) instead
+    # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []
-    with torch.no_grad():
-        idx = order.batch(0)
-        initial_loss = float(criterion(net(data.x_train[idx]), data.y_train[idx]))
-    losses: list[float] = [initial_loss]
+    position = DataPosition() if start is None else start.position
+    if start is None:
+        with torch.no_grad():
+            idx, _ = stream.batch(position, schedule.at(0).batch_size)
+            initial_loss = float(criterion(net(data.x_train[idx]), data.y_train[idx]))
+        losses: list[float] = [initial_loss]
+    else:
+        initial_loss, losses = start.initial_loss[0], []
     hit = diverged_step = None
-    step = 0
+    examples = 0
 
     def record(k: int) -> bool:
         value = evaluate(net, data.x_val, data.y_val, metric, dataset.task)
@@ -132,12 +174,14 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
         losses.clear()
         return bool(goal is not None and goal.met(value))
 
-    if 0 in evals and record(0):
-        hit = 0
-    while step < steps and not (hit is not None and stop_at_goal):
-        idx = order.batch(step)
+    if step in evals and record(step):
+        hit = step
+    while step < run.max_steps and not (hit is not None and stop_at_goal):
+        segment = schedule.at(step)
+        idx, after = stream.batch(position, segment.batch_size)
         for group in opt.param_groups:
-            group["lr"] = trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor)
+            group["lr"] = (trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor)
+                           * segment.lr_scale)
         opt.zero_grad(set_to_none=False)
         loss = criterion(net(data.x_train[idx]), data.y_train[idx])
         value = float(loss.detach())
@@ -145,15 +189,61 @@ def train_reference(model: nn.Module, dataset: Dataset, batch_size: int, lr: flo
             diverged_step = step
             break
         loss.backward()
-        for name, m in masks.items():
-            params[name].grad.mul_(m)
+        mask_([params[name].grad for name in masks], list(masks.values()))
         opt.step()
-        step += 1
+        step, position, examples = step + 1, after, examples + len(idx)
         losses.append(value)
         if step in evals and record(step) and hit is None:
             hit = step
 
-    return ReferenceResult(
+    weights = {k: v.detach().clone() for k, v in net.named_parameters()}
+    first, second = _STATE_KEYS[run.optimizer in ADAM_OPTIMIZERS]
+    buffers, moments = _saved(opt, params, first), _saved(opt, params, second)
+    result = ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
-        steps_run=step, curve=Curve.from_rows(rows),
-        state={k: v.detach().clone() for k, v in net.named_parameters()})
+        steps_run=step, curve=Curve.from_rows(rows), state=weights)
+    state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
+                       (initial_loss,), moments)
+    return ScheduleResult(result=result, state=state, examples=examples)
+
+
+# torch.optim's per-parameter state a TrainState's buffers and moments hold, by Adam-type or not
+_STATE_KEYS = {False: ("momentum_buffer", None), True: ("exp_avg", "exp_avg_sq")}
+
+
+def _saved(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter], key: str | None
+           ) -> dict[str, torch.Tensor]:
+    """``opt``'s state ``key`` of every parameter that has it, as ``[1, *shape]`` copies."""
+    return {} if key is None else {k: opt.state[p][key].detach().clone()[None]
+                                   for k, p in params.items() if opt.state[p].get(key) is not None}
+
+
+def _resume_optimizer(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
+                      start: TrainState, run: RunConfig) -> None:
+    """Put ``start``'s momentum buffers, or Adam's moments and step count, into ``opt``; a state
+    of the other optimizer family raises ConfigError."""
+    adam = run.optimizer in ADAM_OPTIMIZERS
+    if adam and (set(start.moments) != set(start.buffers) or (start.step and not start.moments)):
+        raise ConfigError(f"optimizer {run.optimizer!r} resumes from a TrainState with Adam's "
+                          f"moments (buffers and moments of the same parameters); start has none")
+    if not adam and start.moments:
+        raise ConfigError(f"start holds Adam's moments; optimizer {run.optimizer!r} cannot resume "
+                          f"from it")
+    first, second = _STATE_KEYS[adam]
+    for name, buf in start.buffers.items():
+        state = opt.state[params[name]]
+        state[first] = buf[0].to(run.device, run.dtype).clone()
+        if adam:   # torch.optim.Adam's own state: a float step count (CPU) and the moments
+            state[second] = start.moments[name][0].to(run.device, run.dtype).clone()
+            state["step"] = torch.tensor(float(start.step))
+
+
+@torch.no_grad()
+def _load(net: nn.Module, start: TrainState) -> None:
+    """Copy the single trial of ``start`` into ``net``'s parameters."""
+    if start.n_trials != 1:
+        raise ConfigError(f"the reference loop resumes one trial; start has {start.n_trials} "
+                          f"(use start.trial(i))")
+    start.check_model(net)
+    for name, p in net.named_parameters():
+        p.copy_(start.params[name][0])

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .state import TrainState
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -48,3 +50,17 @@ class ReferenceResult:
     steps_run: int
     curve: Curve
     state: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """Outcome of :func:`training.reference.train_schedule_reference`.
+
+    ``result``: as :func:`training.train_reference`'s (steps count from the run's beginning, not
+    from the start state); ``state``: where the run stopped, to resume or branch from;
+    ``examples``: training examples consumed by this call.
+    """
+
+    result: ReferenceResult
+    state: TrainState
+    examples: int

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .goal import loss_fn
-from .sgd import masked_sgd_
+from .updates import StackUpdate
 
 Tensor = torch.Tensor
 
@@ -116,14 +116,17 @@ class PerTrialProgram:
                                           [g[i] for g in grads])[0] for i in range(x.shape[0])])
         return losses, grads
 
-    def train_step(self, params: Sequence[Tensor], bufs: Sequence[Tensor] | None,
-                   masks: Sequence[Tensor | None], x_train: Tensor, y_train: Tensor,
-                   idx: Tensor, neg_lr: Tensor, mu: Tensor, optimizer: str, limit: Tensor
-                   ) -> Tensor:
-        """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and the
-        update of :func:`training.sgd.masked_sgd_`, in place, of every trial whose loss is at
-        most ``limit`` (float64 [N]). Trial by trial, so that only one trial's gradients are
-        alive (``simple_cnn``'s are 13 MB a trial), never a stack of them."""
+    def supports(self, optimizer: str) -> bool:
+        """:meth:`train_step` applies every optimizer's update (:mod:`training.updates`)."""
+        return True
+
+    def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
+                   idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
+        """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and
+        ``update`` (any optimizer, :class:`training.updates.StackUpdate`) applied in place to
+        every trial whose loss is at most ``limit`` (float64 [N]). Trial by trial, so that only
+        one trial's gradients are alive (``simple_cnn``'s are 13 MB a trial), never a stack of
+        them."""
         losses = []
         for i in range(idx.shape[0]):
             rows = idx[i]
@@ -133,8 +136,6 @@ class PerTrialProgram:
             if not bool(loss.double() <= limit[i]):
                 continue  # diverged: no update
             one = slice(i, i + 1)
-            masked_sgd_([p[one] for p in params], None if bufs is None else [b[one] for b in bufs],
-                        [g.unsqueeze(0) for g in grads],
-                        [m if m is None or m.dim() < p.dim() else m[one]
-                         for m, p in zip(masks, params)], neg_lr[one], mu[one], optimizer)
+            update.rows(one, params).apply_([p[one] for p in params],
+                                            [g.unsqueeze(0) for g in grads])
         return torch.stack(losses)

@@ -30,6 +30,7 @@ from torch import nn
 
 from . import kernels
 from .models import Flatten1dOutput
+from .updates import StackUpdate
 
 Tensor = torch.Tensor
 
@@ -136,18 +137,23 @@ class FusedProgram:
                                          self.examples_per_chunk)
         return out[0], out[1:]
 
-    def train_step(self, params: Sequence[Tensor], bufs: Sequence[Tensor] | None,
-                   masks: Sequence[Tensor | None], x_train: Tensor, y_train: Tensor,
-                   idx: Tensor, neg_lr: Tensor, mu: Tensor, optimizer: str, limit: Tensor
-                   ) -> Tensor:
+    def supports(self, optimizer: str) -> bool:
+        """Whether :meth:`train_step` applies ``optimizer``'s update inside the kernel (the SGD
+        rules); for adam / adamw the trainer uses :meth:`loss_and_grads` and updates the stack
+        with :class:`training.updates.StackUpdate` (see :mod:`training.cellplan`)."""
+        return optimizer in OPTIMIZERS
+
+    def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
+                   idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
         """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and, in
-        place, the update of :meth:`training.trials._Runner.step` (masked gradient, then
-        torch.optim.SGD's rule with per-trial ``-lr`` and ``mu``) of every trial whose loss is
-        at most ``limit`` (float64 [N]); the others keep their parameters and buffers. Each
-        trial's update runs right after its backward pass, while its gradients are in cache."""
-        return self.kernel.train_step(list(params), list(bufs or []), list(masks), x_train,
-                                      y_train, idx, self.encoding, self.examples_per_chunk,
-                                      neg_lr, mu, OPTIMIZERS.index(optimizer), limit)
+        place, ``update`` (masked gradient, then torch.optim.SGD's rule with per-trial lr and
+        mu; :meth:`supports` its optimizer) of every trial whose loss is at most ``limit``
+        (float64 [N]); the others keep their parameters and buffers. Each trial's update runs
+        right after its backward pass, while its gradients are in cache."""
+        return self.kernel.train_step(
+            list(params), list(update.bufs or []), list(update.masks), x_train, y_train, idx,
+            self.encoding, self.examples_per_chunk, update.neg_lr(params[0].dtype), update.mu,
+            OPTIMIZERS.index(update.optimizer), limit)
 
 
 def working_set(encoding: Sequence[int], input_size: int) -> int:

@@ -1,45 +1,44 @@
 """The vectorized multi-trial trainer: N metaparameter points trained as one computation.
 
-``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances all of
-them with one batched forward / backward / update per step (:mod:`training.stacked`). Each trial
+``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances them
+with one program per step, chosen for each (model, batch size) cell by
+:func:`training.cellplan.plan_cell`: a compiled kernel, trials one after another through oneDNN,
+or batched kernels over the stack (:mod:`training.stacked`). Each trial
 keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
-mask, and its data order, ``BatchOrder(trial_seed(seed, i), n_train, batch_size)``. Nothing in a
-step mixes trials, so trial i follows the same trajectory as ``train_reference(...,
-trial_index=i)`` whatever other trials share its group.
+mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.batch_size)``.
+Nothing in a step mixes trials, so trial i follows the same trajectory as
+``train_reference(..., trial_index=i)`` whatever other trials share its group.
 
 Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
-the goal on the validation split. The goal is evaluated on ``eval_schedule``; at the first
+the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
 evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
-snapshot of its weights and momentum) with an evaluation after every step, so its hit step is
-exact to the step. A trial whose metric dips below the target and back up between two scheduled
-evaluations is not seen, as with any evaluation schedule.
+snapshot of its weights and momentum or Adam moments) with an evaluation after every step, so
+its hit step is exact to the step. A trial whose metric dips below the target and back up
+between two scheduled evaluations is not seen, as with any evaluation schedule.
 """
 
 from __future__ import annotations
 
-import ctypes
-import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from .data import Dataset
-from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
-from .order import epoch_permutation, trial_seed
-from .reference import check_mask
-from .results import Curve
-from .schedules import ConfigError, EvalSchedule, Trial, check_optimizer, lr_factor
-from .sgd import masked_sgd_
+from . import legacy
 from .cellplan import Program, plan_cell
+from .config import RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_trials
+from .data import Dataset
+from .errors import ConfigError
+from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
+from .masks import check_mask
+from .order import epoch_permutation
+from .results import Curve
 from .stacked import stacked_loss_and_grad
+from .trial_stack import TrialStack, make_stacks
 
 Tensor = torch.Tensor
-STOPS = ("first", "all")
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
 EVAL_BUDGET = 1 << 16
 
@@ -55,8 +54,10 @@ class TrialsResult:
     ``hit_step`` (exact first step meeting the goal, or None), ``diverged_step`` (the update whose
     mini-batch loss was non-finite or exploded; the weights are those before it),
     ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
-    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``params``: final
-    parameters stacked by name, ``[N, *shape]`` (:meth:`state` gives one trial's).
+    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``kernel``: the
+    program that computed the steps (one of :data:`training.cellplan.KERNELS`; ``batched`` where
+    the compiled kernel could not be built). ``params``: final parameters stacked by name,
+    ``[N, *shape]`` (:meth:`state` gives one trial's).
     """
 
     steps_to_result: int | None
@@ -69,6 +70,7 @@ class TrialsResult:
     curves: list[Curve]
     steps_run: int
     trials: list[Trial]
+    kernel: str
     params: dict[str, Tensor] = field(repr=False)
 
     def state(self, i: int) -> dict[str, Tensor]:
@@ -76,98 +78,12 @@ class TrialsResult:
         return {name: p[i] for name, p in self.params.items()}
 
 
-# glibc mallopt parameters
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_allocator_tuned = False
-
-
-def tune_allocator() -> bool:
-    """Make glibc's malloc keep freed memory for reuse (once per process; True if applied).
-
-    A stacked step allocates and frees activation tensors of megabytes; by default glibc returns
-    such memory to the OS (heap trimming, mmap) and faults it back on the next step, which took
-    25 % of the CPU time at B = 512 (3000 page faults per step). Raising the trim threshold to
-    1 GiB and the mmap threshold to its 32 MiB maximum (``mallopt``) removed the faults: MLP,
-    16 trials, B = 512: 615 -> 907 trial-steps/s. No effect off glibc."""
-    global _allocator_tuned
-    if not _allocator_tuned and sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            _allocator_tuned = bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-                                    and libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20))
-        except (OSError, AttributeError):
-            _allocator_tuned = False
-    return _allocator_tuned
-
-
-# ----------------------------------------------------------------------------------------------
-# inputs
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
-    """``trials`` as a non-empty list of :class:`Trial` (dicts go through ``Trial.from_dict``)."""
-    if isinstance(trials, (Mapping, Trial)) or not len(trials):
-        raise ConfigError("trials must be a non-empty list of Trial or dicts "
-                          "(keys: lr, momentum, decay_steps, end_factor)")
-    return [Trial.from_dict(dict(t) if isinstance(t, Mapping) else t) for t in trials]
-
-
-# ----------------------------------------------------------------------------------------------
-# a stack of trials trained together
-
-
-@dataclass
-class _Stack:
-    """Mutable state of the trials trained together (one chunk of a group)."""
-
-    ids: list[int]
-    params: list[Tensor]
-    bufs: list[Tensor] | None
-    masks: list[Tensor | None]
-    lr: Tensor            # [n] float64 base learning rates
-    mu: Tensor            # [n] momentum, model dtype
-    decay: Tensor | None  # [n] float64 decay steps (inf: constant), None if all constant
-    end: Tensor           # [n] float64 end factors
-    init_loss: Tensor     # [n] float64 first mini-batch loss at initialisation
-    loss_sum: Tensor      # [n] float64 mini-batch losses since the last evaluation
-    seeds: list[int]
-    perm: Tensor | None = None
-    perm_epoch: int = -1
-
-    def select(self, rows: list[int]) -> "_Stack":
-        """The stack restricted to positions ``rows``."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.lr.device)
-
-        def take(t):
-            return None if t is None else t.index_select(0, idx.to(t.device))
-
-        return _Stack(
-            ids=[self.ids[r] for r in rows], params=[take(p) for p in self.params],
-            bufs=None if self.bufs is None else [take(b) for b in self.bufs],
-            masks=[m if m is None or m.dim() < self.params[j].dim() else take(m)
-                   for j, m in enumerate(self.masks)],
-            lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
-            init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
-            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch)
-
-    def clone(self) -> "_Stack":
-        return _Stack(
-            ids=list(self.ids), params=[p.clone() for p in self.params],
-            bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
-            masks=self.masks, lr=self.lr, mu=self.mu, decay=self.decay, end=self.end,
-            init_loss=self.init_loss, loss_sum=self.loss_sum.clone(), seeds=self.seeds,
-            perm=self.perm, perm_epoch=self.perm_epoch)
-
-
 @dataclass
 class _Runner:
     """What every step of every stack of one group shares."""
 
     program: Program
+    update_in_step: bool  # the program's train_step applies the update (training.cellplan)
     x_train: Tensor
     y_train: Tensor
     x_val: Tensor
@@ -182,7 +98,7 @@ class _Runner:
     def per_epoch(self) -> int:
         return self.x_train.shape[0] // self.batch_size
 
-    def batch_indices(self, st: _Stack, step: int) -> Tensor:
+    def batch_indices(self, st: TrialStack, step: int) -> Tensor:
         """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
         epoch, k = divmod(step, self.per_epoch)
         if st.perm_epoch != epoch:
@@ -192,7 +108,7 @@ class _Runner:
             st.perm_epoch = epoch
         return st.perm[:, k * self.batch_size:(k + 1) * self.batch_size]
 
-    def batch(self, st: _Stack, step: int) -> tuple[Tensor, Tensor]:
+    def batch(self, st: TrialStack, step: int) -> tuple[Tensor, Tensor]:
         """Inputs [n, B, ...] and targets [n, B] of batch ``step`` of every trial
         (``index_select``: 5x faster than advanced indexing for this gather)."""
         idx = self.batch_indices(st, step)
@@ -200,32 +116,31 @@ class _Runner:
         return (self.x_train.index_select(0, flat).view(*idx.shape, *self.x_train.shape[1:]),
                 self.y_train.index_select(0, flat).view(idx.shape))
 
-    def initial_loss(self, st: _Stack) -> Tensor:
+    def initial_loss(self, st: TrialStack) -> Tensor:
         x, y = self.batch(st, 0)
         return stacked_loss_and_grad(self.program.forward(st.params, x), y, self.task)[0].double()
 
-    def step(self, st: _Stack, step: int) -> tuple[_Stack, list[tuple[int, list[Tensor]]]]:
+    def step(self, st: TrialStack, step: int
+             ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
         """Apply update ``step`` (0-based) to every trial of ``st``.
 
         A trial whose mini-batch loss is non-finite or above DIVERGENCE_FACTOR times its initial
         loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
-        (id, parameters before the update). Update rules (torch.optim.SGD, dampening 0):
-        sgd: w -= lr g; momentum: a = mu a + g, w -= lr a; nesterov: a = mu a + g,
-        w -= lr (g + mu a). Masked entries of g are zeroed first, so masked weights and momentum
-        buffers stay exactly zero.
+        (id, parameters before the update). The update is :class:`training.updates.StackUpdate`
+        (torch.optim.SGD's rules, or Adam / AdamW's), applied inside the program's train_step
+        or after its loss_and_grads; masked entries of g are zeroed first, so masked weights and
+        momentum (or moment) buffers stay zero.
         """
-        lr = st.lr if st.decay is None else st.lr * lr_factor(step, st.decay, st.end)
-        neg_lr = lr.neg().to(self.dtype)
         # training.goal.is_diverged: not finite, or above DIVERGENCE_FACTOR * initial loss
         limit = DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12)
         grads = None
-        if hasattr(self.program, "train_step"):  # the update runs inside, for trials <= limit
-            loss = self.program.train_step(
-                st.params, st.bufs, st.masks, self.x_train, self.y_train,
-                self.batch_indices(st, step), neg_lr, st.mu, self.optimizer, limit).double()
+        if self.update_in_step:  # the update runs inside, for the trials within their limit
+            loss = self.program.train_step(st.params, self.x_train, self.y_train,
+                                           self.batch_indices(st, step),
+                                           st.update(self.optimizer, step), limit)
         else:
             loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step))
-            loss = loss.double()
+        loss = loss.double()
         bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
         if bool(bad.any()):
@@ -237,16 +152,14 @@ class _Runner:
                 return st, dropped
             sel = torch.tensor(keep, device=loss.device)
             loss = loss[sel]
-            neg_lr = neg_lr[sel]
             grads = None if grads is None else [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
-        if grads is None:
-            return st, dropped
-        masked_sgd_(st.params, st.bufs, grads, st.masks, neg_lr, st.mu, self.optimizer)
+        if grads is not None:
+            st.update(self.optimizer, step).apply_(st.params, grads)
         return st, dropped
 
     @torch.no_grad()
-    def evaluate(self, st: _Stack) -> Tensor:
+    def evaluate(self, st: TrialStack) -> Tensor:
         """Goal metric of every trial on the validation split, [n] float64."""
         n = len(st.ids)
         chunk = max(1, EVAL_BUDGET // n)
@@ -263,131 +176,52 @@ class _Runner:
 # the trainer
 
 
-# Activation floats (trials x examples x floats per example) one stack may hold: the trial
-# count per stack is the largest power of two from 8 to 128 within it.
-ACTIVATION_BUDGET = 1 << 22
-
-
-def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
-    patches of convolutions."""
-    total = 0
-
-    def hook(module, inputs, output):
-        nonlocal total
-        total += output.numel()
-        if isinstance(module, nn.modules.conv._ConvNd):
-            total += output.numel() // module.out_channels * (
-                module.in_channels // module.groups) * math.prod(module.kernel_size)
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    try:
-        with torch.no_grad():
-            p = next(model.parameters())
-            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
-    finally:
-        for h in handles:
-            h.remove()
-    return total
-
-
-def default_chunk(batch_size: int, floats_per_example: int) -> int:
-    """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
-    the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
-    (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):
-    mlp (450 floats per example), B = 8: 14.0k / 17.2k / 18.0k / 14.0k / 22.6k; B = 64: 5.3k /
-    6.7k / 7.8k / 6.9k; B = 512: 1074 / 1020 / 947 / 873; B = 4096: 125 / 106 / 76 / 68.
-    cnn1d (3095 floats), B = 8: 5.9k / 6.7k / 7.7k / 8.9k; B = 64 (4 / 8 / 16 / 32 trials):
-    1023 / 1205 / 1519 / 1385; B = 512: 198 / 182 / 148 / 125."""
-    n = 128
-    while n > 8 and n * batch_size * floats_per_example > ACTIVATION_BUDGET:
-        n //= 2
-    return n
-
-
-def _make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
-                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype
-                 ) -> list[_Stack]:
-    names = [name for name, _ in model.named_parameters()]
-    base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
-    mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
-                 for name in names]
-    stacks = []
-    for start in range(0, len(trials), chunk):
-        ids = list(range(start, min(start + chunk, len(trials))))
-        n = len(ids)
-        rows = torch.tensor(ids, device=device)
-        m_st: list[Tensor | None] = [
-            None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
-            for m, p in zip(mask_list, base)]
-        params = [(p.unsqueeze(0) * (1 if m is None else m)).expand(n, *p.shape).clone()
-                  for p, m in zip(base, m_st)]
-        decays = [trials[i].decay_steps for i in ids]
-        f64 = dict(dtype=torch.float64, device=device)
-        stacks.append(_Stack(
-            ids=ids, params=params,
-            bufs=None if optimizer == "sgd" else [torch.zeros_like(p) for p in params],
-            masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
-            mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
-            decay=None if all(d is None for d in decays) else torch.tensor(
-                [math.inf if d is None else float(d) for d in decays], **f64),
-            end=torch.tensor([trials[i].end_factor for i in ids], **f64),
-            init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
-            seeds=[trial_seed(seed, first_index + i) for i in ids]))
-    return stacks
-
-
-def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
-                 trials: Sequence[Trial | Mapping[str, Any]], optimizer: str = "momentum",
-                 target: Goal | float | None = None, max_steps: int = 1000,
-                 masks: Mapping[str, Tensor] | None = None, seed: int = 0,
-                 eval_schedule: EvalSchedule | None = None, stop: str = "first",
-                 device: str = "cpu", dtype: torch.dtype = torch.float32,
+@legacy.accepts_old_form(legacy.trials_args, "train_trials(model, dataset, trials, run)")
+def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+                 run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
                  trials_per_chunk: int | None = None, first_index: int = 0) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
-    starts from ``model``'s weights. ``optimizer``: ``sgd`` / ``momentum`` / ``nesterov``, the
-    update rules of ``torch.optim.SGD``. ``target``: a ``Goal`` or a bare target (error for
-    classification, loss for regression), or None to train every trial for ``max_steps``.
+    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
+    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    step budget, evaluation schedule, data seed, dtype and device
+    (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
+    evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
+    divergence or the budget; ``"never"`` trains every trial to divergence or the budget and
+    records each one's first hit.
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
-    per trial). ``stop="first"`` ends the group at the first evaluation where any trial meets the
-    goal; ``stop="all"`` trains each trial to its own first hit, divergence or the budget.
+    per trial), see :mod:`training.masks`.
     ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
     :func:`training.cellplan.plan_cell`, which also picks the program computing a stack's step);
-    between two evaluations the chunks run one after another, and nothing in a step mixes
+    between two evaluations the stacks run one after another, and nothing in a step mixes
     trials, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
-    seed is ``trial_seed(seed, first_index + k)``), so a group can be split across calls.
-    The first call tunes the process's malloc (:func:`tune_allocator`).
+    seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
+    The keyword form of earlier releases is accepted with a DeprecationWarning
+    (:mod:`training.legacy`). A process that trains many groups should call
+    :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
+    worker pools do).
     """
     trial_list = check_trials(trials)
-    check_optimizer(optimizer, [t.momentum for t in trial_list])
-    tune_allocator()
-    if stop not in STOPS:
-        raise ConfigError(f"stop {stop!r}; allowed: {', '.join(STOPS)}")
-    if not _is_int(max_steps) or max_steps < 0:
-        raise ConfigError(f"max_steps must be an integer >= 0, got {max_steps!r}")
-    if not _is_int(batch_size) or not 1 <= batch_size <= dataset.n_train:
-        raise ConfigError(f"batch_size must be an integer in [1, {dataset.n_train}] (training "
-                          f"set size), got {batch_size!r}")
-    plan = plan_cell(model, dataset.task, dataset.input_shape, int(batch_size), len(trial_list),
-                     dtype, device)
+    check_optimizer(run.optimizer, [t.momentum for t in trial_list],
+                    [t.weight_decay for t in trial_list])
+    batch_size = check_batch_size(run.batch_size, dataset.n_train)
+    plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
+                     run.dtype, run.device, optimizer=run.optimizer)
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
     n = len(trial_list)
-    mask_map = check_mask(model, masks, trials=n)
-    goal = as_goal(target, dataset.task)
+    mask_map = check_mask(masks, model, trials=n)
+    goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
-    if not _is_int(first_index) or first_index < 0:
-        raise ConfigError(f"first_index must be an integer >= 0, got {first_index!r}")
-    data = dataset.to(device, dtype)
-    runner = _Runner(plan.program, data.x_train, data.y_train, data.x_val,
-                     data.y_val, dataset.task, metric, int(batch_size), optimizer, dtype)
-    stacks = _make_stacks(model, trial_list, mask_map, seed, int(first_index), optimizer, chunk,
-                          device, dtype)
+    first_index = check_index(first_index, "first_index")
+    data = dataset.to(run.device, run.dtype)
+    runner = _Runner(plan.program, plan.update_in_step, data.x_train, data.y_train, data.x_val,
+                     data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype)
+    stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
+                         chunk, run.device, run.dtype)
     for st in stacks:
         st.init_loss = runner.initial_loss(st)
 
@@ -397,20 +231,22 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     taken = [0] * n
     final: dict[int, list[Tensor]] = {}
 
-    def finish(st: _Stack, r: int, step: int, copy: bool = True) -> None:
+    def finish(st: TrialStack, r: int, step: int, copy: bool = True) -> None:
         final[st.ids[r]] = [p[r].clone() if copy else p[r] for p in st.params]
         taken[st.ids[r]] = step
 
-    def record(st: _Stack, step: int, gap: int) -> list[int]:
-        """Evaluate at ``step``, append curve rows; positions of trials meeting the goal."""
+    def record(st: TrialStack, step: int, gap: int) -> list[int]:
+        """Evaluate at ``step``, append curve rows; positions of trials meeting the goal for the
+        first time (only ``stop="never"`` keeps training a trial that met it)."""
         value = runner.evaluate(st).tolist()
         train = (st.init_loss if step == 0 else st.loss_sum / gap).tolist()
         st.loss_sum.zero_()
         for r, i in enumerate(st.ids):
             rows[i].append((step, train[r], value[r]))
-        return [r for r, v in enumerate(value) if goal is not None and goal.met(v)]
+        return [r for r, v in enumerate(value)
+                if goal is not None and hit[st.ids[r]] is None and goal.met(v)]
 
-    schedule = (eval_schedule or EvalSchedule()).steps(max_steps)
+    schedule = run.eval_schedule.steps(run.max_steps)
     prev, steps_run = 0, 0
     for e in schedule:
         stop_now = False
@@ -424,8 +260,8 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
                 continue
             for i, h in hits.items():
                 hit[i] = h
-            stop_now = stop == "first"
-            if stop == "all":
+            stop_now = run.stop == "first"
+            if run.stop == "all":
                 for r in met:
                     finish(st, r, e)
                 stacks[k] = st.select([r for r in range(len(st.ids)) if r not in met])
@@ -438,11 +274,12 @@ def train_trials(model: nn.Module, dataset: Dataset, batch_size: int,
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
-    return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run)
+    return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run, plan.kernel)
 
 
-def _advance(runner: _Runner, st: _Stack, start: int, end: int, goal: Goal | None, record
-             ) -> tuple[_Stack, list[tuple[int, int, list[Tensor]]], list[int], dict[int, int]]:
+def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
+             ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
+                        dict[int, int]]:
     """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
     its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
     and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
@@ -459,7 +296,7 @@ def _advance(runner: _Runner, st: _Stack, start: int, end: int, goal: Goal | Non
     return st, dropped_all, met, hits
 
 
-def _replay(runner: _Runner, snapshot: _Stack | None, ids: list[int], start: int, end: int,
+def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start: int, end: int,
             goal: Goal) -> dict[int, int]:
     """Exact hit steps in (start, end] of trials ``ids``, which meet the goal at ``end``: rerun
     them from the snapshot at ``start`` evaluating after every step."""
@@ -483,7 +320,7 @@ def _replay(runner: _Runner, snapshot: _Stack | None, ids: list[int], start: int
 
 
 def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, final,
-            steps_run: int) -> TrialsResult:
+            steps_run: int, kernel: str) -> TrialsResult:
     n = len(trials)
     status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
               else "not_reached" for i in range(n)]
@@ -496,4 +333,4 @@ def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, f
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
         diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
-        steps_run=steps_run, trials=trials, params=params)
+        steps_run=steps_run, trials=trials, kernel=kernel, params=params)

@@ -29,9 +29,10 @@ def measure(dataset: training.Dataset, model_name: str, batch_sizes: list[int], 
                     trials, seed=0)
     steps = {}
     for b in batch_sizes:
-        res = training.train_trials(net, dataset, b, points, "momentum",
-                                    training.Goal("error", target), max_steps=max(50, examples // b),
-                                    eval_schedule=training.EvalSchedule(every=10))
+        run = training.RunConfig(b, "momentum", max_steps=max(50, examples // b),
+                                 goal=training.Goal("error", target),
+                                 eval_schedule=training.EvalSchedule(every=10))
+        res = training.train_trials(net, dataset, points, run)
         steps[b] = res.steps_to_result
     return steps
 

@@ -29,7 +29,7 @@ def measure(dataset: training.Dataset, model_name: str, sparsities: list[float],
         net = training.models.build(model_name, dataset, seed=0, **(model_options or {}))
         mask = None
         if sparsity > 0:
-            mask = pruning.prune(net, "snip", sparsity, data=dataset, seed=0)
+            mask = pruning.prune(net, "snip", sparsity, dataset=dataset, seed=0)
             mask.apply(net)
         rows.append({"sparsity": sparsity, **probe_network(net, dataset, mask, examples)})
     return rows

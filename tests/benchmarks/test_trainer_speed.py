@@ -1,36 +1,43 @@
 """Trial-steps per second of train_trials against the plain PyTorch loop (pytest-benchmark).
 
 With the default ``--benchmark-disable`` each runs once as a quick test; run
-``pytest tests/benchmarks --benchmark-enable`` to time them (``python -m training.bench`` prints
-the full table with ratios and GFLOP/s).
+``pytest tests/benchmarks --benchmark-enable`` to time them (``sparsescale bench`` prints the
+full table with ratios and GFLOP/s; ``--optimizer adam`` adds Adam's slowdown against momentum,
+measured in the same run).
 """
 
+import argparse
 import math
 
 import pytest
 import torch
 
 import training
-from training.bench import (VAL_EXAMPLES, Row, _rate, bench_dataset, format_table, main,
-                            peak_rss_mib, plain_loop, reset_peak_rss, training_flops, vectorized)
+from training import bench as bench_mod
+from training.bench import (VAL_EXAMPLES, Row, add_bench_parser, bench_dataset, format_table,
+                            plain_loop, vectorized)
+from training.bench_measure import marginal_rate, peak_rss_mib, reset_peak_rss, training_flops
 
 STEPS, TRIALS = 20, 32
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("model", ["mlp", "cnn1d"])
 @pytest.mark.parametrize("batch_size", [8, 64])
-def test_vectorized_trainer(benchmark, mnist1d_small, model, batch_size):
+def test_vectorized_trainer(benchmark, mnist1d_small, model, batch_size, optimizer):
     net = training.models.build(model, mnist1d_small, seed=0)
-    res = benchmark(vectorized, net, mnist1d_small, batch_size, TRIALS, STEPS)
+    res = benchmark(vectorized, net, mnist1d_small, batch_size, TRIALS, STEPS,
+                    optimizer=optimizer)
     assert res.steps_run == STEPS and res.steps_taken == [STEPS] * TRIALS
     assert all(math.isfinite(c.train_loss[-1]) for c in res.curves)
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("model", ["mlp", "cnn1d"])
 @pytest.mark.parametrize("batch_size", [8, 64])
-def test_plain_loop(benchmark, mnist1d_small, model, batch_size):
+def test_plain_loop(benchmark, mnist1d_small, model, batch_size, optimizer):
     net = training.models.build(model, mnist1d_small, seed=0)
-    loss = benchmark(plain_loop, net, mnist1d_small, batch_size, STEPS)
+    loss = benchmark(plain_loop, net, mnist1d_small, batch_size, STEPS, optimizer)
     assert math.isfinite(loss) and 0 < loss < 10
 
 
@@ -43,28 +50,83 @@ def test_training_flops_closed_form(mnist1d_small):
     assert training_flops(cnn, (40,), 2) == 2 * (6 * macs - 2 * 25 * 5 * 19)
 
 
-def test_bench_command_prints_ratio_table(capsys):
+def run_bench(monkeypatch, *options):
+    """``sparsescale bench`` on a small MLP cell (one thread) with ``options``: the rows it
+    measured (the command's own ``bench`` calls, recorded)."""
+    rows = []
+
+    def recording(*args, **kwargs):
+        rows.append(real(*args, **kwargs))
+        return rows[-1]
+
+    real = bench_mod.bench
+    monkeypatch.setattr(bench_mod, "bench", recording)
     before = torch.get_num_threads()
+    parser = argparse.ArgumentParser(prog="sparsescale")
+    handler = add_bench_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(["bench", "--models", "mlp", "--batch-sizes", "8", "--trials", "2",
+                              "--seconds", "0.01", "--samples", "1000", "--threads", "1",
+                              *options])
+    assert args.fn is handler
     try:
-        assert main(["--models", "mlp", "--batch-sizes", "8", "--trials", "2", "--seconds",
-                     "0.01", "--samples", "1000", "--threads", "1"]) == 0
+        assert args.fn(args) == 0
     finally:
         torch.set_num_threads(before)
+    return rows
+
+
+def printed_row(out):
+    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_bench_command_prints_ratio_table(capsys, monkeypatch):
+    [row] = run_bench(monkeypatch)
     out = capsys.readouterr().out
     assert "fp32 matmul peak" in out
-    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[3] in ("fused", "batched")
-    assert float(cells[4]) > 0 and float(cells[5]) > 0
-    assert cells[6].endswith("x") and float(cells[6][:-1]) == pytest.approx(
-        float(cells[5]) / float(cells[4]), rel=0.06)
-    assert 50 < float(cells[9]) < 1 << 20  # peak resident MiB of the process
+    # the printed line is the measured row's, and its ratio that of the unrounded rates
+    assert format_table([row]).splitlines()[-1] in out.splitlines()
+    cells = printed_row(out)
+    assert cells[3] == row.kernel and row.kernel in ("fused", "batched")
+    assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
+    assert cells[6] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
+    assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
+
+
+def test_bench_command_compares_adam_with_momentum(capsys, monkeypatch):
+    [row] = run_bench(monkeypatch, "--optimizer", "adam")
+    out = capsys.readouterr().out
+    assert "optimizer adam" in out and "| slowdown vs momentum |" in out
+    cells = printed_row(out)
+    assert len(cells) == 12 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
+    assert cells[11] == f"{row.momentum_trial_steps_per_s / row.trial_steps_per_s:.2f}x"
+
+
+def test_bench_command_refuses_unknown_models(monkeypatch):
+    with pytest.raises(training.ConfigError, match=r"unknown model\(s\) mpl; allowed: .*mlp"):
+        run_bench(monkeypatch, "--models", "mlp,mpl")
 
 
 def test_format_table_rows():
     table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4)])
     assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | 1e+03 | 2.5e+04 | 25.0x | 50.0 "
                                       "| 25 % | 512 |")
+    table = format_table([Row("mlp", 8, 32, 1000.0, 20000.0, 50.0, 200.0, "fused", 512.4,
+                              "adam", 25000.0)])
+    assert table.splitlines()[0].endswith("| % of peak | peak RSS MiB | vectorized momentum "
+                                          "trial-steps/s | slowdown vs momentum |")
+    assert table.splitlines()[-1].endswith("| 25 % | 512 | 2.5e+04 | 1.25x |")
+    # a resnet8 cell at B = 4096 runs below one plain step per second: still shown
+    table = format_table([Row("resnet8", 4096, 32, 0.123, 0.456, 10.0, 200.0, "per_trial")])
+    assert "| 0.123 | 0.456 | 3.7x |" in table
+
+
+def test_bench_trials_per_optimizer():
+    from training.bench import bench_trials
+
+    adam, momentum = bench_trials("adamw", 3), bench_trials("momentum", 3)
+    assert [t.lr for t in adam] == pytest.approx([1e-4, 1.1e-4, 1.21e-4])
+    assert all(t.momentum == 0.9 for t in momentum) and momentum[0].lr == 1e-3
 
 
 def test_image_models_get_synthetic_data_of_their_shape(monkeypatch):
@@ -84,7 +146,7 @@ def test_marginal_rate_cancels_once_per_run_costs():
     def run(steps):
         now[0] += 5 + 2 * steps
 
-    assert _rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
+    assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
 
 
 def test_peak_rss_follows_a_touched_block():

@@ -14,7 +14,7 @@ def test_list(capsys):
     assert "configs: " in out and "quickstart" in out
 
 
-@pytest.mark.parametrize("command", ["study", "report", "probe", "list", "bench"])
+@pytest.mark.parametrize("command", ["study", "report", "probe", "list", "bench", "ddp"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main([command, "--help"])
@@ -37,26 +37,25 @@ def test_probe_matches_the_library(capsys):
 
 
 def test_report_of_missing_run_is_a_clean_error(tmp_path, capsys):
-    pytest.importorskip("experiments.report")
     status = cli.main(["report", str(tmp_path / "nothing")])
     err = capsys.readouterr().err
-    assert status == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert status == 2 and err.startswith("error: no results store") and len(err.splitlines()) == 1
 
 
-def test_bench_dispatches_to_the_trainer_or_the_ddp_benchmark(monkeypatch):
-    """`bench ddp ...` hands its options to training.distributed.bench_main, `bench ...` to
-    training.bench.main, each untouched; their status is the exit status."""
-    from training import bench, distributed
+def test_bench_and_bench_ddp_are_subcommands(monkeypatch):
+    """`bench ddp ...` reaches training.ddp_bench's handler, `bench ...` training.bench's, with
+    their options parsed by their own subparsers; the handler's status is the exit status."""
+    from training import bench, ddp_bench
 
     calls = []
-    monkeypatch.setattr(bench, "main", lambda argv: calls.append(("bench", argv)) or 0)
-    monkeypatch.setattr(distributed, "bench_main", lambda argv: calls.append(("ddp", argv)) or 3)
+    monkeypatch.setattr(bench, "run_bench_command",
+                        lambda a: calls.append(("bench", a.models, a.batch_sizes)) or 0)
+    monkeypatch.setattr(ddp_bench, "run_bench_command",
+                        lambda a: calls.append(("ddp", a.workers, a.per_worker_batch, str(a.out))) or 3)
     ddp = ["--workers", "1,2", "--per-worker-batch", "8,32", "--out", "run/cost_model.json"]
     assert cli.main(["bench", "ddp", *ddp]) == 3
     assert cli.main(["bench", "--models", "mlp", "--batch-sizes", "8"]) == 0
-    assert cli.main(["bench"]) == 0
-    assert calls == [("ddp", ddp), ("bench", ["--models", "mlp", "--batch-sizes", "8"]),
-                     ("bench", [])]
+    assert calls == [("ddp", (1, 2), (8, 32), "run/cost_model.json"), ("bench", "mlp", "8")]
 
 
 def test_bench_help_explains_both_benchmarks(capsys):
@@ -64,8 +63,8 @@ def test_bench_help_explains_both_benchmarks(capsys):
         cli.main(["bench", "--help"])
     out = capsys.readouterr().out
     assert info.value.code == 0
-    assert "sparsescale bench ddp [options]" in out and "cost_model.json" in out
-    assert "--models" in out     # then the trainer benchmark's own options
+    assert "usage: sparsescale bench" in out and "--models" in out
+    assert "ddp" in out and "sparsescale bench ddp --out RUN_DIR/cost_model.json" in out
     with pytest.raises(SystemExit) as info:
         cli.main(["bench", "ddp", "--help"])
     out = capsys.readouterr().out
@@ -73,10 +72,24 @@ def test_bench_help_explains_both_benchmarks(capsys):
     assert "usage: sparsescale bench ddp" in out and "--per-worker-batch" in out and "--out" in out
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "bench ddp" in capsys.readouterr().out
+    assert "sparsescale bench ddp" in capsys.readouterr().out
 
 
-def test_bench_ddp_bad_option_is_a_clean_error(capsys):
-    assert cli.main(["bench", "ddp", "--workers", "0"]) == 2
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "ddp", "--workers", "0"], ["workers"]),
+    (["ddp", "--batch-size", "8", "--lr", "0.1"], ["RANK", "torchrun"]),
+])
+def test_bad_input_is_one_error_line(argv, words, capsys, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "workers" in err and "Traceback" not in err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert all(w in err for w in words)
+
+
+def test_bad_option_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["probe", "--dataset-option", "n400"])
+    assert info.value.code == 2
+    assert "expected KEY=VALUE, got 'n400'" in capsys.readouterr().err

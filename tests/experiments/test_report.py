@@ -3,167 +3,34 @@ writing API (``experiments.store.open_store`` / ``write_group`` / ``write_probes
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
-import zlib
+import sqlite3
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from experiments.spec import loads
-from experiments.store import GroupRecord, ProbeRow, StudyInfo, TrialRow, open_store
+from experiments import figures as F
+from experiments import theory_figures as TF
+from experiments.report import ReportError, write_report
+from experiments.runs import load_runs
+from experiments.store import StoreError
+from theory.walltime import predict_time_to_result
+from training.costmodel import CostModel, CostModelError, Measurements, StepTime, save_cost_model
 
-SPEC_TOML = """
-name = "{name}"
-optimizer = "{optimizer}"
-batch_sizes = {{min = 8, max = 256}}
-sparsities = [0.0, 0.9]
-trials = 6
-seeds = {seeds}
+from .synthetic import TRUTH, make_store
 
-[workload]
-dataset = "teacher"
-model = "mlp"
+# the run folders of the shared reports (``full``, ``combined``, ``partial``) are in conftest.py
 
-[goal]
-metric = "error"
-target = 0.2
-
-[search]
-lr = {{scale = "log", min = 1e-3, max = 10.0}}
-momentum = {momentum}
-
-[budget]
-max_steps = 20000
-
-[probes]
-batch_size = 32
-"""
-
-# Ground truth of the synthetic curves: S(B) = S_min (1 + B_crit / B) per sparsity level.
-TRUTH = {0.0: (100.0, 200.0), 0.9: (220.0, 100.0)}
-NOISE = 0.03   # log-normal measurement noise of the synthetic steps
-
-
-def spec_text(name="synthetic", optimizer="sgd", seeds=(0,), momentum="0.0"):
-    return SPEC_TOML.format(name=name, optimizer=optimizer, seeds=list(seeds), momentum=momentum)
-
-
-def noisy_steps(sparsity: float, batch_size: int, seed: int, momentum_gain: float = 1.0) -> int:
-    """The true curve times a fixed pseudo-random factor exp(N(0, NOISE)) per group."""
-    s_min, b_crit = TRUTH[sparsity]
-    noise = np.random.default_rng([int(100 * sparsity), batch_size, seed]).normal(0.0, NOISE)
-    return int(round(s_min * (1.0 + momentum_gain * b_crit / batch_size) * math.exp(noise)))
-
-
-# Probes consistent with TRUTH under the bound S = c (2 L Delta / eps) (1 + 4 sigma^2 / (eps B)):
-# B_simple = the true B_crit, tr(Sigma) proportional to it (so 4 sigma^2 / eps = B_crit at every
-# level) and L proportional to S_min (same Delta). Values wobble along the trajectory by factors
-# whose median is 1, so the medians the report uses are exactly these.
-PROBES = {0.0: {"trace_sigma": 50.0, "b_simple": 200.0, "local_lipschitz": 2.0},
-          0.9: {"trace_sigma": 25.0, "b_simple": 100.0, "local_lipschitz": 4.4}}
-
-
-def probe_rows(sparsity: float) -> list[ProbeRow]:
-    p = PROBES[sparsity]
-    rows = []
-    for phase, steps in (("init", (0,)), ("trajectory", (1, 10, 100))):
-        for step, wobble in zip(steps, (0.8, 1.0, 1.25) if phase == "trajectory" else (1.0,)):
-            values = {"trace_sigma": p["trace_sigma"], "b_simple": p["b_simple"] * wobble,
-                      "g_sq": p["trace_sigma"] / (p["b_simple"] * wobble),
-                      "b_noise": 0.8 * p["b_simple"] * wobble, "hessian_top": 1.5 * p["local_lipschitz"],
-                      "loss": 2.3 / (1 + step / 50)}
-            if phase == "trajectory":
-                values["local_lipschitz"] = p["local_lipschitz"] / wobble
-            rows += [ProbeRow(sparsity, phase, step, 32 if phase == "trajectory" else None, q, v)
-                     for q, v in values.items()]
-    return rows
-
-
-def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(), fail=(),
-               unreached=(), probes=True, momentum_gain=1.0):
-    """Write a synthetic study. ``skip``: (sparsity, B) groups left out (an interrupted run);
-    ``fail``: groups stored as failed; ``unreached``: groups where no trial met the goal."""
-    mom = "{scale = \"reverse-log\", min = 0.5, max = 0.99}" if optimizer != "sgd" else "0.0"
-    spec = loads(spec_text(name, optimizer, seeds, mom))
-    info = StudyInfo(spec.name, spec.toml, spec.hash, spec.to_json())
-    rng = np.random.default_rng(zlib.crc32(f"{name}-{optimizer}".encode()))
-    with open_store(run_dir, info) as store:
-        for sparsity in spec.sparsities:
-            for b in spec.batch_sizes:
-                for seed in spec.seeds:
-                    key = hashlib.sha256(f"{sparsity}-{b}-{seed}".encode()).hexdigest()[:16]
-                    cfg = json.dumps({"sparsity": sparsity, "batch_size": b, "seed": seed})
-                    if (sparsity, b) in skip:
-                        continue
-                    if (sparsity, b) in fail:
-                        store.write_group(GroupRecord(key, sparsity, b, seed, "failed", None, None,
-                                                      20000, 1.0, 0, cfg, (), "RuntimeError: out of memory"))
-                        continue
-                    reach = (sparsity, b) not in unreached
-                    steps = noisy_steps(sparsity, b, seed, momentum_gain) if reach else None
-                    trials = []
-                    # the best learning rate grows with B (trial 0 sits at the edge of the lr range)
-                    best = 0 if b == 8 else 1 + min(2, int(math.log2(b / 16)) // 2)
-                    for t in range(spec.trials):
-                        lr = float(1e-3 * 10 ** (4 * (t + 0.5) / spec.trials))
-                        m = 0.0 if optimizer == "sgd" else float(1 - 0.5 * 0.02 ** (t / spec.trials))
-                        status = "diverged" if lr > 3 else ("reached" if reach and t == best else "not_reached")
-                        hit = steps if status == "reached" else None
-                        final = 0.15 if status == "reached" else (math.nan if status == "diverged" else 0.4)
-                        curve = tuple((s, 2.0 / (1 + s / 100), 0.9 / (1 + s / 500)) for s in (0, 100, 200))
-                        trials.append(TrialRow(t, lr, m, None, 1.0, status, hit, final, curve))
-                    store.write_group(GroupRecord(key, sparsity, b, seed, "done", steps,
-                                                  best if reach else None,
-                                                  20000, float(rng.uniform(1, 2)), 6 * (steps or 20000),
-                                                  cfg, tuple(trials)))
-            if probes:
-                store.write_probes(sparsity, probe_rows(sparsity))
-    return run_dir
-
-
-# ---------------------------------------------------------------------------------------------
-# shared reports (each report takes a few seconds: build each once per module)
-
-import sqlite3  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pandas as pd  # noqa: E402
-
-from experiments.report import ReportError, write_report  # noqa: E402
-from experiments.store import StoreError  # noqa: E402
-
-FIGURES = ("fig1_steps", "fig2_normalized", "fig3_metaparameters", "fig4_trials", "fig5_probes", "fig6_nqm")
-TABLES = ("Steps to result", "Scaling fits", "Predicted vs measured", "Sparse / dense step ratios",
+FIGURES = ("fig1_steps", "fig2_normalized", "fig3_metaparameters", "fig4_trials", "fig5_b_simple",
+           "fig6_smoothness", "fig7_nqm")
+TABLES = ("Steps to result", "Scaling fits", "Structure of the bound (not scored)",
+          "Claims in their own terms", "Theory vs measurement", "Sparse / dense step ratios",
           "Missing and failed", "Cost and versions", "What was fitted and what was predicted",
           "Theory formulas", "Study specs", "Findings")
 OUTPUTS = ("report.html", "report.md", "summary.csv", *(f"figures/{f}.png" for f in FIGURES))
-
-
-@pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    run = make_store(tmp_path_factory.mktemp("full") / "run", seeds=(0, 1))
-    write_report([run])
-    return run
-
-
-@pytest.fixture(scope="module")
-def combined(tmp_path_factory):
-    base = tmp_path_factory.mktemp("combined")
-    sgd = make_store(base / "sgd", name="shallue", optimizer="sgd")
-    mom = make_store(base / "momentum", name="shallue", optimizer="momentum", momentum_gain=2.0)
-    write_report([sgd, mom], out=base / "both")
-    return base
-
-
-@pytest.fixture(scope="module")
-def partial(tmp_path_factory):
-    run = make_store(tmp_path_factory.mktemp("partial") / "run", skip={(0.9, 128), (0.9, 256)},
-                     fail={(0.0, 8)}, unreached={(0.9, 8)}, probes=False)
-    write_report([run])
-    return run
 
 
 def summary(run_dir) -> pd.DataFrame:
@@ -259,10 +126,9 @@ def test_theory_predictions_against_closed_forms(full):
     log_gap = np.log(dense.predicted_steps / dense.steps_to_result)
     assert abs(log_gap.mean()) < 1e-3 and log_gap.abs().max() < 0.1   # (median vs geometric mean of seeds)
     md = (full / "report.md").read_text()
-    table = md.split("### Predicted vs measured")[1].split("###")[0]
-    assert "| 90 % sparse | critical batch B_crit (bound 4σ²/ε) | 100 |" in table
-    assert "| dense | critical batch B_crit ≈ B_simple (noise scale) | 200 |" in table
-    assert table.count("| yes |") == 4      # every prediction held (the synthetic truth is exact)
+    table = md.split("### Structure of the bound (not scored)")[1].split("###")[0]
+    assert "| 90 % sparse | critical batch 4σ²/ε (structure of the bound) | 100 |" in table
+    assert "held" not in table and "noise scale" not in table   # shown, not scored
     assert "c = " in md and "ε = 4σ²/B_simple = 1." in md
 
 
@@ -287,10 +153,12 @@ def test_combining_two_run_folders(combined):
     b = s.groupby("series")["fit_b_crit"].first()
     assert b["shallue (momentum), dense"] / b["shallue (sgd), dense"] == pytest.approx(2.0, rel=0.1)
     md = (out / "report.md").read_text()
-    # the momentum stores double B_crit but keep the probes: the noise-scale route fails there
-    assert "(A prediction held when within a factor 1.5 of the measurement: 5 of 8 did.)" in md
+    # the momentum stores double B_crit but keep the probes: B_simple at the goal is half of it
+    claims = md.split("### Claims in their own terms")[1].split("###")[0]
+    assert claims.count("| shallue (momentum), dense | mccandlish | paper | 0.4") == 1
     ratio = re.search(r"Dense B_crit of shallue \(momentum\) is (\S+)× that of shallue \(sgd\)\.", md)
     assert float(ratio.group(1)) == pytest.approx(2.0, rel=0.1)
+    assert "Which optimizer extends perfect scaling further, dense: shallue (momentum) extends" in md
     html_text = (out / "report.html").read_text()
     assert html_text.count("data:image/png;base64,") == len(FIGURES)
     assert "Study report: shallue (sgd), shallue (momentum)" in html_text
@@ -311,7 +179,13 @@ def test_partial_run_reports_what_exists_and_lists_what_is_missing(partial):
     assert "| dense | 8 | 0 | failed | RuntimeError: out of memory |" in missing
     assert missing.count("| no probes |") == 2
     assert "Incomplete: 2 groups missing, 1 failed, 2 sparsity levels without probes" in md
-    assert "not measured" in md or (partial / "figures" / "fig5_probes.png").exists()
+    # no probes stored: every panel of Figure 6 says so instead of drawing
+    runs = load_runs([partial])
+    fig = TF.smoothness_figure(runs.probes, list(runs.order), F.colors(list(runs.order)))
+    assert len(fig.axes) == 2
+    assert all([t.get_text().endswith("not measured") for t in ax.texts] == [True] and not ax.lines
+               for ax in fig.axes)
+    assert "No claim could be judged" in md
     # 90 % sparse still has 3 points (16, 32, 64): fitted; the dense curve lost B = 8 only
     assert s.loc[s.sparsity == 0.9, "fit_b_crit"].notna().all()
 
@@ -347,11 +221,6 @@ def test_bad_input_names_the_argument(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # time to result on real hardware (a cost_model.json in the run folder)
-
-from theory.walltime import predict_time_to_result  # noqa: E402
-from training.costmodel import (  # noqa: E402
-    CostModel, CostModelError, Measurements, StepTime, save_cost_model,
-)
 
 # Known constants: 1 ms fixed, 2 µs per example, 0.5 ms per ring round, 1 ns per byte, 10 000
 # float32 parameters; step times "measured" at k = 1, 2 only, so k = 4, 8 are extrapolated.
@@ -464,15 +333,17 @@ def test_without_a_cost_model_the_report_says_how_to_make_one(full):
 def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
     """Combined runs: only the run with a cost model gets predictions; a cost model of another
     workload and one without measurements are stated; a malformed file names itself."""
-    from experiments.findings import load_runs, points_table
+    from experiments.analysis import points_table
     from experiments.hardware import hardware_view
+    from experiments.runs import load_runs
 
     sgd = make_store(tmp_path / "sgd", name="shallue", optimizer="sgd")
     mom = make_store(tmp_path / "momentum", name="shallue", optimizer="momentum", momentum_gain=2.0)
     other = CostModel(1e-3, 2e-6, 5e-4, 1e-9, 10_000, meta={"workload": "mnist1d/mlp"})
     save_cost_model(other, sgd)                   # a folder: written as cost_model.json
     runs = load_runs([sgd, mom])
-    part = hardware_view(runs, points_table(runs))
+    points = points_table(runs.groups, runs.trials, runs.planned, runs.order)
+    part = hardware_view(runs.runs, runs.order, points)
     assert set(part.points.series) == {"shallue (sgd), dense", "shallue (sgd), 90 % sparse"}
     assert not part.points.extrapolated.any()     # no measurements: nothing known to be measured
     text = " ".join(part.paragraphs)
@@ -482,4 +353,4 @@ def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
             "--out RUN_DIR/cost_model.json`") in text
     (sgd / "cost_model.json").write_text('{"format": "something else"}')
     with pytest.raises(CostModelError, match="cost_model.json.*'format'"):
-        hardware_view(runs, points_table(runs))
+        hardware_view(runs.runs, runs.order, points)

@@ -13,8 +13,9 @@ import pytest
 import experiments
 from experiments import cli
 import training
-from experiments.runner import plan
-from experiments.store import VOLATILE
+from experiments.planning import plan
+from experiments.schema import VOLATILE
+from experiments.workload import Workload
 
 from .conftest import TINY
 
@@ -63,9 +64,11 @@ def test_store_matches_an_independent_trainer_run(baseline):
     p = next(p for p in plan(spec) if p.key == g.key)
     ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
     net = training.models.build("mlp", ds, seed=0, hidden=[16])
-    direct = training.train_trials(net, ds, 32, list(p.trials), "momentum",
-                                   training.Goal("error", 0.3, True), p.max_steps, seed=0,
-                                   eval_schedule=training.EvalSchedule(every=10))
+    direct = training.train_trials(
+        net, ds, list(p.trials),
+        training.RunConfig(32, "momentum", max_steps=p.max_steps,
+                           goal=training.Goal("error", 0.3, True),
+                           eval_schedule=training.EvalSchedule(every=10)))
     assert g.steps_to_result == direct.steps_to_result
     assert g.best_trial == direct.best
     t = res.trials[res.trials.group_key == g.key]
@@ -81,7 +84,7 @@ def test_masks_have_the_requested_sparsity(baseline):
     toml, _ = baseline
     spec = experiments.load_spec(toml)
     ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
-    masks = experiments.runner.compute_masks(spec, ds, [(0.5, 0), (0.0, 0)])
+    masks = Workload.of(spec).masks(ds, [(0.5, 0), (0.0, 0)])
     assert masks[(0.0, 0)] is None
     net = training.models.build("mlp", ds, seed=0, hidden=[16])
     weights = pruning.prunable_parameters(net)
@@ -98,9 +101,7 @@ class RefusingExecutor(Executor):
 def test_rerun_trains_nothing(baseline):
     toml, run_dir = baseline
     before = comparable(run_dir)
-    start = time.perf_counter()
     run_tiny(toml, run_dir, executor=RefusingExecutor())
-    assert time.perf_counter() - start < 60   # generous: it only reads the store
     after = comparable(run_dir)
     for table in before:
         pd.testing.assert_frame_equal(before[table], after[table])
@@ -193,6 +194,34 @@ def test_optimizer_list_runs_one_store_per_optimizer(tmp_path):
                         .replace("batch_sizes = [8, 32, 128]", "batch_sizes = [32]"))
     out = run_tiny(toml, tmp_path / "run")
     sgd, nesterov = (experiments.load_results(out / o) for o in ("sgd", "nesterov"))
-    assert sgd.spec["optimizer"] == "sgd" and nesterov.spec["optimizer"] == "nesterov"
+    assert sgd.spec.optimizer == "sgd" and nesterov.spec.optimizer == "nesterov"
+    assert sgd.spec.name == "tiny-sgd" and sgd.spec.optimizers == ("sgd",)
     assert (sgd.trials.momentum == 0).all() and (nesterov.trials.momentum > 0).all()
     assert (sgd.trials.effective_lr == sgd.trials.lr).all()
+
+
+def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_path, monkeypatch):
+    """The driver finds the compiled kernel unusable once (one warning), its workers do not try
+    again, every group records the eager program, and the results equal those of a run with the
+    kernel switched off."""
+    from training import kernels
+
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension: c++: fatal error: no input files")
+
+    toml, run_dir = baseline
+    expected = "batched" if kernels.fused_sequential() is None else "fused"
+    assert set(experiments.load_results(run_dir).groups.kernel) == {expected}
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    run_tiny(toml, tmp_path / "off")
+    monkeypatch.delenv(kernels.DISABLE_ENV)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    kernels._build.cache_clear()
+    try:
+        with pytest.warns(kernels.KernelWarning) as record:
+            run_tiny(toml, tmp_path / "run", executor=ThreadPoolExecutor(2))
+    finally:
+        kernels._build.cache_clear()
+    assert len([w for w in record if issubclass(w.category, kernels.KernelWarning)]) == 1
+    assert set(experiments.load_results(tmp_path / "run").groups.kernel) == {"batched"}
+    assert_same_store(tmp_path / "off", tmp_path / "run")

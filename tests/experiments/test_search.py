@@ -68,3 +68,23 @@ def test_edge_flag_outer_ten_percent_of_log_range():
     assert at_edge(10 ** -3.6, LR) and at_edge(10 ** 0.6, LR)
     assert not at_edge(10 ** -3.4, LR) and not at_edge(10 ** 0.4, LR)
     assert not at_edge(0.1, Dimension("linear", 0.1, 0.1))
+
+
+def test_adam_keys_are_drawn_after_the_others_and_train_as_trials():
+    """beta1 / beta2 on a reverse-log scale (1 - beta log-uniform), weight decay on a log one,
+    Sobol coordinates in the order of SEARCH_KEYS; every point is a valid ``training.Trial``."""
+    import training
+
+    b1, b2 = Dimension("reverse-log", 0.5, 0.99), Dimension("reverse-log", 0.9, 0.9999)
+    wd = Dimension("log", 1e-5, 1e-1)
+    space = {"lr": LR, "beta1": b1, "beta2": b2, "eps": Dimension("linear", 1e-8, 1e-8),
+             "weight_decay": wd}
+    pts = sample(space, 8, seed=3, momentum_used=False)
+    u = unit_points(8, 4, seed=3)
+    for p, row in zip(pts, u):
+        assert p["lr"] == pytest.approx(to_scale(row[0], LR))
+        assert 1 - p["beta1"] == pytest.approx(0.5 * (0.01 / 0.5) ** row[1])
+        assert 1 - p["beta2"] == pytest.approx(0.1 * (1e-4 / 0.1) ** row[2])
+        assert p["weight_decay"] == pytest.approx(1e-5 * 1e4 ** row[3])
+        assert p["eps"] == 1e-8 and p["momentum"] == 0.0
+        assert training.Trial.from_dict(p).beta2 == p["beta2"]

@@ -19,7 +19,15 @@ def edit(old: str, new: str) -> str:
 # (spec text, the key path the message must name, a word the message must contain)
 BAD_SPECS = [
     (edit("trials = 4", "trails = 4"), "trails", "did you mean 'trials'"),
-    (edit('optimizer = "momentum"', 'optimizer = "adam"'), "optimizer", "nesterov"),
+    (edit('optimizer = "momentum"', 'optimizer = "adagrad"'), "optimizer", "adamw"),
+    (edit("[budget]", "beta1 = 0.8\n[budget]"), "search.beta1", "adam, adamw only"),
+    (edit('optimizer = "momentum"', 'optimizer = "adam"').replace(
+        "[budget]", 'beta2 = {scale = "reverse-log", min = 0.9, max = 1.0}\n[budget]'),
+     "search.beta2.max", "[0.0, 1.0)"),
+    (edit('optimizer = "momentum"', 'optimizer = "adamw"').replace("[budget]", "eps = 0\n[budget]"),
+     "search.eps", "(0.0, inf]"),
+    (edit("[budget]", "[search.optimizers.adamw]\nlr = 0.1\n[budget]"), "search.optimizers.adamw",
+     "allowed: momentum"),
     (edit("target = 0.3", 'target = 0.3\ncomparison = "=="'), "goal.comparison", "<="),
     (edit("target = 0.3", ""), "goal.target", "missing"),
     (edit("batch_sizes = [8, 32, 128]", "batch_sizes = {min = 3, max = 64}"),
@@ -42,7 +50,8 @@ BAD_SPECS = [
     (edit("enabled = false", 'enabled = "yes"'), "probes.enabled", "true or false"),
     (edit("[probes]", "[executor]\nworkers = 0\n[probes]"), "executor.workers", ">= 1"),
     (edit("seeds = [0]", "seeds = [-1]"), "seeds[0]", ">= 0"),
-    (edit("enabled = false", "batch_size = 64"), "probes.batch_size", "8, 32, 128"),
+    (edit("enabled = false", "batch_sizes = [64]"), "probes.batch_sizes", "8, 32, 128"),
+    (edit("enabled = false", "batch_sizes = [\"median\"]"), "probes.batch_sizes", "'b_crit'"),
     (edit('metric = "error"', 'metric = "accuracy"'), "goal.metric", "error, loss"),
     (edit("[workload]", "[workload]\ndata = 1"), "workload.data", "did you mean 'dataset'"),
     (TINY + "\n[pruning]\nmethod = \"snipp\"\n", "pruning.method", "did you mean 'snip'"),
@@ -125,6 +134,31 @@ def test_optimizer_list_splits_into_variants():
     assert len({v.hash for v in spec.variants()}) == 2
 
 
+ADAM_LIST = edit('optimizer = "momentum"', 'optimizer = ["momentum", "adamw"]').replace(
+    "[budget]", 'beta1 = {scale = "reverse-log", min = 0.8, max = 0.99}\nweight_decay = 0.01\n'
+                '[search.optimizers.adamw]\nlr = {scale = "log", min = 1e-4, max = 1e-2}\n[budget]')
+
+
+def test_each_optimizer_gets_its_own_search_space():
+    """Adam-type variants drop momentum and take torch's defaults for unset Adam keys, the
+    momentum variant drops the Adam keys; ``[search.optimizers.<name>]`` overrides one of them."""
+    spec = loads(ADAM_LIST)
+    momentum, adamw = spec.variants()
+    assert set(momentum.search) == {"lr", "momentum", "end_factor"}
+    assert momentum.search["lr"].max == 1.0 and momentum.search["momentum"].scale == "reverse-log"
+    assert set(adamw.search) == {"lr", "end_factor", "beta1", "beta2", "eps", "weight_decay"}
+    assert (adamw.search["lr"].min, adamw.search["lr"].max) == (1e-4, 1e-2)
+    assert adamw.search["beta1"].scale == "reverse-log" and adamw.search["weight_decay"].min == 0.01
+    assert (adamw.search["beta2"].min, adamw.search["eps"].min) == (0.999, 1e-8)
+    assert momentum.search_overrides == adamw.search_overrides == {}
+    # the momentum half is the momentum-only study: same hash, hence the same groups
+    alone = loads(TINY)
+    assert momentum.canonical() | {"name": "tiny"} == alone.canonical()
+    assert "search_overrides" in spec.canonical() and "search_overrides" not in adamw.canonical()
+    single = loads(edit('optimizer = "momentum"', 'optimizer = "adam"'))
+    assert "momentum" not in single.search and single.search["beta2"].max == 0.999
+
+
 def test_budget_rule():
     assert Budget(examples=1000, min=5, max=50).steps(8) == 50
     assert Budget(examples=1000, min=5, max=50).steps(64) == 16
@@ -152,3 +186,50 @@ def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
     with pytest.raises(SpecError) as info:
         validate(raw)
     assert info.value.problems == ['eval."\\n": unknown key; allowed: kind, every, first, ratio, max_gap']
+
+
+
+# every optional table away from its default, a relative decay and a non-default pruning method
+NON_DEFAULT = (edit("[budget]\nexamples = 8000\nmin = 20\nmax = 200", "[budget]\nmax_steps = 50")
+               .replace("[eval]\nevery = 10",
+                        '[eval]\nkind = "geometric"\nfirst = 2\nratio = 1.5\nmax_gap = 9')
+               .replace("[probes]\nenabled = false", "[probes]\nbatch_sizes = [32, \"b_crit\"]\npoints = 3\n"
+                                                                  "examples = 64\nlanczos = 5")
+               .replace("[search]", '[search]\nseed = 3\nend_factor = {scale = "log", min = 1e-4, '
+                        'max = 0.1}\ndecay_steps = {scale = "linear", min = 0.5, max = 1.0, '
+                        'relative = true}')
+               .replace("[goal]", '[pruning]\nmethod = "magnitude"\n\n[goal]')
+               .replace("target = 0.3", 'target = 0.3\ncomparison = "<="'))
+
+
+def assert_round_trip(spec):
+    """A store keeps ``spec.canonical()``; ``from_canonical`` validates it back into an equal
+    Spec with the same hash (``workers`` is not stored)."""
+    from dataclasses import replace
+
+    from experiments.spec import from_canonical
+
+    for variant in spec.variants():
+        again = from_canonical(variant.canonical(), toml_text=variant.toml)
+        assert again == replace(variant, workers=None)
+        assert again.hash == variant.hash and again.toml == variant.toml
+
+
+@pytest.mark.parametrize("text", [TINY, NON_DEFAULT,
+                                  edit('optimizer = "momentum"', 'optimizer = ["sgd", "nesterov"]'),
+                                  ADAM_LIST, edit('optimizer = "momentum"', 'optimizer = "adamw"')])
+def test_canonical_form_gives_back_the_same_spec(text):
+    spec = loads(text)
+    assert_round_trip(spec)
+    if text == NON_DEFAULT:   # the edits took: nothing fell back to a default
+        assert (spec.budget.max_steps, spec.eval.kind, spec.probes.batch_sizes, spec.search_seed,
+                spec.search["decay_steps"].relative, spec.pruning_method, spec.strict) == \
+            (50, "geometric", (32, "b_crit"), 3, True, "magnitude", False)
+        assert (spec.probes.points, spec.probes.examples, spec.probes.lanczos) == (3, 64, 5)
+
+
+def test_bundled_configs_round_trip():
+    from experiments.spec import list_configs
+
+    for name in list_configs():
+        assert_round_trip(load(resolve_config(name)))

@@ -5,10 +5,14 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from experiments.store import (COLUMNS, GroupRecord, ProbeRow, StoreError, StudyInfo, TrialRow,
-                               load_results, open_store)
+from experiments.schema import COLUMNS, GroupRecord, ProbeRow, StudyInfo, TrialRow
+from experiments.spec import loads
+from experiments.store import StoreError, load_results, open_store
 
-STUDY = StudyInfo("s", "a = 1\n", "hash-a", '{"name": "s"}')
+from .conftest import TINY
+
+SPEC = loads(TINY)
+STUDY = StudyInfo(SPEC.name, SPEC.toml, SPEC.hash, SPEC.to_json())
 
 
 def record(key="k1", status="done", trials=2):
@@ -25,11 +29,11 @@ def record(key="k1", status="done", trials=2):
 def test_round_trip(tmp_path):
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record())
-        store.write_probes(0.5, [ProbeRow(0.5, "init", 0, None, "b_simple", 3.5),
-                                 ProbeRow(0.5, "trajectory", 10, 32, "hessian_top", 7.0)])
+        store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "b_simple", 3.5, 2.0),
+                                 ProbeRow(0.5, 1, 32, 10, 1.0, "hessian_top", 7.0, 2.5)])
     res = load_results(tmp_path)
     assert list(res.study.columns) == list(COLUMNS["study"]) and len(res.study) == 1
-    assert res.spec == {"name": "s"}
+    assert res.spec == SPEC and res.spec.hash == SPEC.hash and res.spec.toml == TINY
     g = res.groups.iloc[0]
     assert (g.key, g.sparsity, g.batch_size, g.steps_to_result, g.n_trials, g.n_reached,
             g.n_diverged) == ("k1", 0.5, 32, 12, 2, 1, 1)
@@ -40,7 +44,11 @@ def test_round_trip(tmp_path):
     assert t.hit_step.tolist()[0] == 12 and pd.isna(t.hit_step.iloc[1])
     assert t.decay_steps.tolist()[0] == 50 and pd.isna(t.decay_steps.iloc[1])
     assert len(res.curves) == 6 and res.curves.metric.iloc[-1] == pytest.approx(0.28)
-    assert sorted(res.probes.quantity) == ["b_simple", "hessian_top"]
+    p = res.probes
+    assert list(p.columns[:7]) == ["sparsity", "seed", "batch_size", "step", "fraction", "quantity",
+                                   "value"]
+    assert p[["seed", "step", "fraction", "quantity", "value", "seconds"]].values.tolist() == [
+        [0, 0, 0.0, "b_simple", 3.5, 2.0], [1, 10, 1.0, "hessian_top", 7.0, 2.5]]
     assert res.predictions.empty
 
 
@@ -49,6 +57,20 @@ def test_different_study_is_refused(tmp_path):
     open_store(tmp_path, STUDY).close()   # same study: fine
     with pytest.raises(StoreError, match="different study"):
         open_store(tmp_path, StudyInfo("s", "a = 2\n", "hash-b", "{}"))
+
+
+def test_a_stored_spec_that_no_longer_validates_is_a_clean_error(tmp_path):
+    """The stored spec is validated again on loading: a spec naming a data set this version
+    does not know, or one whose hash does not match, is refused with the reason."""
+    open_store(tmp_path, STUDY).close()
+    with sqlite3.connect(tmp_path / "results.sqlite") as conn:
+        conn.execute("UPDATE study SET spec_json = replace(spec_json, '\"teacher\"', '\"gone\"')")
+    with pytest.raises(StoreError, match="not a valid study spec.*workload.dataset: found 'gone'"):
+        load_results(tmp_path)
+    with sqlite3.connect(tmp_path / "results.sqlite") as conn:
+        conn.execute("UPDATE study SET spec_json = ?, spec_hash = 'other'", (SPEC.to_json(),))
+    with pytest.raises(StoreError, match="does not give its stored hash"):
+        load_results(tmp_path)
 
 
 def test_group_written_in_one_transaction(tmp_path):

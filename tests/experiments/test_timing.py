@@ -35,6 +35,8 @@ def test_study_records_and_prints_its_breakdown(tiny_toml, tmp_path, capsys):
         assert r["trial_steps"] == int(mine.trial_steps.sum())
         assert r["seconds"] == pytest.approx(float(mine.wall_time.sum()))
         assert r["trial_steps_per_s"] == pytest.approx(r["trial_steps"] / r["seconds"])
+        assert r["kernels"] == sorted(set(mine.kernel))
+        assert set(mine.kernel) <= {"fused", "batched"}   # the tiny study's MLP
     assert format_timing(timing) in printed
     # a rerun trains nothing: no training phase, the same groups per batch size
     experiments.run_study(tiny_toml, out=out, executor=ThreadPoolExecutor(1), report=False,

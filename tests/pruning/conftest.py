@@ -25,3 +25,15 @@ def teacher():
 @pytest.fixture
 def small_mlp(teacher):
     return training.models.build("mlp", teacher, hidden=(16, 12), seed=1)
+
+
+@pytest.fixture(scope="session")
+def mnist1d():
+    """MNIST-1D, 1000 samples (720 training examples)."""
+    return training.data.load("mnist1d", num_samples=1000)
+
+
+@pytest.fixture(scope="session")
+def mlp(mnist1d):
+    """The 40-100-100-10 MLP (4000 / 10000 / 1000 weights); tests never modify it."""
+    return training.models.build("mlp", mnist1d)

@@ -14,7 +14,7 @@ def mnist1d():
 
 def test_mlp_flops_closed_form(mnist1d):
     net = training.models.build("mlp", mnist1d)
-    mask = pruning.prune(net, "snip", 0.9, data=mnist1d)
+    mask = pruning.prune(net, "snip", 0.9, dataset=mnist1d)
     table = pruning.report(net, mask)  # input shape taken from mask.info
     assert isinstance(table, pd.DataFrame)
     rows = table.set_index("parameter")

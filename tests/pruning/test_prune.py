@@ -9,6 +9,9 @@ import pruning
 import training
 from pruning import Mask, prunable_parameters
 
+# collapse at 99 % is expected here; tests/pruning/test_diagnostics.py tests the warning
+pytestmark = pytest.mark.filterwarnings("ignore::pruning.LayerCollapseWarning")
+
 LEVELS = (0.5, 0.7, 0.9, 0.99)
 
 
@@ -26,28 +29,21 @@ def scaled_train_fn(calls):
     return train
 
 
-@pytest.fixture(scope="module")
-def mnist1d():
-    return training.data.load("mnist1d", num_samples=1000)
-
-
-@pytest.fixture(scope="module")
-def mlp(mnist1d):
-    return training.models.build("mlp", mnist1d)
-
-
 @pytest.mark.parametrize("method", pruning.list_methods())
-@pytest.mark.parametrize("scope", ["global", "layer"])
+@pytest.mark.parametrize("scope", ["global", "layer", "even"])
 def test_exact_kept_counts(mnist1d, mlp, method, scope):
     n = sum(p.numel() for p in prunable_parameters(mlp).values())
     extra = {"train_fn": scaled_train_fn([])} if method == "imp" else {}
     for s in LEVELS:
-        mask = pruning.prune(mlp, method, s, data=mnist1d, scope=scope, rounds=None, **extra)
+        mask = pruning.prune(mlp, method, s, dataset=mnist1d, scope=scope, rounds=None, **extra)
         assert mask.kept() == round(n * (1 - s)), (method, s)
         assert mask.info["method"] == method and mask.info["sparsity"] == s
         if scope == "layer":
             for k, p in prunable_parameters(mlp).items():
                 assert abs(mask.kept(k) - p.numel() * (1 - s)) < 1
+        if scope == "even":   # 40-100-100-10: layers of 4000 / 10000 / 1000 weights
+            assert [mask.kept(k) for k in mask] == pruning.select.even_quotas(
+                [4000, 10000, 1000], s)
 
 
 def test_exact_kept_counts_on_a_cnn(mnist1d):
@@ -55,12 +51,12 @@ def test_exact_kept_counts_on_a_cnn(mnist1d):
     n = sum(p.numel() for p in prunable_parameters(cnn).values())
     for method in ("snip", "grasp", "synflow"):
         for s in LEVELS:
-            assert pruning.prune(cnn, method, s, data=mnist1d, rounds=5).kept() == \
+            assert pruning.prune(cnn, method, s, dataset=mnist1d, rounds=5).kept() == \
                 round(n * (1 - s))
 
 
 def test_synflow_does_not_collapse_layers_at_99(mnist1d, mlp):
-    mask = pruning.prune(mlp, "synflow", 0.99, data=mnist1d)
+    mask = pruning.prune(mlp, "synflow", 0.99, dataset=mnist1d)
     assert mask.info["rounds"] == 100
     assert all(mask.kept(k) > 0 for k in mask), mask.to_dict()["layers"]
     # the pruned network still connects input to output: without biases, its synaptic flow
@@ -99,7 +95,7 @@ def test_imp_rewinds_to_init_each_round(teacher, small_mlp):
 
 def test_imp_with_reference_training(teacher, small_mlp):
     train = pruning.iterative.default_train_fn(teacher, steps=40)
-    mask = pruning.prune(small_mlp, "imp", 0.8, data=teacher, rounds=2, train_fn=train)
+    mask = pruning.prune(small_mlp, "imp", 0.8, dataset=teacher, rounds=2, train_fn=train)
     n = sum(p.numel() for p in prunable_parameters(small_mlp).values())
     assert mask.kept() == round(n * 0.2)
     # the trained weights, not the initial ones, decide: differs from one-shot magnitude
@@ -108,9 +104,9 @@ def test_imp_with_reference_training(teacher, small_mlp):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
 def test_mask_survives_reference_training(mnist1d, mlp, optimizer):
-    mask = pruning.prune(mlp, "snip", 0.9, data=mnist1d)
-    res = training.train_reference(mlp, mnist1d, batch_size=32, lr=0.05, momentum=0.9,
-                                   optimizer=optimizer, steps=100, mask=mask)
+    mask = pruning.prune(mlp, "snip", 0.9, dataset=mnist1d)
+    res = training.train_reference(mlp, mnist1d, training.Trial(lr=0.05, momentum=0.9),
+                                   training.RunConfig(32, optimizer, max_steps=100), mask=mask)
     assert res.steps_run == 100 and not res.diverged
     init = dict(mlp.named_parameters())
     for k, m in mask.items():
@@ -119,17 +115,13 @@ def test_mask_survives_reference_training(mnist1d, mlp, optimizer):
         assert not torch.equal(w[m > 0], init[k].detach()[m > 0])  # kept weights trained
 
 
-@pytest.mark.skipif(not hasattr(training, "train_trials"), reason="train_trials not written yet")
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
 def test_masks_survive_vectorized_training(mnist1d, mlp, optimizer):
     masks = [pruning.prune(mlp, "random", s, seed=i) for i, s in enumerate((0.5, 0.9))]
     trials = [{"lr": 0.05, "momentum": 0.9}] * 2
-    per_trial = training.train_trials(mlp, mnist1d, batch_size=32, trials=trials,
-                                      optimizer=optimizer, target=None, max_steps=100,
-                                      masks=Mask.stack(masks), seed=0)
-    shared = training.train_trials(mlp, mnist1d, batch_size=32, trials=trials,
-                                   optimizer=optimizer, target=None, max_steps=100,
-                                   masks=masks[1], seed=0)
+    run = training.RunConfig(32, optimizer, max_steps=100)
+    per_trial = training.train_trials(mlp, mnist1d, trials, run, masks=Mask.stack(masks))
+    shared = training.train_trials(mlp, mnist1d, trials, run, masks=masks[1])
     init = dict(mlp.named_parameters())
     for res, trial_masks in ((per_trial, masks), (shared, [masks[1]] * 2)):
         assert res.steps_run == 100
@@ -167,14 +159,20 @@ def test_regression_data_sets():
     assert torch.equal(x, ds.x_train[:100]) and torch.equal(y, ds.y_train[:100])
     n = sum(p.numel() for p in prunable_parameters(net).values())
     for method in ("snip", "grasp", "synflow"):
-        mask = pruning.prune(net, method, 0.5, data=ds, rounds=2)
+        mask = pruning.prune(net, method, 0.5, dataset=ds, rounds=2)
         assert mask.kept() == round(n * 0.5)
 
 
 def test_saved_prune_mask_keeps_its_recipe(tmp_path, teacher, small_mlp):
-    mask = pruning.prune(small_mlp, "grasp", 0.9, data=teacher)
+    mask = pruning.prune(small_mlp, "grasp", 0.9, dataset=teacher)
     back = Mask.load(mask.save(tmp_path / "grasp90"))
     assert back == mask
     assert back.info == {"method": "grasp", "sparsity": 0.9, "scope": "global", "rounds": 1,
                          "seed": 0, "prune_biases": False, "input_shape": [20], "per_class": 25,
-                         "temperature": 200.0, "data": "teacher"}
+                         "temperature": 200.0, "data": "teacher", "keep": "highest"}
+
+
+def test_imp_train_fn_must_return_the_trained_model(small_mlp):
+    with pytest.raises(pruning.PruningError, match="imp train_fn must return the trained "
+                                                   "nn.Module, got NoneType"):
+        pruning.prune(small_mlp, "imp", 0.5, rounds=1, train_fn=lambda model, mask: None)

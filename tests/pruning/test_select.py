@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pruning import PruningError
 from pruning.iterative import round_sparsities
 from pruning.select import kept_count, layer_quotas, top_k_mask
 
@@ -53,11 +54,11 @@ def test_kept_count_is_round():
 def test_bad_arguments():
     scores = {"a": torch.ones(3)}
     for bad in (1.0, -0.1, float("nan"), "0.5", True):
-        with pytest.raises(ValueError, match=r"sparsity must be a number in \[0, 1\)"):
+        with pytest.raises(PruningError, match=r"sparsity must be a number in \[0, 1\)"):
             top_k_mask(scores, bad)
-    with pytest.raises(ValueError, match="scope 'x'; allowed: global, layer"):
+    with pytest.raises(PruningError, match="scope 'x'; allowed: global, layer"):
         top_k_mask(scores, 0.5, "x")
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(PruningError, match="NaN"):
         top_k_mask({"a": torch.tensor([1.0, float("nan")])}, 0.5)
 
 
@@ -73,5 +74,5 @@ def test_exponential_schedule(s, rounds):
 
 def test_rounds_must_be_positive_int():
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+        with pytest.raises(PruningError, match="rounds must be an integer >= 1"):
             round_sparsities(0.5, bad)

@@ -1,7 +1,12 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import training
+from pruning import PruningError
 from pruning.structured import StructuredReport, output_layer, prune_channels
 from training.models import ResNet8, count_parameters
 
@@ -29,8 +34,8 @@ def test_hits_parameter_target_within_two_percent(mnist1d, model_name, fraction)
 def test_pruned_model_still_trains(mnist1d):
     net = training.models.build("mlp", mnist1d)
     small, rep = prune_channels(net, mnist1d.x_train[:1], 0.5)
-    res = training.train_reference(small, mnist1d, batch_size=64, lr=0.1, momentum=0.9,
-                                   steps=200, target=None)
+    res = training.train_reference(small, mnist1d, training.Trial(lr=0.1, momentum=0.9),
+                                   training.RunConfig(64, max_steps=200))
     errors = res.curve.metric
     assert errors[-1] < errors[0] - 0.1 and errors[-1] < 0.7  # chance is 0.9
 
@@ -64,11 +69,19 @@ def test_bad_arguments(mnist1d):
     net = training.models.build("cnn1d", mnist1d, channels=4)
     x = mnist1d.x_train[:1]
     for bad in (0.0, 1.5, "half"):
-        with pytest.raises(ValueError, match=r"param_fraction must be a number in \(0, 1\]"):
+        with pytest.raises(PruningError, match=r"param_fraction must be a number in \(0, 1\]"):
             prune_channels(net, x, bad)
-    with pytest.raises(ValueError, match="example_input"):
+    with pytest.raises(PruningError, match="example_input"):
         prune_channels(net, [1, 2], 0.5)
-    with pytest.raises(ValueError, match="ignored_layers must be modules of the model"):
+    with pytest.raises(PruningError, match="ignored_layers must be modules of the model"):
         prune_channels(net, x, 0.5, ignored_layers=[torch.nn.Linear(2, 2)])
-    with pytest.raises(ValueError, match="cannot reach param_fraction 0.33 within 2%"):
+    with pytest.raises(PruningError, match="cannot reach param_fraction 0.33 within 2%"):
         prune_channels(net, x, 0.33)  # 4 channels per layer: too coarse
+
+
+def test_import_pruning_does_not_import_torch_pruning():
+    """torch-pruning is imported where channel pruning uses it, not by ``import pruning``."""
+    code = "import sys, pruning; print('torch_pruning' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(training.__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"

@@ -94,26 +94,28 @@ def _bad_calls(ds):
     net = training.models.build("mlp", ds, hidden=[8])
     trial = [{"lr": 0.1, "momentum": 0.9}]
 
-    def trials(**kw):
-        args = dict(batch_size=8, trials=trial, optimizer="momentum", target=0.3, max_steps=5)
-        return lambda: training.train_trials(net, ds, **{**args, **kw})
+    def trials(trials=trial, **kw):
+        args = dict(batch_size=8, optimizer="momentum", goal=0.3, max_steps=5)
+        return lambda: training.train_trials(net, ds, trials, training.RunConfig(**{**args, **kw}))
 
     def reference(**kw):
-        args = dict(batch_size=8, lr=0.1, momentum=0.9, optimizer="momentum", steps=5)
-        return lambda: training.train_reference(net, ds, **{**args, **kw})
+        args = dict(batch_size=8, optimizer="momentum", max_steps=5)
+        return lambda: training.train_reference(net, ds, training.Trial(lr=0.1, momentum=0.9),
+                                                training.RunConfig(**{**args, **kw}))
 
     n = ds.n_train
     return [
         (lambda: training.data.load("mnist2d"), training.DataError, ["'mnist2d'", "mnist1d"]),
         (lambda: training.models.build("resnet99", ds), training.ModelError,
          ["'resnet99'", "resnet8"]),
-        (lambda: pruning.prune(net, "snipp", 0.5, data=ds), ValueError, ["'snipp'", "snip"]),
-        (trials(optimizer="adam"), training.ConfigError, ["'adam'", "nesterov"]),
-        *[(trials(batch_size=b), training.ConfigError, ["batch_size", f"[1, {n}]"])
-          for b in (0, -1, n + 1, 2.5)],
-        *[(reference(batch_size=b), ValueError, ["batch", f"[1, {n}]"])
-          for b in (0, -1, n + 1, 2.5)],
-        *[(lambda s=s: pruning.prune(net, "magnitude", s, data=ds), ValueError,
+        (lambda: pruning.prune(net, "snipp", 0.5, dataset=ds), pruning.PruningError,
+         ["'snipp'", "snip"]),
+        (trials(optimizer="adagrad"), training.ConfigError, ["'adagrad'", "adamw"]),
+        *[(call(batch_size=b), training.ConfigError, ["batch_size", ">= 1"])
+          for b in (0, -1, 2.5) for call in (trials, reference)],
+        *[(call(batch_size=n + 1), training.ConfigError, ["batch_size", f"[1, {n}]"])
+          for call in (trials, reference)],
+        *[(lambda s=s: pruning.prune(net, "magnitude", s, dataset=ds), pruning.PruningError,
            ["sparsity", "[0, 1)"]) for s in (-0.1, 1.0, 1.5, float("nan"))],
         (trials(trials=[{"lr": float("nan")}]), training.ConfigError, ["lr", "nan"]),
     ]
@@ -123,6 +125,7 @@ def test_library_calls_name_the_bad_argument(teacher):
     for call, error, words in _bad_calls(teacher):
         with pytest.raises(error) as info:
             call()
+        assert isinstance(info.value, training.SparsescaleError)   # the CLI's one catch
         message = str(info.value)
         assert "\n" not in message and all(w in message for w in words), message
 

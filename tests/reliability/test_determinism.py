@@ -11,8 +11,9 @@ import torch
 
 import experiments
 import training
-from experiments.runner import plan
-from experiments.store import VOLATILE, lib_version
+from experiments.planning import plan
+from experiments.schema import VOLATILE
+from experiments.store import lib_version
 
 from .conftest import SPEC, edit
 

@@ -33,7 +33,7 @@ def test_fit_scaling_gives_a_finite_fit_or_theory_error(batch_sizes, steps, seed
         warnings.simplefilter("error")   # an overflow warning is a failure, not a fit
         try:
             fit = fit_scaling(batch_sizes, steps, seeds=seeds, n_boot=n_boot, level=level,
-                              resample=resample, rng=0)
+                              resample=resample, seed=0)
         except TheoryError as exc:
             assert str(exc) and "\n" not in str(exc)
             return

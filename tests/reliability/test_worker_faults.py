@@ -13,8 +13,10 @@ import pandas as pd
 
 import experiments
 import training
-from experiments.runner import ATTEMPTS, GroupTask, execute, plan, study_info
+from experiments.planning import plan
+from experiments.runner import ATTEMPTS, GroupTask, execute, study_info
 from experiments.store import open_store
+from experiments.workload import Workload
 
 from .conftest import edit
 
@@ -36,9 +38,10 @@ def test_nan_learning_rate_marks_the_trial_diverged_and_the_study_goes_on(tmp_pa
     ds = training.data.load("teacher", n=300, dim=6, num_classes=3, hidden=8)
     net = training.models.build("mlp", ds, seed=0, hidden=[8])
     for t in res.trials.itertuples():
-        ref = training.train_reference(net, ds, int(t.batch_size), lr=t.lr, momentum=t.momentum,
-                                       steps=40, seed=0, trial_index=int(t.trial),
-                                       stop_at_goal=False)
+        ref = training.train_reference(net, ds, training.Trial(lr=t.lr, momentum=t.momentum),
+                                       training.RunConfig(int(t.batch_size), max_steps=40,
+                                                          stop="never"),
+                                       trial_index=int(t.trial))
         assert (t.status == "diverged") == ref.diverged, (t.lr, t.status)
         if t.status == "diverged":
             assert pd.isna(t.hit_step)
@@ -126,7 +129,7 @@ class BrokenPool(Executor):
 
 def test_group_whose_worker_keeps_dying_is_stored_failed_with_the_reason(spec_file, tmp_path):
     spec = experiments.load_spec(spec_file)
-    tasks = [GroupTask(p, spec.canonical()["workload"], None) for p in plan(spec)]
+    tasks = [GroupTask(p, Workload.of(spec), None) for p in plan(spec)]
     log: list[str] = []
     with open_store(tmp_path / "run", study_info(spec)) as store:
         records = execute(tasks, BrokenPool(log), store, quiet=True,

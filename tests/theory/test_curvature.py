@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import training
-from theory import TheoryError, hessian_top_eigenvalues, hessian_trace, local_lipschitz
+from theory import TheoryError, hessian_top_eigenvalues, hessian_trace, lanczos_top, local_lipschitz
+from theory.curvature import dense_hessian as flat_dense_hessian
 from theory.functional import flat_loss, parameter_vector
 
 
@@ -192,3 +193,13 @@ def test_bad_input_names_the_argument(tiny):
         hessian_trace(net, ds, method="exact")
     with pytest.raises(TheoryError, match="every parameter"):
         hessian_trace(net, ds, mask={n: torch.zeros_like(p) for n, p in net.named_parameters()})
+
+
+def test_lanczos_top_converges_to_the_dense_top_eigenvalue():
+    ds = training.data.load("teacher", n=120, dim=4, num_classes=3)
+    net = training.models.build("mlp", ds, hidden=(6,), seed=2)
+    fl = flat_loss(net, ds, dtype=torch.float64)
+    exact = float(torch.linalg.eigvalsh(flat_dense_hessian(fl))[-1])
+    assert lanczos_top(fl, iterations=fl.dim) == pytest.approx(exact, rel=1e-9)
+    few = lanczos_top(fl, iterations=5)
+    assert few <= exact * (1 + 1e-12) and few == pytest.approx(exact, rel=0.2)

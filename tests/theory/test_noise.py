@@ -123,7 +123,15 @@ def test_examples_subset_is_exact_on_that_subset(linreg):
     sub = Dataset("sub", "regression", ds.x_train[idx], ds.y_train[idx], ds.x_val, ds.y_val, 0, (10,))
     a = gradient_noise(net, ds, examples=idx, hessian_examples=0)
     b = gradient_noise(net, sub, hessian_examples=0)
-    assert a.n == 200 and rel(a.trace_sigma, b.trace_sigma) < 1e-12 and rel(a.g_sq, b.g_sq) < 1e-12
+    assert (a.n, a.population, b.population) == (200, 800, 200)
+    assert rel(a.finite.trace_sigma, b.trace_sigma) < 1e-12 and rel(a.finite.g_sq, b.g_sq) < 1e-12
+    # corrected to the 800-example split: |m|^2 - (1 - n/N) s^2/n and (N-1)/N s^2
+    s2 = b.trace_sigma * 200 / 199
+    assert a.g_sq == pytest.approx(b.g_sq - (1 - 200 / 800) * s2 / 200, rel=1e-12)
+    assert a.trace_sigma == pytest.approx(799 / 800 * s2, rel=1e-12)
+    assert a.b_simple == pytest.approx(a.trace_sigma / a.g_sq, rel=1e-12)
+    assert b.g_sq_se == b.trace_sigma_se == b.b_simple_se == 0.0  # the whole split: exact
+    assert a.g_sq_se > 0 and a.trace_sigma_se > 0 and a.b_simple_se > 0
     c = gradient_noise(net, ds, examples=100, seed=1, hessian_examples=0)
     assert c.n == 100 and c.trace_sigma != a.trace_sigma
 
@@ -205,3 +213,105 @@ def test_bad_input_names_the_argument(linreg):
         gradient_noise(net, ds, split="holdout")
     with pytest.raises(ValueError, match="not a parameter"):
         gradient_noise(net, ds, mask={"nope": torch.ones(1)})
+
+
+def per_example_gradients(net, x, y):
+    """Per-example gradients by a plain autograd loop, one backward pass per example."""
+    grads = []
+    for xi, yi in zip(x, y):
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(xi[None]), yi[None]).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()]))
+    return torch.stack(grads)
+
+
+def test_finite_set_statistics_of_a_sample_match_per_example_autograd():
+    ds = training.data.load("teacher", n=300, dim=5, num_classes=3)
+    net = training.models.build("mlp", ds, hidden=(7,), seed=1).double()
+    idx = torch.randperm(ds.n_train, generator=torch.Generator().manual_seed(2))[:64]
+    g = per_example_gradients(net, ds.x_train.double()[idx], ds.y_train[idx])
+    mean = g.mean(0)
+    est = gradient_noise(net, ds, examples=idx, hessian_examples=0)
+    assert rel(est.finite.g_sq, float(mean @ mean)) < 1e-10
+    assert rel(est.finite.trace_sigma, float((g - mean).pow(2).sum(1).mean())) < 1e-10
+    assert rel(est.finite.b_simple, est.finite.trace_sigma / est.finite.g_sq) < 1e-12
+    assert est.population == ds.n_train and est.n == 64
+
+
+def subsample_means(net, ds, n, draws):
+    """Mean over ``draws`` seeded ``n``-example subsamples of the split estimates and of the
+    finite-set statistics."""
+    ests = [gradient_noise(net, ds, examples=n, seed=s, hessian_examples=0) for s in range(draws)]
+    g = np.array([e.g_sq for e in ests])
+    t = np.array([e.trace_sigma for e in ests])
+    return g, t, np.array([e.finite.g_sq for e in ests]), np.array([e.finite.b_simple for e in ests])
+
+
+def test_unbiased_on_subsamples_small_mlp():
+    ds = training.data.load("teacher", n=1200, dim=8, num_classes=3, hidden=16)
+    net = training.models.build("mlp", ds, hidden=(16,), seed=0)
+    full = gradient_noise(net, ds, hessian_examples=0)
+    g, t, finite_g, finite_b = subsample_means(net, ds, 64, 100)
+    for values, exact in ((g, full.g_sq), (t, full.trace_sigma)):
+        assert abs(values.mean() - exact) < 3.5 * values.std() / 10
+    assert t.mean() / g.mean() == pytest.approx(full.b_simple, rel=0.1)
+    # the sample's own statistics miss: |m|^2 too high, B_simple too low
+    assert finite_g.mean() > 1.3 * full.g_sq and finite_b.mean() < 0.8 * full.b_simple
+
+
+def test_unbiased_on_subsamples_mnist1d_mlp():
+    """The MNIST-1D MLP at initialization, 100 seeded 512-example subsamples of the 7,200-example
+    training split (a few seconds with per-example gradient norms)."""
+    ds = training.data.load("mnist1d", num_samples=10000)
+    net = training.models.build("mlp", ds, seed=0)
+    full = gradient_noise(net, ds, hessian_examples=0)
+    g, t, finite_g, finite_b = subsample_means(net, ds, 512, 100)
+    assert g.mean() == pytest.approx(full.g_sq, rel=0.05)
+    assert t.mean() == pytest.approx(full.trace_sigma, rel=0.03)
+    assert t.mean() / g.mean() == pytest.approx(full.b_simple, rel=0.05)
+    assert finite_g.mean() > 1.3 * full.g_sq and finite_b.mean() < 0.8 * full.b_simple
+
+
+def test_two_batch_noise_on_a_pool_estimates_the_split(linreg):
+    ds, net = linreg
+    exact = linreg_closed_form(ds, net)
+    streams = [two_batch_noise(net, ds, 4, 32, draws=200, examples=100, seed=s) for s in range(60)]
+    assert streams[0].pool == 100 and streams[0].population == ds.n_train
+    g = np.array([s.g_sq for s in streams])
+    t = np.array([s.trace_sigma for s in streams])
+    assert abs(g.mean() - exact["g_sq"]) < 4 * g.std() / np.sqrt(len(g))
+    assert abs(t.mean() - exact["trace_sigma"]) < 4 * t.std() / np.sqrt(len(t))
+    whole = two_batch_noise(net, ds, 4, 32, draws=10, seed=0)
+    assert whole.pool is None and whole.g_sq == whole.finite_g_sq
+
+
+def test_noise_stream_pool_correction_and_standard_errors():
+    small, big = np.array([5.0, 3.0, 4.0, 6.0]), np.array([2.0, 1.0, 1.5, 2.5])
+    est = two_batch_estimates(small, big, 2, 8)
+    plain = NoiseStream(2, 8).update(small, big)
+    k = len(small)
+    assert plain.g_sq_se == pytest.approx(est.g_sq.std(ddof=1) / np.sqrt(k))
+    assert plain.trace_sigma_se == pytest.approx(est.trace_sigma.std(ddof=1) / np.sqrt(k))
+    cov = np.cov(est.g_sq, est.trace_sigma)[0, 1] / k
+    r = plain.b_simple
+    delta = np.sqrt(plain.trace_sigma_se**2 + r**2 * plain.g_sq_se**2 - 2 * r * cov) / plain.g_sq
+    assert plain.b_simple_se == pytest.approx(delta)
+    pooled = NoiseStream(2, 8, pool=50, population=500).update(small, big)
+    bias, scale = (1 - 50 / 500) / 49, 499 / 500 * 50 / 49
+    assert pooled.finite_g_sq == pytest.approx(plain.g_sq)
+    assert pooled.g_sq == pytest.approx(plain.g_sq - bias * plain.trace_sigma)
+    assert pooled.trace_sigma == pytest.approx(scale * plain.trace_sigma)
+    assert pooled.trace_sigma_se == pytest.approx(scale * plain.trace_sigma_se)
+    # EMA: weighted variance of the mean with reliability weights
+    w = np.array([0.125, 0.25, 0.5, 1.0])
+    ema = NoiseStream(2, 8, decay=0.5).update(small, big)
+    x = est.g_sq
+    mean = w @ x / w.sum()
+    var = (w @ (x - mean) ** 2) / (w.sum() - (w @ w) / w.sum())
+    assert ema.g_sq_se == pytest.approx(np.sqrt(var * (w @ w)) / w.sum())
+    assert np.isnan(NoiseStream(2, 8).update(5.0, 2.0).g_sq_se)
+    with pytest.raises(TheoryError, match="pool"):
+        NoiseStream(2, 8, pool=50)
+    with pytest.raises(TheoryError, match="distinct"):
+        gradient_noise(training.models.build("linear", training.data.load("linreg")),
+                       training.data.load("linreg"), examples=[1, 1, 2])

@@ -131,10 +131,45 @@ def test_predicted_steps_use_the_bound_functions():
 
 
 def test_probe_summary_from_a_noise_estimate():
-    from theory.noise import NoiseEstimate
+    from theory.noise import FiniteSetNoise, NoiseEstimate
 
-    est = NoiseEstimate(g_sq=0.5, trace_sigma=4.0, b_simple=8.0, b_noise=float("nan"), n=100, n_params=10,
-                        loss=2.3, trace_h_sigma=float("nan"), g_h_g=float("nan"), hessian_examples=0)
+    nan = float("nan")
+    est = NoiseEstimate(g_sq=0.5, trace_sigma=4.0, b_simple=8.0, b_noise=nan, n=100, n_params=10,
+                        loss=2.3, trace_h_sigma=nan, g_h_g=nan, hessian_examples=0, population=100,
+                        g_sq_se=0.0, trace_sigma_se=0.0, b_simple_se=0.0,
+                        finite=FiniteSetNoise(0.5, 4.0, 8.0, nan, nan, nan))
     p = ProbeSummary.from_noise(0.5, est, L=3.0)
     assert (p.sparsity, p.L, p.sigma2, p.delta, p.b_simple) == (0.5, 3.0, 4.0, 2.3, 8.0)
     assert ProbeSummary.from_noise(0.5, est, L=3.0, delta=1.0).delta == 1.0
+
+
+def test_seed_sets_the_bootstrap_and_rng_is_its_deprecated_name():
+    noisy = [MeasuredCurve(c.sparsity, c.batch_sizes,
+                           tuple(np.asarray(c.steps) * np.exp(np.random.default_rng(1).normal(
+                               0.0, 0.1, len(c.steps))))) for c in world()]
+    pred = predict_levels(PROBES, noisy, n_boot=30, seed=3)
+    again = predict_levels(PROBES, noisy, n_boot=30, seed=3)
+    assert pred.level(0.5).b_crit_interval == again.level(0.5).b_crit_interval
+    assert pred.level(0.5).b_crit_interval != predict_levels(
+        PROBES, noisy, n_boot=30, seed=4).level(0.5).b_crit_interval
+    with pytest.warns(DeprecationWarning, match=r"predict_levels\(rng=\) is deprecated"):
+        old = predict_levels(PROBES, noisy, n_boot=30, rng=3)
+    assert old.level(0.5).b_crit_interval == pred.level(0.5).b_crit_interval
+
+
+def test_given_fits_are_used_instead_of_refitting():
+    """``fits=``: a caller's fit of a level (e.g. with more replicates) is the one reported."""
+    from dataclasses import replace
+
+    from theory.scaling import fit_scaling
+
+    curves = world()
+    own = fit_scaling(curves[1].batch_sizes, curves[1].steps, n_boot=20)
+    given = replace(own, b_crit=2 * own.b_crit, intervals={**own.intervals, "b_crit": (1.0, 2.0)})
+    pred = predict_levels(PROBES, curves, n_boot=20, fits={0.5: given})
+    level = pred.level(0.5)
+    assert level.b_crit_measured == given.b_crit and level.b_crit_interval == (1.0, 2.0)
+    assert level.b_crit_error == pytest.approx(level.b_crit_predicted / given.b_crit - 1.0)
+    # the other levels are fitted as before
+    assert pred.level(0.9).b_crit_measured == predict_levels(PROBES, curves, n_boot=20).level(
+        0.9).b_crit_measured

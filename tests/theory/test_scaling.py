@@ -40,7 +40,7 @@ def test_90_percent_intervals_cover_truth_in_at_least_85_of_100_repeats():
     ratios = []
     for rep in range(100):
         steps = curve(500.0, 200.0) * np.exp(rng.normal(0.0, 0.05, len(BATCHES)))
-        fit = fit_scaling(BATCHES, steps, n_boot=200, level=0.9, rng=rep)
+        fit = fit_scaling(BATCHES, steps, n_boot=200, level=0.9, seed=rep)
         for key, truth in (("s_min", 500.0), ("b_crit", 200.0)):
             low, high = fit.intervals[key]
             covered[key] += low <= truth <= high
@@ -121,9 +121,18 @@ def test_flat_curve_leaves_b_crit_unresolved_below():
     assert set(fit.regimes) == {"maximal data parallelism"}
 
 
-def test_same_rng_gives_same_intervals():
+def test_same_seed_gives_same_intervals():
     steps = curve(500.0, 200.0) * np.exp(np.random.default_rng(5).normal(0.0, 0.05, len(BATCHES)))
-    assert fit_scaling(BATCHES, steps, n_boot=100, rng=7) == fit_scaling(BATCHES, steps, n_boot=100, rng=7)
+    fit = fit_scaling(BATCHES, steps, n_boot=100, seed=7)
+    assert fit == fit_scaling(BATCHES, steps, n_boot=100, seed=7)
+    assert fit != fit_scaling(BATCHES, steps, n_boot=100, seed=8)
+
+
+def test_rng_keyword_is_deprecated_for_seed():
+    steps = curve(500.0, 200.0) * np.exp(np.random.default_rng(5).normal(0.0, 0.05, len(BATCHES)))
+    with pytest.warns(DeprecationWarning, match=r"fit_scaling\(rng=\) is deprecated"):
+        old = fit_scaling(BATCHES, steps, n_boot=100, rng=7)
+    assert old == fit_scaling(BATCHES, steps, n_boot=100, seed=7)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,12 @@ import torch
 import training
 
 
+@pytest.fixture(scope="module")
+def teacher():
+    """A small teacher-network classification set (500 examples, 8 features, 3 classes)."""
+    return training.data.load("teacher", n=500, dim=8, num_classes=3, seed=1)
+
+
 @pytest.fixture(scope="session")
 def tiny_images():
     """A 3-class data set of 96 random 1 x 8 x 8 images (64 train / 32 val): small enough for

@@ -8,7 +8,7 @@ import training
 from training import cellplan, kernels
 from training.cellplan import even_chunks, plan_cell
 from training.stacked_fused import encode, working_set
-from training.trials import activation_floats, default_chunk
+from training.stacked import activation_floats, default_chunk
 
 needs_kernel = pytest.mark.skipif(kernels.fused_sequential() is None,
                                   reason="the compiled kernel cannot be built here")
@@ -89,3 +89,20 @@ def test_other_modules_take_torch_func():
 
 def test_l2_size_is_read_or_defaulted():
     assert cellplan.l2_bytes() >= 64 << 10
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+def test_where_the_update_runs(mnist1d_small, images, monkeypatch, optimizer):
+    """The kernel updates in place for the SGD rules only; the per-trial program for every
+    optimizer; the eager programs never (the trainer updates the stack)."""
+    cnn = training.models.build("cnn1d", mnist1d_small)
+    if kernels.fused_sequential() is not None:
+        plan = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+        assert plan.kernel == "fused"
+        assert plan.update_in_step == (optimizer in ("sgd", "momentum", "nesterov"))
+    image = plan_cell(training.models.build("simple_cnn", images), "classification",
+                      (3, 32, 32), 64, 8, optimizer=optimizer)
+    assert image.kernel == "per_trial" and image.update_in_step
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    eager = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+    assert eager.kernel == "batched" and not eager.update_in_step

@@ -5,7 +5,9 @@ k = 1 are slow); k = 1 and the loop's edge cases (divergence, stopping at the go
 in a one-rank process group, which needs no spawn.
 """
 
+import argparse
 import copy
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -13,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 import training
-from training import costmodel
-from training.distributed import (BenchPlan, DistRun, _bench_rank, bench_main, check_world,
-                                  forward_backward, train_distributed, train_rank, wrap_ddp)
-from training.schedules import ConfigError
+from training import ConfigError, RunConfig, Trial, costmodel
+from training.ddp_bench import BenchPlan, _bench_rank, add_bench_parser
+from training.distributed import (DistRun, add_train_parser, check_world, forward_backward,
+                                  train_distributed, train_rank, wrap_ddp)
 
 STEPS = 50
 
@@ -25,20 +27,38 @@ def relative_error(state, ref_state):
     return max(float((state[n] - ref_state[n]).norm() / ref_state[n].norm()) for n in ref_state)
 
 
-@pytest.fixture(scope="module")
-def workload(mnist1d_small):
+# the optimizers' own trials and goals; momentum and AdamW spawn k = 2 by default, Adam runs
+# in-process
+WORKLOADS = {
+    "momentum": (Trial(lr=0.1, momentum=0.9, decay_steps=40, end_factor=0.1), 0.81),
+    "adam": (Trial(lr=1e-2, decay_steps=40, end_factor=0.1, beta1=0.8, beta2=0.99,
+                   weight_decay=0.1), 0.84),
+    "adamw": (Trial(lr=1e-2, decay_steps=40, end_factor=0.1, beta1=0.8, beta2=0.99,
+                    weight_decay=0.1), 0.84),
+}
+
+
+def old_form(trial, run, mask, **kwargs):
+    """The deprecated keyword arguments of ``train_distributed`` for ``trial`` and ``run``."""
+    return dict(batch_size=run.batch_size, optimizer=run.optimizer, steps=run.max_steps,
+                seed=run.seed, target=run.goal, stop_at_goal=run.stop != "never",
+                eval_schedule=run.eval_schedule, mask=mask, **trial.as_dict(), **kwargs)
+
+
+@pytest.fixture(scope="module", params=list(WORKLOADS))
+def workload(request, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small, seed=0)
     g = torch.Generator().manual_seed(1)
     mask = {"1.weight": (torch.rand(net[1].weight.shape, generator=g) > 0.5).float()}
-    kwargs = dict(batch_size=32, lr=0.1, momentum=0.9, optimizer="momentum", steps=STEPS, seed=3,
-                  decay_steps=40, end_factor=0.1, target=0.81, stop_at_goal=False,
-                  eval_schedule=training.EvalSchedule(every=5), mask=mask)
-    ref = training.train_reference(net, mnist1d_small, **kwargs)
+    trial, goal = WORKLOADS[request.param]
+    run = RunConfig(32, request.param, max_steps=STEPS, goal=goal, stop="never", seed=3,
+                    eval_schedule=training.EvalSchedule(every=5))
+    ref = training.train_reference(net, mnist1d_small, trial, run, mask=mask)
     # the comparison is only meaningful if the goal is met inside the run and masking bites
     assert ref.steps_to_result is not None and 0 < ref.steps_to_result < STEPS
     assert ref.steps_run == STEPS
     assert torch.all(ref.state["1.weight"][mask["1.weight"] == 0] == 0)
-    return net, kwargs, ref
+    return net, trial, run, mask, ref
 
 
 def check_equivalent(res, ref):
@@ -51,34 +71,61 @@ def check_equivalent(res, ref):
     assert abs(res.curve.train_loss - ref.curve.train_loss).max() < 1e-5
 
 
+@pytest.mark.parametrize("workload", ["momentum", pytest.param("adam", marks=pytest.mark.slow),
+                                      "adamw"], indirect=True)
 def test_ddp_two_workers_match_reference(workload, mnist1d_small):
-    net, kwargs, ref = workload
-    res = train_distributed(net, mnist1d_small, 2, **kwargs)
+    net, trial, run, mask, ref = workload
+    res = train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask)
     check_equivalent(res, ref)
-    mask = kwargs["mask"]["1.weight"]
-    assert torch.all(res.state["1.weight"][mask == 0] == 0)
+    assert torch.all(res.state["1.weight"][mask["1.weight"] == 0] == 0)
 
 
 def test_ddp_one_worker_matches_reference(one_rank_group, workload, mnist1d_small):
-    net, kwargs, ref = workload
-    run_kwargs = {k: v for k, v in kwargs.items() if k != "mask"}
-    res = train_rank(net, mnist1d_small, DistRun(world_size=1, **run_kwargs), 0,
-                     torch.device("cpu"), kwargs["mask"])
+    net, trial, run, mask, ref = workload
+    res = train_rank(net, mnist1d_small, DistRun(trial, run, world_size=1), 0,
+                     torch.device("cpu"), mask)
     check_equivalent(res, ref)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 4])  # k = 1 in-process and k = 2 spawned run by default
 def test_ddp_spawned_matches_reference(workload, mnist1d_small, world_size):
-    net, kwargs, ref = workload
-    check_equivalent(train_distributed(net, mnist1d_small, world_size, **kwargs), ref)
+    net, trial, run, mask, ref = workload
+    check_equivalent(train_distributed(net, mnist1d_small, trial, run, world_size=world_size,
+                                       mask=mask), ref)
+
+
+@pytest.mark.slow
+def test_old_keyword_form_warns_and_is_bit_identical(workload, mnist1d_small):
+    """The keyword form of earlier releases (deprecated), on 2 spawned workers."""
+    net, trial, run, mask, _ = workload
+    new = train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask)
+    with pytest.warns(DeprecationWarning, match="train_distributed.*deprecated"):
+        old = train_distributed(net, mnist1d_small, 2, **old_form(trial, run, mask))
+    assert old.curve.rows() == new.curve.rows() and old.steps_run == new.steps_run
+    assert all(torch.equal(old.state[k], new.state[k]) for k in new.state)
+
+
+def test_old_keyword_form_translates_to_the_same_run(monkeypatch, workload, mnist1d_small):
+    """The old form reaches the launcher with the DistRun the new form builds (no spawn)."""
+    import training.distributed as ddp
+
+    net, trial, run, mask, _ = workload
+    seen = []
+    monkeypatch.setattr(ddp, "spawn", lambda fn, k, backend, threads, *args, timeout: seen.append(
+        (k, backend, threads, args[2:], timeout)))
+    train_distributed(net, mnist1d_small, trial, run, world_size=2, mask=mask, threads=2)
+    with pytest.warns(DeprecationWarning, match="train_distributed.*deprecated"):
+        train_distributed(net, mnist1d_small, 2, **old_form(trial, run, mask, threads=2))
+    assert seen[0] == seen[1]
+    assert seen[0][3][0] == DistRun(trial, run, world_size=2, threads=2)
 
 
 def test_differs_from_reference_at_other_seed(workload, mnist1d_small):
     """Guard against a test that cannot fail: a different data order moves the weights far more
     than the tolerance used above."""
-    net, kwargs, ref = workload
-    other = training.train_reference(net, mnist1d_small, **dict(kwargs, seed=4))
+    net, trial, run, mask, ref = workload
+    other = training.train_reference(net, mnist1d_small, trial, replace(run, seed=4), mask=mask)
     assert relative_error(other.state, ref.state) > 1e-3
 
 
@@ -94,14 +141,21 @@ def test_bad_world_or_batch(world_size, batch_size, match):
 
 def test_bad_arguments_fail_before_spawning(mnist1d_small):
     net = training.models.build("mlp", mnist1d_small)
+    trial = Trial(lr=0.1)
     with pytest.raises(ConfigError, match="not divisible"):
-        train_distributed(net, mnist1d_small, 3, batch_size=32, lr=0.1)
-    with pytest.raises(ConfigError, match="exceeds the training set size"):
-        train_distributed(net, mnist1d_small, 1, batch_size=10_000, lr=0.1)
-    with pytest.raises(ConfigError, match="optimizer"):
-        DistRun(world_size=1, batch_size=8, lr=0.1, optimizer="adam")
+        train_distributed(net, mnist1d_small, trial, RunConfig(32), world_size=3)
+    with pytest.raises(ConfigError, match=r"batch_size must be an integer in \[1, 720\]"):
+        train_distributed(net, mnist1d_small, trial, RunConfig(10_000), world_size=1)
+    with pytest.raises(ConfigError, match="'nesterov' needs momentum > 0"):
+        DistRun(trial, RunConfig(8, "nesterov"), world_size=1)
+    with pytest.raises(ConfigError, match="weight_decay is used by optimizers adam, adamw only"):
+        DistRun(Trial(lr=0.1, weight_decay=0.1), RunConfig(8), world_size=1)
     with pytest.raises(ConfigError, match="threads"):
-        DistRun(world_size=1, batch_size=8, lr=0.1, threads=0)
+        DistRun(trial, RunConfig(8), world_size=1, threads=0)
+    with pytest.raises(ConfigError, match="device 'mps'; allowed: cpu, cuda"):
+        DistRun(trial, RunConfig(8, device="mps"), world_size=1)
+    with pytest.raises(ConfigError, match="needs a training.Trial and a training.RunConfig"):
+        DistRun({"lr": 0.1}, RunConfig(8), world_size=1)
 
 
 @pytest.fixture
@@ -116,10 +170,11 @@ def one_rank_group():
 
 def test_divergence_matches_reference(one_rank_group, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small)
-    kwargs = dict(batch_size=32, lr=50.0, momentum=0.9, steps=20, seed=3)
-    ref = training.train_reference(net, mnist1d_small, **kwargs)
+    trial, run = Trial(lr=50.0, momentum=0.9), RunConfig(32, max_steps=20, seed=3)
+    ref = training.train_reference(net, mnist1d_small, trial, run)
     assert ref.diverged
-    res = train_rank(net, mnist1d_small, DistRun(world_size=1, **kwargs), 0, torch.device("cpu"))
+    res = train_rank(net, mnist1d_small, DistRun(trial, run, world_size=1), 0,
+                     torch.device("cpu"))
     assert res.diverged and res.diverged_step == ref.diverged_step
     assert res.steps_run == ref.steps_run
     assert relative_error(res.state, ref.state) < 1e-5
@@ -127,11 +182,13 @@ def test_divergence_matches_reference(one_rank_group, mnist1d_small):
 
 def test_stops_at_goal_like_reference(one_rank_group, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small)
-    kwargs = dict(batch_size=16, lr=0.1, momentum=0.9, steps=60, seed=5, target=0.85,
-                  eval_schedule=training.EvalSchedule(every=4))
-    ref = training.train_reference(net, mnist1d_small, **kwargs)
+    trial = Trial(lr=0.1, momentum=0.9)
+    run = RunConfig(16, max_steps=60, seed=5, goal=0.85,
+                    eval_schedule=training.EvalSchedule(every=4))
+    ref = training.train_reference(net, mnist1d_small, trial, run)
     assert ref.steps_to_result is not None and ref.steps_run == ref.steps_to_result < 60
-    res = train_rank(net, mnist1d_small, DistRun(world_size=1, **kwargs), 0, torch.device("cpu"))
+    res = train_rank(net, mnist1d_small, DistRun(trial, run, world_size=1), 0,
+                     torch.device("cpu"))
     assert (res.steps_to_result, res.steps_run) == (ref.steps_to_result, ref.steps_run)
     assert res.curve.metric.tolist() == ref.curve.metric.tolist()
 
@@ -162,12 +219,23 @@ def test_bench_rank_times_every_batch(one_rank_group, mnist1d_small):
     assert out["allreduce"] == []  # nothing to reduce on one worker
 
 
+def parse(add_parser, argv):
+    """``argv`` parsed by a parser holding only the subcommand ``add_parser`` adds."""
+    parser = argparse.ArgumentParser(prog="sparsescale")
+    handler = add_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    assert args.fn is handler
+    return args
+
+
 @pytest.mark.slow
-def test_bench_main_writes_cost_model(tmp_path, capsys):
+def test_bench_command_writes_cost_model(tmp_path, capsys):
     out = tmp_path / "cost_model.json"
-    assert bench_main(["--data-option", "num_samples=1000", "--workers", "1,2",
-                       "--per-worker-batch", "4,32", "--allreduce-sizes", "1000,100000",
-                       "--repeats", "5", "--warmup", "2", "--out", str(out)]) == 0
+    args = parse(add_bench_parser, ["ddp", "--data-option", "num_samples=1000", "--workers", "1,2",
+                                    "--per-worker-batch", "4,32", "--allreduce-sizes",
+                                    "1000,100000", "--repeats", "5", "--warmup", "2", "--out",
+                                    str(out)])
+    assert args.fn(args) == 0
     cost = costmodel.load_cost_model(out)
     assert cost.n_params == training.models.count_parameters(
         training.models.build("mlp", training.data.load("mnist1d", num_samples=1000)))
@@ -190,7 +258,7 @@ def test_torchrun_launch_matches_reference(tmp_path, mnist1d_small):
     out = tmp_path / "result.pt"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                     "--master-addr", "127.0.0.1", "--master-port", str(port),
-                    "-m", "training.distributed", "train", "--data-option", "num_samples=1000",
+                    "-m", "training.distributed", "ddp", "--data-option", "num_samples=1000",
                     "--data-option", "test=true", "--batch-size", "32", "--lr", "0.1",
                     "--momentum", "0.9", "--steps", "50", "--seed", "3", "--target", "0.85",
                     "--eval-every", "5", "--out", str(out)],
@@ -198,23 +266,39 @@ def test_torchrun_launch_matches_reference(tmp_path, mnist1d_small):
                    cwd=Path(training.__file__).resolve().parents[1])
     res = torch.load(out, weights_only=False)
     net = training.models.build("mlp", mnist1d_small, seed=0)
-    ref = training.train_reference(net, mnist1d_small, batch_size=32, lr=0.1, momentum=0.9,
-                                   steps=50, seed=3, target=0.85,
-                                   eval_schedule=training.EvalSchedule(every=5))
+    ref = training.train_reference(net, mnist1d_small, Trial(lr=0.1, momentum=0.9),
+                                   RunConfig(32, max_steps=50, seed=3, goal=0.85,
+                                             eval_schedule=training.EvalSchedule(every=5)))
     assert res.steps_to_result == ref.steps_to_result is not None
     assert relative_error(res.state, ref.state) < 1e-5
 
 
 def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path, monkeypatch):
-    import training.distributed as ddp
+    import training.ddp_bench as bench
 
-    monkeypatch.setattr(ddp, "measure", lambda *a, **k: pytest.fail("measured before checking --out"))
+    monkeypatch.setattr(bench, "measure",
+                        lambda *a, **k: pytest.fail("measured before checking --out"))
     blocker = tmp_path / "file"
     blocker.write_text("")
+    args = parse(add_bench_parser, ["ddp", "--out", str(blocker / "sub" / "cost_model.json")])
     with pytest.raises(ConfigError, match=r"--out .*cannot create folder"):
-        ddp.bench_main(["--out", str(blocker / "sub" / "cost_model.json")])
+        args.fn(args)
     # a missing folder is created
-    monkeypatch.setattr(ddp, "_workload", lambda args: pytest.skip("folder created; stop here"))
+    monkeypatch.setattr(bench, "build_workload",
+                        lambda args: pytest.skip("folder created; stop here"))
+    args = parse(add_bench_parser, ["ddp", "--out", str(tmp_path / "new" / "cost_model.json")])
     with pytest.raises(pytest.skip.Exception):
-        ddp.bench_main(["--out", str(tmp_path / "new" / "cost_model.json")])
+        args.fn(args)
     assert (tmp_path / "new").is_dir()
+
+
+def test_train_command_parses_a_trial_and_needs_torchrun(monkeypatch):
+    args = parse(add_train_parser, ["ddp", "--batch-size", "32", "--lr", "0.1", "--momentum",
+                                    "0.9", "--steps", "50", "--target", "0.85"])
+    assert (args.batch_size, args.lr, args.momentum, args.steps, args.target) == (32, 0.1, 0.9,
+                                                                                 50, 0.85)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not "
+                                          "set: launch with torchrun"):
+        args.fn(args)

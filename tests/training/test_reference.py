@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -6,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import training
+from training import ConfigError, EvalSchedule, MaskError, RunConfig, Trial
 from training.order import BatchOrder, trial_seed
-from training.schedules import ConfigError, EvalSchedule, Trial, lr_factor
+from training.schedules import lr_factor
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,10 @@ def test_matches_independent_update_rules(teacher, optimizer, decay):
     mask = {"1.weight": (torch.rand(16, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()}
     kw = dict(batch_size=32, lr=0.3, momentum=0.9, optimizer=optimizer, steps=25, seed=5,
               trial_index=2, decay_steps=decay, end_factor=0.1)
-    res = training.train_reference(net, teacher, **kw, mask=mask, dtype=torch.float64)
+    res = training.train_reference(
+        net, teacher, Trial(lr=0.3, momentum=0.9, decay_steps=decay, end_factor=0.1),
+        RunConfig(32, optimizer, max_steps=25, seed=5, dtype=torch.float64), mask=mask,
+        trial_index=2)
     ref = manual_sgd(net, teacher, **kw, mask=mask)
     for k, v in res.state.items():
         assert torch.allclose(v, ref[k], rtol=1e-10, atol=1e-12), k
@@ -61,10 +66,11 @@ def test_matches_independent_update_rules(teacher, optimizer, decay):
 
 def test_deterministic_and_seeded_by_trial(teacher):
     net = training.models.build("mlp", teacher, hidden=[16])
-    kw = dict(batch_size=16, lr=0.1, momentum=0.9, steps=60, eval_schedule=EvalSchedule(every=10))
-    a = training.train_reference(net, teacher, seed=3, **kw)
-    b = training.train_reference(net, teacher, seed=3, **kw)
-    c = training.train_reference(net, teacher, seed=3, trial_index=1, **kw)
+    trial = Trial(lr=0.1, momentum=0.9)
+    run = RunConfig(16, max_steps=60, eval_schedule=EvalSchedule(every=10), seed=3)
+    a = training.train_reference(net, teacher, trial, run)
+    b = training.train_reference(net, teacher, trial, run)
+    c = training.train_reference(net, teacher, trial, run, trial_index=1)
     assert a.curve.rows() == b.curve.rows()
     assert a.curve.rows() != c.curve.rows()
     assert list(a.curve.step) == [0, 10, 20, 30, 40, 50, 60]
@@ -74,8 +80,9 @@ def test_deterministic_and_seeded_by_trial(teacher):
 
 def test_curve_train_loss_is_the_mean_since_the_last_evaluation(teacher):
     net = training.models.build("linear", teacher)
-    res = training.train_reference(net, teacher, batch_size=400 - 80, lr=0.5, optimizer="sgd",
-                                   steps=4, eval_schedule=EvalSchedule(every=2))
+    res = training.train_reference(net, teacher, Trial(lr=0.5),
+                                   RunConfig(400 - 80, "sgd", max_steps=4,
+                                             eval_schedule=EvalSchedule(every=2)))
     # full batch (one batch per epoch, permuted): the losses are those of gradient descent
     w = {k: v.detach().clone() for k, v in net.named_parameters()}
     losses = []
@@ -90,21 +97,29 @@ def test_curve_train_loss_is_the_mean_since_the_last_evaluation(teacher):
 
 def test_steps_to_result_is_the_first_evaluation_meeting_the_goal(teacher):
     net = training.models.build("mlp", teacher, hidden=[32])
-    kw = dict(batch_size=32, lr=0.2, momentum=0.9, steps=300, eval_schedule=EvalSchedule(every=20))
-    full = training.train_reference(net, teacher, target=0.0, stop_at_goal=False, **kw)
+    trial = Trial(lr=0.2, momentum=0.9)
+    run = RunConfig(32, max_steps=300, eval_schedule=EvalSchedule(every=20))
+    full = training.train_reference(net, teacher, trial, replace(run, goal=0.0, stop="never"))
     target = float(np.median(full.curve.metric))
     first = int(full.curve.step[np.argmax(full.curve.metric < target)])
-    stopped = training.train_reference(net, teacher, target=target, **kw)
+    stopped = training.train_reference(net, teacher, trial, replace(run, goal=target))
     assert stopped.steps_to_result == first and stopped.steps_run == first
     assert stopped.curve.rows() == full.curve.rows()[: len(stopped.curve)]
-    lee = training.train_reference(net, teacher, target=training.Goal("error", target, strict=False), **kw)
+    # one trial: stop="all" (each trial to its own hit) is stop="first"
+    alone = training.train_reference(net, teacher, trial, replace(run, goal=target, stop="all"))
+    assert alone.curve.rows() == stopped.curve.rows()
+    # stop="never" trains the budget and still records the first hit
+    never = training.train_reference(net, teacher, trial, replace(run, goal=target, stop="never"))
+    assert never.steps_to_result == first and never.steps_run == 300
+    lee = training.train_reference(
+        net, teacher, trial, replace(run, goal=training.Goal("error", target, strict=False)))
     assert lee.steps_to_result <= first
 
 
 def test_divergence_ends_the_run_cleanly(teacher):
     net = training.models.build("mlp", teacher, hidden=[16])
-    res = training.train_reference(net, teacher, batch_size=32, lr=1e4, momentum=0.9, steps=200,
-                                   target=0.01)
+    res = training.train_reference(net, teacher, Trial(lr=1e4, momentum=0.9),
+                                   RunConfig(32, max_steps=200, goal=0.01))
     assert res.diverged and res.diverged_step is not None and res.steps_run < 200
     assert res.steps_to_result is None and res.steps_run == res.diverged_step
 
@@ -112,8 +127,8 @@ def test_divergence_ends_the_run_cleanly(teacher):
 def test_reaches_ten_percent_error_on_mnist1d_with_cnn1d():
     ds = training.data.load("mnist1d")
     net = training.models.build("cnn1d", ds, seed=0)
-    res = training.train_reference(net, ds, batch_size=64, lr=0.05, momentum=0.9, steps=3000,
-                                   target=0.10)
+    res = training.train_reference(net, ds, Trial(lr=0.05, momentum=0.9),
+                                   RunConfig(64, max_steps=3000, goal=0.10))
     assert not res.diverged
     assert res.steps_to_result is not None and res.steps_to_result <= 3000
     assert res.curve.metric[-1] < 0.10
@@ -122,8 +137,8 @@ def test_reaches_ten_percent_error_on_mnist1d_with_cnn1d():
 def test_regression_task_uses_half_mse():
     ds = training.data.load("linreg", n=200, dim=4, noise=0.1)
     net = training.models.build("linear", ds)
-    res = training.train_reference(net, ds, batch_size=40, lr=0.1, optimizer="sgd", steps=300,
-                                   target=0.02)
+    res = training.train_reference(net, ds, Trial(lr=0.1), RunConfig(40, "sgd", max_steps=300,
+                                                                     goal=0.02))
     assert res.steps_to_result is not None
     w = torch.tensor(ds.provenance["w_star"])
     assert torch.allclose(res.state["1.weight"].flatten(), w, atol=0.05)
@@ -135,7 +150,7 @@ def test_batch_order_covers_each_epoch():
     assert len(set(epoch0.tolist())) == 9
     assert not torch.equal(order.batch(3), order.batch(0))
     assert torch.equal(BatchOrder(7, 10, 3).batch(4), order.batch(4))
-    with pytest.raises(ValueError, match=r"batch size must be in \[1, 10\]"):
+    with pytest.raises(ConfigError, match=r"batch size must be in \[1, 10\]"):
         BatchOrder(0, 10, 11)
 
 
@@ -150,18 +165,53 @@ def test_schedules():
     assert all(b - a <= 16 for a, b in zip(geo, geo[1:]))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(lr=-1.0), "lr must be a positive finite number"),
-    (dict(lr=float("nan")), "lr must be a positive finite number"),
-    (dict(lr=0.1, momentum=1.0), r"momentum must be in \[0, 1\)"),
-    (dict(lr=0.1, optimizer="adam"), "unknown optimizer 'adam'; allowed: sgd, momentum, nesterov"),
-    (dict(lr=0.1, optimizer="nesterov", momentum=0.0), "'nesterov' needs momentum > 0"),
-    (dict(lr=0.1, mask={"nope": torch.ones(1)}), "mask entry 'nope' is not a parameter"),
+@pytest.mark.parametrize("trial, run, mask, message", [
+    (dict(lr=-1.0), {}, None, "lr must be a positive finite number"),
+    (dict(lr=float("nan")), {}, None, "lr must be a positive finite number"),
+    (dict(lr=0.1, momentum=1.0), {}, None, r"momentum must be in \[0, 1\)"),
+    (dict(lr=0.1), dict(optimizer="adagrad"), None,
+     "unknown optimizer 'adagrad'; allowed: sgd, momentum, nesterov, adam, adamw"),
+    (dict(lr=0.1), dict(optimizer="nesterov"), None, "'nesterov' needs momentum > 0"),
+    (dict(lr=0.1), dict(batch_size=400), None, r"batch_size must be an integer in \[1, 320\]"),
 ])
-def test_bad_arguments(teacher, kwargs, message):
+def test_bad_arguments(teacher, trial, run, mask, message):
     net = training.models.build("linear", teacher)
     with pytest.raises(ConfigError, match=message):
-        training.train_reference(net, teacher, batch_size=8, steps=1, **kwargs)
+        training.train_reference(net, teacher, Trial.from_dict(trial),
+                                 RunConfig(**{"batch_size": 8, "max_steps": 1, **run}))
+
+
+def test_bad_mask_raises_mask_error(teacher):
+    net = training.models.build("linear", teacher)
+    with pytest.raises(MaskError, match="mask entry 'nope' is not a parameter"):
+        training.train_reference(net, teacher, Trial(lr=0.1), RunConfig(8, max_steps=1),
+                                 mask={"nope": torch.ones(1)})
+
+
+def test_old_keyword_form_warns_and_is_bit_identical(teacher):
+    """The keyword form of earlier releases (deprecated): same result to the bit."""
+    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    g = torch.Generator().manual_seed(1)
+    mask = {"1.weight": (torch.rand(16, 8, generator=g) > 0.5).float()}
+    schedule = EvalSchedule(every=7)
+    with pytest.warns(DeprecationWarning, match="train_reference.*deprecated"):
+        old = training.train_reference(net, teacher, batch_size=16, lr=0.2, momentum=0.5,
+                                       optimizer="nesterov", steps=40, seed=2, trial_index=1,
+                                       decay_steps=30, end_factor=0.2, target=0.5,
+                                       eval_schedule=schedule, stop_at_goal=False, mask=mask)
+    new = training.train_reference(
+        net, teacher, Trial(lr=0.2, momentum=0.5, decay_steps=30, end_factor=0.2),
+        RunConfig(16, "nesterov", max_steps=40, goal=0.5, eval_schedule=schedule, stop="never",
+                  seed=2), mask=mask, trial_index=1)
+    assert old.curve.rows() == new.curve.rows() and old.steps_run == new.steps_run == 40
+    assert old.steps_to_result == new.steps_to_result is not None
+    assert all(torch.equal(old.state[k], new.state[k]) for k in new.state)
+
+
+def test_run_must_be_a_run_config(teacher):
+    net = training.models.build("linear", teacher)
+    with pytest.raises(ConfigError, match="run must be a training.RunConfig, got dict"):
+        training.train_reference(net, teacher, Trial(lr=0.1), {"batch_size": 8})
 
 
 def test_trial_from_dict():

@@ -9,6 +9,7 @@ import training
 from training import kernels
 from training.stacked import FuncProgram, SequentialProgram
 from training.stacked_fused import CONV1D, LINEAR, RELU, TRANSPOSE, encode, try_build, working_set
+from training.updates import StackUpdate
 
 F64 = torch.float64
 pytestmark = pytest.mark.skipif(kernels.fused_sequential() is None,
@@ -146,8 +147,8 @@ def test_train_step_updates_in_place_below_the_limit(data, stacked, optimizer):
         for t in (expected_w[-1], expected_a[-1]):
             t[1] = (w if t is expected_w[-1] else a)[1]
     before = [p.clone() for p in params]
-    got = program.train_step(params, None if optimizer == "sgd" else bufs, masks, x, y, idx,
-                             neg_lr, mu, optimizer, limit)
+    update = StackUpdate(optimizer, 0, -neg_lr, mu, masks, None if optimizer == "sgd" else bufs)
+    got = program.train_step(params, x, y, idx, update, limit)
     torch.testing.assert_close(got, loss, rtol=1e-15, atol=0)
     for w, a, ew, ea, b in zip(params, bufs, expected_w, expected_a, before):
         torch.testing.assert_close(w, ew, rtol=1e-13, atol=1e-15)

@@ -1,14 +1,13 @@
 """The vectorized trainer against the plain torch.optim loop (training.train_reference)."""
 
-import resource
-import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 import training
-from training.schedules import ConfigError, EvalSchedule
+from training import ConfigError, EvalSchedule, MaskError, RunConfig, Trial
 
 F64 = torch.float64
 TRIALS = [
@@ -16,11 +15,6 @@ TRIALS = [
     {"lr": 0.2, "momentum": 0.5, "decay_steps": 120, "end_factor": 0.01},
     {"lr": 0.02, "momentum": 0.99, "decay_steps": 60, "end_factor": 0.1},
 ]
-
-
-@pytest.fixture(scope="module")
-def teacher():
-    return training.data.load("teacher", n=500, dim=8, num_classes=3, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +27,8 @@ def random_mask(shape, seed, leading=()):
     return (torch.rand(*leading, *shape, generator=g) > 0.4).double()
 
 
-def reference(net, ds, trial, i, **kw):
-    t = dict(trial)
-    return training.train_reference(net, ds, lr=t.pop("lr"), trial_index=i, **t, **kw)
+def reference(net, ds, trial, i, run, mask=None):
+    return training.train_reference(net, ds, Trial(**trial), run, mask=mask, trial_index=i)
 
 
 def rel_err(a, b):
@@ -58,13 +51,13 @@ def test_float64_matches_reference_after_200_steps(mnist1d_small, optimizer, mas
     # per-trial masks on the first layer, one shared mask on the second
     masks = {"1.weight": random_mask((32, 40), 0, leading=(3,)),
              "3.weight": random_mask((32, 32), 1)} if masked else None
-    kw = dict(batch_size=16, optimizer=optimizer, seed=7, dtype=F64,
-              eval_schedule=EvalSchedule(every=50))
-    res = training.train_trials(net, mnist1d_small, trials=trials, max_steps=200, masks=masks, **kw)
+    run = RunConfig(16, optimizer, max_steps=200, seed=7, dtype=F64,
+                    eval_schedule=EvalSchedule(every=50))
+    res = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
     refs = []
     for i, t in enumerate(trials):
         mask = {k: m[i] if k == "1.weight" else m for k, m in masks.items()} if masked else None
-        refs.append(reference(net, mnist1d_small, t, i, steps=200, mask=mask, **kw))
+        refs.append(reference(net, mnist1d_small, t, i, run, mask))
     assert_close_states(res, refs, 1e-9)
     for i, ref in enumerate(refs):
         assert res.curves[i].step.tolist() == ref.curve.step.tolist() == [0, 50, 100, 150, 200]
@@ -85,15 +78,12 @@ def test_float64_steps_to_result_identical(teacher, optimizer):
     mask = {"1.weight": random_mask((16, 8), 3)}
     trials = [{"lr": 0.1, "momentum": 0.9}, {"lr": 0.3, "momentum": 0.5, "decay_steps": 100,
                                               "end_factor": 0.1}, {"lr": 0.5, "momentum": 0.3}]
-    res = training.train_trials(net, teacher, batch_size=32, trials=trials, optimizer=optimizer,
-                                target=0.25, max_steps=300, masks=mask, seed=3, dtype=F64,
-                                eval_schedule=EvalSchedule(every=1), stop="all")
-    coarse = training.train_trials(net, teacher, batch_size=32, trials=trials, optimizer=optimizer,
-                                   target=0.25, max_steps=300, masks=mask, seed=3, dtype=F64,
-                                   eval_schedule=EvalSchedule(every=40), stop="all")
-    refs = [reference(net, teacher, t, i, batch_size=32, optimizer=optimizer, steps=300, seed=3,
-                      dtype=F64, target=0.25, mask=mask, eval_schedule=EvalSchedule(every=1))
-            for i, t in enumerate(trials)]
+    run = RunConfig(32, optimizer, max_steps=300, goal=0.25, seed=3, dtype=F64,
+                    eval_schedule=EvalSchedule(every=1), stop="all")
+    res = training.train_trials(net, teacher, trials, run, masks=mask)
+    coarse = training.train_trials(net, teacher, trials,
+                                   replace(run, eval_schedule=EvalSchedule(every=40)), masks=mask)
+    refs = [reference(net, teacher, t, i, run, mask) for i, t in enumerate(trials)]
     hits = [r.steps_to_result for r in refs]
     assert all(h is not None for h in hits)
     assert res.hit_step == hits and coarse.hit_step == hits
@@ -112,10 +102,9 @@ def test_float32_matches_reference(mnist1d_small, model):
     net = training.models.build(model, mnist1d_small, seed=2)
     name = next(n for n, p in net.named_parameters() if p.dim() > 1)
     masks = {name: random_mask(dict(net.named_parameters())[name].shape, 6).float()}
-    kw = dict(batch_size=32, optimizer="nesterov", seed=1, eval_schedule=EvalSchedule(every=100))
-    res = training.train_trials(net, mnist1d_small, trials=TRIALS, max_steps=200, masks=masks, **kw)
-    refs = [reference(net, mnist1d_small, t, i, steps=200, mask=masks, **kw)
-            for i, t in enumerate(TRIALS)]
+    run = RunConfig(32, "nesterov", max_steps=200, seed=1, eval_schedule=EvalSchedule(every=100))
+    res = training.train_trials(net, mnist1d_small, TRIALS, run, masks=masks)
+    refs = [reference(net, mnist1d_small, t, i, run, masks) for i, t in enumerate(TRIALS)]
     assert_close_states(res, refs, 1e-4)
     for i, ref in enumerate(refs):
         np.testing.assert_allclose(res.curves[i].train_loss, ref.curve.train_loss, rtol=1e-4)
@@ -126,10 +115,10 @@ def test_cnn1d_float64_with_per_trial_masks(mnist1d_small):
     net = training.models.build("cnn1d", mnist1d_small, channels=6, seed=0)
     masks = {"1.weight": random_mask((6, 1, 5), 0, leading=(3,)),
              "3.weight": random_mask((6, 6, 3), 1)}
-    kw = dict(batch_size=8, optimizer="momentum", seed=2, dtype=F64)
-    res = training.train_trials(net, mnist1d_small, trials=TRIALS, max_steps=200, masks=masks, **kw)
-    refs = [reference(net, mnist1d_small, t, i, steps=200, **kw,
-                      mask={"1.weight": masks["1.weight"][i], "3.weight": masks["3.weight"]})
+    run = RunConfig(8, "momentum", max_steps=200, seed=2, dtype=F64)
+    res = training.train_trials(net, mnist1d_small, TRIALS, run, masks=masks)
+    refs = [reference(net, mnist1d_small, t, i, run,
+                      {"1.weight": masks["1.weight"][i], "3.weight": masks["3.weight"]})
             for i, t in enumerate(TRIALS)]
     assert_close_states(res, refs, 1e-9)
 
@@ -140,13 +129,13 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
     net = training.models.build("linear", linreg, seed=0)
     trials = [{"lr": lr, "momentum": mu} for lr, mu in [(0.01, 0.9), (0.03, 0.0), (0.02, 0.5),
                                                         (0.005, 0.95)]]
-    kw = dict(batch_size=16, trials=trials, optimizer="momentum", target=0.2, max_steps=400,
-              seed=4, dtype=F64)
-    every = training.train_trials(net, linreg, eval_schedule=EvalSchedule(every=1), stop="all",
-                                  **kw)
-    first = training.train_trials(net, linreg, eval_schedule=EvalSchedule(every=37), **kw)
-    geometric = training.train_trials(net, linreg, **kw,
-                                      eval_schedule=EvalSchedule("geometric", ratio=1.5))
+    run = RunConfig(16, "momentum", max_steps=400, goal=0.2, seed=4, dtype=F64)
+    every = training.train_trials(
+        net, linreg, trials, replace(run, eval_schedule=EvalSchedule(every=1), stop="all"))
+    first = training.train_trials(net, linreg, trials,
+                                  replace(run, eval_schedule=EvalSchedule(every=37)))
+    geometric = training.train_trials(
+        net, linreg, trials, replace(run, eval_schedule=EvalSchedule("geometric", ratio=1.5)))
     hits = every.hit_step
     assert all(h is not None for h in hits) and len(set(hits)) > 1
     assert first.steps_to_result == geometric.steps_to_result == min(hits)
@@ -162,12 +151,12 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
 def test_group_composition_does_not_change_a_trial(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1 * (k + 1), "momentum": 0.8} for k in range(5)]
-    kw = dict(batch_size=16, optimizer="momentum", max_steps=120, seed=9, dtype=F64, target=0.3,
-              stop="all", eval_schedule=EvalSchedule(every=25))
-    group = training.train_trials(net, teacher, trials=trials, **kw)
-    chunked = training.train_trials(net, teacher, trials=trials, trials_per_chunk=2, **kw)
+    run = RunConfig(16, "momentum", max_steps=120, seed=9, dtype=F64, goal=0.3, stop="all",
+                    eval_schedule=EvalSchedule(every=25))
+    group = training.train_trials(net, teacher, trials, run)
+    chunked = training.train_trials(net, teacher, trials, run, trials_per_chunk=2)
     for i in (0, 3):
-        alone = training.train_trials(net, teacher, trials=trials[i:i + 1], first_index=i, **kw)
+        alone = training.train_trials(net, teacher, trials[i:i + 1], run, first_index=i)
         for other in (group, chunked):
             assert other.hit_step[i] == alone.hit_step[0] and other.status[i] == alone.status[0]
             np.testing.assert_allclose(other.curves[i].metric, alone.curves[0].metric, rtol=1e-12)
@@ -179,21 +168,20 @@ def test_group_composition_does_not_change_a_trial(teacher):
 def test_divergent_trial_is_frozen_and_others_unaffected(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1, "momentum": 0.9}, {"lr": 1e4, "momentum": 0.9}, {"lr": 0.05}]
-    kw = dict(batch_size=16, optimizer="momentum", seed=1, dtype=F64,
-              eval_schedule=EvalSchedule(every=20))
-    res = training.train_trials(net, teacher, trials=trials, max_steps=100, **kw)
+    run = RunConfig(16, "momentum", max_steps=100, seed=1, dtype=F64,
+                    eval_schedule=EvalSchedule(every=20))
+    res = training.train_trials(net, teacher, trials, run)
     assert res.status == ["not_reached", "diverged", "not_reached"]
-    ref = reference(net, teacher, trials[1], 1, steps=100, **kw)
+    ref = reference(net, teacher, trials[1], 1, run)
     assert ref.diverged and res.diverged_step[1] == ref.diverged_step
     assert res.diverged_step[0] is None and res.steps_taken[1] == ref.steps_run
     assert res.curves[1].step.tolist() == ref.curve.step.tolist()
     for name, v in ref.state.items():
         torch.testing.assert_close(res.state(1)[name], v, rtol=1e-9, atol=0, equal_nan=True)
     for i in (0, 2):
-        r = reference(net, teacher, trials[i], i, steps=100, **kw)
+        r = reference(net, teacher, trials[i], i, run)
         assert_close_states(
-            training.train_trials(net, teacher, trials=[trials[i]], first_index=i, max_steps=100,
-                                  **kw), [r], 1e-12)
+            training.train_trials(net, teacher, [trials[i]], run, first_index=i), [r], 1e-12)
         for name, v in r.state.items():
             assert rel_err(res.state(i)[name], v) <= 1e-9
 
@@ -201,10 +189,10 @@ def test_divergent_trial_is_frozen_and_others_unaffected(teacher):
 def test_stop_all_runs_each_trial_to_its_own_hit_or_budget(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.3, "momentum": 0.9}, {"lr": 1e-4}, {"lr": 0.1, "momentum": 0.5}]
-    kw = dict(batch_size=16, trials=trials, optimizer="momentum", target=0.25, max_steps=200,
-              seed=2, dtype=F64, eval_schedule=EvalSchedule(every=30))
-    res = training.train_trials(net, teacher, stop="all", **kw)
-    first = training.train_trials(net, teacher, stop="first", **kw)
+    run = RunConfig(16, "momentum", max_steps=200, goal=0.25, seed=2, dtype=F64,
+                    eval_schedule=EvalSchedule(every=30))
+    res = training.train_trials(net, teacher, trials, replace(run, stop="all"))
+    first = training.train_trials(net, teacher, trials, replace(run, stop="first"))
     assert res.status == ["reached", "not_reached", "reached"]
     assert res.steps_taken[1] == 200 == res.steps_run and res.curves[1].step[-1] == 200
     for i in (0, 2):
@@ -212,12 +200,20 @@ def test_stop_all_runs_each_trial_to_its_own_hit_or_budget(teacher):
         assert res.steps_taken[i] == res.curves[i].step[-1] == 30 * -(-res.hit_step[i] // 30)
     assert first.steps_to_result == min(h for h in res.hit_step if h is not None)
     assert first.steps_run == min(res.steps_taken[0], res.steps_taken[2])
+    # stop="never": every trial runs the whole budget with the weights of an unstopped run, and
+    # each hit is still the exact first one
+    never = training.train_trials(net, teacher, trials, replace(run, stop="never"))
+    budget = training.train_trials(net, teacher, trials, replace(run, goal=None))
+    assert never.hit_step == res.hit_step and never.status == res.status
+    assert never.steps_taken == [200] * 3 and never.best == first.best
+    assert [c.rows() for c in never.curves] == [c.rows() for c in budget.curves]
+    assert all(torch.equal(never.params[k], budget.params[k]) for k in budget.params)
 
 
 def test_goal_met_at_initialisation(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    res = training.train_trials(net, teacher, batch_size=8, trials=[{"lr": 0.1}], target=1.0,
-                                max_steps=50, optimizer="sgd")
+    res = training.train_trials(net, teacher, [{"lr": 0.1}],
+                                RunConfig(8, "sgd", max_steps=50, goal=1.0))
     assert res.steps_to_result == 0 and res.steps_run == 0 and res.curves[0].step.tolist() == [0]
 
 
@@ -234,42 +230,61 @@ def test_generic_module_uses_torch_func_path(teacher):
 
     torch.manual_seed(0)
     net = Residual()
-    kw = dict(batch_size=16, optimizer="nesterov", seed=0, dtype=F64,
-              eval_schedule=EvalSchedule(every=40))
+    run = RunConfig(16, "nesterov", max_steps=80, seed=0, dtype=F64,
+                    eval_schedule=EvalSchedule(every=40))
     masks = {"hid.weight": random_mask((12, 12), 2)}
-    res = training.train_trials(net, teacher, trials=TRIALS, max_steps=80, masks=masks, **kw)
-    refs = [reference(net, teacher, t, i, steps=80, mask=masks, **kw) for i, t in enumerate(TRIALS)]
+    res = training.train_trials(net, teacher, TRIALS, run, masks=masks)
+    refs = [reference(net, teacher, t, i, run, masks) for i, t in enumerate(TRIALS)]
     assert_close_states(res, refs, 1e-9)
     np.testing.assert_allclose(res.curves[2].metric, refs[2].curve.metric)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(stop="some"), "stop 'some'; allowed: first, all"),
-    (dict(trials=[]), "trials must be a non-empty list"),
-    (dict(trials=[{"lr": 0.1, "beta": 2}]), "unknown trial keys"),
-    (dict(optimizer="adam"), "unknown optimizer 'adam'"),
-    (dict(optimizer="nesterov"), "'nesterov' needs momentum > 0 in every trial"),
-    (dict(batch_size=0), "batch_size must be an integer in"),
-    (dict(max_steps=-1), "max_steps must be an integer >= 0"),
-    (dict(masks={"nope": torch.ones(3)}), "mask entry 'nope' is not a parameter"),
-    (dict(masks={"1.weight": torch.ones(2, 16, 8)}),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(trials=[]), ConfigError, "trials must be a non-empty list"),
+    (dict(trials=[{"lr": 0.1, "beta": 2}]), ConfigError, "unknown trial keys"),
+    (dict(run=dict(optimizer="nesterov")), ConfigError,
+     "'nesterov' needs momentum > 0 in every trial"),
+    (dict(run=dict(batch_size=401)), ConfigError, r"batch_size must be an integer in \[1, 400\]"),
+    (dict(masks={"nope": torch.ones(3)}), MaskError, "mask entry 'nope' is not a parameter"),
+    (dict(masks={"1.weight": torch.ones(2, 16, 8)}), MaskError,
      r"allowed: \(16, 8\) \(shared\) or \(1, 16, 8\)"),
-    (dict(masks={"1.weight": torch.full((16, 8), 0.5)}), "must contain only 0 and 1"),
-    (dict(trials_per_chunk=-2), "trials_per_chunk must be >= 1"),
-    (dict(first_index=-1), "first_index must be an integer >= 0"),
+    (dict(masks={"1.weight": torch.full((16, 8), 0.5)}), MaskError,
+     "has values other than 0 and 1"),
+    (dict(trials_per_chunk=-2), ConfigError, "trials_per_chunk must be >= 1"),
+    (dict(first_index=-1), ConfigError, "first_index must be an integer >= 0"),
 ])
-def test_bad_input_raises_config_error(teacher, kwargs, match):
+def test_bad_input_names_the_argument(teacher, kwargs, error, match):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    args = dict(batch_size=8, trials=[{"lr": 0.1}], max_steps=5) | kwargs
-    with pytest.raises(ConfigError, match=match):
-        training.train_trials(net, teacher, **args)
+    trials = kwargs.pop("trials", [{"lr": 0.1}])
+    run = RunConfig(**{"batch_size": 8, "max_steps": 5, **kwargs.pop("run", {})})
+    with pytest.raises(error, match=match):
+        training.train_trials(net, teacher, trials, run, **kwargs)
+
+
+def test_old_keyword_form_warns_and_is_bit_identical(teacher):
+    """The keyword form of earlier releases (deprecated), positional batch size and trials as
+    the experiments passed them: same result to the bit."""
+    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    masks = {"1.weight": random_mask((16, 8), 4, leading=(3,)).float()}
+    schedule = EvalSchedule(every=15)
+    with pytest.warns(DeprecationWarning, match="train_trials.*deprecated"):
+        old = training.train_trials(net, teacher, 16, TRIALS, "nesterov", target=0.3,
+                                    max_steps=90, masks=masks, seed=5, eval_schedule=schedule,
+                                    stop="all", trials_per_chunk=2, first_index=1)
+    new = training.train_trials(
+        net, teacher, TRIALS, RunConfig(16, "nesterov", max_steps=90, goal=0.3, seed=5,
+                                        eval_schedule=schedule, stop="all"),
+        masks=masks, trials_per_chunk=2, first_index=1)
+    assert old.hit_step == new.hit_step and old.steps_taken == new.steps_taken
+    assert [c.rows() for c in old.curves] == [c.rows() for c in new.curves]
+    assert all(torch.equal(old.params[k], new.params[k]) for k in new.params)
 
 
 def test_group_where_every_trial_diverges(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    res = training.train_trials(net, teacher, batch_size=16, target=0.1, max_steps=100,
-                                trials=[{"lr": 1e4, "momentum": 0.9}] * 2,
-                                eval_schedule=EvalSchedule(every=10))
+    res = training.train_trials(net, teacher, [{"lr": 1e4, "momentum": 0.9}] * 2,
+                                RunConfig(16, goal=0.1, max_steps=100,
+                                          eval_schedule=EvalSchedule(every=10)))
     assert res.status == ["diverged", "diverged"] and res.steps_to_result is None
     assert res.best is None and res.best_trial is None
     assert all(s is not None and s < 100 for s in res.diverged_step)
@@ -277,7 +292,7 @@ def test_group_where_every_trial_diverges(teacher):
 
 
 def test_chunk_size_from_activation_budget(mnist1d_small):
-    from training.trials import activation_floats, default_chunk
+    from training.stacked import activation_floats, default_chunk
 
     mlp = training.models.build("mlp", mnist1d_small)
     assert activation_floats(mlp, (40,)) == 40 + 4 * 100 + 10
@@ -286,25 +301,3 @@ def test_chunk_size_from_activation_budget(mnist1d_small):
     assert activation_floats(cnn, (40,)) == 40 + 2 * (475 + 250 + 125) + 125 + 10 + (95 + 750 + 375)
     assert [default_chunk(b, 450) for b in (8, 64, 512, 4096)] == [128, 128, 16, 8]
     assert [default_chunk(b, 3095) for b in (8, 64, 512)] == [128, 16, 8]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
-def test_tuned_allocator_reuses_freed_activations():
-    from training.trials import tune_allocator
-
-    assert tune_allocator()
-    x = torch.ones(16, 512, 100)  # 3.3 MB, like one activation of a stack at B = 512
-
-    def page_faults():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(20):
-            a = torch.relu(x)
-            b, c = a * 2, torch.ones(16, 100, 100)
-            d = b + 1
-            del a, b, c, d
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    page_faults()
-    # without the tuning glibc trims and re-faults: about 51000 faults for this loop; other
-    # tests in the same process leave a fragmented heap, so allow a tenth of that
-    assert page_faults() < 5000

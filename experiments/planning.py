@@ -1,0 +1,80 @@
+"""The plan of a study: its groups, derived from a validated :class:`~experiments.spec.Spec` in
+this one place (the runner trains them, the report lists what is planned but not stored).
+
+A *group* is one (sparsity, batch size, seed) cell: ``spec.trials`` metaparameter points (the same
+Sobol points at every cell, :func:`experiments.search.sample`) trained as one vectorized
+computation. Its key is the hash of its canonical config (:func:`group_config`), so a rerun skips
+every group the store already holds and a changed setting never reuses a stored result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from . import search
+from .spec import Spec, canonical_json
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group to run: everything a worker needs except the workload and the mask."""
+
+    key: str
+    sparsity: float
+    batch_size: int
+    seed: int
+    max_steps: int
+    trials: tuple[dict[str, Any], ...]
+    config_json: str
+
+    @property
+    def cost(self) -> int:
+        """Upper bound on trial-steps (every trial runs the whole budget)."""
+        return self.max_steps * len(self.trials)
+
+
+def group_config(spec: Spec, sparsity: float, batch_size: int, seed: int, max_steps: int,
+                 trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything that determines a group's results (its key is this dict's hash)."""
+    c = spec.canonical()
+    return {"workload": c["workload"], "optimizer": spec.optimizer, "goal": c["goal"],
+            "pruning": c["pruning"] if sparsity > 0 else None, "sparsity": sparsity,
+            "batch_size": batch_size, "seed": seed, "max_steps": max_steps, "eval": c["eval"],
+            "trials": trials}
+
+
+def plan(spec: Spec) -> list[GroupPlan]:
+    """All groups of ``spec`` in a stable order (sparsity, batch size, seed)."""
+    groups = []
+    for sparsity in spec.sparsities:
+        for b in spec.batch_sizes:
+            max_steps = spec.budget.steps(b)
+            trials = search.sample(spec.search, spec.trials, spec.search_seed, max_steps,
+                                   momentum_used=spec.optimizer != "sgd")
+            for seed in spec.seeds:
+                cfg = group_config(spec, sparsity, b, seed, max_steps, trials)
+                text = canonical_json(cfg)
+                groups.append(GroupPlan(key=hashlib.sha256(text.encode()).hexdigest()[:20],
+                                        sparsity=sparsity, batch_size=b, seed=seed,
+                                        max_steps=max_steps, trials=tuple(trials),
+                                        config_json=text))
+    return groups
+
+
+def format_plan(spec: Spec, groups: list[GroupPlan]) -> str:
+    """The plan as text: one line per (sparsity, batch size) with its step budget, and the total
+    cost in trial-steps (an upper bound: every trial running its whole budget)."""
+    lines = [f"study {spec.name!r}: {spec.dataset} / {spec.model} / {spec.optimizer}, goal "
+             f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
+             f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
+             f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
+             f"{spec.trials} trials each",
+             f"{'sparsity':>8} {'batch':>6} {'max_steps':>9} {'trial-steps':>12}"]
+    for g in groups:
+        lines.append(f"{g.sparsity:>8g} {g.batch_size:>6} {g.max_steps:>9} {g.cost:>12,}")
+    total = sum(g.cost for g in groups)
+    examples = sum(g.cost * g.batch_size for g in groups)
+    lines.append(f"estimated cost: at most {total:,} trial-steps ({examples:,} examples)")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Pruning series of a study: each criterion of ``[pruning] method`` and its sanity checks.
+
+``method = ["snip", "grasp"]`` with ``sanity = ["shuffle", "reinit"]`` gives the series snip,
+snip-shuffle, snip-reinit, grasp, grasp-shuffle, grasp-reinit. Each series runs as a sub-study of
+its own (``Spec.variants``, as several optimizers do): its store in ``RUN_DIR/<series>``
+(``RUN_DIR/<optimizer>/<series>`` with several optimizers), one report comparing them all in
+``RUN_DIR``. Only the first series (per optimizer) trains the dense level: the dense network is
+the same in every series, and the report measures every series against that one.
+
+The sanity checks (Frankle et al. 2021; Su et al. 2020) transform the criterion's mask of every
+(sparsity, seed):
+
+- ``shuffle``: ``pruning.shuffle_layers(mask, seed)``, each layer's mask permuted;
+- ``matched_random``: ``pruning.matched_random(mask, seed)``, a random mask with the same count
+  per layer;
+- ``invert``: ``pruning.prune(..., keep="lowest")``, the weights the criterion ranks lowest;
+- ``reinit``: the criterion's mask computed on the initialization of seed ``seed +
+  REINIT_SEED_OFFSET`` and trained from the initialization of ``seed`` (what
+  ``pruning.reinitialize(model, seed, mask)`` gives): the mask of one init, the weights of another.
+
+Beside each store the runner writes ``masks.json``: every mask's recipe (``Mask.info``) and its
+layer-collapse diagnosis (``pruning.diagnose``: per-layer density, dead units, paths), which the
+report draws as the per-layer density figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+import pruning
+import training
+
+SANITY = ("shuffle", "reinit", "matched_random", "invert")
+# Seed offset of the initialization a "reinit" mask is computed on.
+REINIT_SEED_OFFSET = 1_000_003
+MASKS_FILE = "masks.json"
+
+
+def series_names(methods: tuple[str, ...], sanity: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """(method, sanity transform or None) of every series, criterion first then its checks."""
+    return [(m, t) for m in methods for t in (None, *sanity)]
+
+
+def series_label(method: str, transform: str | None) -> str:
+    """``snip``, ``snip-shuffle``, ...: the series' name and its sub-study folder."""
+    return method if transform is None else f"{method}-{transform}"
+
+
+def series_mask(method: str, transform: str | None, sparsity: float, seed: int,
+                dataset: training.Dataset, build: Callable[[int], nn.Module]) -> pruning.Mask:
+    """The mask of series (``method``, ``transform``) at (``sparsity``, ``seed``) for the model
+    ``build(seed)`` trains (see the module docstring for each transform). An unknown transform
+    raises ``pruning.PruningError``."""
+    if transform not in (None, *SANITY):
+        raise pruning.PruningError(f"unknown sanity check {transform!r}; allowed: "
+                                   f"{', '.join(SANITY)}")
+    init_seed = seed + REINIT_SEED_OFFSET if transform == "reinit" else seed
+    keep = "lowest" if transform == "invert" else "highest"
+    mask = pruning.prune(build(init_seed), method, sparsity, dataset=dataset, seed=seed,
+                         keep=keep)
+    if transform == "shuffle":
+        return pruning.shuffle_layers(mask, seed)
+    if transform == "matched_random":
+        return pruning.matched_random(mask, seed)
+    if transform == "reinit":
+        mask.info.update(transform="reinit", mask_init_seed=init_seed)
+    return mask
+
+
+def record_masks(run_dir: str | os.PathLike, label: str, masks: Mapping[tuple[float, int], Any],
+                 build: Callable[[int], nn.Module]) -> Path:
+    """Write (merge into) ``run_dir/masks.json``: per (sparsity, seed) the series ``label``,
+    the mask's ``info`` and its diagnosis on the trained model ``build(seed)``."""
+    path = Path(run_dir) / MASKS_FILE
+    entries = {(e["sparsity"], e["seed"]): e for e in load_masks(run_dir)}
+    for (sparsity, seed), mask in masks.items():
+        if mask is None:
+            continue
+        entries[(float(sparsity), int(seed))] = {
+            "series": label, "sparsity": float(sparsity), "seed": int(seed),
+            "info": dict(getattr(mask, "info", {})),
+            "diagnosis": pruning.diagnose(build(seed), mask).to_dict()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"masks": [entries[k] for k in sorted(entries)]}
+    path.write_text(json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def load_masks(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The entries of ``run_dir/masks.json`` (none if the file is absent or unreadable)."""
+    try:
+        return list(json.loads((Path(run_dir) / MASKS_FILE).read_text())["masks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+

@@ -1,0 +1,139 @@
+"""Probes along a replayed run against direct computations on a tiny MLP: per-example autograd
+loops, a dense autograd Hessian, Lee et al.'s formula written out, and the vectorized trainer's
+own weights for the replay."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pruning
+import training
+from theory import TheoryError
+from theory.functional import parameter_vector
+from theory.summaries import PROBE_COLUMNS
+from theory.trajectory import QUANTITIES, probe_trajectory, replay_states, window
+
+TRIAL = training.Trial(lr=0.3, momentum=0.9)
+RUN = training.RunConfig(batch_size=8, optimizer="momentum", seed=3)
+EXACT = dict(dtype=torch.float64, lanczos=100)   # float64, Lanczos to the full dimension
+HIDDEN = 6
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A 4-6-3 MLP (51 parameters) on 96 teacher examples."""
+    ds = training.data.load("teacher", n=120, dim=4, num_classes=3)
+    return ds, training.models.build("mlp", ds, hidden=(HIDDEN,), seed=2)
+
+
+def loss_of(w, x, y):
+    """Mean cross-entropy of Linear(4, 6) -> ReLU -> Linear(6, 3) from a flat vector."""
+    w1, b1, w2, b2 = torch.split(w, [HIDDEN * 4, HIDDEN, 3 * HIDDEN, 3])
+    return F.cross_entropy(torch.relu(x @ w1.view(HIDDEN, 4).T + b1) @ w2.view(3, HIDDEN).T + b2, y)
+
+
+def direct(ds, state, keep):
+    """|G|^2, tr(Sigma), B_noise, G^T H G, top eigenvalue and loss over kept coordinates."""
+    w = parameter_vector_of(state)
+    x, y = ds.x_train.double(), ds.y_train
+    g = torch.stack([torch.autograd.grad(loss_of(w.requires_grad_(True), xi[None], yi[None]), w)[0]
+                     for xi, yi in zip(x, y)])[:, keep]
+    h = torch.autograd.functional.hessian(lambda v: loss_of(v, x, y), w.detach())[keep][:, keep]
+    mean = g.mean(0)
+    d = g - mean
+    return dict(g_sq=float(mean @ mean), trace_sigma=float(d.pow(2).sum(1).mean()),
+                b_noise=float(torch.trace(h @ d.T @ d) / len(g) / (mean @ h @ mean)),
+                g_h_g=float(mean @ h @ mean), hessian_top=float(torch.linalg.eigvalsh(h)[-1]),
+                loss=float(loss_of(w.detach(), x, y)))
+
+
+def parameter_vector_of(state):
+    return torch.cat([state[k].reshape(-1) for k in ("1.weight", "1.bias", "3.weight", "3.bias")]).double()
+
+
+def lee_direct(ds, w_prev, w_next, keep):
+    x, y = ds.x_train.double(), ds.y_train
+
+    def gradient(w):
+        w = w.clone().requires_grad_(True)
+        return torch.autograd.grad(loss_of(w, x, y), w)[0][keep]
+
+    step = (w_next - w_prev)[keep]
+    g0 = gradient(w_prev)
+    return max(float((gradient(w_prev + gamma * (w_next - w_prev)) - g0).norm()) / (gamma * float(step.norm()))
+               for gamma in np.arange(1, 10) / 10)
+
+
+def check_rows(ds, net, rows, steps, horizon, average, keep, mask=None):
+    states = replay_states(net, ds, TRIAL, RUN, range(horizon + 1), mask, trial_index=1)
+    table = rows.set_index(["step", "quantity"]).value
+    for t in steps:
+        w = window(t, horizon, max(2, average))
+        exact = [direct(ds, states[s], keep) for s in w[:average]]
+        g_sq = np.mean([e["g_sq"] for e in exact])
+        trace = np.mean([e["trace_sigma"] for e in exact])
+        assert table[(t, "g_sq")] == pytest.approx(g_sq, rel=1e-8)
+        assert table[(t, "trace_sigma")] == pytest.approx(trace, rel=1e-8)
+        assert table[(t, "b_simple")] == pytest.approx(trace / g_sq, rel=1e-8)
+        for q in ("b_noise", "g_h_g", "hessian_top", "loss"):
+            assert table[(t, q)] == pytest.approx(exact[0][q], rel=1e-7), (t, q)
+        lee = lee_direct(ds, parameter_vector_of(states[w[0]]), parameter_vector_of(states[w[1]]), keep)
+        assert table[(t, "local_lipschitz")] == pytest.approx(lee, rel=1e-7)
+
+
+def test_probes_match_direct_computations(tiny):
+    ds, net = tiny
+    rows = probe_trajectory(net, ds, TRIAL, RUN, steps=[0, 5, 12], horizon=12, sparsity=0.0, average=2,
+                            hessian_examples=None, trial_index=1, **EXACT)
+    assert list(rows.columns) == list(PROBE_COLUMNS)
+    assert len(rows) == 3 * len(QUANTITIES)
+    assert set(rows.seed) == {3} and set(rows.batch_size) == {8}
+    assert sorted(set(rows.fraction)) == pytest.approx([0, 5 / 12, 1])
+    check_rows(ds, net, rows, [0, 5, 12], 12, 2, slice(None))
+
+
+def test_masked_probes_use_kept_weights_only(tiny):
+    ds, net = tiny
+    mask = pruning.prune(net, "random", 0.5, seed=1)
+    keep = torch.cat([mask[n].reshape(-1) != 0 if n in mask else torch.ones(p.numel(), dtype=torch.bool)
+                      for n, p in net.named_parameters()])
+    rows = probe_trajectory(net, ds, TRIAL, RUN, steps=[4], horizon=10, mask=mask, sparsity=0.5,
+                            average=3, hessian_examples=None, trial_index=1, **EXACT)
+    assert set(rows.sparsity) == {0.5}
+    check_rows(ds, net, rows, [4], 10, 3, keep, mask)
+
+
+def test_replay_reproduces_the_trial(tiny):
+    ds, net = tiny
+    res = training.train_trials(net, ds, [training.Trial(lr=0.5), TRIAL],
+                                training.RunConfig(batch_size=8, optimizer="momentum",
+                                                   max_steps=12, seed=3))
+    state = replay_states(net, ds, TRIAL, RUN, [12], trial_index=1)[12]
+    for name, p in res.state(1).items():
+        assert torch.allclose(state[name], p, atol=1e-6), name
+
+
+def test_one_replay_snapshots_what_separate_replays_give(tiny):
+    ds, net = tiny
+    once = replay_states(net, ds, TRIAL, RUN, [0, 3, 7, 12], trial_index=1)
+    for t in (0, 3, 7, 12):
+        alone = training.train_reference(net, ds, TRIAL, training.RunConfig(
+            batch_size=8, optimizer="momentum", seed=3, max_steps=t, stop="never"), trial_index=1)
+        for name, p in alone.state.items():
+            assert torch.equal(once[t][name], p), (t, name)
+
+
+def test_window_stays_inside_the_run():
+    assert window(0, 100, 3) == (0, 1, 2) and window(50, 100, 3) == (50, 51, 52)
+    assert window(100, 100, 3) == (98, 99, 100) and window(1, 1, 3) == (0, 1)
+
+
+def test_bad_arguments_are_named(tiny):
+    ds, net = tiny
+    with pytest.raises(TheoryError, match="steps must be"):
+        probe_trajectory(net, ds, TRIAL, RUN, steps=[20], horizon=10)
+    with pytest.raises(TheoryError, match="run must be a training.RunConfig"):
+        probe_trajectory(net, ds, TRIAL, {"batch_size": 8}, steps=[0], horizon=10)
+    with pytest.raises(TheoryError, match="horizon"):
+        probe_trajectory(net, ds, TRIAL, RUN, steps=[0], horizon=0)

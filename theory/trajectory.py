@@ -1,0 +1,144 @@
+"""Probes along a training run: replay a trial once and measure noise and smoothness at given steps.
+
+The run is replayed ONCE with the plain reference loop (``training.train_schedule_reference``:
+same data order, learning-rate schedule and mask as the trial it reproduces, resumed from the
+state it returns), snapshotting the weights at every probed step on the way, so the weights
+probed are the run's own. At each probe step t, on the full training split by default
+(``examples`` for a sample, estimates still unbiased for the split, :mod:`theory.sampling`):
+
+- ``g_sq``, ``trace_sigma``: |G|^2 and tr(Sigma) averaged over ``average`` consecutive weights
+  w_t .. w_{t+a-1} (shifted left so they end at the horizon), ``b_simple`` = the ratio of those
+  averages (McCandlish et al. 2018, appendix A: average numerator and denominator separately);
+- ``b_noise`` and ``g_h_g``: tr(H Sigma) / (G^T H G) and G^T H G at the window's first weights;
+- ``hessian_top``: the top Hessian eigenvalue, ``lanczos`` Lanczos steps (:func:`theory.lanczos_top`);
+- ``local_lipschitz``: Lee et al. (2021)'s local Lipschitz constant of the run's own update out
+  of the window's first weights (max over their gamma grid 0.1..0.9; gradients over kept
+  weights only, ``theory.local_lipschitz``), reusing the noise pass's mean gradient;
+- ``loss``: the mean training loss at the window's first weights.
+
+Rows are long-format, with the columns of :data:`theory.summaries.PROBE_COLUMNS`; ``fraction`` =
+t / ``horizon`` (H, the run's steps-to-result).
+
+Cost: one replay of H steps per run, and per probe point ``average`` per-example gradient passes
+(torch.func, chunked), ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products and 9
+gradients for L, in float32 by default. Lee's L is not corrected for sampling: measure it on the
+full split, as they do.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from training.config import EvalSchedule, RunConfig, Trial
+from training.data import Dataset
+from training.reference import train_schedule_reference
+
+from .curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
+from .errors import TheoryError, check_int
+from .functional import flat_loss
+from .noise import gradient_noise
+from .sampling import noise_scale
+from .summaries import PROBE_COLUMNS
+
+QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
+              "local_lipschitz", "loss")
+DEFAULT_AVERAGE = 3
+DEFAULT_HESSIAN_EXAMPLES = 16
+# 20 Lanczos steps put the top Ritz value of the MNIST-1D MLP's Hessian within a few per cent of
+# lambda_max: plenty to compare smoothness across levels and along the run, at a fixed cost.
+DEFAULT_LANCZOS = 20
+
+
+def window(step: int, horizon: int, average: int) -> tuple[int, ...]:
+    """The ``average`` consecutive steps probed for ``step``: ``step`` onwards, shifted left so
+    they do not pass ``horizon`` (fewer when the horizon is shorter)."""
+    start = max(0, min(step, horizon - average + 1))
+    return tuple(range(start, min(start + average, horizon + 1)))
+
+
+def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                  run: RunConfig, steps: Sequence[int],
+                  mask: Mapping[str, torch.Tensor] | None = None, trial_index: int = 0
+                  ) -> dict[int, dict[str, torch.Tensor]]:
+    """Weights after each of ``steps`` updates of trial ``trial_index`` of the run ``trial``,
+    ``run`` describe (``run.max_steps``, goal and stopping ignored), from ONE replay: the
+    reference loop runs to each step in turn and resumes from the state it returned."""
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    start = None
+    for t in sorted({int(s) for s in steps}):
+        leg = replace(run, max_steps=t, goal=None, stop="never",
+                      eval_schedule=EvalSchedule(every=max(t, 1)))
+        res = train_schedule_reference(model, dataset, trial, leg, mask=mask, start=start,
+                                       trial_index=trial_index)
+        if res.result.diverged:
+            raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
+                              f"before reaching step {t}")
+        states[t], start = res.result.state, res.state
+    return states
+
+
+def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
+                     run: RunConfig, steps: Sequence[int], horizon: int,
+                     mask: Mapping[str, torch.Tensor] | None = None, sparsity: float = 0.0,
+                     trial_index: int = 0, average: int = DEFAULT_AVERAGE,
+                     examples: int | None = None, curvature_examples: int | None = None,
+                     hessian_examples: int | None = DEFAULT_HESSIAN_EXAMPLES,
+                     lanczos: int = DEFAULT_LANCZOS, gammas: Sequence[float] = LEE_GAMMAS,
+                     sample_seed: int = 0, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
+    """Replay trial ``trial_index`` of the run (``trial``, ``run``: its batch size, optimizer and
+    seed) once and measure every quantity of :data:`QUANTITIES` at each of ``steps`` in
+    [0, ``horizon``] (module docstring). ``model`` holds the run's initial weights, ``mask`` its
+    pruning mask. ``examples``: a sample of that many training examples (seeded by
+    ``sample_seed``) instead of the full split for the noise; ``curvature_examples`` the same
+    for lambda_max and B_noise (Lee's L always uses the full split); ``hessian_examples``: examples of B_noise's
+    tr(H Sigma) sample (None: all); ``lanczos``: Lanczos steps for lambda_max. ``dtype``:
+    precision of the measurements (the replay runs in ``run.dtype``, like the trial). Returns
+    long-format rows with the columns of :data:`theory.summaries.PROBE_COLUMNS`."""
+    horizon = check_int(horizon, "horizon")
+    average = check_int(average, "average")
+    if not isinstance(run, RunConfig):
+        raise TheoryError(f"run must be a training.RunConfig, got {type(run).__name__}")
+    if not steps or any(not 0 <= int(t) <= horizon for t in steps):
+        raise TheoryError(f"steps must be non-empty and in [0, horizon={horizon}], got {list(steps)}")
+    windows = {int(t): window(int(t), horizon, max(2, average)) for t in steps}
+    states = replay_states(model, dataset, trial, run, [s for w in windows.values() for s in w],
+                           mask, trial_index)
+    common = dict(mask=mask, seed=sample_seed, dtype=dtype)
+    same = curvature_examples == examples
+    rows = []
+    for t, steps_t in sorted(windows.items()):
+        nets = [_with_state(model, states[s]) for s in steps_t[:average]]
+        noise = [gradient_noise(net, dataset, examples=examples,
+                                hessian_examples=hessian_examples if i == 0 and same else 0,
+                                **common) for i, net in enumerate(nets)]
+        g_sq = sum(n.g_sq for n in noise) / len(noise)
+        trace = sum(n.trace_sigma for n in noise) / len(noise)
+        first = noise[0]
+        curved = first if same else gradient_noise(nets[0], dataset, examples=curvature_examples,
+                                                   hessian_examples=hessian_examples, **common)
+        values = {
+            "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
+            "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
+            "hessian_top": lanczos_top(flat_loss(nets[0], dataset, examples=curvature_examples,
+                                                 **common), lanczos, seed=sample_seed),
+            "local_lipschitz": local_lipschitz(
+                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
+                grad_prev=first.gradient if examples is None else None, **common).value,
+            "loss": first.loss,
+        }
+        rows += [(float(sparsity), int(run.seed), int(run.batch_size), t, t / horizon,
+                  q, float(values[q])) for q in QUANTITIES]
+    return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
+
+
+def _with_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
+    net = copy.deepcopy(model)
+    net.load_state_dict(state, strict=False)
+    return net
