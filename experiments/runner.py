@@ -213,17 +213,33 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         # longest first (time per step grows with B), so the pool's last wave is short
         todo = sorted((g for g in groups if g.key not in done),
                       key=lambda g: -g.cost * (g.batch_size + 32))
-        if todo:
-            masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo), record=out)
-            tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo]
+        probe = probes and spec.probes.enabled and any(
+            s not in store.probed_sparsities() for s in spec.sparsities)
+        if todo or probe:
             own = executor is None
-            n_workers = workers or spec.workers
-            pool_size = min(n_workers or default_workers(), len(tasks))
+            n_workers = workers or spec.workers or default_workers()
+            # a pool no larger than the work: one group or probed run per worker
+            pool_size = n_workers if probe else min(n_workers, len(todo))
             ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
             respawn = functools.partial(local_pool, pool_size) if own and not dask else None
             try:
-                execute(tasks, ex, store, quiet, respawn)
+                if todo:
+                    masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
+                                           record=out)
+                    execute([GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo],
+                            ex, store, quiet, respawn)
+                if probe:
+                    try:
+                        run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                    except BrokenExecutor:
+                        if respawn is None:
+                            raise
+                        # a worker died (during training or probing): the levels not yet
+                        # written are probed once more in a fresh pool
+                        ex.shutdown(wait=False, cancel_futures=True)
+                        ex = respawn()
+                        run_probes(spec, dataset, store, quiet=quiet, executor=ex)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -231,8 +247,6 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
-        if probes and spec.probes.enabled:
-            run_probes(spec, dataset, store, quiet=quiet)
     if cost_model:
         from .costcache import ensure_cost_model
 
