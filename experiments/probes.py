@@ -11,13 +11,16 @@ et al. (2021)'s local Lipschitz constant of the run's own update, and the traini
 
 Rows go to the store's ``probes`` table (columns ``sparsity, seed, batch_size, step, fraction,
 quantity, value`` and ``seconds``, the wall time of that run's replay and measurements), one
-transaction per sparsity level; a rerun skips levels already probed.
+transaction per sparsity level; a rerun skips levels already probed. The runs are independent
+tasks: a study probes them in its worker pool, one run per task.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -106,40 +109,72 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
             for r in rows.itertuples(index=False)]
 
 
-def probe_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: float,
-                masks: Mapping[int, Mapping[str, torch.Tensor] | None]) -> list[ProbeRow]:
-    """Probe rows of one sparsity level: every seed, at the chosen batch sizes."""
+@dataclass(frozen=True)
+class ProbeTask:
+    """One probed run, everything a worker process needs: the spec, its workload, the group's
+    and its best trial's stored rows, and the level's mask for that seed."""
+
+    spec: Spec
+    workload: Workload
+    group: pd.Series
+    trial: pd.Series
+    mask: Mapping[str, torch.Tensor] | None
+
+
+def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> list[ProbeRow]:
+    """Probe one run (worker side, or in the driver with its ``dataset``), with
+    ``PROBE_THREADS`` torch threads."""
+    with torch_threads(PROBE_THREADS):
+        dataset = dataset or task.workload.load_dataset()
+        model = task.workload.build_model(dataset, int(task.group.seed))
+        return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
+
+
+def probe_tasks(spec: Spec, store: Store, sparsity: float,
+                masks: Mapping[int, Mapping[str, torch.Tensor] | None]) -> list[ProbeTask]:
+    """The probed runs of one sparsity level: every seed, at the chosen batch sizes."""
     groups = store.frame("groups")
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
-    rows: list[ProbeRow] = []
+    tasks = []
     for seed in spec.seeds:
         mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
                       & (groups.status == "done") & groups.steps_to_result.notna()]
         if mine.empty:
             continue
-        chosen = theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
-                                          spec.probes.batch_sizes)
-        model = workload.build_model(dataset, seed)
-        for b in chosen:
+        for b in theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
+                                          spec.probes.batch_sizes):
             group = mine[mine.batch_size == b].iloc[0]
-            rows += probe_run(spec, dataset, model, group, best_trial(store, group.key),
-                              masks[seed])
-    return rows
+            tasks.append(ProbeTask(spec, workload, group, best_trial(store, group.key),
+                                   masks[seed]))
+    return tasks
 
 
-def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False) -> None:
-    """Probe every sparsity level not yet in the store (one transaction per level), with
-    ``PROBE_THREADS`` torch threads."""
+def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,
+               executor: Executor | None = None) -> None:
+    """Probe every sparsity level not yet in the store (one transaction per level, rows in the
+    same order whatever ran them). With ``executor`` the runs are probed in its workers, one
+    run per task; each run's values do not depend on where it ran (one torch thread, the
+    driver's masks)."""
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return
-    # outside the thread change: the same masks, bit for bit, as the runner gave the groups
+    # the same masks, bit for bit, as the runner gave the groups
     masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
-    with torch_threads(PROBE_THREADS):
-        for sparsity in tqdm(todo, disable=quiet, desc="probes", unit="level"):
-            rows = probe_level(spec, dataset, store, sparsity,
-                               {seed: masks[(sparsity, seed)] for seed in spec.seeds})
+    levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
+              for s in todo}
+    # submitted all at once, so the pool never idles between levels
+    submitted = {s: [executor.submit(run_probe_task, t) for t in tasks]
+                 for s, tasks in levels.items()} if executor is not None else {}
+    with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
+              unit="run") as bar:
+        for sparsity, tasks in levels.items():
+            results = ((f.result() for f in submitted[sparsity]) if submitted
+                       else (run_probe_task(t, dataset) for t in tasks))
+            rows: list[ProbeRow] = []
+            for run_rows in results:
+                rows += run_rows
+                bar.update()
             store.write_probes(sparsity, rows)
 
 

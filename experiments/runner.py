@@ -226,22 +226,40 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         # longest first (time per step grows with B), so the pool's last wave is short
         todo = sorted((g for g in groups if g.key not in done),
                       key=lambda g: -g.cost * (g.batch_size + 32))
-        if todo:
-            with clock.phase("masks"):
-                masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo), record=out)
-            # build the compiled kernel here, once, or warn once that it is missing
-            use_kernels = kernels_ready(model, dataset.input_shape)
-            tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
-                     for g in todo]
+        probe = probes and spec.probes.enabled and any(
+            s not in store.probed_sparsities() for s in spec.sparsities)
+        if todo or probe:
+            # build the compiled kernel here, once, before the workers start (or warn once
+            # that it is missing, and tell them not to try)
+            use_kernels = kernels_ready(model, dataset.input_shape) if todo else True
             own = executor is None
-            n_workers = workers or spec.workers
-            pool_size = min(n_workers or default_workers(), len(tasks))
+            n_workers = workers or spec.workers or default_workers()
+            # a pool no larger than the work: one group or probed run per worker
+            pool_size = n_workers if probe else min(n_workers, len(todo))
             ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
             respawn = functools.partial(local_pool, pool_size) if own and not dask else None
             try:
-                with clock.phase("training"):
-                    execute(tasks, ex, store, quiet, respawn)
+                if todo:
+                    with clock.phase("masks"):
+                        masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
+                                               record=out)
+                    tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
+                             for g in todo]
+                    with clock.phase("training"):
+                        execute(tasks, ex, store, quiet, respawn)
+                if probe:
+                    with clock.phase("probes"):
+                        try:
+                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                        except BrokenExecutor:
+                            if respawn is None:
+                                raise
+                            # a worker died (during training or probing): the levels not yet
+                            # written are probed once more in a fresh pool
+                            ex.shutdown(wait=False, cancel_futures=True)
+                            ex = respawn()
+                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -249,9 +267,6 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
-        if probes and spec.probes.enabled:
-            with clock.phase("probes"):
-                run_probes(spec, dataset, store, quiet=quiet)
     if cost_model:
         from .costcache import ensure_cost_model
 

@@ -39,7 +39,7 @@ from torch.func import grad, vmap
 from training.data import Dataset
 
 from .errors import TheoryError, check_int
-from .example_norms import chunk_moments, linear_layers
+from .example_norms import chunk_moments, weighted_layers
 from .functional import FlatLoss, flat_loss, split_size
 from .sampling import (JACKKNIFE_GROUPS, GroupMoments, noise_scale, split_coefficients,
                        split_estimate, to_split)
@@ -104,11 +104,11 @@ def gradient_group_moments(fl: FlatLoss, chunk: int | None = None,
                            groups: int = JACKKNIFE_GROUPS) -> GroupMoments:
     """Per-example gradient moments of ``fl``'s set in ``groups`` contiguous groups (for the
     jackknife of :mod:`theory.sampling`), in one pass: from per-example gradient norms
-    (:mod:`theory.example_norms`) for fully connected networks, else from chunked per-example
+    (:mod:`theory.example_norms`) for Linear and Conv1d networks, else from chunked per-example
     gradients."""
     bounds = np.linspace(0, fl.n, min(groups, fl.n) + 1).round().astype(int)
     spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    if linear_layers(fl.model) is not None:
+    if weighted_layers(fl.model) is not None:
         size = chunk or fl.chunk
         parts = [[chunk_moments(fl, fl.x[i:min(i + size, hi)], fl.y[i:min(i + size, hi)])
                   for i in range(lo, hi, size)] for lo, hi in spans]

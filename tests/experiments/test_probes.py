@@ -136,3 +136,28 @@ def test_torch_threads_sets_and_restores_the_thread_count():
         with torch_threads(other):
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+def test_probes_do_not_depend_on_where_they_ran(probed, tmp_path):
+    """The fixture probed its runs as executor tasks; probing the same runs in this process,
+    into a copy of the store without probes, stores the same rows in the same order."""
+    import shutil
+    import sqlite3
+
+    from experiments.probes import run_probes
+    from experiments.store import open_store
+    from experiments.workload import Workload
+
+    copy = tmp_path / "copy"
+    shutil.copytree(probed.run_dir, copy)
+    with sqlite3.connect(copy / "results.sqlite") as db:
+        db.execute("DELETE FROM probes")
+    spec = probed.spec
+    with open_store(copy) as store:
+        assert store.probed_sparsities() == set()
+        run_probes(spec, Workload.of(spec).load_dataset(), store, quiet=True)
+    again = experiments.load_results(copy).probes
+    cols = ["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"]
+    assert len(again) == len(probed.probes) > 0
+    pd.testing.assert_frame_equal(again[cols].reset_index(drop=True),
+                                  probed.probes[cols].reset_index(drop=True))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import training
-from theory.example_norms import chunk_moments, linear_layers
+from theory.example_norms import chunk_moments, weighted_layers
 from theory.functional import flat_loss
 from theory.noise import gradient_group_moments
 from theory.sampling import GroupMoments
@@ -37,7 +37,7 @@ def test_mlp_moments_match_per_example_gradients_with_a_mask(teacher):
     torch.manual_seed(3)
     mask = {n: (torch.rand_like(p) > 0.5).float() for n, p in net.named_parameters()}
     fl = flat_loss(net, teacher, mask=mask)
-    assert linear_layers(net) is not None
+    assert weighted_layers(net) is not None
     # uneven chunks inside uneven groups: the pairwise merge must be exact too
     assert_same(gradient_group_moments(fl, chunk=17, groups=7), materialized(fl, 7))
 
@@ -52,6 +52,27 @@ def test_one_chunk_gives_count_mean_and_sum_of_squared_deviations(teacher):
     assert m2 == pytest.approx(float((g - g.mean(0)).pow(2).sum()), rel=1e-10)
 
 
+def test_cnn1d_moments_match_per_example_gradients_with_a_mask():
+    ds = training.data.load("mnist1d", num_samples=600)
+    net = training.models.build("cnn1d", ds, channels=4)
+    torch.manual_seed(4)
+    mask = {n: (torch.rand_like(p) > 0.3).float() for n, p in net.named_parameters()}
+    fl = flat_loss(net, ds, mask=mask)
+    assert sorted(type(m).__name__ for m in weighted_layers(net).values()) == ["Conv1d"] * 3 + ["Linear"]
+    assert_same(gradient_group_moments(fl, chunk=64, groups=3), materialized(fl, 3))
+
+
+def test_dilated_strided_padded_conv1d(teacher):
+    torch.manual_seed(2)
+    d = teacher.x_train.shape[1]
+    net = nn.Sequential(nn.Unflatten(1, (1, d)), nn.Conv1d(1, 3, 3, stride=2, padding=2, dilation=2),
+                        nn.Tanh(), nn.Flatten(), nn.LazyLinear(4)).double()
+    net(teacher.x_train[:2].double())
+    assert weighted_layers(net) is not None
+    fl = flat_loss(net, teacher)
+    assert_same(gradient_group_moments(fl, groups=2), materialized(fl, 2))
+
+
 def test_regression_on_the_library_linear_model():
     ds = training.data.load("linreg")
     fl = flat_loss(training.models.build("linear", ds), ds)
@@ -61,7 +82,7 @@ def test_regression_on_the_library_linear_model():
 def test_a_bare_linear_module(teacher):
     torch.manual_seed(1)
     fl = flat_loss(nn.Linear(teacher.x_train.shape[1], 4), teacher)
-    assert linear_layers(fl.model) == {"": fl.model}
+    assert weighted_layers(fl.model) == {"": fl.model}
     assert_same(gradient_group_moments(fl, groups=2), materialized(fl, 2))
 
 
@@ -92,9 +113,13 @@ class Sequence(nn.Module):
     lambda d: Shared(d),
     lambda d: Sequence(d),
     lambda d: nn.Sequential(nn.Linear(d, 8), nn.BatchNorm1d(8), nn.Linear(8, 4)).eval(),
-    lambda d: nn.Sequential(nn.Unflatten(1, (1, d)), nn.Conv1d(1, 2, 3), nn.Flatten(),
+    lambda d: nn.Sequential(nn.Unflatten(1, (1, 1, d)), nn.Conv2d(1, 2, (1, 3)), nn.Flatten(),
                             nn.Linear(2 * (d - 2), 4)),
-], ids=["shared", "sequence", "batchnorm", "conv"])
+    lambda d: nn.Sequential(nn.Unflatten(1, (2, d // 2)), nn.Conv1d(2, 2, 3, groups=2),
+                            nn.Flatten(), nn.Linear(2 * (d // 2 - 2), 4)),
+    lambda d: nn.Sequential(nn.Unflatten(1, (1, d)), nn.Conv1d(1, 2, 3, padding="same"),
+                            nn.Flatten(), nn.Linear(2 * d, 4)),
+], ids=["shared", "sequence", "batchnorm", "conv2d", "grouped", "same-padding"])
 def test_other_networks_fall_back_to_per_example_gradients(teacher, make):
     torch.manual_seed(0)
     net = make(teacher.x_train.shape[1]).double()
