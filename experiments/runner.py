@@ -267,6 +267,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
+        trained = timing.training_by_batch_size(store.frame("groups"))
     if cost_model:
         from .costcache import ensure_cost_model
 
@@ -275,7 +276,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     if report:
         with clock.phase("report"):
             _write_report([out], out, quiet)
-    timing.record(out, clock, quiet)
+    timing.record(out, clock, quiet, trained)
     return out
 
 

@@ -1,10 +1,9 @@
 """Where a study's wall time goes: masks, training (per batch size), probes, report.
 
-``run_study`` times each phase it runs with a :class:`PhaseClock`; :func:`record` adds, from the
-store, every finished group's own training time and trial-steps summed per batch size, and the
-kernels that trained them (:mod:`training.cellplan`), writes
-them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
-clock of this invocation (a rerun that skips stored groups shows a short training phase); the
+``run_study`` times each phase it runs with a :class:`PhaseClock` and reads from its store every
+finished group's own training time and trial-steps, summed per batch size, and the kernels that
+trained them (:mod:`training.cellplan`); :func:`record` writes them to ``timing.json`` in the
+run folder and prints the breakdown. Phase times are wall clock of this invocation (a rerun that skips stored groups shows a short training phase); the
 per-batch-size group seconds are summed over groups, so with several workers they add up to
 more than the training phase's wall time.
 """
@@ -18,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 TIMING_FILE = "timing.json"
 
@@ -37,14 +38,9 @@ class PhaseClock:
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
 
 
-def training_by_batch_size(run_dir: Path) -> list[dict[str, Any]]:
-    """Per batch size: finished groups, their summed training seconds, trial-steps,
-    trial-steps per second and kernels (empty when the folder holds no store)."""
-    from .store import DB_NAME, load_results
-
-    if not (run_dir / DB_NAME).exists():
-        return []
-    groups = load_results(run_dir).groups
+def training_by_batch_size(groups: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per batch size of the store's ``groups`` table: finished groups, their summed training
+    seconds, trial-steps, trial-steps per second and kernels."""
     done = groups[groups.status == "done"]
     rows = []
     for batch_size, g in done.groupby("batch_size"):
@@ -70,11 +66,13 @@ def format_timing(timing: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def record(run_dir: Path, clock: PhaseClock, quiet: bool = False) -> dict[str, Any]:
-    """Write ``timing.json`` (phases of this invocation, training per batch size from the
-    store) into ``run_dir``, print the breakdown unless ``quiet``; return what was written."""
+def record(run_dir: Path, clock: PhaseClock, quiet: bool = False,
+           training: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write ``timing.json`` (phases of this invocation, ``training`` per batch size from
+    :func:`training_by_batch_size`, empty for a study of sub-studies) into ``run_dir``, print
+    the breakdown unless ``quiet``; return what was written."""
     timing = {"phases": {k: round(v, 3) for k, v in clock.phases.items()},
-              "training": training_by_batch_size(run_dir)}
+              "training": training or []}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / TIMING_FILE).write_text(json.dumps(timing, indent=2) + "\n")
     if not quiet:
