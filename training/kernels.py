@@ -7,7 +7,8 @@ import; concurrent processes wait for one build (torch's file lock). The build l
 extension cache, a user cache folder (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), never in the source tree, under a name that carries a digest of
 the sources, the CPU model and flags, and the Python and torch versions: a cache shared by
-machines or environments holds one build for each.
+machines or environments holds one build for each. A build lock left by a process killed while
+building is removed once it is older than STALE_LOCK_SECONDS.
 
 The build needs a C++ compiler (``$CXX``, default ``c++``), ninja (the ``ninja`` package, a
 dependency of sparsescale) and Python's headers. When any of them is missing or the build fails,
@@ -27,6 +28,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,7 @@ from .errors import SparsescaleError
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
+STALE_LOCK_SECONDS = 600
 _off = 0  # depth of disabled() contexts
 
 
@@ -126,6 +129,29 @@ def _on_path(folder: str | None) -> Iterator[None]:
             os.environ["PATH"] = old
 
 
+def build_directory(name: str) -> Path:
+    """Where kernel ``name`` is built: ``$TORCH_EXTENSIONS_DIR``, else torch's default extension
+    root (``~/.cache/torch_extensions``, a user cache folder), ``/<build_name(name)>``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / build_name(name)
+
+
+def clear_stale_lock(folder: Path) -> bool:
+    """Remove the build lock torch's loader leaves when a process is killed while building
+    (every later process would wait for it forever); a lock older than STALE_LOCK_SECONDS (a
+    build takes about 30 s) is stale. True if one was removed."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+            lock.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
 @functools.cache
 def _build(name: str) -> ModuleType | None:
     reason = missing_tool()
@@ -133,12 +159,16 @@ def _build(name: str) -> ModuleType | None:
         try:
             from torch.utils.cpp_extension import load
 
+            folder = build_directory(name)
+            folder.mkdir(parents=True, exist_ok=True)
+            clear_stale_lock(folder)
             with _on_path(_ninja_dir()):
                 # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
                 return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
                             extra_include_paths=[str(SOURCES)],
                             extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                            extra_ldflags=["-fopenmp"], verbose=False)
+                            extra_ldflags=["-fopenmp"], build_directory=str(folder),
+                            verbose=False)
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
             reason = failure_reason(exc)
     warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "

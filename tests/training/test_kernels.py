@@ -111,3 +111,35 @@ def test_the_build_lives_outside_the_source_tree():
         pytest.skip("the compiled kernel cannot be built here")
     repo = Path(training.__file__).resolve().parents[1]
     assert not Path(module.__file__).resolve().is_relative_to(repo)
+
+
+def test_build_directory_follows_torch_extensions_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert kernels.build_directory("fused_sequential") == tmp_path / kernels.build_name(
+        "fused_sequential")
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, monkeypatch, tmp_path):
+    """A process killed while building leaves torch's lock, on which every later build would
+    wait forever; one older than STALE_LOCK_SECONDS goes before the build."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = kernels.build_directory("fused_sequential")
+    folder.mkdir(parents=True)
+    lock = folder / "lock"
+    lock.touch()
+    assert not kernels.clear_stale_lock(folder) and lock.exists()
+    old = time.time() - kernels.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    seen = {}
+
+    def load(**kwargs):
+        seen.update(kwargs, lock=lock.exists())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    with pytest.warns(kernels.KernelWarning, match="stop here"):
+        assert kernels.fused_sequential() is None
+    assert seen["build_directory"] == str(folder) and seen["lock"] is False
