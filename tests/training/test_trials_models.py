@@ -24,9 +24,11 @@ ADAM_TRIALS = [
 ]
 OPTIMIZERS = pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam",
                                                    "adamw"])
-# on max |w - w_ref| / max |w_ref| per parameter after the steps (measured: 3e-16 to 9e-16 for
-# every model; float64 rounding can grow along a trajectory, most with momentum 0.99)
-TOL = 1e-12
+# on max |w - w_ref| / max |w_ref| per parameter after the steps (measured: 4e-16 to 1.4e-15
+# for the SGD rules; float64 rounding can grow along a trajectory, most with momentum 0.99).
+# Adam divides by sqrt(v), so a gradient entry that is rounding noise still moves its weight by
+# about lr: up to 3.4e-13 measured (simple_cnn), 5e-16 to 2e-15 for the other models.
+TOL = {"sgd": 1e-12, "momentum": 1e-12, "nesterov": 1e-12, "adam": 1e-10, "adamw": 1e-10}
 
 
 def trials_for(optimizer):
@@ -58,10 +60,11 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
         ref = training.train_reference(net, ds, t, run, mask=mask, trial_index=i)
         assert res.curves[i].step.tolist() == ref.curve.step.tolist()
         torch.testing.assert_close(torch.as_tensor(res.curves[i].metric),
-                                   torch.as_tensor(ref.curve.metric), rtol=TOL, atol=0)
+                                   torch.as_tensor(ref.curve.metric), rtol=TOL[optimizer],
+                                   atol=0)
         for name, v in ref.state.items():
             got = res.state(i)[name]
-            assert float((got - v).abs().max() / v.abs().max()) <= TOL, (i, name)
+            assert float((got - v).abs().max() / v.abs().max()) <= TOL[optimizer], (i, name)
             if name in mask:
                 assert torch.all(got[mask[name] == 0] == 0)
         # the weights moved far beyond the tolerance
