@@ -5,8 +5,10 @@ Public API::
     run_dir = experiments.run_study("experiments/configs/quickstart.toml", out="runs/quickstart")
     res = experiments.load_results(run_dir)     # pandas DataFrames: study, groups, trials, ...
     spec = experiments.load_spec("quickstart")  # validated Spec (raises SpecError)
+    cbs = experiments.branch_critical_batch(net, ds, trial, run)   # CBS(t) by branching
 """
 
+from .branching import branch_critical_batch, warmup_comparison
 from .planning import plan
 from .runner import run_study
 from .spec import Spec, SpecError
@@ -14,5 +16,5 @@ from .spec import load as load_spec
 from .spec import loads as loads_spec
 from .store import Results, StoreError, load_results
 
-__all__ = ["plan", "run_study", "Spec", "SpecError", "load_spec", "loads_spec", "Results",
+__all__ = ["branch_critical_batch", "warmup_comparison", "plan", "run_study", "Spec", "SpecError", "load_spec", "loads_spec", "Results",
            "StoreError", "load_results"]

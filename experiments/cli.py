@@ -1,6 +1,8 @@
 """The ``sparsescale`` command line; every command is an argparse subcommand:
 
 - ``study``, ``report``, ``probe``, ``list``: studies, reports, probes and names (here);
+- ``branch``: the critical batch by branching (and its warmup) for a stored study or a spec
+  (:mod:`experiments.branching_study`);
 - ``bench`` (the vectorized trainer against the plain loop, :mod:`training.bench`) and
   ``bench ddp`` (DDP step times and the wall-clock cost model, :mod:`training.ddp_bench`);
 - ``ddp``: one DistributedDataParallel trial on the workers ``torchrun`` started
@@ -108,6 +110,40 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_branch(args: argparse.Namespace) -> int:
+    from . import runner
+    from .branching_study import run_branching, with_overrides
+    from .spec import load
+    from .store import DB_NAME, load_results, open_store
+    from .workload import Workload
+
+    target = Path(args.target)
+    if (target / DB_NAME).exists():
+        run_dir, spec = target, load_results(target).spec
+    else:   # a spec: run (or complete) its sweep and probes first
+        spec = load(args.target)
+        run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
+                                   report=False)
+    if spec is None or not hasattr(spec, "branching"):
+        raise SparsescaleError(f"{run_dir} holds no study of this library's (an imported "
+                               f"workload cannot be branched: its runs cannot be replayed)")
+    settings = with_overrides(spec.branching, batch_size=args.batch_size, k_max=args.k_max, checkpoints=args.checkpoints,
+                              seeds=args.seeds, eps=args.eps, window_fraction=args.window_fraction,
+                              warmup=False if args.no_warmup else None)
+    dataset = Workload.of(spec).load_dataset()
+    with open_store(run_dir) as store:
+        run_branching(spec, dataset, store, settings, quiet=args.quiet, redo=args.redo)
+    b = load_results(run_dir).branching
+    for r in b.itertuples(index=False):
+        print(f"sparsity {r.sparsity:g} seed {r.seed} step {r.step:>6}: CBS = {r.critical_batch:g} "
+              f"[{r.low:g}, {r.high:g}]")
+    if not args.no_report:
+        from .report import write_report
+
+        print(f"report: {write_report([run_dir], run_dir)}")
+    return 0
+
+
 def _key_value(text: str) -> str:
     """An argparse type: ``KEY=VALUE`` (the value is parsed later, as JSON where it is JSON)."""
     key, sep, _ = text.partition("=")
@@ -184,6 +220,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=512, help="training examples used")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_probe)
+
+    p = sub.add_parser(
+        "branch", help="measure the critical batch by branching from checkpoints",
+        description="CBS(t) (Merrill et al. 2025): branch short runs at k B from K checkpoints "
+                    "of the best run at a small batch size of every sparsity level and seed, "
+                    "and the batch-size warmup it suggests against fixed B. Given a spec, its "
+                    "sweep runs (or completes) first. Settings: the spec's [branching] table, "
+                    "then these options.")
+    p.add_argument("target", metavar="RUN_DIR_OR_CONFIG",
+                   help="a study's run folder, or a TOML study file / bundled config name")
+    p.add_argument("--out", help="run folder for a spec (default runs/<study name>)")
+    p.add_argument("--workers", type=int, help="worker processes for a spec's sweep")
+    p.add_argument("--batch-size", type=int,
+                   help="base run: the best trial at this batch size (default: [branching] "
+                        "batch_size, else the smallest that reached the goal)")
+    p.add_argument("--k-max", type=int, help="largest branch factor (a power of two)")
+    p.add_argument("--checkpoints", type=int, help="checkpoints K along the base run")
+    p.add_argument("--seeds", type=int, help="branch seeds (1, or >= 3 for intervals)")
+    p.add_argument("--eps", type=float, help="relative loss tolerance (default 0.01)")
+    p.add_argument("--window-fraction", type=float,
+                   help="window W as a fraction of the base run's examples to its goal")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warmup comparison")
+    p.add_argument("--redo", action="store_true", help="measure again what the store holds")
+    p.add_argument("--no-report", action="store_true", help="do not rewrite the report")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=_cmd_branch)
 
     add_exchange_parsers(sub)
 

@@ -15,7 +15,8 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
 The pipeline: :mod:`experiments.runs` loads and stacks the stores, :mod:`experiments.analysis`
 computes the tables and fits (once), :mod:`experiments.theory_view` the predictions,
 :mod:`experiments.sanity` the pruning sanity checks beside their criteria (studies with
-``[pruning] sanity``), :mod:`experiments.prose` the sentences, :mod:`experiments.figures` and
+``[pruning] sanity``), :mod:`experiments.branching_view` the critical batch by branching beside
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.prose` the sentences, :mod:`experiments.figures` and
 :mod:`experiments.theory_figures` the figures and
 :mod:`experiments.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.sections.Document`, rendered to both formats by Jinja2 templates.
@@ -41,6 +42,7 @@ from . import analysis as A
 from . import figures as F
 from . import tables as T
 from . import theory_figures as TF
+from .branching_view import branching_sentences, critical_table, warmup_table
 from .formatting import eval_text, goal_text
 from .hardware import hardware_view, time_to_result_frame
 from .prose import findings_text, optimizer_sentences, prediction_statement, sanity_sentences
@@ -109,15 +111,18 @@ def build(runs: RunSet) -> Report:
     hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
     theory_words = verdict_sentences(judged) + failure_sentences(judged, runs.probes) + unjudged
+    critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
+    warm = warmup_table(runs.warmup)
     sections = (
         Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
             points, fits.table, ratios, missing, order, labels) + theory_words
             + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
                                   sorted({s for r in runs.runs for s in r.spec.sparsities}))
-            + sanity_sentences(sanity.table)), "findings"),)),
+            + sanity_sentences(sanity.table) + branching_sentences(critical, warm)), "findings"),)),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
         _theory_section(runs, fits, judged),
+        *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
@@ -181,6 +186,45 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
                "median over seeds and probed batch sizes at each point of the run.",
                F.png_bytes(TF.smoothness_figure(runs.probes, order, cmap))),
     ))
+
+
+def _branching_section(runs: RunSet, fits: A.Fits, critical: pd.DataFrame, warm: pd.DataFrame) -> Section:
+    """Critical batch by branching: CBS at the goal beside B_simple and the fitted B_crit, its
+    cost, CBS(t) along the run (Figure 9) and the warmup against the best fixed B."""
+    order = list(runs.order)
+    return Section(BRANCHING_HEADING, 2, (
+        Paragraphs((BRANCHING_TEXT,)),
+        _table("The critical batch three ways", T.critical_table(critical),
+               "CBS: at the checkpoint at H, the base run's steps-to-result, with its bootstrap interval "
+               "over branch seeds (≥: the largest branch passed, a lower bound). B_simple: at the goal "
+               "(last 20 % of the probed runs), hierarchical bootstrap. B_crit: the sweep's fit, "
+               "bootstrap. Cost: the base run and every branch, in trial-steps, as a share of the "
+               "sweep's."),
+        Figure("fig9_branching", "Figure 9. CBS(t) by branching beside B_simple(t) and the fitted B_crit",
+               "Merrill et al. (2025)'s critical batch at K checkpoints of the best run at a small "
+               "batch size (x: step / H), band: its bootstrap interval over branch seeds; dashed: "
+               "McCandlish et al. (2018)'s B_simple probed along the run of the same batch size (or "
+               "of every probed batch size when that one was not probed; median over seeds); "
+               "black line and grey band: the series' fitted B_crit and its interval; dotted: the "
+               "largest branch.", F.png_bytes(TF.branching_figure(
+                   runs.branching, runs.probes, fits.table, order, F.colors(order)))),
+        _table("Batch-size warmup from CBS(t) against the best fixed batch size", T.warmup_table(warm),
+               "Both under the same examples budget, lr scaled by the optimizer's rule (× k SGD-type, "
+               "× √k Adam-type); steps: median [min, max] over replicate data orders; examples: "
+               "median. Best fixed B: fewest median steps among the fixed B that reached the goal "
+               "in every replicate." if len(warm) else "No warmup was measured."),
+    ))
+
+
+BRANCHING_HEADING = "Critical batch by branching"
+BRANCHING_TEXT = (
+    "From K checkpoints of the best run at a small batch size B, short runs branch at k B "
+    "(k = 1, 2, 4, ...) with the learning rate scaled by the optimizer's rule times multipliers "
+    "0.5, 1, 2, for the same number of examples W. CBS(t) is the largest k B whose best "
+    "multiplier's held-out loss, averaged over branch seeds, stays within (1 + ε) of the base "
+    "run's (Merrill et al. 2025). It is set beside the noise scale B_simple measured along the "
+    "run (McCandlish et al. 2018) and the critical batch B_crit fitted to the sweep: three "
+    "estimates of one quantity, dense beside sparse.")
 
 
 def _table(title: str, frame: pd.DataFrame, note: str = "") -> Section:

@@ -1,4 +1,4 @@
-"""Run a study: spec -> plan of groups -> executor -> store -> probes -> report.
+"""Run a study: spec -> plan of groups -> executor -> store -> probes -> branching -> report.
 
 The plan (:mod:`experiments.planning`) lists the groups; each (sparsity, seed) mask is computed
 once, on the driver, from the same initialization the workers build
@@ -192,7 +192,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``out``: default ``runs/<name>``. ``executor``: any ``concurrent.futures.Executor`` (not shut
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
-    in the store are skipped; then the probes run (unless disabled) and the report is written.
+    in the store are skipped; then the probes and the branching measurement run (unless
+    disabled: ``probes=False`` skips both) and the report is written.
     A spec listing several optimizers or pruning series (methods, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
@@ -267,6 +268,11 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
+        if probes and spec.branching.enabled:
+            from .branching_study import run_branching
+
+            with clock.phase("branching"):
+                run_branching(spec, dataset, store, quiet=quiet)
         trained = timing.training_by_batch_size(store.frame("groups"))
     if cost_model:
         from .costcache import ensure_cost_model

@@ -11,7 +11,7 @@ columns, and what the runs' specs plan (:func:`experiments.planning.plan`; an im
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -57,8 +57,9 @@ class Run:
 @dataclass(frozen=True)
 class RunSet:
     """The runs of one report and their tables, each with ``run`` (label) and ``series`` columns
-    first: ``groups``, ``trials``, ``probes`` and ``study`` as stored, ``planned`` one row per
-    (sparsity, batch size, seed) the run's spec plans (with ``probes``: whether it plans probes).
+    first: ``groups``, ``trials``, ``probes``, ``study``, ``branching`` and ``warmup`` as stored,
+    ``planned`` one row per (sparsity, batch size, seed) the run's spec plans (with ``probes``:
+    whether it plans probes).
     ``order`` lists the series in report order: runs as given, sparsity ascending."""
 
     runs: tuple[Run, ...]
@@ -68,6 +69,8 @@ class RunSet:
     study: pd.DataFrame
     planned: pd.DataFrame
     order: tuple[str, ...]
+    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
+    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def combined(self) -> bool:
@@ -149,7 +152,7 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
         levels = sorted(set(r.spec.sparsities) | set(r.results.groups["sparsity"]))
         order += [series_label(r.label, s, combined) for s in levels]
     return RunSet(runs, stacked("groups"), stacked("trials"), stacked("probes"), stacked("study"),
-                  planned, tuple(order))
+                  planned, tuple(order), stacked("branching"), stacked("warmup"))
 
 
 def planned_cells(spec: StudySpec) -> list[tuple[float, int, int]]:

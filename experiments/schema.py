@@ -3,7 +3,8 @@
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store`), the readers
 (:func:`experiments.store.load_results`) and the report: columns are added, never renamed.
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s; :class:`StudyInfo` is the study's one row.
+probes produce :class:`ProbeRow` s, the branching measurement :class:`BranchRow` s and
+:class:`WarmupRow` s; :class:`StudyInfo` is the study's one row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
+    "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
+                  "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
+                  "lib_version", "torch_version"),
+    "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
+               "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
 }
 
 SORT_KEYS: dict[str, list[str]] = {
@@ -30,10 +36,12 @@ SORT_KEYS: dict[str, list[str]] = {
     "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
+    "branching": ["sparsity", "seed", "step"],
+    "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
-NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps")
+NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result")
 
 # Columns added after their table was first written: (name, SQL type), nullable. A store written
 # before them gains them when opened for writing (its rows read NULL); a read-only reader of
@@ -78,6 +86,19 @@ CREATE TABLE IF NOT EXISTS probes (
     quantity TEXT NOT NULL, value REAL, seconds REAL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
     PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
+CREATE TABLE IF NOT EXISTS branching (
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    critical_batch REAL NOT NULL, low REAL NOT NULL, high REAL NOT NULL,
+    examples INTEGER NOT NULL, batch_size INTEGER NOT NULL, goal_step INTEGER NOT NULL,
+    window INTEGER NOT NULL, k_max INTEGER NOT NULL, n_seeds INTEGER NOT NULL, eps REAL NOT NULL,
+    trial_steps INTEGER NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    PRIMARY KEY (sparsity, seed, step));
+CREATE TABLE IF NOT EXISTS warmup (
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('warmup', 'fixed')), batch_size INTEGER NOT NULL,
+    replicate INTEGER NOT NULL, steps_to_result INTEGER, examples_to_result INTEGER,
+    max_steps INTEGER NOT NULL, examples_budget INTEGER NOT NULL, schedule TEXT NOT NULL,
+    trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
 """
 
 # theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
@@ -154,3 +175,45 @@ class StudyInfo:
     spec_toml: str
     spec_hash: str
     spec_json: str
+
+
+@dataclass(frozen=True)
+class BranchRow:
+    """CBS(t) at one checkpoint of one (sparsity, seed)'s base run (batch ``batch_size``, goal
+    step ``goal_step``, ``examples`` = step x batch_size), with its interval; ``trial_steps``:
+    the whole measurement's cost (the same on each of its rows)."""
+
+    sparsity: float
+    seed: int
+    step: int
+    critical_batch: float
+    low: float
+    high: float
+    examples: int
+    batch_size: int
+    goal_step: int
+    window: int
+    k_max: int
+    n_seeds: int
+    eps: float
+    trial_steps: int
+
+
+@dataclass(frozen=True)
+class WarmupRow:
+    """One replicate of the CBS(t) warmup (``kind="warmup"``, ``batch_size`` its largest) or of a
+    fixed batch size (``kind="fixed"``) under ``examples_budget`` examples; ``schedule``: the
+    warmup's segments as JSON [[start_step, batch_size, lr_scale], ...]; ``trial_steps``: the
+    whole comparison's cost (the same on each of its rows)."""
+
+    sparsity: float
+    seed: int
+    kind: str
+    batch_size: int
+    replicate: int
+    steps_to_result: int | None
+    examples_to_result: int | None
+    max_steps: int
+    examples_budget: int
+    schedule: str
+    trial_steps: int

@@ -61,6 +61,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
 
+    [branching]                         # CBS(t) by branching (experiments.spec_branching)
+    enabled = true
+    k_max = 64
+
     [executor]
     workers = 2
 """
@@ -83,6 +87,7 @@ from training.errors import SparsescaleError
 from . import spec_checks as checks
 from .search import SEARCH_KEYS, Dimension, optimizer_search
 from .series import SANITY, series_label, series_names
+from .spec_branching import Branching, branching
 from .spec_checks import COMPARISONS, Checker
 
 
@@ -201,6 +206,7 @@ class Spec(SpecCore):
     subdir: str = field(default="", compare=False)   # a variant's folder under the study's
     # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
     search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
+    branching: Branching = Branching()
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
@@ -220,6 +226,8 @@ class Spec(SpecCore):
             "seeds": list(self.seeds),
             "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
             **overrides,
+            # only an enabled table changes what a study stores (older hashes stay valid)
+            **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
         }
 
     def variants(self) -> list["Spec"]:
@@ -270,8 +278,9 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      for key, value in c["search"].items()}
     raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
-    for table in ("eval", "probes"):
-        raw[table] = {k: v for k, v in c[table].items() if v is not None}
+    for table in ("eval", "probes", "branching"):
+        if table in c:
+            raw[table] = {k: v for k, v in c[table].items() if v is not None}
     spec = validate(raw, toml_text=toml_text)
     if check is None and not series:
         return spec
@@ -292,7 +301,8 @@ MAX_TRIALS = 2**16
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
 
 TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
-            "workload", "goal", "pruning", "search", "budget", "eval", "probes", "executor")
+            "workload", "goal", "pruning", "search", "budget", "eval", "probes", "branching",
+            "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "") -> Spec:
@@ -382,6 +392,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
                     lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
                     **sizes)
 
+    branch = branching(ck, raw, batch_sizes)
+
     # executor
     ex_t = ck.table(raw, "executor", "executor") or {}
     ck.keys(ex_t, "executor", ("workers",))
@@ -403,7 +415,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
-        probes=probes,
+        probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
 
 
@@ -455,5 +467,10 @@ def check_against_dataset(spec: Spec, n_train: int) -> None:
         if value is not None and value > n_train:
             problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
                             f"allowed: 2..{n_train}")
+    br = spec.branching
+    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
+    if br.enabled and br.k_max * base > n_train:
+        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
+                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
     if problems:
         raise SpecError(problems)

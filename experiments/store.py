@@ -3,7 +3,10 @@
 Stdlib ``sqlite3`` in WAL mode with explicit transactions. Only the driver process writes it: a
 group's rows (its ``groups`` row, its ``trials`` and ``curves``) go in ONE transaction, so a study
 killed at any moment leaves either the whole group or none of it, and a rerun simply redoes the
-groups that are missing. The ``study`` table holds exactly one row; opening a folder whose store was
+groups that are missing. Likewise a sparsity level's probe rows, and a (sparsity, seed)'s
+branching rows (CBS(t), ``branching``) with its warmup comparison (``warmup``), are one
+transaction each. A store written before a table existed gains it when opened for writing and
+reads as an empty table with the table's columns when only read. The ``study`` table holds exactly one row; opening a folder whose store was
 made from a different spec (a different ``spec_hash``) is refused, so studies never mix.
 
 Readers use :func:`load_results`, which returns pandas DataFrames sorted by their natural keys (so
@@ -31,7 +34,7 @@ from training.errors import SparsescaleError
 
 from .external import StudySpec, external_spec, is_external
 from .schema import (ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS,
-                     GroupRecord, ProbeRow, StudyInfo)
+                     BranchRow, GroupRecord, ProbeRow, StudyInfo, WarmupRow)
 from .spec import SpecError, from_canonical
 
 DB_NAME = "results.sqlite"
@@ -262,6 +265,37 @@ class Store:
 
         self._write(tx)
 
+    # -- branching -----------------------------------------------------------------------------
+
+    def branched(self) -> set[tuple[float, int]]:
+        """(sparsity, seed) pairs whose branching measurement is stored."""
+        return {(float(r[0]), int(r[1])) for r in
+                self.conn.execute("SELECT DISTINCT sparsity, seed FROM branching")}
+
+    def write_branching(self, sparsity: float, seed: int, rows: Sequence[BranchRow],
+                        warmup: Sequence[WarmupRow] = ()) -> None:
+        """Write one (sparsity, seed)'s CBS(t) rows and warmup rows in one transaction
+        (replacing old ones)."""
+        lv, tv = lib_version(), torch_version()
+        key = (float(sparsity), int(seed))
+
+        def tx(c: sqlite3.Cursor) -> None:
+            for table in ("branching", "warmup"):
+                c.execute(f"DELETE FROM {table} WHERE sparsity = ? AND seed = ?", key)
+            c.executemany(
+                f"INSERT INTO branching ({', '.join(COLUMNS['branching'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['branching']))})",
+                [(*key, int(r.step), float(r.critical_batch), float(r.low), float(r.high), int(r.examples),
+                  int(r.batch_size), int(r.goal_step), int(r.window), int(r.k_max), int(r.n_seeds),
+                  float(r.eps), int(r.trial_steps), lv, tv) for r in rows])
+            c.executemany(
+                f"INSERT INTO warmup ({', '.join(COLUMNS['warmup'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['warmup']))})",
+                [(*key, w.kind, int(w.batch_size), int(w.replicate), w.steps_to_result, w.examples_to_result,
+                  int(w.max_steps), int(w.examples_budget), w.schedule, int(w.trial_steps)) for w in warmup])
+
+        self._write(tx)
+
     # -- reading -------------------------------------------------------------------------------
 
     def frame(self, table: str) -> pd.DataFrame:
@@ -287,6 +321,8 @@ def _add_columns(c: sqlite3.Cursor) -> None:
 
 def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
     have = _existing_columns(conn, table)
+    if not have:   # a table added later, in a store written before it (read-only: not made)
+        return pd.DataFrame(columns=list(COLUMNS[table]))
     # a column added later is NULL in a store written before it (read-only: not migrated)
     select = [c if c in have or c not in dict(ADDED_COLUMNS.get(table, ())) else f"NULL AS {c}"
               for c in COLUMNS[table]]
@@ -320,7 +356,10 @@ class Results:
 
     ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
     trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
-    ``predictions`` is empty unless something stored predictions.
+    ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
+    (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
+    size, replicate) of the warmup comparison; ``predictions`` is empty unless something stored
+    predictions.
     """
 
     run_dir: Path
@@ -329,6 +368,8 @@ class Results:
     trials: pd.DataFrame
     curves: pd.DataFrame
     probes: pd.DataFrame
+    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
+    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: StudySpec | None = None
 

@@ -106,8 +106,8 @@ def ratios_table(ratios: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _with_interval(value: float, lo: float, hi: float) -> str:
-    return "–" if pd.isna(value) else f"{fmt_num(value, 4)} {fmt_interval(lo, hi)}"
+def _with_interval(value: float, lo: float, hi: float, digits: int = 4) -> str:
+    return "–" if pd.isna(value) else f"{fmt_num(value, digits)} {fmt_interval(lo, hi)}"
 
 
 def sanity_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -192,3 +192,37 @@ def hardware_tables(part: HardwarePart) -> list[tuple[str, pd.DataFrame, str]]:
     return [("Predicted time to result on k workers: seconds (worker-seconds)", grid,
              "–: B is not divisible by k." if gaps else ""),
             ("Fastest batch size per number of workers k", fastest.reset_index(drop=True), "")]
+
+
+def critical_table(critical: pd.DataFrame) -> pd.DataFrame:
+    """CBS at the goal, B_simple at the goal and the fitted B_crit with intervals, and the cost."""
+    return pd.DataFrame({
+        "series": critical["series"], "seed": critical["seed"],
+        "base B, H": [f"{b}, {h}" for b, h in zip(critical["base_batch"], critical["goal_step"])],
+        "CBS at the goal": [("≥ " if u else "") + _with_interval(v, lo, hi, 3) for v, lo, hi, u in
+                            zip(critical["cbs"], critical["cbs_low"], critical["cbs_high"], critical["upper_end"])],
+        "B_simple at the goal": [_with_interval(v, lo, hi, 3) for v, lo, hi in
+                                 zip(critical["b_simple"], critical["b_simple_low"], critical["b_simple_high"])],
+        "fitted B_crit": [_with_interval(v, lo, hi, 3) for v, lo, hi in
+                          zip(critical["b_crit"], critical["b_crit_low"], critical["b_crit_high"])],
+        "cost (trial-steps)": critical["trial_steps"],
+        "% of the sweep": [fmt_num(100 * c / s, 3) for c, s in zip(critical["trial_steps"],
+                                                                   critical["sweep_trial_steps"])]})
+
+
+def warmup_table(warm: pd.DataFrame) -> pd.DataFrame:
+    """The warmup and the best fixed B: steps median [min, max] and median examples."""
+    def steps(m, lo, hi):
+        return f"{fmt_num(m)} [{fmt_num(lo)}, {fmt_num(hi)}]"
+
+    return pd.DataFrame({
+        "series": warm["series"], "seed": warm["seed"], "warmup B(t)": warm["schedule"],
+        "budget (examples)": warm["examples_budget"],
+        "warmup steps": [steps(*v) for v in zip(warm["warmup_steps"], warm["warmup_steps_min"],
+                                                warm["warmup_steps_max"])],
+        "warmup examples": [fmt_num(v) for v in warm["warmup_examples"]],
+        "best fixed B": [fmt_num(v) for v in warm["best_fixed"]],
+        "fixed steps": [steps(*v) for v in zip(warm["fixed_steps"], warm["fixed_steps_min"],
+                                               warm["fixed_steps_max"])],
+        "fixed examples": [fmt_num(v) for v in warm["fixed_examples"]],
+        "base B: steps": [f"{b}: {fmt_num(v)}" for b, v in zip(warm["base_batch"], warm["base_steps"])]})

@@ -38,25 +38,25 @@ train at B(t_j) = the largest power of two <= max(CBS(t_j), min_batch), capped, 
 rate scaled by the same rule; the segments meet at the same numbers of examples as the
 checkpoints, so the schedule takes fewer steps wherever B(t) > B.
 
-How the trainer side will use this module (design; the trainer changes come separately):
+How the trainer side uses this module (``experiments.branching``):
 
 1. The base run (a given trial, or the best trial at a small B of a study) runs with
-   ``train_trials`` to its goal step plus one window, saving a state at every checkpoint step: a
-   frozen ``training.state.TrainState`` (stacked weights, optimizer buffers, step, data-order
-   position; the reference loop ``training.reference.train_schedule_reference`` already saves and
-   resumes it).
+   ``train_trials`` to each checkpoint step in turn, resuming the state it stopped in
+   (``start=``, ``return_state=True``): a frozen ``training.state.TrainState`` (stacked weights,
+   optimizer buffers, step, data-order position).
 2. For each checkpoint and each k, one vectorized group: ``train_trials(model, dataset, trials,
-   run, start=state)`` at batch k B for ``window_steps(W, k B)`` steps, whose trials are the lr
-   multipliers x branch seeds (lr = ``branch_lrs(lr, k, optimizer)``); every trial starts from the
-   same state, and branch seed s picks the data order after the checkpoint (seed 0 continues the
-   base run's order, so k = 1, m = 1, seed 0 is the base run itself). The held-out loss at the
-   window's end fills ``branch_loss[t, k, m, seed]``; the k = 1, m = 1 branches give the paired
-   per-seed base loss.
-3. ``experiments.branch_critical_batch(...)`` wires this up, calls ``critical_batch``, stores the
-   rows (sparsity, seed, step, critical_batch, low, high) and the cost (``branching_trial_steps``
-   plus the base run), and builds ``warmup_schedule``, which a batch-size-schedule trainer
-   (``training.reference.train_schedule_reference``, then a vectorized one) runs against the best
-   fixed B under the same examples budget.
+   run, start=state, data_seeds=...)`` at batch k B for ``window_steps(W, k B)`` steps, whose
+   trials are the lr multipliers x branch seeds (lr = ``branch_lrs(lr, k, optimizer)``); every
+   trial starts from the same state, and branch seed s picks the data order after the checkpoint
+   (seed 0 continues the base run's order, so k = 1, m = 1, seed 0 is the base run itself). The
+   held-out loss at the window's end fills ``branch_loss[t, k, m, seed]``; the k = 1, m = 1
+   branches give the paired per-seed base loss.
+3. ``experiments.branch_critical_batch(...)`` wires this up, calls ``critical_batch`` and counts
+   the cost (the base run plus the branches, in trial-steps; ``branching_trial_steps`` is the
+   plan); ``experiments.warmup_comparison`` runs ``warmup_schedule`` with the vectorized
+   batch-size-schedule trainer (``training.schedule_trials``) against fixed batch sizes under the
+   same examples budget; a study stores the rows (sparsity, seed, step, critical_batch, low,
+   high) in its ``branching`` table.
 """
 
 from __future__ import annotations

@@ -222,13 +222,8 @@ def _resume_optimizer(opt: torch.optim.Optimizer, params: Mapping[str, nn.Parame
                       start: TrainState, run: RunConfig) -> None:
     """Put ``start``'s momentum buffers, or Adam's moments and step count, into ``opt``; a state
     of the other optimizer family raises ConfigError."""
+    start.check_optimizer(run.optimizer)
     adam = run.optimizer in ADAM_OPTIMIZERS
-    if adam and (set(start.moments) != set(start.buffers) or (start.step and not start.moments)):
-        raise ConfigError(f"optimizer {run.optimizer!r} resumes from a TrainState with Adam's "
-                          f"moments (buffers and moments of the same parameters); start has none")
-    if not adam and start.moments:
-        raise ConfigError(f"start holds Adam's moments; optimizer {run.optimizer!r} cannot resume "
-                          f"from it")
     first, second = _STATE_KEYS[adam]
     for name, buf in start.buffers.items():
         state = opt.state[params[name]]

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .order import epoch_permutation
+from .config import ADAM_OPTIMIZERS
 from .errors import ConfigError
+from .order import epoch_permutation
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,18 @@ class TrainState:
                           {k: v[i:i + 1] for k, v in self.buffers.items()},
                           self.step, self.position, (self.initial_loss[i],),
                           {k: v[i:i + 1] for k, v in self.moments.items()})
+
+    def check_optimizer(self, optimizer: str) -> None:
+        """The state resumes a run of ``optimizer``'s family: Adam-type states hold Adam's moments
+        (buffers and moments of the same parameters, none only before the first update), SGD-type
+        states none."""
+        if optimizer in ADAM_OPTIMIZERS:
+            if set(self.moments) != set(self.buffers) or (self.step and not self.moments):
+                raise ConfigError(f"optimizer {optimizer!r} resumes from a TrainState with Adam's "
+                                  f"moments (buffers and moments of the same parameters); start has none")
+        elif self.moments:
+            raise ConfigError(f"start holds Adam's moments; optimizer {optimizer!r} cannot resume "
+                              f"from it")
 
     def check_model(self, model: nn.Module) -> None:
         """The state's parameters are exactly ``model``'s, by name and shape."""

@@ -20,7 +20,7 @@ between two scheduled evaluations is not seen, as with any evaluation schedule.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,7 +35,9 @@ from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from .masks import check_mask
 from .order import epoch_permutation
 from .results import Curve
+from .resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
 from .stacked import stacked_loss_and_grad
+from .state import TrainState
 from .trial_stack import TrialStack, make_stacks
 
 Tensor = torch.Tensor
@@ -56,8 +58,12 @@ class TrialsResult:
     ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
     :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``kernel``: the
     program that computed the steps (one of :data:`training.cellplan.KERNELS`; ``batched`` where
-    the compiled kernel could not be built). ``params``: final parameters stacked by name,
+    the compiled kernel could not be built; under a batch-size schedule, those of its segments,
+    comma-separated). ``params``: final parameters stacked by name,
     ``[N, *shape]`` (:meth:`state` gives one trial's).
+    ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
+    ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
+    not stopped at their own hit), to resume or branch from; else None.
     """
 
     steps_to_result: int | None
@@ -72,6 +78,8 @@ class TrialsResult:
     trials: list[Trial]
     kernel: str
     params: dict[str, Tensor] = field(repr=False)
+    end_state: TrainState | None = field(default=None, repr=False)
+    end_trials: tuple[int, ...] = ()
 
     def state(self, i: int) -> dict[str, Tensor]:
         """Final parameters of trial ``i`` by name."""
@@ -93,20 +101,17 @@ class _Runner:
     batch_size: int
     optimizer: str
     dtype: torch.dtype
-
-    @property
-    def per_epoch(self) -> int:
-        return self.x_train.shape[0] // self.batch_size
+    origin: DataOrigin = DataOrigin()   # where the data order starts (training.resume)
 
     def batch_indices(self, st: TrialStack, step: int) -> Tensor:
         """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
-        epoch, k = divmod(step, self.per_epoch)
+        n = self.x_train.shape[0]
+        epoch, offset = self.origin.locate(step, self.batch_size, n)
         if st.perm_epoch != epoch:
-            n = self.x_train.shape[0]
             st.perm = torch.stack([epoch_permutation(s, epoch, n) for s in st.seeds]).to(
                 self.x_train.device)
             st.perm_epoch = epoch
-        return st.perm[:, k * self.batch_size:(k + 1) * self.batch_size]
+        return st.perm[:, offset:offset + self.batch_size]
 
     def batch(self, st: TrialStack, step: int) -> tuple[Tensor, Tensor]:
         """Inputs [n, B, ...] and targets [n, B] of batch ``step`` of every trial
@@ -179,7 +184,9 @@ class _Runner:
 @legacy.accepts_old_form(legacy.trials_args, "train_trials(model, dataset, trials, run)")
 def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                  run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
-                 trials_per_chunk: int | None = None, first_index: int = 0) -> TrialsResult:
+                 trials_per_chunk: int | None = None, first_index: int = 0,
+                 start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
+                 return_state: bool = False) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -198,6 +205,12 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     trials, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
     seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
+    ``data_seeds``: each trial's data seed instead (e.g. branches sharing a base run's order).
+    ``start``: a :class:`training.state.TrainState` (one trial, shared by all, or N) to resume
+    from: weights, momentum buffers or Adam moments, step (lr schedule, Adam's bias
+    corrections), divergence reference and data position are the state's; ``run.max_steps``
+    counts from the run's beginning and evaluations resume after ``start.step``
+    (:mod:`training.resume`). ``return_state``: put the final state in ``end_state``.
     The keyword form of earlier releases is accepted with a DeprecationWarning
     (:mod:`training.legacy`). A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
@@ -217,13 +230,23 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
     first_index = check_index(first_index, "first_index")
+    start = check_start(start, model, run.optimizer, n, run.max_steps)
+    seeds = check_data_seeds(data_seeds, n)
+    origin = DataOrigin.of(start)
     data = dataset.to(run.device, run.dtype)
     runner = _Runner(plan.program, plan.update_in_step, data.x_train, data.y_train, data.x_val,
-                     data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype)
+                     data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
+                     origin)
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
                          chunk, run.device, run.dtype)
+    names = [name for name, _ in model.named_parameters()]
     for st in stacks:
-        st.init_loss = runner.initial_loss(st)
+        if seeds is not None:
+            st.seeds = [seeds[i] for i in st.ids]
+        if start is None:
+            st.init_loss = runner.initial_loss(st)
+        else:
+            load_stack(st, start, names)
 
     rows: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
     hit: list[int | None] = [None] * n
@@ -246,8 +269,10 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
         return [r for r, v in enumerate(value)
                 if goal is not None and hit[st.ids[r]] is None and goal.met(v)]
 
-    schedule = run.eval_schedule.steps(run.max_steps)
-    prev, steps_run = 0, 0
+    # from a start state: the evaluations after it, the first replay from the state itself
+    schedule = [s for s in run.eval_schedule.steps(run.max_steps)
+                if start is None or s > start.step]
+    prev = steps_run = origin.step
     for e in schedule:
         stop_now = False
         for k, st in enumerate(stacks):
@@ -274,7 +299,12 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
-    return _result(model, trial_list, rows, hit, diverged, taken, final, steps_run, plan.kernel)
+    result = _result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
+                     plan.kernel)
+    if not return_state:
+        return result
+    state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train)
+    return replace(result, end_state=state, end_trials=ids)
 
 
 def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record

@@ -56,6 +56,16 @@ BAD_SPECS = [
     (edit("[workload]", "[workload]\ndata = 1"), "workload.data", "did you mean 'dataset'"),
     (TINY + "\n[pruning]\nmethod = \"snipp\"\n", "pruning.method", "did you mean 'snip'"),
     (edit('name = "tiny"', 'name = "tiny'), "(toml)", "not valid TOML"),
+    (TINY + "\n[branching]\nk_mx = 8\n", "branching.k_mx", "did you mean 'k_max'"),
+    (TINY + "\n[branchng]\nenabled = true\n", "branchng", "did you mean 'branching'"),
+    (TINY + "\n[branching]\nk_max = 12\n", "branching.k_max", "power of two"),
+    (TINY + "\n[branching]\nseeds = 2\n", "branching.seeds", ">= 3"),
+    (TINY + "\n[branching]\nbatch_size = 64\n", "branching.batch_size", "8, 32, 128"),
+    (TINY + "\n[branching]\nmultipliers = [0.5, 2.0]\n", "branching.multipliers", "includes 1"),
+    (TINY + "\n[branching]\neps = -0.1\n", "branching.eps", "[0, inf]"),
+    (TINY + "\n[branching]\nwindow_fraction = 0\n", "branching.window_fraction", "(0, 1]"),
+    (TINY + "\n[branching]\nenabled = 1\n", "branching.enabled", "true or false"),
+    (TINY + "\n[branching]\nwindow = 64\nwindow_fraction = 0.2\n", "branching", "one of them"),
 ]
 
 
@@ -226,6 +236,24 @@ def test_canonical_form_gives_back_the_same_spec(text):
                 spec.search["decay_steps"].relative, spec.pruning_method, spec.strict) == \
             (50, "geometric", (32, "b_crit"), 3, True, "magnitude", False)
         assert (spec.probes.points, spec.probes.examples, spec.probes.lanczos) == (3, 64, 5)
+
+
+BRANCHING = TINY + ("\n[branching]\nenabled = true\nbatch_size = 32\ncheckpoints = 4\nk_max = 2\nwindow = 640\n"
+                    "eps = 0.02\nseeds = 1\nmultipliers = [1, 3]\nlevel = 0.8\nwarmup = false\n"
+                    "warmup_replicates = 5\nwarmup_examples = 9000\n")
+
+
+def test_branching_table_is_read_hashed_and_round_trips():
+    from experiments.spec_branching import Branching
+
+    spec = loads(BRANCHING)
+    assert spec.branching == Branching(True, 32, 4, 2, 0.1, 640, 0.02, 1, (1.0, 3.0), 0.8, False, 5, 9000)
+    assert_round_trip(spec)
+    assert spec.hash != loads(TINY).hash
+    # a disabled table stores nothing: the hash of a spec without one
+    off = loads(TINY + "\n[branching]\nenabled = false\nk_max = 8\n")
+    assert off.hash == loads(TINY).hash and off.branching.k_max == 8
+    assert loads(TINY).branching == Branching()
 
 
 def test_bundled_configs_round_trip():

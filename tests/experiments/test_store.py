@@ -96,3 +96,52 @@ def test_wal_and_missing_store(tmp_path):
     assert mode[0] == "wal"
     with pytest.raises(StoreError, match="no results store"):
         load_results(tmp_path / "nowhere")
+
+
+def branch_rows(sparsity=0.5, seed=0):
+    from experiments.schema import BranchRow, WarmupRow
+
+    rows = [BranchRow(sparsity, seed, step, cbs, cbs / 2, cbs, step * 8, 8, 70, 512, 64, 3, 0.01, 4321)
+            for step, cbs in ((0, 8.0), (10, 64.0), (70, 256.0))]
+    warm = [WarmupRow(sparsity, seed, kind, b, r, None if r == 2 else 30 + r, None if r == 2 else 240 + 8 * r,
+                      90, 1120, "[[0, 8, 1.0], [10, 64, 8.0]]", 999)
+            for kind, b in (("warmup", 64), ("fixed", 8)) for r in range(3)]
+    return rows, warm
+
+
+def test_branching_round_trip_and_one_transaction(tmp_path):
+    from experiments.schema import WarmupRow
+
+    rows, warm = branch_rows()
+    with open_store(tmp_path, STUDY) as store:
+        store.write_branching(0.5, 0, rows, warm)
+        store.write_branching(0.0, 1, *branch_rows(0.0, 1))
+        assert store.branched() == {(0.5, 0), (0.0, 1)}
+        # a warmup kind the schema rejects fails the last insert: the old rows stay, whole
+        bad = warm[:-1] + [WarmupRow(**{**warm[-1].__dict__, "kind": "other"})]
+        with pytest.raises(sqlite3.IntegrityError):
+            store.write_branching(0.5, 0, rows[:1], bad)
+    res = load_results(tmp_path)
+    b = res.branching
+    assert list(b.columns[:6]) == ["sparsity", "seed", "step", "critical_batch", "low", "high"]
+    assert b[["sparsity", "seed", "step", "critical_batch", "low", "high"]].values.tolist() == [
+        [0.0, 1, 0, 8.0, 4.0, 8.0], [0.0, 1, 10, 64.0, 32.0, 64.0], [0.0, 1, 70, 256.0, 128.0, 256.0],
+        [0.5, 0, 0, 8.0, 4.0, 8.0], [0.5, 0, 10, 64.0, 32.0, 64.0], [0.5, 0, 70, 256.0, 128.0, 256.0]]
+    assert b.trial_steps.tolist() == [4321] * 6 and b.lib_version.notna().all()
+    w = res.warmup[res.warmup.sparsity == 0.5]
+    assert w.kind.tolist() == ["fixed"] * 3 + ["warmup"] * 3
+    assert w.steps_to_result.tolist()[:2] == [30, 31] and pd.isna(w.steps_to_result.iloc[2])
+    assert str(w.examples_to_result.dtype) == "Int64"
+
+
+def test_a_store_without_the_branching_tables_reads_them_empty(tmp_path):
+    open_store(tmp_path, STUDY).close()
+    with sqlite3.connect(tmp_path / "results.sqlite") as conn:
+        conn.execute("DROP TABLE branching")
+        conn.execute("DROP TABLE warmup")
+    res = load_results(tmp_path)   # read-only: nothing is made
+    assert res.branching.empty and list(res.branching.columns) == list(COLUMNS["branching"])
+    assert res.warmup.empty and list(res.warmup.columns) == list(COLUMNS["warmup"])
+    with open_store(tmp_path, STUDY) as store:   # opened for writing: the tables are made
+        store.write_branching(0.5, 0, *branch_rows())
+    assert len(load_results(tmp_path).branching) == 3

@@ -12,6 +12,18 @@ def teacher():
     return training.data.load("teacher", n=500, dim=8, num_classes=3, seed=1)
 
 
+@pytest.fixture(scope="module")
+def teacher320():
+    """400 examples, 320 for training: a batch of 48 does not divide an epoch (32 are dropped)."""
+    return training.data.load("teacher", n=400, dim=8, num_classes=3, seed=1)
+
+
+@pytest.fixture(scope="module")
+def net16(teacher320):
+    """A one-hidden-layer MLP (16 units) on :func:`teacher320`."""
+    return training.models.build("mlp", teacher320, hidden=[16], seed=0)
+
+
 @pytest.fixture(scope="session")
 def tiny_images():
     """A 3-class data set of 96 random 1 x 8 x 8 images (64 train / 32 val): small enough for

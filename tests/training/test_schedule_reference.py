@@ -16,16 +16,6 @@ from training.state import DataPosition, DataStream, TrainState
 F64 = torch.float64
 
 
-@pytest.fixture(scope="module")
-def teacher():
-    return training.data.load("teacher", n=400, dim=8, num_classes=3, seed=1)   # 320 training examples
-
-
-@pytest.fixture(scope="module")
-def net(teacher):
-    return training.models.build("mlp", teacher, hidden=[16], seed=0)
-
-
 def assert_same_run(a, b):
     assert a.curve.rows() == b.curve.rows()
     assert (a.steps_to_result, a.steps_run, a.diverged) == (b.steps_to_result, b.steps_run, b.diverged)
@@ -34,17 +24,17 @@ def assert_same_run(a, b):
 
 
 @pytest.mark.parametrize(("optimizer", "batch", "decay"), [("sgd", 32, None), ("momentum", 48, 20), ("nesterov", 32, 20)])
-def test_one_constant_batch_equals_train_reference_bit_for_bit(teacher, net, optimizer, batch, decay):
+def test_one_constant_batch_equals_train_reference_bit_for_bit(teacher320, net16, optimizer, batch, decay):
     # 48 does not divide 320: every epoch drops 32 examples, as BatchOrder does
     mask = {"1.weight": (torch.rand(16, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()}
     trial = Trial(lr=0.3, momentum=0.9, decay_steps=decay, end_factor=0.1)
     run = RunConfig(batch, optimizer, max_steps=40, goal=0.3, eval_schedule=EvalSchedule(every=7),
                     stop="never", seed=5, dtype=F64)
-    ref = training.train_reference(net, teacher, trial, run, mask=mask, trial_index=2)
+    ref = training.train_reference(net16, teacher320, trial, run, mask=mask, trial_index=2)
     # the schedule's batch size replaces run.batch_size
     other = RunConfig(batch // 2, optimizer, max_steps=40, goal=0.3, eval_schedule=EvalSchedule(every=7),
                       stop="never", seed=5, dtype=F64)
-    got = train_schedule_reference(net, teacher, trial, other, schedule=BatchSchedule.constant(batch),
+    got = train_schedule_reference(net16, teacher320, trial, other, schedule=BatchSchedule.constant(batch),
                                    mask=mask, trial_index=2)
     assert_same_run(got.result, ref)
     assert got.examples == 40 * batch and got.state.step == 40
@@ -54,14 +44,14 @@ def run_config(steps, **kw):
     return RunConfig(16, "momentum", max_steps=steps, stop="never", dtype=F64, **kw)
 
 
-def test_resuming_from_a_state_continues_the_run_bit_for_bit(teacher, net):
+def test_resuming_from_a_state_continues_the_run_bit_for_bit(teacher320, net16):
     sched = BatchSchedule((BatchSegment(0, 16), BatchSegment(20, 64, 4.0)))
     trial, every = Trial(lr=0.05, momentum=0.9), EvalSchedule(every=5)
-    straight = train_schedule_reference(net, teacher, trial, run_config(50, seed=1, eval_schedule=every),
+    straight = train_schedule_reference(net16, teacher320, trial, run_config(50, seed=1, eval_schedule=every),
                                         schedule=sched)
-    first = train_schedule_reference(net, teacher, trial, run_config(15, seed=1, eval_schedule=every),
+    first = train_schedule_reference(net16, teacher320, trial, run_config(15, seed=1, eval_schedule=every),
                                      schedule=sched)
-    resumed = train_schedule_reference(net, teacher, trial, run_config(50, seed=1, eval_schedule=every),
+    resumed = train_schedule_reference(net16, teacher320, trial, run_config(50, seed=1, eval_schedule=every),
                                        schedule=sched, start=first.state)
     assert first.result.curve.rows() + resumed.result.curve.rows() == straight.result.curve.rows()
     for k, v in straight.result.state.items():
@@ -71,21 +61,21 @@ def test_resuming_from_a_state_continues_the_run_bit_for_bit(teacher, net):
     assert first.examples + resumed.examples == straight.examples == 20 * 16 + 30 * 64
 
 
-def test_a_batch_change_matches_an_independent_loop(teacher, net):
+def test_a_batch_change_matches_an_independent_loop(teacher320, net16):
     # 3 steps of 8 examples at lr 0.1, then 32 examples at lr 0.4, heavy ball, float64
     sched = BatchSchedule((BatchSegment(0, 8), BatchSegment(3, 32, 4.0)))
-    got = train_schedule_reference(net, teacher, Trial(lr=0.1, momentum=0.9), run_config(14, seed=2),
+    got = train_schedule_reference(net16, teacher320, Trial(lr=0.1, momentum=0.9), run_config(14, seed=2),
                                    schedule=sched).result
     perms = [epoch_permutation(trial_seed(2, 0), e, 320) for e in range(2)]
     # epoch 0: 24 examples at B = 8, then 9 batches of 32 (up to offset 312); the 8 left are dropped
     batches = [perms[0][8 * i:8 * i + 8] for i in range(3)] + [perms[0][24 + 32 * i:56 + 32 * i] for i in range(9)] \
         + [perms[1][32 * i:32 * i + 32] for i in range(2)]
-    params = {k: v.detach().clone().double() for k, v in net.named_parameters()}
+    params = {k: v.detach().clone().double() for k, v in net16.named_parameters()}
     bufs = {k: torch.zeros_like(v) for k, v in params.items()}
-    model = training.models.build("mlp", teacher, hidden=[16], seed=0).double()
+    model = training.models.build("mlp", teacher320, hidden=[16], seed=0).double()
     for t, idx in enumerate(batches):
         p = {k: v.requires_grad_() for k, v in params.items()}
-        loss = F.cross_entropy(torch.func.functional_call(model, p, (teacher.x_train.double()[idx],)), teacher.y_train[idx])
+        loss = F.cross_entropy(torch.func.functional_call(model, p, (teacher320.x_train.double()[idx],)), teacher320.y_train[idx])
         grads = dict(zip(p, torch.autograd.grad(loss, list(p.values()))))
         with torch.no_grad():
             for k in params:
@@ -107,26 +97,26 @@ def test_stream_reproduces_batch_order_and_tracks_positions():
     assert len(stream.batch(DataPosition(0, 71), 30)[0]) == 30
 
 
-def test_state_checks_and_slicing(teacher, net):
+def test_state_checks_and_slicing(teacher320, net16):
     trial = Trial(lr=0.1)
-    state = train_schedule_reference(net, teacher, trial, RunConfig(16, "sgd", max_steps=3)).state
+    state = train_schedule_reference(net16, teacher320, trial, RunConfig(16, "sgd", max_steps=3)).state
     two = TrainState({k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in state.params.items()},
                      {k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in state.buffers.items()},
                      3, state.position, state.initial_loss * 2)
     assert two.n_trials == 2 and torch.equal(two.trial(1).params["1.weight"], state.params["1.weight"])
     run5 = RunConfig(16, "sgd", max_steps=5)
     with pytest.raises(ConfigError, match="resumes one trial"):
-        train_schedule_reference(net, teacher, trial, run5, start=two)
+        train_schedule_reference(net16, teacher320, trial, run5, start=two)
     with pytest.raises(ConfigError, match=r"max_steps \(2\) must be >= the start state's step \(3\)"):
-        train_schedule_reference(net, teacher, trial, RunConfig(16, "sgd", max_steps=2), start=state)
-    other = training.models.build("mlp", teacher, hidden=[8], seed=0)
+        train_schedule_reference(net16, teacher320, trial, RunConfig(16, "sgd", max_steps=2), start=state)
+    other = training.models.build("mlp", teacher320, hidden=[8], seed=0)
     with pytest.raises(ConfigError, match=r"params\['1.weight'\] has shape"):
-        train_schedule_reference(other, teacher, trial, run5, start=state)
+        train_schedule_reference(other, teacher320, trial, run5, start=state)
     with pytest.raises(ConfigError, match="one per trial"):
         TrainState(state.params, state.buffers, 3, state.position, (1.0, 2.0))
     with pytest.raises(ConfigError, match="schedule must be a training.batch_schedule.BatchSchedule"):
-        train_schedule_reference(net, teacher, trial, run5, schedule=16)
+        train_schedule_reference(net16, teacher320, trial, run5, schedule=16)
     with pytest.raises(ConfigError, match="start must be a training.state.TrainState"):
-        train_schedule_reference(net, teacher, trial, run5, start=state.params)
+        train_schedule_reference(net16, teacher320, trial, run5, start=state.params)
     with pytest.raises(ConfigError, match=r"batch_size must be an integer in \[1, 320\]"):
-        train_schedule_reference(net, teacher, trial, run5, schedule=BatchSchedule.constant(321))
+        train_schedule_reference(net16, teacher320, trial, run5, schedule=BatchSchedule.constant(321))
