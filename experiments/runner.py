@@ -10,6 +10,7 @@ group, so Ctrl-C or SIGKILL at any moment leaves a consistent store that a rerun
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -20,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import training
+from training.cellplan import kernels_ready
 from training.config import ADAM_KEYS
+from training.kernels import disabled as kernels_disabled
 
+from . import timing
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .planning import GroupPlan, plan
 from .probes import run_probes
@@ -34,11 +38,13 @@ from .workload import Mask, Workload
 
 @dataclass(frozen=True)
 class GroupTask:
-    """What is shipped to a worker: the plan, the workload and the (sparsity, seed) mask."""
+    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask, and
+    whether the compiled kernel is usable (the driver built it or found it missing, once)."""
 
     plan: GroupPlan
     workload: Workload
     mask: Mask | None
+    kernels: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +66,7 @@ def run_group(task: GroupTask) -> GroupRecord:
     cfg = json.loads(p.config_json)
     start = time.perf_counter()
     try:
-        with torch_threads(1):
+        with torch_threads(1), contextlib.nullcontext() if task.kernels else kernels_disabled():
             ds = task.workload.load_dataset()
             model = task.workload.build_model(ds, p.seed)
             goal = training.Goal(**cfg["goal"])
@@ -86,7 +92,8 @@ def run_group(task: GroupTask) -> GroupRecord:
         steps_to_result=None if res.steps_to_result is None else int(res.steps_to_result),
         best_trial=None if res.best is None else int(res.best),
         max_steps=p.max_steps, wall_time=time.perf_counter() - start,
-        trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows))
+        trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
+        kernel=res.kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,22 +199,28 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
     model into ``out`` for the report's time-to-result section (:mod:`experiments.costcache`:
     measured once per machine and workload, then cached; ``sparsescale study`` does this unless
-    given ``--no-cost-model`` or ``--no-report``).
+    given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
+    time per batch size go to ``timing.json`` (:mod:`experiments.timing`), printed unless
+    ``quiet``.
     """
     spec = config if isinstance(config, Spec) else load_spec(config)
     out = Path(out) if out is not None else Path("runs") / spec.name
     variants = spec.variants()
+    clock = timing.PhaseClock()
     if len(variants) > 1:
-        dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
-                          report=False, cost_model=cost_model) for v in variants]
+        with clock.phase("variants"):
+            dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
+                              report=False, cost_model=cost_model) for v in variants]
         if report:
-            _write_report(dirs, out, quiet)
+            with clock.phase("report"):
+                _write_report(dirs, out, quiet)
+        timing.record(out, clock, quiet)
         return out
 
     workload = Workload.of(spec)
     dataset = workload.load_dataset()
     check_against_dataset(spec, dataset.n_train)
-    workload.build_model(dataset, spec.seeds[0])   # a bad model option fails here, not in workers
+    model = workload.build_model(dataset, spec.seeds[0])   # a bad option fails here, not in workers
     groups = plan(spec)
     with open_store(out, study_info(spec)) as store:
         done = store.done_keys()
@@ -217,6 +230,9 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         probe = probes and spec.probes.enabled and any(
             s not in store.probed_sparsities() for s in spec.sparsities)
         if todo or probe:
+            # build the compiled kernel here, once, before the workers start (or warn once
+            # that it is missing, and tell them not to try)
+            use_kernels = kernels_ready(model, dataset.input_shape) if todo else True
             own = executor is None
             n_workers = workers or spec.workers or default_workers()
             # a pool no larger than the work: one group or probed run per worker
@@ -226,21 +242,25 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             respawn = functools.partial(local_pool, pool_size) if own and not dask else None
             try:
                 if todo:
-                    masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
-                                           record=out)
-                    execute([GroupTask(g, workload, masks[(g.sparsity, g.seed)]) for g in todo],
-                            ex, store, quiet, respawn)
+                    with clock.phase("masks"):
+                        masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
+                                               record=out)
+                    tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
+                             for g in todo]
+                    with clock.phase("training"):
+                        execute(tasks, ex, store, quiet, respawn)
                 if probe:
-                    try:
-                        run_probes(spec, dataset, store, quiet=quiet, executor=ex)
-                    except BrokenExecutor:
-                        if respawn is None:
-                            raise
-                        # a worker died (during training or probing): the levels not yet
-                        # written are probed once more in a fresh pool
-                        ex.shutdown(wait=False, cancel_futures=True)
-                        ex = respawn()
-                        run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                    with clock.phase("probes"):
+                        try:
+                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                        except BrokenExecutor:
+                            if respawn is None:
+                                raise
+                            # a worker died (during training or probing): the levels not yet
+                            # written are probed once more in a fresh pool
+                            ex.shutdown(wait=False, cancel_futures=True)
+                            ex = respawn()
+                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -251,13 +271,18 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         if probes and spec.branching.enabled:
             from .branching_study import run_branching
 
-            run_branching(spec, dataset, store, quiet=quiet)
+            with clock.phase("branching"):
+                run_branching(spec, dataset, store, quiet=quiet)
+        trained = timing.training_by_batch_size(store.frame("groups"))
     if cost_model:
         from .costcache import ensure_cost_model
 
-        ensure_cost_model(out, workload, quiet)
+        with clock.phase("cost model"):
+            ensure_cost_model(out, workload, quiet)
     if report:
-        _write_report([out], out, quiet)
+        with clock.phase("report"):
+            _write_report([out], out, quiet)
+    timing.record(out, clock, quiet, trained)
     return out
 
 

@@ -17,7 +17,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
               "torch_version", "python_version"),
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
-               "error", "config_json", "lib_version", "torch_version", "finished"),
+               "error", "config_json", "lib_version", "torch_version", "finished", "kernel"),
     "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
                "beta1", "beta2", "eps", "weight_decay"),
@@ -47,6 +47,7 @@ NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "exa
 # before them gains them when opened for writing (its rows read NULL); a read-only reader of
 # such a store reads NULL too.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "groups": (("kernel", "TEXT"),),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
 }
 
@@ -65,7 +66,8 @@ CREATE TABLE IF NOT EXISTS groups (
     steps_to_result INTEGER, best_trial INTEGER, max_steps INTEGER NOT NULL,
     n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
     wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
-    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL);
+    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
+    kernel TEXT);   -- the program that trained the group (training.cellplan.KERNELS)
 CREATE TABLE IF NOT EXISTS trials (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL,
     sparsity REAL NOT NULL, batch_size INTEGER NOT NULL, seed INTEGER NOT NULL,
@@ -141,6 +143,7 @@ class GroupRecord:
     config_json: str
     trials: tuple[TrialRow, ...] = ()
     error: str | None = None
+    kernel: str | None = None   # training.TrialsResult.kernel (None: failed)
 
     @property
     def n_reached(self) -> int:

@@ -97,6 +97,18 @@ class AdamState:
         return AdamState([m.clone() for m in self.exp_avg], [v.clone() for v in self.exp_avg_sq],
                          self.beta1, self.beta2, self.eps, self.weight_decay, self.decoupled)
 
+    def rows(self, rows: slice) -> "AdamState":
+        """Views of trial positions ``rows``: stepping them updates this state's moments in
+        place (the per-trial program updates one trial right after its backward pass). Their
+        scratch is this state's, kept at the views' size: one trial's, not the stack's."""
+        view = AdamState([m[rows] for m in self.exp_avg], [v[rows] for v in self.exp_avg_sq],
+                         self.beta1[rows], self.beta2[rows], self.eps[rows],
+                         self.weight_decay[rows], self.decoupled)
+        if self._delta is None or self._delta[0].shape != view.exp_avg[0].shape:
+            self._delta = [torch.zeros_like(m) for m in view.exp_avg]
+        view._delta = self._delta
+        return view
+
     @torch.no_grad()
     def step(self, params: list[Tensor], grads: list[Tensor], lr: Tensor, step: int) -> None:
         """Apply update ``step`` (0-based; bias corrections use t = step + 1) in place to the

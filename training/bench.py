@@ -1,22 +1,31 @@
 """Benchmark: trial-steps per second of ``train_trials`` against the plain PyTorch loop.
 
-``sparsescale bench [--models mlp,cnn1d] [--batch-sizes 8,64,512,4096] [--trials 32]
-[--optimizer momentum]`` (:func:`add_bench_parser`). Both trainers run in the same process, one
-after the other, so the ratio is meaningful on a shared machine even when absolute numbers are
-noisy.
+``sparsescale bench [--models mlp,cnn1d,simple_cnn,resnet8] [--batch-sizes 8,64,512,4096]
+[--trials 32] [--optimizer momentum]`` (:func:`add_bench_parser`). Both trainers run in the same
+process, one after the other, so the ratio is meaningful on a shared machine even when absolute
+numbers are noisy.
 
 - plain loop: ``DataLoader(TensorDataset, shuffle=True)`` + ``nn.Module`` + the ``torch.optim``
   optimizer (``--optimizer``: SGD with momentum 0.9 by default, or Adam / AdamW), one trial at a
   time, as typical reference code trains;
 - vectorized: ``train_trials`` with N trials (spread learning rates; momentum 0.9 for the SGD
-  family), evaluated only at the start and end.
+  family), evaluated only at the start and end, on the first VAL_EXAMPLES validation examples.
 
-With an optimizer other than ``momentum``, the vectorized trainer is also timed with momentum at
-the same batch size, alternating the two (best of ``ROUNDS`` each), and the table adds the
-slowdown of the chosen optimizer against momentum.
+Rates are marginal (:func:`training.bench_measure.marginal_rate`): a run of 2s steps against one
+of s, so neither trainer's once-per-run costs (setup, the two evaluations) count. With an
+optimizer other than ``momentum``, the vectorized trainer is also timed with momentum at the same
+batch size, alternating the two (best of ``ROUNDS`` each), and the table adds the slowdown of the
+chosen optimizer against momentum.
+
+Data: MNIST-1D for ``mlp`` and ``cnn1d``; MNIST for ``simple_cnn`` and CIFAR-10 for ``resnet8``
+when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the same shape
+(Gaussian images, uniform labels: the speed does not depend on the values).
 
 Achieved GFLOP/s count the training FLOPs of the layers (forward 2 MAC, weight gradient 2 MAC,
-input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak.
+input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. Each row
+names the kernel that ran (:mod:`training.cellplan`) and the peak resident memory of the process
+during the vectorized runs (``VmHWM``, reset before them): the memory a worker needs for that
+group.
 """
 
 from __future__ import annotations
@@ -24,9 +33,8 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,16 +42,28 @@ from torch import nn
 
 from . import data as data_mod
 from . import models
+from .bench_measure import (CLOCKS, marginal_rate, matmul_peak, peak_rss_mib, reset_peak_rss,
+                            training_flops)
 from .config import ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule, RunConfig, Trial
+from .errors import ConfigError
 from .goal import loss_fn
 from .process import setup_training_process
 from .reference import make_optimizer
 from .trials import TrialsResult, train_trials
 
+MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
+# Real data set and input shape of each model's workload (synthetic when the files are absent).
+IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32))}
+VAL_EXAMPLES = 256
+# Alternating rounds when the vectorized trainer is compared with itself under momentum.
+ROUNDS = 3
+
 
 @dataclass(frozen=True)
 class Row:
-    """One benchmark cell: both trainers' rates and the vectorized trainer's GFLOP/s."""
+    """One benchmark cell: both trainers' rates, the vectorized trainer's GFLOP/s, the kernel
+    that ran (training.cellplan), the peak resident memory of the process while it ran and, for
+    an optimizer other than momentum, the vectorized momentum rate beside it."""
 
     model: str
     batch_size: int
@@ -52,6 +72,8 @@ class Row:
     trial_steps_per_s: float
     gflops: float
     peak_gflops: float
+    kernel: str = ""
+    peak_rss_mib: float = math.nan
     optimizer: str = "momentum"
     momentum_trial_steps_per_s: float | None = None
 
@@ -67,57 +89,22 @@ class Row:
         return self.momentum_trial_steps_per_s / self.trial_steps_per_s
 
 
-def training_flops(model: nn.Module, input_shape: Sequence[int], batch_size: int) -> float:
-    """FLOPs of one training step on one trial: 6 per multiply-accumulate and example in Linear /
-    Conv layers, 4 in the first one (its input gradient is not needed)."""
-    macs: list[float] = []
-
-    def hook(module, inputs, output):
-        if isinstance(module, nn.Linear):
-            macs.append(module.in_features * module.out_features)
-        elif isinstance(module, nn.modules.conv._ConvNd):
-            k = math.prod(module.kernel_size) * module.in_channels // module.groups
-            macs.append(k * output[0].numel())
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
-    try:
-        with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
-    finally:
-        for h in handles:
-            h.remove()
-    return batch_size * (6 * sum(macs) - (2 * macs[0] if macs else 0))
-
-
-def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> float:
-    """Measured fp32 GEMM throughput (GFLOP/s) for size^3 products."""
-    tick = CLOCKS[clock]
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    n, start = 0, tick()
-    while tick() - start < seconds:
-        a @ b
-        n += 1
-    return 2 * size ** 3 * n / (tick() - start) / 1e9
-
-
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def _rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float],
-          first: int = 4) -> float:
-    """Steps per second of ``run(steps)``: grow the step count until a run lasts ``seconds``
-    (after one untimed warm-up run, which pays one-off imports and allocations)."""
-    steps = first
-    run(steps)
-    while True:
-        start = clock()
-        run(steps)
-        took = clock() - start
-        if took >= seconds:
-            return steps / took
-        steps = max(steps + 1, int(steps * min(10.0, 1.2 * seconds / max(took, 1e-6))))
+def bench_dataset(model: str, samples: int) -> data_mod.Dataset:
+    """The model's workload data (see the module docstring), validation cut to VAL_EXAMPLES."""
+    if model in IMAGE_DATA:
+        name, shape = IMAGE_DATA[model]
+        try:
+            ds = data_mod.load(name)
+        except data_mod.DataError:
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(samples, *shape, generator=g)
+            y = torch.randint(0, 10, (samples,), generator=g)
+            ds = data_mod.Dataset(f"synthetic {name}-shaped", "classification",
+                                  x[VAL_EXAMPLES:], y[VAL_EXAMPLES:], x[:VAL_EXAMPLES],
+                                  y[:VAL_EXAMPLES], 10, shape)
+    else:
+        ds = data_mod.load("mnist1d", num_samples=samples)
+    return replace(ds, x_val=ds.x_val[:VAL_EXAMPLES], y_val=ds.y_val[:VAL_EXAMPLES])
 
 
 def bench_trials(optimizer: str, n_trials: int) -> list[Trial]:
@@ -162,10 +149,6 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
                         trials_per_chunk=trials_per_chunk)
 
 
-# Alternating rounds when the vectorized trainer is compared with itself under momentum.
-ROUNDS = 3
-
-
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
           seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum") -> Row:
     """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
@@ -174,17 +157,23 @@ def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak
     the best of ``ROUNDS`` alternating measurements."""
     net = models.build(model, ds, seed=0)
     tick = CLOCKS[clock]
-    plain = _rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
+    plain = marginal_rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
     compared = [optimizer] if optimizer == "momentum" else [optimizer, "momentum"]
     rates = dict.fromkeys(compared, 0.0)
+    kernel = {}
+    reset_peak_rss()
     for _ in range(1 if optimizer == "momentum" else ROUNDS):
         for opt in compared:
-            rate = _rate(lambda s: vectorized(net, ds, batch_size, n_trials, s, optimizer=opt),
-                         seconds, tick)
-            rates[opt] = max(rates[opt], rate * n_trials)
+            def run(steps: int, opt: str = opt) -> None:
+                kernel[opt] = vectorized(net, ds, batch_size, n_trials, steps,
+                                         optimizer=opt).kernel
+
+            rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
+    rss = peak_rss_mib()
     vec = rates[optimizer]
     flops = training_flops(net, ds.input_shape, batch_size)
-    return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak, optimizer,
+    return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
+               kernel[optimizer], rss, optimizer,
                rates.get("momentum") if optimizer != "momentum" else None)
 
 
@@ -192,20 +181,21 @@ def format_table(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table (ratio = vectorized / plain); rows compared with momentum
     add its rate and the slowdown (momentum rate / this optimizer's)."""
     compared = any(r.slowdown is not None for r in rows)
-    head = ("| model | B | trials | plain loop steps/s | vectorized trial-steps/s | ratio "
-            "| GFLOP/s | % of peak |")
-    rule = "|---|---|---|---|---|---|---|---|"
+    head = ("| model | B | trials | kernel | plain loop steps/s | vectorized trial-steps/s | ratio "
+            "| GFLOP/s | % of peak | peak RSS MiB |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|"
     if compared:
         head += " vectorized momentum trial-steps/s | slowdown vs momentum |"
         rule += "---|---|"
     lines = []
     for r in rows:
-        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.plain_steps_per_s:.0f} | "
-                f"{r.trial_steps_per_s:.0f} | {r.ratio:.1f}x | {r.gflops:.1f} | "
-                f"{100 * r.gflops / r.peak_gflops:.0f} % |")
+        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.kernel} | "
+                f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
+                f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | "
+                f"{r.peak_rss_mib:.0f} |")
         if compared:
             line += (" – | – |" if r.slowdown is None else
-                     f" {r.momentum_trial_steps_per_s:.0f} | {r.slowdown:.2f}x |")
+                     f" {r.momentum_trial_steps_per_s:.3g} | {r.slowdown:.2f}x |")
         lines.append(line)
     return "\n".join([head, rule, *lines])
 
@@ -213,19 +203,24 @@ def format_table(rows: Sequence[Row]) -> str:
 def run_bench_command(args: argparse.Namespace) -> int:
     """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
     sizes and optimizer. Returns 0."""
+    names = [m.strip() for m in args.models.split(",")]
+    unknown = sorted(set(names) - set(models.list_models()))
+    if unknown:
+        raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; "
+                          f"allowed: {', '.join(models.list_models())}")
     if args.threads:
         torch.set_num_threads(args.threads)
     # both trainers run in a process set up for training, as a study's workers are
     setup_training_process()
-    ds = data_mod.load("mnist1d", num_samples=args.samples)
     peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
-    print(f"MNIST-1D {ds.n_train} train examples, {torch.get_num_threads()} torch thread(s), "
-          f"{args.clock} clock, fp32 matmul peak {peak:.0f} GFLOP/s (1024^3), optimizer "
-          f"{args.optimizer}")
+    print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
+          f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}")
     rows = []
-    for model in args.models.split(","):
+    for model in names:
+        ds = bench_dataset(model, args.samples)
+        print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
         for b in (int(s) for s in args.batch_sizes.split(",")):
-            rows.append(bench(model.strip(), b, args.trials, ds, peak, args.seconds, args.clock,
+            rows.append(bench(model, b, args.trials, ds, peak, args.seconds, args.clock,
                               args.optimizer))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(format_table(rows))
@@ -237,12 +232,15 @@ def add_bench_parser(subparsers: Any, name: str = "bench") -> Any:
     :func:`run_bench_command` is set as the subcommand's ``fn`` default and returned."""
     p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
                                          "loop", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="mlp,cnn1d", help="comma-separated (default mlp,cnn1d)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated (default {','.join(MODELS)})")
     p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
     p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
     p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--samples", type=int, default=10_000, help="MNIST-1D samples (default 10000)")
+    p.add_argument("--samples", type=int, default=10_000,
+                   help="MNIST-1D samples, and synthetic images when MNIST / CIFAR-10 files are "
+                        "absent (default 10000)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
                    help="optimizer of both trainers (default momentum); any other is also "
                         "compared with the vectorized trainer under momentum")

@@ -75,6 +75,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     at_goal: set[int] = set()   # trials whose run ended at an evaluation meeting the goal
     state, active = start, list(range(n))
     step = 0 if start is None else start.step
+    kernels: list[str] = []   # the programs of the segments (by batch size, training.cellplan)
     for seg, end in _spans(schedule, step, run.max_steps):
         sub = [m if m.dim() == dims[k] else m[active] for k, m in mask_map.items()]
         result = train_trials(
@@ -94,6 +95,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
             final[i] = [p[j].clone() for p in result.params.values()]
             if run.stop == "all" and result.hit_step[j] is not None:
                 at_goal.add(i)
+        kernels.append(result.kernel)
         stopped = run.stop == "first" and result.steps_to_result is not None
         if stopped:
             at_goal.update(active[j] for j in result.end_trials)
@@ -102,7 +104,8 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
         if not active or stopped:
             break
     curves = [_merge(r, w, evals, i in at_goal) for i, (r, w) in enumerate(zip(rows, windows))]
-    out = _result(model, trial_list, curves, hit, diverged, taken, final, step)
+    out = _result(model, trial_list, curves, hit, diverged, taken, final, step,
+                  ",".join(dict.fromkeys(kernels)))
     return replace(out, end_state=state, end_trials=tuple(active))
 
 

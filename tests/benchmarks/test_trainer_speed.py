@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import training
-from training.bench import (add_bench_parser, format_table, plain_loop, training_flops,
-                            vectorized)
+from training import bench as bench_mod
+from training.bench import (VAL_EXAMPLES, Row, add_bench_parser, bench_dataset, format_table,
+                            plain_loop, vectorized)
+from training.bench_measure import marginal_rate, peak_rss_mib, reset_peak_rss, training_flops
 
 STEPS, TRIALS = 20, 32
 
@@ -48,8 +50,17 @@ def test_training_flops_closed_form(mnist1d_small):
     assert training_flops(cnn, (40,), 2) == 2 * (6 * macs - 2 * 25 * 5 * 19)
 
 
-def run_bench(*options):
-    """Output of ``sparsescale bench`` on a small MLP cell (one thread) with ``options``."""
+def run_bench(monkeypatch, *options):
+    """``sparsescale bench`` on a small MLP cell (one thread) with ``options``: the rows it
+    measured (the command's own ``bench`` calls, recorded)."""
+    rows = []
+
+    def recording(*args, **kwargs):
+        rows.append(real(*args, **kwargs))
+        return rows[-1]
+
+    real = bench_mod.bench
+    monkeypatch.setattr(bench_mod, "bench", recording)
     before = torch.get_num_threads()
     parser = argparse.ArgumentParser(prog="sparsescale")
     handler = add_bench_parser(parser.add_subparsers(required=True))
@@ -61,38 +72,53 @@ def run_bench(*options):
         assert args.fn(args) == 0
     finally:
         torch.set_num_threads(before)
+    return rows
 
 
-def test_bench_command_prints_ratio_table(capsys):
-    run_bench()
+def printed_row(out):
+    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_bench_command_prints_ratio_table(capsys, monkeypatch):
+    [row] = run_bench(monkeypatch)
     out = capsys.readouterr().out
     assert "fp32 matmul peak" in out
-    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[3]) > 0 and float(cells[4]) > 0
-    assert cells[5].endswith("x") and float(cells[5][:-1]) == pytest.approx(
-        float(cells[4]) / float(cells[3]), rel=0.06)
+    # the printed line is the measured row's, and its ratio that of the unrounded rates
+    assert format_table([row]).splitlines()[-1] in out.splitlines()
+    cells = printed_row(out)
+    assert cells[3] == row.kernel and row.kernel in ("fused", "batched")
+    assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
+    assert cells[6] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
+    assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
 
 
-def test_bench_command_compares_adam_with_momentum(capsys):
-    run_bench("--optimizer", "adam")
+def test_bench_command_compares_adam_with_momentum(capsys, monkeypatch):
+    [row] = run_bench(monkeypatch, "--optimizer", "adam")
     out = capsys.readouterr().out
     assert "optimizer adam" in out and "| slowdown vs momentum |" in out
-    row = next(line for line in out.splitlines() if line.startswith("| mlp | 8 | 2 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 10 and float(cells[8]) > 0
-    assert float(cells[9][:-1]) == pytest.approx(float(cells[8]) / float(cells[4]), rel=0.06)
+    cells = printed_row(out)
+    assert len(cells) == 12 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
+    assert cells[11] == f"{row.momentum_trial_steps_per_s / row.trial_steps_per_s:.2f}x"
+
+
+def test_bench_command_refuses_unknown_models(monkeypatch):
+    with pytest.raises(training.ConfigError, match=r"unknown model\(s\) mpl; allowed: .*mlp"):
+        run_bench(monkeypatch, "--models", "mlp,mpl")
 
 
 def test_format_table_rows():
-    from training.bench import Row
-
-    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0)])
-    assert table.splitlines()[-1] == "| mlp | 8 | 32 | 1000 | 25000 | 25.0x | 50.0 | 25 % |"
-    table = format_table([Row("mlp", 8, 32, 1000.0, 20000.0, 50.0, 200.0, "adam", 25000.0)])
-    assert table.splitlines()[0].endswith("| % of peak | vectorized momentum trial-steps/s | "
-                                          "slowdown vs momentum |")
-    assert table.splitlines()[-1].endswith("| 25 % | 25000 | 1.25x |")
+    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4)])
+    assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | 1e+03 | 2.5e+04 | 25.0x | 50.0 "
+                                      "| 25 % | 512 |")
+    table = format_table([Row("mlp", 8, 32, 1000.0, 20000.0, 50.0, 200.0, "fused", 512.4,
+                              "adam", 25000.0)])
+    assert table.splitlines()[0].endswith("| % of peak | peak RSS MiB | vectorized momentum "
+                                          "trial-steps/s | slowdown vs momentum |")
+    assert table.splitlines()[-1].endswith("| 25 % | 512 | 2.5e+04 | 1.25x |")
+    # a resnet8 cell at B = 4096 runs below one plain step per second: still shown
+    table = format_table([Row("resnet8", 4096, 32, 0.123, 0.456, 10.0, 200.0, "per_trial")])
+    assert "| 0.123 | 0.456 | 3.7x |" in table
 
 
 def test_bench_trials_per_optimizer():
@@ -101,3 +127,33 @@ def test_bench_trials_per_optimizer():
     adam, momentum = bench_trials("adamw", 3), bench_trials("momentum", 3)
     assert [t.lr for t in adam] == pytest.approx([1e-4, 1.1e-4, 1.21e-4])
     assert all(t.momentum == 0.9 for t in momentum) and momentum[0].lr == 1e-3
+
+
+def test_image_models_get_synthetic_data_of_their_shape(monkeypatch):
+    monkeypatch.delenv("SPARSESCALE_DATA", raising=False)
+    for model, shape in (("simple_cnn", (1, 28, 28)), ("resnet8", (3, 32, 32))):
+        ds = bench_dataset(model, 600)
+        assert ds.input_shape == shape and ds.x_train.shape == (600 - VAL_EXAMPLES, *shape)
+        assert ds.x_val.shape[0] == VAL_EXAMPLES and ds.name.startswith("synthetic")
+        assert int(ds.y_train.max()) < ds.num_classes == 10
+    assert bench_dataset("cnn1d", 1000).input_shape == (40,)
+
+
+def test_marginal_rate_cancels_once_per_run_costs():
+    """A run of s steps costing 5 + 2 s clock units: 0.5 steps per unit, not s / (5 + 2 s)."""
+    now = [0.0]
+
+    def run(steps):
+        now[0] += 5 + 2 * steps
+
+    assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
+
+
+def test_peak_rss_follows_a_touched_block():
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here")
+    before = peak_rss_mib()
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
+    assert peak_rss_mib() >= before + 60
+    del block
+    assert reset_peak_rss() and peak_rss_mib() < before + 32

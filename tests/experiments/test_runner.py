@@ -198,3 +198,30 @@ def test_optimizer_list_runs_one_store_per_optimizer(tmp_path):
     assert sgd.spec.name == "tiny-sgd" and sgd.spec.optimizers == ("sgd",)
     assert (sgd.trials.momentum == 0).all() and (nesterov.trials.momentum > 0).all()
     assert (sgd.trials.effective_lr == sgd.trials.lr).all()
+
+
+def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_path, monkeypatch):
+    """The driver finds the compiled kernel unusable once (one warning), its workers do not try
+    again, every group records the eager program, and the results equal those of a run with the
+    kernel switched off."""
+    from training import kernels
+
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension: c++: fatal error: no input files")
+
+    toml, run_dir = baseline
+    expected = "batched" if kernels.fused_sequential() is None else "fused"
+    assert set(experiments.load_results(run_dir).groups.kernel) == {expected}
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    run_tiny(toml, tmp_path / "off")
+    monkeypatch.delenv(kernels.DISABLE_ENV)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    kernels._build.cache_clear()
+    try:
+        with pytest.warns(kernels.KernelWarning) as record:
+            run_tiny(toml, tmp_path / "run", executor=ThreadPoolExecutor(2))
+    finally:
+        kernels._build.cache_clear()
+    assert len([w for w in record if issubclass(w.category, kernels.KernelWarning)]) == 1
+    assert set(experiments.load_results(tmp_path / "run").groups.kernel) == {"batched"}
+    assert_same_store(tmp_path / "off", tmp_path / "run")

@@ -12,16 +12,9 @@ def data():
     return training.data.load("mnist1d", num_samples=1000)
 
 
-def stacked(model, n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [p.detach().double().unsqueeze(0) + 0.1 * torch.randn(n, *p.shape, generator=g,
-                                                                   dtype=torch.float64)
-            for p in model.parameters()]
-
-
 @pytest.mark.parametrize("name, options", [("mlp", {}), ("cnn1d", {"channels": 4}),
                                            ("linear", {})])
-def test_sequential_program_matches_autograd(data, name, options):
+def test_sequential_program_matches_autograd(data, stacked, name, options):
     model = training.models.build(name, data, seed=0, **options).double()
     fast = build_program(model, data.task)
     assert isinstance(fast, SequentialProgram)
@@ -42,7 +35,7 @@ def test_sequential_program_matches_autograd(data, name, options):
     torch.testing.assert_close(out_f, out_s, rtol=1e-12, atol=1e-14)
 
 
-def test_regression_loss_gradient():
+def test_regression_loss_gradient(stacked):
     ds = training.data.load("linreg", n=100, dim=4)
     model = training.models.build("mlp", ds, hidden=[6], seed=1).double()
     params = stacked(model, 2)

@@ -301,18 +301,3 @@ def test_chunk_size_from_activation_budget(mnist1d_small):
     assert activation_floats(cnn, (40,)) == 40 + 2 * (475 + 250 + 125) + 125 + 10 + (95 + 750 + 375)
     assert [default_chunk(b, 450) for b in (8, 64, 512, 4096)] == [128, 128, 16, 8]
     assert [default_chunk(b, 3095) for b in (8, 64, 512)] == [128, 16, 8]
-
-
-@pytest.mark.parametrize("name, options", [("resnet8", {"widths": [4, 4, 8]}),
-                                           ("simple_cnn", {"width": "narrow"})])
-def test_image_models_through_torch_func_match_reference(name, options):
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(96, 1, 8, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
-    ds = training.Dataset("tiny-images", "classification", x[:64], y[:64], x[64:], y[64:], 3,
-                          (1, 8, 8))
-    net = training.models.build(name, ds, **options)
-    run = RunConfig(16, "nesterov", max_steps=6, dtype=F64, eval_schedule=EvalSchedule(every=3))
-    trials = TRIALS[:2]
-    res = training.train_trials(net, ds, trials, run)
-    assert_close_states(res, [reference(net, ds, t, i, run) for i, t in enumerate(trials)], 1e-9)
-

@@ -1,0 +1,108 @@
+"""The per-cell plan: which program runs a (model, batch size) cell and how it is chunked."""
+
+import pytest
+import torch
+from torch import nn
+
+import training
+from training import cellplan, kernels
+from training.cellplan import even_chunks, plan_cell
+from training.stacked_fused import encode, working_set
+from training.stacked import activation_floats, default_chunk
+
+needs_kernel = pytest.mark.skipif(kernels.fused_sequential() is None,
+                                  reason="the compiled kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def images():
+    x = torch.zeros(80, 3, 32, 32)
+    y = torch.zeros(80, dtype=torch.long)
+    return training.Dataset("blank", "classification", x[:64], y[:64], x[64:], y[64:], 10,
+                            (3, 32, 32))
+
+
+@pytest.mark.parametrize("batch_size, limit, chunk", [
+    (64, 56, 32), (64, 64, 64), (64, 1000, 64), (10, 3, 3), (9, 3, 3), (7, 1, 1), (5, 0, 1)])
+def test_even_chunks(batch_size, limit, chunk):
+    assert even_chunks(batch_size, limit) == chunk
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["mlp", "cnn1d", "linear"])
+def test_sequential_models_take_the_fused_kernel(mnist1d_small, name):
+    net = training.models.build(name, mnist1d_small)
+    plan = plan_cell(net, mnist1d_small.task, (40,), 64, 300)
+    assert plan.kernel == "fused" and plan.trials_per_stack == cellplan.MAX_STACK
+    assert plan_cell(net, mnist1d_small.task, (40,), 64, 5).trials_per_stack == 5
+
+
+@needs_kernel
+def test_fused_chunk_fills_half_the_l2_cache(mnist1d_small, monkeypatch):
+    net = training.models.build("cnn1d", mnist1d_small)
+    per_example = working_set(encode(net, (40,)), 40) * 4
+    for l2 in (1 << 20, 4 << 20):
+        monkeypatch.setattr(cellplan, "l2_bytes", lambda l2=l2: l2)
+        plans = [plan_cell(net, "classification", (40,), b, 32) for b in (8, 4096)]
+        chunks = [p.examples_per_chunk for p in plans]
+        assert chunks == [8, even_chunks(4096, (l2 // 2) // per_example)]
+        assert chunks[1] * per_example <= l2 // 2
+        # evaluations are not bound by the batch size
+        limit = (l2 // 2) // per_example
+        assert plans[0].program.eval_chunk == plans[1].program.eval_chunk == limit
+    # float64 holds half as many examples
+    assert plan_cell(net, "classification", (40,), 4096, 32, torch.float64
+                     ).examples_per_chunk < chunks[1]
+
+
+def test_disabled_kernel_falls_back_to_the_eager_program(mnist1d_small, monkeypatch):
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    net = training.models.build("cnn1d", mnist1d_small)
+    plan = plan_cell(net, mnist1d_small.task, (40,), 512, 32)
+    assert plan.kernel == "batched" and plan.examples_per_chunk == 512
+    assert plan.trials_per_stack == default_chunk(512, activation_floats(net, (40,)))
+
+
+@pytest.mark.parametrize("name", ["simple_cnn", "resnet8"])
+def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
+    net = training.models.build(name, images)
+    per_example = activation_floats(net, (3, 32, 32)) * 4
+    plan = plan_cell(net, "classification", (3, 32, 32), 4096, 32)
+    assert plan.kernel == "per_trial" and plan.trials_per_stack == 32
+    assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
+    assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
+    assert plan.program.examples_per_chunk == plan.examples_per_chunk
+    small = plan_cell(net, "classification", (3, 32, 32), 8, 32)
+    assert small.examples_per_chunk == 8
+    assert small.program.eval_chunk == cellplan.CHUNK_BUDGET // per_example
+
+
+def test_other_modules_take_torch_func():
+    tanh = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
+    dilated = nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, 2, 3, dilation=2),
+                            nn.Flatten(), nn.Linear(72, 10))
+    for net in (tanh, dilated):
+        plan = plan_cell(net, "classification", (40,), 512, 64)
+        assert plan.kernel == "func" and plan.examples_per_chunk == 512
+        assert plan.trials_per_stack == min(64, default_chunk(512, activation_floats(net, (40,))))
+
+
+def test_l2_size_is_read_or_defaulted():
+    assert cellplan.l2_bytes() >= 64 << 10
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+def test_where_the_update_runs(mnist1d_small, images, monkeypatch, optimizer):
+    """The kernel updates in place for the SGD rules only; the per-trial program for every
+    optimizer; the eager programs never (the trainer updates the stack)."""
+    cnn = training.models.build("cnn1d", mnist1d_small)
+    if kernels.fused_sequential() is not None:
+        plan = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+        assert plan.kernel == "fused"
+        assert plan.update_in_step == (optimizer in ("sgd", "momentum", "nesterov"))
+    image = plan_cell(training.models.build("simple_cnn", images), "classification",
+                      (3, 32, 32), 64, 8, optimizer=optimizer)
+    assert image.kernel == "per_trial" and image.update_in_step
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    eager = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+    assert eager.kernel == "batched" and not eager.update_in_step

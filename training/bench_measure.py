@@ -1,0 +1,94 @@
+"""What the trainer benchmark measures besides steps: clocks, marginal step rates, the training
+FLOPs of a model, the machine's matmul peak and the process's peak resident memory."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def training_flops(model: nn.Module, input_shape: Sequence[int], batch_size: int) -> float:
+    """FLOPs of one training step on one trial: 6 per multiply-accumulate and example in Linear /
+    Conv layers, 4 in the first one (its input gradient is not needed)."""
+    macs: list[float] = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, nn.Linear):
+            macs.append(module.in_features * module.out_features)
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            k = math.prod(module.kernel_size) * module.in_channels // module.groups
+            macs.append(k * output[0].numel())
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
+    return batch_size * (6 * sum(macs) - (2 * macs[0] if macs else 0))
+
+
+def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> float:
+    """Measured fp32 GEMM throughput (GFLOP/s) for size^3 products."""
+    tick = CLOCKS[clock]
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    n, start = 0, tick()
+    while tick() - start < seconds:
+        a @ b
+        n += 1
+    return 2 * size ** 3 * n / (tick() - start) / 1e9
+
+
+def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float]
+                  ) -> float:
+    """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), with s grown until a
+    run lasts ``seconds`` / 2, after an untimed one-step warm-up (one-off imports, builds and
+    allocations). The difference cancels what a run pays once whatever its length: setup, and
+    the vectorized trainer's evaluations at start and end, which for the image models at small
+    batches would otherwise outweigh the steps."""
+    run(1)
+    steps = 1
+    while True:
+        start = clock()
+        run(steps)
+        took = clock() - start
+        if took >= seconds / 2:
+            break
+        steps = max(steps + 1, int(steps * min(10.0, 0.6 * seconds / max(took, 1e-6))))
+    start = clock()
+    run(2 * steps)
+    twice = clock() - start
+    return steps / (twice - took) if twice > took else 2 * steps / twice
+
+
+def reset_peak_rss() -> bool:
+    """Return freed heap to the OS and reset the process's peak resident set (``VmHWM``) to the
+    current one (Linux: ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set of this process in MiB (``VmHWM``; NaN where unknown)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan

@@ -1,0 +1,142 @@
+"""Per-cell choices of the vectorized trainer: which program computes a stack's step, how many
+trials share a stack, and how many examples a chunk of one trial holds, for one (model, batch
+size) cell.
+
+The choice comes from a cost model, not a constant; its rules and their measurements:
+
+- ``fused`` (:mod:`training.stacked_fused`): an ``nn.Sequential`` of Linear / Conv1d / ReLU
+  (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
+  independent of the other trials and its activations live only per chunk, so a stack holds up
+  to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
+  in half the L2 cache (``L2_SHARE``).
+- ``per_trial`` (:mod:`training.stacked_conv`): models with Conv2d (``simple_cnn``,
+  ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
+  alive and a stack holds up to MAX_STACK trials; a chunk holds the examples whose activations
+  fit in CHUNK_BUDGET bytes.
+- ``batched`` (:class:`training.stacked.SequentialProgram`, the eager fallback of ``fused``) and
+  ``func`` (:class:`training.stacked.FuncProgram`, any other module): all activations of a stack
+  are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
+  floats (:func:`training.stacked.default_chunk`).
+
+Where the update runs (``CellPlan.update_in_step``), by optimizer: the compiled kernel applies
+the SGD rules (sgd, momentum, nesterov) to each trial right after its backward pass, while its
+gradients are in cache. For adam / adamw the plan keeps the kernel for what costs the time, the
+chunked forward and backward passes (its ``loss_and_grads``), and the trainer applies torch's
+fused Adam update to the stack (:class:`training.updates.StackUpdate`, :mod:`training.adam`):
+one implementation of Adam, the one tested against ``torch.optim``, instead of a second copy in
+C++ that would have to be kept equal to it. The per-trial program updates each trial right
+after its backward pass with any optimizer (one trial's gradients alive, not a stack's);
+``batched`` and ``func`` compute the stack's gradients, then update it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from . import kernels, stacked_fused
+from .stacked import SequentialProgram, activation_floats, build_program, default_chunk
+from .stacked_conv import PerTrialProgram, has_conv2d
+
+KERNELS = ("fused", "per_trial", "batched", "func")
+MAX_STACK = 128
+# Share of the per-core L2 cache a chunk of the fused kernel may fill: the rest holds the
+# weights and BLAS's packed panels. Measured (1 thread, 32 trials, GFLOP/s by examples per chunk
+# 1 / 4 / 16 / 32 / 64 / 128 / 512 / B; the rule picks 85 for cnn1d and the batch for mlp up to
+# 582 with a 2 MiB L2): cnn1d B = 512: 36 / 56 / 60 / 60 / 61 / 65 / 56; B = 4096: 35 / 57 / 65 /
+# 64 / 67 / 68 / 61 / 33; mlp B = 4096: 17 / 47 / 77 / 86 / 96 / 99 / 101 / 92.
+L2_SHARE = 0.5
+# Activation bytes of one chunk of one trial on the per_trial path.
+CHUNK_BUDGET = 128 << 20
+
+
+class Program(Protocol):
+    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``.
+    Programs that update in place also have ``train_step`` and ``supports(optimizer)``
+    (:class:`training.stacked_fused.FusedProgram`, :class:`PerTrialProgram`)."""
+
+    def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
+
+    def loss_and_grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Per-trial mini-batch loss [N] and gradients, one per parameter, stacked."""
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """How ``train_trials`` runs one cell: ``kernel`` (one of KERNELS), ``trials_per_stack``,
+    ``examples_per_chunk`` (examples of one trial processed together in a training step; the
+    batch size when the kernel does not chunk; evaluations use chunks up to the cost model's
+    limit, whatever the batch size), and the ``program`` computing a stack's steps."""
+
+    kernel: str
+    trials_per_stack: int
+    examples_per_chunk: int
+    program: Program = field(repr=False, compare=False)
+    update_in_step: bool = False  # the program's train_step applies the update (module doc)
+
+
+@functools.cache
+def l2_bytes() -> int:
+    """Per-core L2 cache size from sysfs (1 MiB when unknown)."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return 1 << 20
+
+
+def even_chunks(batch_size: int, limit: int) -> int:
+    """Examples per chunk: the fewest chunks of at most ``limit`` examples, of equal size (64
+    examples in chunks of at most 56 run as 2 x 32, not 56 + 8)."""
+    chunks = -(-batch_size // max(1, min(limit, batch_size)))
+    return -(-batch_size // chunks)
+
+
+def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+              n_trials: int, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
+    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``
+    with ``optimizer`` (see the module docstring)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    encoding = stacked_fused.encode(model, input_shape)
+    if encoding is not None:
+        per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
+        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
+        chunk = even_chunks(batch_size, limit)
+        fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
+        if fused is not None:
+            return CellPlan("fused", min(n_trials, MAX_STACK), chunk, fused,
+                            fused.supports(optimizer))
+    if has_conv2d(model):
+        limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
+        chunk = even_chunks(batch_size, limit)
+        program = PerTrialProgram.try_build(model, task, chunk, limit)
+        if program is not None:
+            return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program,
+                            program.supports(optimizer))
+    stack = min(n_trials, default_chunk(batch_size, activation_floats(model, input_shape)))
+    eager = build_program(model, task)
+    kernel = "batched" if isinstance(eager, SequentialProgram) else "func"
+    return CellPlan(kernel, stack, batch_size, eager)
+
+
+def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
+    """Whether the compiled kernel ``model`` would run on is usable, built now if need be (once
+    per process, with the one warning of a failed build); True for a model that needs none. A
+    study's driver calls it before its workers start, so that they neither build nor warn."""
+    if stacked_fused.encode(model, input_shape) is None:
+        return True
+    return kernels.fused_sequential() is not None

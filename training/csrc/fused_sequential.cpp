@@ -1,0 +1,451 @@
+// Fused training step of a stack of N trials of one nn.Sequential of Linear / Conv1d / ReLU
+// layers (the mlp, linear and cnn1d models).
+//
+// Each trial is worked through in chunks of `chunk` examples: the chunk's inputs are gathered,
+// its forward pass, loss and backward pass run back to back, so its activations and im2col
+// patches stay in the core's L2 cache, and weight gradients accumulate across chunks. Trials
+// are spread over the intra-op threads (at::parallel_for); inside a thread every GEMM is a
+// single-threaded BLAS call on in-cache operands. Convolutions are im2col (fused into the
+// chunk: patches are built in a thread-local buffer right before their GEMM) and col2im (the
+// patch gradient is added back onto the input gradient right after its GEMM). Activations of
+// convolutions are channels-last per example ([L, C]).
+//
+// train_step also applies the SGD update of each trial right after its backward pass, while its
+// gradients are in cache, unless its loss exceeds its limit (divergence).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+#include "layers.h"
+
+namespace fused {
+namespace {
+
+enum Optimizer : int64_t { SGD = 0, MOMENTUM = 1, NESTEROV = 2 };
+
+// Where a trial's examples and the parameters live; shared by all threads.
+template <typename T>
+struct Problem {
+  std::vector<Layer> layers;
+  std::vector<T*> params;        // stacked [N, *shape], sizes[i] values per trial
+  std::vector<int64_t> sizes;
+  const T* x = nullptr;          // example rows of in_size values
+  const int64_t* rows = nullptr; // [N, batch] row of x per example (null: row t * batch + b)
+  const int64_t* labels = nullptr;  // per row of x (classification)
+  const T* targets = nullptr;       // per row of x (regression)
+  int64_t batch = 0, chunk = 1, in_size = 0;
+
+  int64_t row(int64_t t, int64_t b) const { return rows ? rows[t * batch + b] : t * batch + b; }
+};
+
+// The per-thread state: one trial at a time, chunk by chunk.
+template <typename T>
+struct Trainer {
+  const Problem<T>& P;
+  size_t n;                      // layers
+  int64_t first;                 // first layer with parameters: no input gradient below it
+  std::vector<bool> relu_after;  // a parameter layer followed by a ReLU: fused epilogues
+  std::vector<std::vector<T>> act;   // act[l]: input of layer l, [chunk, in_size(l)]
+  std::vector<std::vector<T>> cols;  // im2col patches of conv layers, [chunk * lout, k * a]
+  std::vector<std::vector<T>> wp;    // permuted weights (conv: [b, k, a]; linear on a
+  std::vector<std::vector<T>> dwp;   // channels-last input: [b, lin * k]) and their gradients
+  std::vector<std::vector<T>> own;   // gradients when the caller does not keep them
+  std::vector<T> g0, g1;             // ping-pong activation gradients
+  std::vector<T*> ptrs;              // the current chunk's activations
+  std::vector<T*> grads;             // where the current trial's gradients go
+
+  explicit Trainer(const Problem<T>& p) : P(p), n(p.layers.size()) {
+    first = n;
+    for (size_t l = 0; l < n; ++l)
+      if (has_params(P.layers[l])) { first = l; break; }
+    relu_after.assign(n, false);
+    for (size_t l = 0; l + 1 < n; ++l)
+      relu_after[l] = has_params(P.layers[l]) && P.layers[l + 1].kind == RELU;
+    size_t widest = P.in_size;
+    act.resize(n + 1);
+    act[0].resize(P.chunk * P.in_size);
+    ptrs.resize(n + 1);
+    cols.resize(n);
+    wp.resize(n);
+    dwp.resize(n);
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = P.layers[l];
+      widest = std::max<size_t>(widest, L.out_size);
+      if (L.kind != RELU) act[l + 1].resize(P.chunk * L.out_size);  // a ReLU works in place
+      if (L.kind == CONV1D) cols[l].resize(P.chunk * L.lout * L.k * L.a);
+      if (permuted(L)) {
+        wp[l].resize(L.b * (L.kind == CONV1D ? L.k * L.a : L.a));
+        dwp[l].resize(wp[l].size());
+      }
+    }
+    g0.resize(P.chunk * widest);
+    g1.resize(P.chunk * widest);
+    grads.resize(P.params.size());
+  }
+
+  const T* param(int64_t i, int64_t t) const { return P.params[i] + t * P.sizes[i]; }
+  const T* weight(size_t l, int64_t t) const {
+    return permuted(P.layers[l]) ? wp[l].data() : param(P.layers[l].param, t);
+  }
+
+  // Gradients into thread-local buffers, for train_step (they live only until the update).
+  void own_grads() {
+    own.resize(P.params.size());
+    for (size_t i = 0; i < own.size(); ++i) {
+      own[i].resize(P.sizes[i]);
+      grads[i] = own[i].data();
+    }
+  }
+
+  // The torch weight [rows, p, q] is read as [rows, q, p]: conv [b, a, k] as [b, k, a]
+  // (patches are tap-major); a Linear after Flatten of a channels-last [L, C] activation, whose
+  // weight [out, C * L] expects channel-major inputs, as [out, L * C].
+  void permute_weights(int64_t t) {
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = P.layers[l];
+      if (!permuted(L)) continue;
+      int64_t p = L.kind == CONV1D ? L.a : L.k, q = L.kind == CONV1D ? L.k : L.lin;
+      const T* w = param(L.param, t);
+      T* o = wp[l].data();
+      for (int64_t r = 0; r < L.b; ++r)
+        for (int64_t j = 0; j < q; ++j)
+          for (int64_t i = 0; i < p; ++i) o[(r * q + j) * p + i] = w[(r * p + i) * q + j];
+    }
+  }
+
+  void unpermute_grads() {
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = P.layers[l];
+      if (!permuted(L)) continue;
+      int64_t p = L.kind == CONV1D ? L.a : L.k, q = L.kind == CONV1D ? L.k : L.lin;
+      T* g = grads[L.param];
+      const T* d = dwp[l].data();
+      for (int64_t r = 0; r < L.b; ++r)
+        for (int64_t i = 0; i < p; ++i)
+          for (int64_t j = 0; j < q; ++j) g[(r * p + i) * q + j] = d[(r * q + j) * p + i];
+    }
+  }
+
+  // mean loss of trial t over its batch; its gradients in grads
+  T loss_and_grads(int64_t t) {
+    permute_weights(t);
+    double total = 0;
+    for (int64_t b0 = 0; b0 < P.batch; b0 += P.chunk)
+      total += chunk_step(t, b0, std::min(P.chunk, P.batch - b0), b0 == 0);
+    unpermute_grads();
+    return T(total / P.batch);
+  }
+
+  // outputs [count, out_size] of trial t for examples [0, count), chunk by chunk
+  void predict(int64_t t, int64_t count, T* out) {
+    int64_t k = P.layers.back().out_size;
+    permute_weights(t);
+    for (int64_t b0 = 0; b0 < count; b0 += P.chunk) {
+      int64_t m = std::min(P.chunk, count - b0);
+      forward(t, b0, m);
+      std::copy(ptrs[n], ptrs[n] + m * k, out + b0 * k);
+    }
+  }
+
+  // forward pass of examples [b0, b0 + m) of trial t: ptrs[l] = input of layer l
+  void forward(int64_t t, int64_t b0, int64_t m) {
+    T* in0 = act[0].data();
+    for (int64_t e = 0; e < m; ++e) {
+      const T* src = P.x + P.row(t, b0 + e) * P.in_size;
+      std::copy(src, src + P.in_size, in0 + e * P.in_size);
+    }
+    ptrs[0] = in0;
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = P.layers[l];
+      const T* in = ptrs[l];
+      if (L.kind == RELU) {
+        if (l == 0 || !relu_after[l - 1]) relu(in, ptrs[l], m * L.out_size);
+        ptrs[l + 1] = ptrs[l];
+        continue;
+      }
+      T* out = act[l + 1].data();
+      ptrs[l + 1] = out;
+      if (L.kind == TRANSPOSE) {
+        for (int64_t e = 0; e < m; ++e)
+          transpose(in + e * L.in_size, out + e * L.in_size, L.a, L.b);
+        continue;
+      }
+      int64_t rows = m, k = L.a;
+      if (L.kind == CONV1D) {
+        rows = m * L.lout, k = L.k * L.a;
+        im2col(L, in, cols[l].data(), m);
+        in = cols[l].data();
+      }
+      gemm(false, true, rows, L.b, k, T(1), in, k, weight(l, t), k, T(0), out, L.b);
+      if (L.bias || relu_after[l])
+        epilogue(out, rows, L.b, L.bias ? param(L.param + 1, t) : nullptr, relu_after[l]);
+    }
+  }
+
+  // forward, loss and backward of examples [b0, b0 + m) of trial t; returns the summed loss
+  double chunk_step(int64_t t, int64_t b0, int64_t m, bool start) {
+    forward(t, b0, m);
+    T* dout = g0.data();
+    T* other = g1.data();
+    int64_t k = P.layers.back().out_size;
+    double total = 0;
+    for (int64_t e = 0; e < m; ++e) {
+      int64_t r = P.row(t, b0 + e);
+      total += example_loss(ptrs[n] + e * k, dout + e * k, k, P.labels ? P.labels[r] : -1,
+                            P.targets ? P.targets[r] : T(0), P.batch);
+    }
+    for (int64_t l = (int64_t)n - 1; l >= first; --l) {
+      const Layer& L = P.layers[l];
+      if (L.kind == RELU) {
+        if (!relu_after[l - 1]) relu_backward(ptrs[l + 1], dout, m, L.out_size, (T*)nullptr, false);
+        continue;
+      }
+      if (L.kind == TRANSPOSE) {
+        for (int64_t e = 0; e < m; ++e)
+          transpose(dout + e * L.in_size, other + e * L.in_size, L.b, L.a);
+        std::swap(dout, other);
+        continue;
+      }
+      int64_t rows = L.kind == CONV1D ? m * L.lout : m, k = L.kind == CONV1D ? L.k * L.a : L.a;
+      T* bias_grad = L.bias ? grads[L.param + 1] : nullptr;
+      // the ReLU after this layer: mask the gradient and sum the bias gradient in one pass
+      if (relu_after[l]) relu_backward(ptrs[l + 2], dout, rows, L.b, bias_grad, start);
+      else if (L.bias) col_sum(dout, rows, L.b, bias_grad, start);
+      const T* in = L.kind == CONV1D ? cols[l].data() : ptrs[l];
+      T* dw = permuted(L) ? dwp[l].data() : grads[L.param];
+      gemm(true, false, L.b, k, rows, T(1), dout, L.b, in, k, start ? T(0) : T(1), dw, k);
+      if (l == first) continue;
+      if (L.kind == CONV1D) {
+        // the patches are no longer needed: their gradient overwrites them
+        T* dcols = cols[l].data();
+        gemm(false, false, rows, k, L.b, T(1), dout, L.b, weight(l, t), k, T(0), dcols, k);
+        col2im(L, dcols, other, m);
+      } else {
+        gemm(false, false, rows, k, L.b, T(1), dout, L.b, weight(l, t), k, T(0), other, k);
+      }
+      std::swap(dout, other);
+    }
+    return total;
+  }
+};
+
+// The update of torch.optim.SGD (dampening 0) with the gradient masked first:
+// sgd: w += neg_lr g; momentum: a = g + mu a, w += neg_lr a; nesterov: a = g + mu a,
+// w += neg_lr (g + mu a).
+template <typename T>
+void update(T* __restrict__ w, T* __restrict__ a, T* __restrict__ g, const T* __restrict__ mask,
+            int64_t size, T neg_lr, T mu, int64_t optimizer) {
+  if (mask)
+    for (int64_t i = 0; i < size; ++i) g[i] *= mask[i];
+  if (optimizer == SGD) {
+    for (int64_t i = 0; i < size; ++i) w[i] += g[i] * neg_lr;
+  } else if (optimizer == MOMENTUM) {
+    for (int64_t i = 0; i < size; ++i) {
+      a[i] = g[i] + a[i] * mu;
+      w[i] += a[i] * neg_lr;
+    }
+  } else {
+    for (int64_t i = 0; i < size; ++i) {
+      a[i] = g[i] + a[i] * mu;
+      w[i] += (g[i] + a[i] * mu) * neg_lr;
+    }
+  }
+}
+
+template <typename T>
+Problem<T> problem(const std::vector<torch::Tensor>& params, const torch::Tensor& x,
+                   const std::vector<int64_t>& encoding, int64_t in_size, int64_t batch,
+                   int64_t chunk) {
+  Problem<T> P;
+  P.layers = parse(encoding, in_size);
+  int64_t n = params.at(0).size(0);
+  for (const auto& p : params) {
+    TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == x.scalar_type() && p.dim() >= 1 &&
+                p.size(0) == n && p.is_contiguous(),
+                "parameters must be contiguous [N, ...] CPU stacks of the inputs' dtype");
+    P.params.push_back(p.data_ptr<T>());
+    P.sizes.push_back(p.numel() / n);
+  }
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "inputs must be contiguous, on the CPU");
+  P.x = x.data_ptr<T>();
+  P.in_size = in_size;
+  P.batch = batch;
+  P.chunk = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(batch, 1)));
+  return P;
+}
+
+template <typename T>
+void set_targets(Problem<T>& P, const torch::Tensor& y) {
+  TORCH_CHECK(y.device().is_cpu() && y.is_contiguous(), "targets must be contiguous, on the CPU");
+  if (y.scalar_type() == torch::kLong) {
+    int64_t classes = P.layers.back().out_size;
+    TORCH_CHECK(y.numel() == 0 || (y.min().item<int64_t>() >= 0 &&
+                                   y.max().item<int64_t>() < classes),
+                "class labels must lie in [0, ", classes, ")");
+    P.labels = y.data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(P.layers.back().out_size == 1, "regression needs one output");
+    P.targets = y.data_ptr<T>();
+  }
+}
+
+template <typename T>
+std::vector<torch::Tensor> loss_and_grads_impl(const std::vector<torch::Tensor>& params,
+                                               torch::Tensor x, torch::Tensor y,
+                                               const std::vector<int64_t>& encoding,
+                                               int64_t chunk) {
+  int64_t n = x.size(0), batch = x.size(1);
+  auto P = problem<T>(params, x, encoding, batch ? x.numel() / (n * batch) : 0, batch, chunk);
+  set_targets(P, y);
+  std::vector<torch::Tensor> out{torch::empty({n}, x.options())};
+  for (const auto& p : params) out.push_back(torch::empty_like(p));
+  T* loss = out[0].data_ptr<T>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    Trainer<T> tr(P);
+    for (int64_t t = begin; t < end; ++t) {
+      for (size_t i = 0; i < params.size(); ++i)
+        tr.grads[i] = out[i + 1].data_ptr<T>() + t * P.sizes[i];
+      loss[t] = tr.loss_and_grads(t);
+    }
+  });
+  return out;
+}
+
+template <typename T>
+torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
+                              const std::vector<torch::Tensor>& bufs,
+                              const std::vector<std::optional<torch::Tensor>>& masks,
+                              const torch::Tensor& x, const torch::Tensor& y,
+                              const torch::Tensor& idx, const std::vector<int64_t>& encoding,
+                              int64_t chunk, const torch::Tensor& neg_lr, const torch::Tensor& mu,
+                              int64_t optimizer, const torch::Tensor& limit) {
+  int64_t n = idx.size(0), batch = idx.size(1);
+  auto P = problem<T>(params, x, encoding, x.size(0) ? x.numel() / x.size(0) : 0, batch, chunk);
+  set_targets(P, y);
+  TORCH_CHECK(idx.scalar_type() == torch::kLong && idx.is_contiguous() &&
+              (idx.numel() == 0 || (idx.min().item<int64_t>() >= 0 &&
+                                    idx.max().item<int64_t>() < x.size(0))),
+              "batch indices must be int64 rows of the training inputs");
+  P.rows = idx.data_ptr<int64_t>();
+  TORCH_CHECK(optimizer == SGD || bufs.size() == params.size(), "one buffer per parameter");
+  TORCH_CHECK(masks.size() == params.size(), "one mask entry per parameter");
+  std::vector<T*> buf;
+  for (const auto& b : bufs) {
+    TORCH_CHECK(b.sizes() == params[buf.size()].sizes() && b.is_contiguous() &&
+                b.scalar_type() == x.scalar_type(), "buffers must be shaped like the parameters");
+    buf.push_back(b.data_ptr<T>());
+  }
+  // a mask is shared ([*shape]) or one per trial ([N, *shape])
+  std::vector<const T*> mask(params.size(), nullptr);
+  std::vector<int64_t> mask_stride(params.size(), 0);
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if (!masks[i]) continue;
+    const auto& m = *masks[i];
+    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == x.scalar_type() &&
+                (m.numel() == P.sizes[i] || m.numel() == n * P.sizes[i]), "mask shape");
+    mask[i] = m.data_ptr<T>();
+    mask_stride[i] = m.numel() == P.sizes[i] ? 0 : P.sizes[i];
+  }
+  auto lr = neg_lr.contiguous(), momentum = mu.contiguous();
+  auto lim = limit.to(torch::kDouble).contiguous();
+  TORCH_CHECK(lr.numel() == n && momentum.numel() == n && lim.numel() == n,
+              "one learning rate, momentum and limit per trial");
+  auto loss = torch::empty({n}, x.options());
+  T* lossp = loss.data_ptr<T>();
+  const T* lrp = lr.data_ptr<T>();
+  const T* mup = momentum.data_ptr<T>();
+  const double* limp = lim.data_ptr<double>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    Trainer<T> tr(P);
+    tr.own_grads();
+    for (int64_t t = begin; t < end; ++t) {
+      lossp[t] = tr.loss_and_grads(t);
+      if (!((double)lossp[t] <= limp[t])) continue;  // diverged: no update (NaN fails too)
+      for (size_t i = 0; i < params.size(); ++i)
+        update(P.params[i] + t * P.sizes[i], buf.empty() ? nullptr : buf[i] + t * P.sizes[i],
+               tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i],
+               lrp[t], mup[t], optimizer);
+    }
+  });
+  return loss;
+}
+
+template <typename T>
+torch::Tensor forward_impl(const std::vector<torch::Tensor>& params, torch::Tensor x,
+                           const std::vector<int64_t>& encoding, int64_t chunk, bool shared) {
+  int64_t n = params.at(0).size(0), count = x.size(shared ? 0 : 1);
+  int64_t in_size = count ? x.numel() / (shared ? count : n * count) : 0;
+  auto P = problem<T>(params, x, encoding, in_size, shared ? 0 : count, chunk);
+  P.chunk = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(count, 1)));
+  int64_t k = P.layers.back().out_size;
+  auto out = torch::empty({n, count, k}, x.options());
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    Trainer<T> tr(P);
+    for (int64_t t = begin; t < end; ++t) tr.predict(t, count, op + t * count * k);
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fused
+
+// [loss [N], gradient per parameter [N, *shape]] for inputs x [N, B, ...] and targets y [N, B]
+// (int64 classes: mean cross-entropy; floating: 1/2 mean squared error).
+std::vector<torch::Tensor> loss_and_grads(std::vector<torch::Tensor> params, torch::Tensor x,
+                                          torch::Tensor y, std::vector<int64_t> encoding,
+                                          int64_t chunk) {
+  TORCH_CHECK(x.dim() >= 2 && y.dim() == 2 && x.size(0) == y.size(0) && x.size(1) == y.size(1),
+              "x must be [N, B, ...] and y [N, B]");
+  TORCH_CHECK(!params.empty() && params[0].size(0) == x.size(0),
+              "parameters and inputs differ in trials");
+  x = x.contiguous();
+  y = (y.scalar_type() == torch::kLong ? y : y.to(x.scalar_type())).contiguous();
+  if (x.scalar_type() == torch::kFloat)
+    return fused::loss_and_grads_impl<float>(params, x, y, encoding, chunk);
+  TORCH_CHECK(x.scalar_type() == torch::kDouble, "float32 or float64 only");
+  return fused::loss_and_grads_impl<double>(params, x, y, encoding, chunk);
+}
+
+// One training step of every trial: batch idx [N, B] of rows of x_train / y_train; params and
+// bufs updated in place where the loss is <= limit; returns the losses [N].
+torch::Tensor train_step(std::vector<torch::Tensor> params, std::vector<torch::Tensor> bufs,
+                         std::vector<std::optional<torch::Tensor>> masks, torch::Tensor x_train,
+                         torch::Tensor y_train, torch::Tensor idx, std::vector<int64_t> encoding,
+                         int64_t chunk, torch::Tensor neg_lr, torch::Tensor mu,
+                         int64_t optimizer, torch::Tensor limit) {
+  TORCH_CHECK(idx.dim() == 2 && !params.empty() && params[0].size(0) == idx.size(0),
+              "batch indices must be [N, B] for N trials");
+  TORCH_CHECK(optimizer >= 0 && optimizer <= 2, "optimizer 0 (sgd), 1 (momentum), 2 (nesterov)");
+  x_train = x_train.contiguous();
+  y_train = (y_train.scalar_type() == torch::kLong ? y_train : y_train.to(x_train.scalar_type()))
+                .contiguous();
+  if (x_train.scalar_type() == torch::kFloat)
+    return fused::train_step_impl<float>(params, bufs, masks, x_train, y_train, idx.contiguous(),
+                                         encoding, chunk, neg_lr, mu, optimizer, limit);
+  TORCH_CHECK(x_train.scalar_type() == torch::kDouble, "float32 or float64 only");
+  return fused::train_step_impl<double>(params, bufs, masks, x_train, y_train, idx.contiguous(),
+                                        encoding, chunk, neg_lr, mu, optimizer, limit);
+}
+
+// outputs [N, B, out] of every trial for inputs x [N, B, ...], or x [B, ...] shared by all
+// trials when `shared`
+torch::Tensor forward(std::vector<torch::Tensor> params, torch::Tensor x,
+                      std::vector<int64_t> encoding, int64_t chunk, bool shared) {
+  TORCH_CHECK(x.dim() >= (shared ? 1 : 2), "x must be [N, B, ...], or [B, ...] when shared");
+  TORCH_CHECK(!params.empty() && (shared || params[0].size(0) == x.size(0)),
+              "parameters and inputs differ in trials");
+  x = x.contiguous();
+  if (x.scalar_type() == torch::kFloat)
+    return fused::forward_impl<float>(params, x, encoding, chunk, shared);
+  TORCH_CHECK(x.scalar_type() == torch::kDouble, "float32 or float64 only");
+  return fused::forward_impl<double>(params, x, encoding, chunk, shared);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients");
+  m.def("train_step", &train_step, "one SGD step of every trial, in place");
+  m.def("forward", &forward, "per-trial outputs");
+}
