@@ -67,6 +67,8 @@ class AdamState:
         for r, key in enumerate(keys):
             self._classes.setdefault(key, []).append(r)
         self._decays = bool((self.weight_decay != 0).any())
+        # [n, 4] float64 rows (beta1, beta2, eps, weight_decay): what the fused kernel reads
+        self.hyper = torch.stack([self.beta1, self.beta2, self.eps, self.weight_decay], 1)
         # the update the fused kernel writes, kept between steps (allocated on the first)
         self._delta: list[Tensor] | None = None
 

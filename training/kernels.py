@@ -166,7 +166,7 @@ def _build(name: str) -> ModuleType | None:
                 # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
                 return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
                             extra_include_paths=[str(SOURCES)],
-                            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
                             extra_ldflags=["-fopenmp"], build_directory=str(folder),
                             verbose=False)
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
