@@ -18,15 +18,16 @@ The choice comes from a cost model, not a constant; its rules and their measurem
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
   floats (:func:`training.stacked.default_chunk`).
 
-Where the update runs (``CellPlan.update_in_step``), by optimizer: the compiled kernel applies
-the SGD rules (sgd, momentum, nesterov) to each trial right after its backward pass, while its
-gradients are in cache. For adam / adamw the plan keeps the kernel for what costs the time, the
-chunked forward and backward passes (its ``loss_and_grads``), and the trainer applies torch's
-fused Adam update to the stack (:class:`training.updates.StackUpdate`, :mod:`training.adam`):
-one implementation of Adam, the one tested against ``torch.optim``, instead of a second copy in
-C++ that would have to be kept equal to it. The per-trial program updates each trial right
-after its backward pass with any optimizer (one trial's gradients alive, not a stack's);
-``batched`` and ``func`` compute the stack's gradients, then update it.
+Where the update runs (``CellPlan.update_in_step``): the compiled kernel and the per-trial
+program apply every optimizer's update (the SGD rules, Adam, AdamW) to each trial right after
+its backward pass, while its gradients are in cache and only one trial's are alive; the kernel's
+Adam reads and writes the moments of :class:`training.adam.AdamState`, so resuming, branching
+and the other programs see one state. ``batched`` and ``func`` compute the stack's gradients,
+then update it (:class:`training.updates.StackUpdate`). Adam used to run after the kernel's
+``loss_and_grads``, as torch's fused Adam over the stack: those extra passes over the stacked
+state made the MLP's Adam step 2.2x momentum's at B = 8; inside the kernel it costs one
+vectorized pass per trial, bound by its square root and division (see the README's Adam
+section for the measured slowdowns).
 """
 
 from __future__ import annotations

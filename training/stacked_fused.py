@@ -7,8 +7,8 @@
 - each trial's mini-batch is gathered and processed in chunks of ``examples_per_chunk``
   examples, forward, loss and backward back to back, so a chunk's activations and im2col
   patches stay in the core's L2 cache (a batched kernel over all trials streams them through
-  memory instead); with :meth:`FusedProgram.train_step` the trial's SGD update follows at once,
-  on gradients still in cache;
+  memory instead); with :meth:`FusedProgram.train_step` the trial's update (the SGD rules, Adam
+  or AdamW) follows at once, on gradients still in cache;
 - im2col is fused into the chunk (patches built right before their GEMM, in a thread-local
   buffer) and so is col2im (the patch gradient added onto the input gradient right after its
   GEMM); activations of convolutions are channels-last;
@@ -36,7 +36,8 @@ Tensor = torch.Tensor
 
 # layer kinds and the ten int64 fields of one layer, as csrc/layers.h reads them
 LINEAR, CONV1D, RELU, TRANSPOSE = range(4)
-OPTIMIZERS = ("sgd", "momentum", "nesterov")  # their codes in csrc/fused_sequential.cpp
+# their codes in csrc/fused_sequential.cpp
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 
 
 def _layer(kind: int, a: int = 0, b: int = 0, k: int = 0, stride: int = 0, pad: int = 0,
@@ -138,22 +139,28 @@ class FusedProgram:
         return out[0], out[1:]
 
     def supports(self, optimizer: str) -> bool:
-        """Whether :meth:`train_step` applies ``optimizer``'s update inside the kernel (the SGD
-        rules); for adam / adamw the trainer uses :meth:`loss_and_grads` and updates the stack
-        with :class:`training.updates.StackUpdate` (see :mod:`training.cellplan`)."""
+        """Whether :meth:`train_step` applies ``optimizer``'s update inside the kernel: every
+        optimizer of :data:`training.config.OPTIMIZERS` (see :mod:`training.cellplan`)."""
         return optimizer in OPTIMIZERS
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                    idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
         """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and, in
-        place, ``update`` (masked gradient, then torch.optim.SGD's rule with per-trial lr and
-        mu; :meth:`supports` its optimizer) of every trial whose loss is at most ``limit``
-        (float64 [N]); the others keep their parameters and buffers. Each trial's update runs
+        place, ``update`` (masked gradient, then the rule of torch.optim.SGD with per-trial lr
+        and mu, or of Adam / AdamW with per-trial lr, betas, eps and weight decay, on the
+        moments of ``update.adam``) of every trial whose loss is at most ``limit`` (float64
+        [N]); the others keep their parameters and optimizer state. Each trial's update runs
         right after its backward pass, while its gradients are in cache."""
+        adam = update.adam
+        bufs = update.bufs if adam is None else adam.exp_avg
         return self.kernel.train_step(
-            list(params), list(update.bufs or []), list(update.masks), x_train, y_train, idx,
-            self.encoding, self.examples_per_chunk, update.neg_lr(params[0].dtype), update.mu,
+            list(params), list(bufs or []), [] if adam is None else list(adam.exp_avg_sq),
+            list(update.masks), x_train, y_train, idx, self.encoding, self.examples_per_chunk,
+            update.lr, update.mu, _NO_HYPER if adam is None else adam.hyper, update.step,
             OPTIMIZERS.index(update.optimizer), limit)
+
+
+_NO_HYPER = torch.empty(0, dtype=torch.float64)  # the SGD rules read no Adam metaparameters
 
 
 def working_set(encoding: Sequence[int], input_size: int) -> int:

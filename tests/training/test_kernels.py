@@ -56,6 +56,29 @@ def test_a_failing_build_falls_back_with_one_warning(fresh_build, monkeypatch, m
         assert torch.equal(res.params[name], p)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_without_a_compiler_adam_gives_the_kernels_results(fresh_build, monkeypatch,
+                                                           mnist1d_small, optimizer):
+    """Adam / AdamW inside the kernel and in the eager fallback (no compiler): the same weights
+    to 1e-10 relative in float64 (Adam's tolerance of the equivalence tests), masks included."""
+    if kernels.fused_sequential() is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    net = training.models.build("mlp", mnist1d_small, hidden=[16], seed=0)
+    masks = {"1.weight": (torch.rand(16, 40, generator=torch.Generator().manual_seed(0))
+                          > 0.5).double()}
+    run = RunConfig(16, optimizer, max_steps=12, seed=1, dtype=torch.float64,
+                    eval_schedule=EvalSchedule(every=4))
+    trials = [Trial(lr=0.01, beta1=0.8, weight_decay=0.1), Trial(lr=0.003, beta2=0.99, eps=1e-6)]
+    fused = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
+    kernels._build.cache_clear()
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    with pytest.warns(kernels.KernelWarning, match="no C\\+\\+ compiler"):
+        eager = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
+    assert (fused.kernel, eager.kernel) == ("fused", "batched")
+    for name, p in eager.params.items():
+        torch.testing.assert_close(fused.params[name], p, rtol=1e-10, atol=1e-13)
+
+
 def test_no_compiler_is_named(fresh_build, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-x9")
     with pytest.warns(kernels.KernelWarning, match=r"no C\+\+ compiler \('no-such-compiler-x9' "

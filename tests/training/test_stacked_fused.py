@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 import training
-from training import kernels
+from training import Trial, kernels
+from training.adam import AdamState
+from training.masks import mask_
 from training.stacked import FuncProgram, SequentialProgram
 from training.stacked_fused import CONV1D, LINEAR, RELU, TRANSPOSE, encode, try_build, working_set
 from training.updates import StackUpdate
@@ -154,3 +156,56 @@ def test_train_step_updates_in_place_below_the_limit(data, stacked, optimizer):
         torch.testing.assert_close(w, ew, rtol=1e-13, atol=1e-15)
         torch.testing.assert_close(a, ea, rtol=1e-13, atol=1e-15)
         assert torch.equal(w[1], b[1])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+# float32: a few ulps of the weights and of the step lr * u (lr <= 0.1, |u| <= about 1)
+@pytest.mark.parametrize("dtype, rtol, atol", [(torch.float64, 1e-13, 1e-16),
+                                               (torch.float32, 1e-5, 1e-7)])
+def test_train_step_applies_adam_as_adam_state_below_the_limit(data, stacked, optimizer, dtype,
+                                                               rtol, atol):
+    """train_step with adam / adamw equals loss_and_grads on the gathered batch, the mask, then
+    training.adam.AdamState.step (the rule tested against torch.optim), at step 3 from nonzero
+    moments, with per-trial lr, betas, eps and weight decay that all differ; a trial whose loss
+    is above its limit keeps its weights and moments; masked weights and moments stay zero."""
+    model = training.models.build("cnn1d", data, channels=3, seed=0)
+    program = try_build(model, data.input_shape, dtype, "cpu", 3, 4)
+    n = 4
+    params = [p.to(dtype) for p in stacked(model, n)]
+    g = torch.Generator().manual_seed(3)
+    masks = [(torch.rand(n, *params[0].shape[1:], generator=g) > 0.5).to(dtype), None,
+             (torch.rand(*params[2].shape[1:], generator=g) > 0.5).to(dtype)] + [None] * 5
+    trials = [Trial(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0),
+              Trial(lr=3e-3, beta1=0.5, beta2=0.99, eps=1e-3, weight_decay=0.1),
+              Trial(lr=1e-1, beta1=0.0, beta2=0.9, eps=1e-6, weight_decay=0.5),
+              Trial(lr=2e-2, beta1=0.8, beta2=0.95, eps=1e-4, weight_decay=0.01)]
+    state = AdamState.zeros(params, trials, optimizer == "adamw")
+    for m, v in zip(state.exp_avg, state.exp_avg_sq):
+        m.copy_(0.01 * torch.randn(m.shape, generator=g, dtype=torch.float64))
+        v.copy_(1e-4 * torch.rand(v.shape, generator=g, dtype=torch.float64))
+    mask_(params, masks)
+    mask_(state.exp_avg, masks)
+    mask_(state.exp_avg_sq, masks)
+    idx = torch.randint(0, data.n_train, (n, 7), generator=g)
+    x, y = data.x_train.to(dtype), data.y_train
+    lr = torch.tensor([t.lr for t in trials], dtype=torch.float64)
+    loss, grads = program.loss_and_grads(params, x[idx], y[idx])
+    limit = loss.double().clone()
+    limit[2] = float("nan")  # trial 2 "diverged"
+    keep = torch.tensor([0, 1, 3])
+    expected, expected_state = [p.index_select(0, keep) for p in params], state.select(keep)
+    kept = [gr.index_select(0, keep) for gr in grads]
+    mask_(kept, [m if m is None or m.dim() < p.dim() else m.index_select(0, keep)
+                 for m, p in zip(masks, params)])
+    expected_state.step(expected, kept, lr[keep], 3)
+    before = [[t.clone() for t in ts] for ts in (params, state.exp_avg, state.exp_avg_sq)]
+    update = StackUpdate(optimizer, 3, lr, torch.zeros(n, dtype=dtype), masks, adam=state)
+    got = program.train_step(params, x, y, idx, update, limit)
+    torch.testing.assert_close(got, loss, rtol=0, atol=0)
+    for now, was, want in zip((params, state.exp_avg, state.exp_avg_sq), before,
+                              (expected, expected_state.exp_avg, expected_state.exp_avg_sq)):
+        for t, b, e, m in zip(now, was, want, masks):
+            torch.testing.assert_close(t.index_select(0, keep), e, rtol=rtol, atol=atol)
+            assert torch.equal(t[2], b[2])
+            if m is not None:
+                assert not bool((t * (1 - m)).any())  # masked entries exactly zero

@@ -10,11 +10,13 @@
 // patch gradient is added back onto the input gradient right after its GEMM). Activations of
 // convolutions are channels-last per example ([L, C]).
 //
-// train_step also applies the SGD update of each trial right after its backward pass, while its
-// gradients are in cache, unless its loss exceeds its limit (divergence).
+// train_step also applies the update of each trial (the SGD rules, Adam or AdamW) right after its
+// backward pass, while its gradients are in cache, unless its loss exceeds its limit
+// (divergence).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -23,7 +25,7 @@
 namespace fused {
 namespace {
 
-enum Optimizer : int64_t { SGD = 0, MOMENTUM = 1, NESTEROV = 2 };
+enum Optimizer : int64_t { SGD = 0, MOMENTUM = 1, NESTEROV = 2, ADAM = 3, ADAMW = 4 };
 
 // Where a trial's examples and the parameters live; shared by all threads.
 template <typename T>
@@ -231,25 +233,70 @@ struct Trainer {
   }
 };
 
-// The update of torch.optim.SGD (dampening 0) with the gradient masked first:
-// sgd: w += neg_lr g; momentum: a = g + mu a, w += neg_lr a; nesterov: a = g + mu a,
-// w += neg_lr (g + mu a).
+// One trial's metaparameters of one step, as the update loops read them. They are computed in
+// float64 and rounded to T once, as torch.optim's kernels do with their scalars.
 template <typename T>
-void update(T* __restrict__ w, T* __restrict__ a, T* __restrict__ g, const T* __restrict__ mask,
-            int64_t size, T neg_lr, T mu, int64_t optimizer) {
+struct Rule {
+  int64_t optimizer;
+  T neg_lr;        // SGD rules: -lr; Adam: -lr / (1 - beta1^t), the step on m
+  T mu;            // momentum
+  T beta1 = 0, beta2 = 0, eps = 0, one_b1 = 0, one_b2 = 0;  // one_b: 1 - beta
+  T l2 = 0;        // adam: weight_decay, added as weight_decay * w to the gradient
+  T decay = 1;     // adamw: 1 - lr * weight_decay, the factor on the weights
+  T inv_bc2 = 1;   // 1 / sqrt(1 - beta2^t): a product, where torch divides (2x faster)
+
+  // hyper: this trial's (beta1, beta2, eps, weight_decay), read by adam / adamw only; t = step + 1
+  Rule(int64_t opt, double lr, double momentum, const double* hyper, int64_t step)
+      : optimizer(opt), neg_lr(T(-lr)), mu(T(momentum)) {
+    if (opt < ADAM) return;
+    double t = double(step + 1);
+    beta1 = T(hyper[0]), beta2 = T(hyper[1]), eps = T(hyper[2]);
+    one_b1 = T(1 - hyper[0]), one_b2 = T(1 - hyper[1]);
+    neg_lr = T(-lr / (1 - std::pow(hyper[0], t)));
+    inv_bc2 = T(1 / std::sqrt(1 - std::pow(hyper[1], t)));
+    l2 = T(opt == ADAM ? hyper[3] : 0.0);
+    decay = T(opt == ADAMW ? 1 - lr * hyper[3] : 1.0);
+  }
+};
+
+// One parameter of one trial: w, its gradient g (overwritten) and its mask (null: none); a and
+// b are its optimizer state: the momentum buffer, or Adam's m and v.
+//
+// The gradient is masked first, so masked weights and their state stay exactly zero (Adam's
+// update there is 0 / (0 + eps)). Then the update of torch.optim.SGD (dampening 0):
+// sgd: w += neg_lr g; momentum: a = g + mu a, w += neg_lr a; nesterov: a = g + mu a,
+// w += neg_lr (g + mu a); or of torch.optim.Adam / AdamW (Kingma & Ba 2015; Loshchilov &
+// Hutter 2019), see training/adam.py: adam: g += wd w; adamw: w *= 1 - lr wd; then
+// m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
+// w += -lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+template <typename T>
+void update(T* __restrict__ w, T* __restrict__ a, T* __restrict__ b, T* __restrict__ g,
+            const T* __restrict__ mask, int64_t size, const Rule<T>& r) {
   if (mask)
     for (int64_t i = 0; i < size; ++i) g[i] *= mask[i];
-  if (optimizer == SGD) {
-    for (int64_t i = 0; i < size; ++i) w[i] += g[i] * neg_lr;
-  } else if (optimizer == MOMENTUM) {
-    for (int64_t i = 0; i < size; ++i) {
-      a[i] = g[i] + a[i] * mu;
-      w[i] += a[i] * neg_lr;
-    }
-  } else {
-    for (int64_t i = 0; i < size; ++i) {
-      a[i] = g[i] + a[i] * mu;
-      w[i] += (g[i] + a[i] * mu) * neg_lr;
+  switch (r.optimizer) {
+    case SGD:
+      for (int64_t i = 0; i < size; ++i) w[i] += g[i] * r.neg_lr;
+      break;
+    case MOMENTUM:
+      for (int64_t i = 0; i < size; ++i) {
+        a[i] = g[i] + a[i] * r.mu;
+        w[i] += a[i] * r.neg_lr;
+      }
+      break;
+    case NESTEROV:
+      for (int64_t i = 0; i < size; ++i) {
+        a[i] = g[i] + a[i] * r.mu;
+        w[i] += (g[i] + a[i] * r.mu) * r.neg_lr;
+      }
+      break;
+    default: {  // ADAM, ADAMW: one pass; l2 is 0 for adamw and decay 1 for adam
+      for (int64_t i = 0; i < size; ++i) {
+        T gi = g[i] + r.l2 * w[i];
+        a[i] = r.beta1 * a[i] + r.one_b1 * gi;
+        b[i] = r.beta2 * b[i] + r.one_b2 * gi * gi;
+        w[i] = w[i] * r.decay + r.neg_lr * a[i] / (std::sqrt(b[i]) * r.inv_bc2 + r.eps);
+      }
     }
   }
 }
@@ -313,14 +360,34 @@ std::vector<torch::Tensor> loss_and_grads_impl(const std::vector<torch::Tensor>&
   return out;
 }
 
+torch::Tensor as_double(const torch::Tensor& t) { return t.to(torch::kDouble).contiguous(); }
+
+// Data pointers of optimizer-state stacks shaped like the parameters (empty: none).
+template <typename T>
+std::vector<T*> state_pointers(const std::vector<torch::Tensor>& state,
+                               const std::vector<torch::Tensor>& params) {
+  TORCH_CHECK(state.empty() || state.size() == params.size(), "one buffer per parameter");
+  std::vector<T*> out;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const auto& b = state[i];
+    TORCH_CHECK(b.sizes() == params[i].sizes() && b.is_contiguous() &&
+                b.scalar_type() == params[i].scalar_type(),
+                "buffers must be shaped like the parameters");
+    out.push_back(b.data_ptr<T>());
+  }
+  return out;
+}
+
 template <typename T>
 torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
                               const std::vector<torch::Tensor>& bufs,
+                              const std::vector<torch::Tensor>& bufs2,
                               const std::vector<std::optional<torch::Tensor>>& masks,
                               const torch::Tensor& x, const torch::Tensor& y,
                               const torch::Tensor& idx, const std::vector<int64_t>& encoding,
-                              int64_t chunk, const torch::Tensor& neg_lr, const torch::Tensor& mu,
-                              int64_t optimizer, const torch::Tensor& limit) {
+                              int64_t chunk, const torch::Tensor& lr, const torch::Tensor& mu,
+                              const torch::Tensor& hyper, int64_t step, int64_t optimizer,
+                              const torch::Tensor& limit) {
   int64_t n = idx.size(0), batch = idx.size(1);
   auto P = problem<T>(params, x, encoding, x.size(0) ? x.numel() / x.size(0) : 0, batch, chunk);
   set_targets(P, y);
@@ -329,14 +396,11 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
                                     idx.max().item<int64_t>() < x.size(0))),
               "batch indices must be int64 rows of the training inputs");
   P.rows = idx.data_ptr<int64_t>();
-  TORCH_CHECK(optimizer == SGD || bufs.size() == params.size(), "one buffer per parameter");
   TORCH_CHECK(masks.size() == params.size(), "one mask entry per parameter");
-  std::vector<T*> buf;
-  for (const auto& b : bufs) {
-    TORCH_CHECK(b.sizes() == params[buf.size()].sizes() && b.is_contiguous() &&
-                b.scalar_type() == x.scalar_type(), "buffers must be shaped like the parameters");
-    buf.push_back(b.data_ptr<T>());
-  }
+  // momentum: bufs; adam / adamw: m in bufs, v in bufs2
+  std::vector<T*> buf = state_pointers<T>(bufs, params), buf2 = state_pointers<T>(bufs2, params);
+  TORCH_CHECK(optimizer == SGD || !buf.empty(), "one buffer per parameter");
+  TORCH_CHECK(optimizer < ADAM || !buf2.empty(), "adam needs two moment buffers per parameter");
   // a mask is shared ([*shape]) or one per trial ([N, *shape])
   std::vector<const T*> mask(params.size(), nullptr);
   std::vector<int64_t> mask_stride(params.size(), 0);
@@ -348,25 +412,32 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
     mask[i] = m.data_ptr<T>();
     mask_stride[i] = m.numel() == P.sizes[i] ? 0 : P.sizes[i];
   }
-  auto lr = neg_lr.contiguous(), momentum = mu.contiguous();
-  auto lim = limit.to(torch::kDouble).contiguous();
-  TORCH_CHECK(lr.numel() == n && momentum.numel() == n && lim.numel() == n,
+  torch::Tensor lrs = as_double(lr), mus = as_double(mu), lim = as_double(limit),
+                hyp = as_double(hyper);
+  TORCH_CHECK(lrs.numel() == n && mus.numel() == n && lim.numel() == n,
               "one learning rate, momentum and limit per trial");
+  TORCH_CHECK(optimizer < ADAM || hyp.numel() == 4 * n,
+              "adam needs [N, 4] (beta1, beta2, eps, weight_decay) per trial");
   auto loss = torch::empty({n}, x.options());
   T* lossp = loss.data_ptr<T>();
-  const T* lrp = lr.data_ptr<T>();
-  const T* mup = momentum.data_ptr<T>();
-  const double* limp = lim.data_ptr<double>();
+  const double *lrp = lrs.data_ptr<double>(), *mup = mus.data_ptr<double>();
+  const double *limp = lim.data_ptr<double>(), *hypp = hyp.data_ptr<double>();
+  auto trial_of = [](const std::vector<T*>& b, size_t i, int64_t offset) {
+    return b.empty() ? nullptr : b[i] + offset;
+  };
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     Trainer<T> tr(P);
     tr.own_grads();
     for (int64_t t = begin; t < end; ++t) {
       lossp[t] = tr.loss_and_grads(t);
       if (!((double)lossp[t] <= limp[t])) continue;  // diverged: no update (NaN fails too)
-      for (size_t i = 0; i < params.size(); ++i)
-        update(P.params[i] + t * P.sizes[i], buf.empty() ? nullptr : buf[i] + t * P.sizes[i],
-               tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i],
-               lrp[t], mup[t], optimizer);
+      const Rule<T> rule(optimizer, lrp[t], mup[t], optimizer < ADAM ? nullptr : hypp + 4 * t,
+                          step);
+      for (size_t i = 0; i < params.size(); ++i) {
+        int64_t offset = t * P.sizes[i];
+        update(P.params[i] + offset, trial_of(buf, i, offset), trial_of(buf2, i, offset),
+               tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i], rule);
+      }
     }
   });
   return loss;
@@ -410,24 +481,30 @@ std::vector<torch::Tensor> loss_and_grads(std::vector<torch::Tensor> params, tor
 }
 
 // One training step of every trial: batch idx [N, B] of rows of x_train / y_train; params and
-// bufs updated in place where the loss is <= limit; returns the losses [N].
+// their optimizer state updated in place where the loss is <= limit; returns the losses [N].
+// Per trial: lr, mu (momentum) and, for adam / adamw, hyper [N, 4] = (beta1, beta2, eps,
+// weight_decay); bufs: momentum buffers, or Adam's m with v in bufs2; step: 0-based, shared.
 torch::Tensor train_step(std::vector<torch::Tensor> params, std::vector<torch::Tensor> bufs,
+                         std::vector<torch::Tensor> bufs2,
                          std::vector<std::optional<torch::Tensor>> masks, torch::Tensor x_train,
                          torch::Tensor y_train, torch::Tensor idx, std::vector<int64_t> encoding,
-                         int64_t chunk, torch::Tensor neg_lr, torch::Tensor mu,
-                         int64_t optimizer, torch::Tensor limit) {
+                         int64_t chunk, torch::Tensor lr, torch::Tensor mu, torch::Tensor hyper,
+                         int64_t step, int64_t optimizer, torch::Tensor limit) {
   TORCH_CHECK(idx.dim() == 2 && !params.empty() && params[0].size(0) == idx.size(0),
               "batch indices must be [N, B] for N trials");
-  TORCH_CHECK(optimizer >= 0 && optimizer <= 2, "optimizer 0 (sgd), 1 (momentum), 2 (nesterov)");
+  TORCH_CHECK(optimizer >= fused::SGD && optimizer <= fused::ADAMW,
+              "optimizer 0 (sgd), 1 (momentum), 2 (nesterov), 3 (adam) or 4 (adamw)");
+  TORCH_CHECK(step >= 0, "step must be >= 0");
   x_train = x_train.contiguous();
   y_train = (y_train.scalar_type() == torch::kLong ? y_train : y_train.to(x_train.scalar_type()))
                 .contiguous();
+  idx = idx.contiguous();
   if (x_train.scalar_type() == torch::kFloat)
-    return fused::train_step_impl<float>(params, bufs, masks, x_train, y_train, idx.contiguous(),
-                                         encoding, chunk, neg_lr, mu, optimizer, limit);
+    return fused::train_step_impl<float>(params, bufs, bufs2, masks, x_train, y_train, idx,
+                                         encoding, chunk, lr, mu, hyper, step, optimizer, limit);
   TORCH_CHECK(x_train.scalar_type() == torch::kDouble, "float32 or float64 only");
-  return fused::train_step_impl<double>(params, bufs, masks, x_train, y_train, idx.contiguous(),
-                                        encoding, chunk, neg_lr, mu, optimizer, limit);
+  return fused::train_step_impl<double>(params, bufs, bufs2, masks, x_train, y_train, idx,
+                                        encoding, chunk, lr, mu, hyper, step, optimizer, limit);
 }
 
 // outputs [N, B, out] of every trial for inputs x [N, B, ...], or x [B, ...] shared by all
@@ -446,6 +523,6 @@ torch::Tensor forward(std::vector<torch::Tensor> params, torch::Tensor x,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients");
-  m.def("train_step", &train_step, "one SGD step of every trial, in place");
+  m.def("train_step", &train_step, "one training step of every trial, in place");
   m.def("forward", &forward, "per-trial outputs");
 }
