@@ -125,7 +125,7 @@ def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> 
     """Probe one run (worker side, or in the driver with its ``dataset``), with
     ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
-        dataset = dataset or task.workload.load_dataset()
+        dataset = task.workload.load_dataset() if dataset is None else dataset
         model = task.workload.build_model(dataset, int(task.group.seed))
         return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
 
