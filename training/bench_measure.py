@@ -52,23 +52,30 @@ def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> 
 
 def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float]
                   ) -> float:
-    """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), with s grown until a
-    run lasts ``seconds`` / 2, after an untimed one-step warm-up (one-off imports, builds and
-    allocations). The difference cancels what a run pays once whatever its length: setup, and
-    the vectorized trainer's evaluations at start and end, which for the image models at small
-    batches would otherwise outweigh the steps."""
+    """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), after an untimed
+    one-step warm-up (one-off imports, builds and allocations), with s doubled until the
+    difference lasts ``seconds`` / 2. The difference cancels what a run pays once whatever its
+    length: setup, the vectorized trainer's evaluations at start and end and its copies of the
+    trials' state, which for the image models at small batches outweigh many steps (simple_cnn,
+    32 trials, B = 8: 5 s per run against 12 ms per trial-step), so it is the difference, not
+    the run, that must last long enough to be measured."""
     run(1)
     steps = 1
+    start = clock()
+    run(steps)
+    took = clock() - start
     while True:
+        start = clock()
+        run(2 * steps)
+        twice = clock() - start
+        if twice - took >= seconds / 2 or steps >= 1 << 20:
+            break
+        # from the marginal time so far; at least doubling
+        per_step = max(twice - took, 1e-9) / steps
+        steps = max(2 * steps, int(0.6 * seconds / per_step))
         start = clock()
         run(steps)
         took = clock() - start
-        if took >= seconds / 2:
-            break
-        steps = max(steps + 1, int(steps * min(10.0, 0.6 * seconds / max(took, 1e-6))))
-    start = clock()
-    run(2 * steps)
-    twice = clock() - start
     return steps / (twice - took) if twice > took else 2 * steps / twice
 
 

@@ -17,6 +17,9 @@ The choice comes from a cost model, not a constant; its rules and their measurem
   ``func`` (:class:`training.stacked.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
   floats (:func:`training.stacked.default_chunk`).
+- Every kernel: a stack's parameters and optimizer state fit in SNAPSHOT_BUDGET bytes
+  (:func:`snapshot_limit`), since a run with a goal keeps a copy of one stack per evaluation
+  interval to find the exact step of a hit; the trials are then split into stacks of equal size.
 
 Where the update runs (``CellPlan.update_in_step``): the compiled kernel and the per-trial
 program apply every optimizer's update (the SGD rules, Adam, AdamW) to each trial right after
@@ -56,6 +59,10 @@ MAX_STACK = 128
 L2_SHARE = 0.5
 # Activation bytes of one chunk of one trial on the per_trial path.
 CHUNK_BUDGET = 128 << 20
+# Bytes of one stack's parameters and optimizer state, which a run with a goal copies at every
+# evaluation interval (the replay snapshot, training.trials). simple_cnn holds 26 MB a trial
+# with momentum: 32 trials in one stack copied 840 MB, and a B = 4096 group peaked at 2.1 GB.
+SNAPSHOT_BUDGET = 256 << 20
 
 
 class Program(Protocol):
@@ -106,12 +113,26 @@ def even_chunks(batch_size: int, limit: int) -> int:
     return -(-batch_size // chunks)
 
 
+def state_bytes(model: nn.Module, optimizer: str, itemsize: int) -> int:
+    """Bytes of one trial's parameters and ``optimizer`` state (momentum buffer; Adam's two
+    moments; none for sgd)."""
+    copies = 1 + {"sgd": 0, "adam": 2, "adamw": 2}.get(optimizer, 1)
+    return copies * itemsize * sum(p.numel() for p in model.parameters())
+
+
+def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+    """Trials per stack whose state fits in SNAPSHOT_BUDGET, split evenly (at most MAX_STACK)."""
+    limit = SNAPSHOT_BUDGET // max(1, state_bytes(model, optimizer, itemsize))
+    return min(MAX_STACK, even_chunks(max(1, n_trials), limit))
+
+
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
     """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``
     with ``optimizer`` (see the module docstring)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
+    stack = snapshot_limit(model, optimizer, itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape)
     if encoding is not None:
         per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
@@ -119,16 +140,16 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         chunk = even_chunks(batch_size, limit)
         fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
         if fused is not None:
-            return CellPlan("fused", min(n_trials, MAX_STACK), chunk, fused,
+            return CellPlan("fused", stack, chunk, fused,
                             fused.supports(optimizer))
     if has_conv2d(model):
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
         chunk = even_chunks(batch_size, limit)
         program = PerTrialProgram.try_build(model, task, chunk, limit)
         if program is not None:
-            return CellPlan("per_trial", min(n_trials, MAX_STACK), chunk, program,
+            return CellPlan("per_trial", stack, chunk, program,
                             program.supports(optimizer))
-    stack = min(n_trials, default_chunk(batch_size, activation_floats(model, input_shape)))
+    stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
     eager = build_program(model, task)
     kernel = "batched" if isinstance(eager, SequentialProgram) else "func"
     return CellPlan(kernel, stack, batch_size, eager)
@@ -137,7 +158,9 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
 def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
     """Whether the compiled kernel ``model`` would run on is usable, built now if need be (once
     per process, with the one warning of a failed build); True for a model that needs none. A
-    study's driver calls it before its workers start, so that they neither build nor warn."""
-    if stacked_fused.encode(model, input_shape) is None:
+    study's driver calls it before its workers start, so that they neither build nor warn.
+    The per-trial program of Conv2d models uses the kernel's one-pass update
+    (:meth:`training.updates.StackUpdate.apply_trial_`) and the torch update without it."""
+    if stacked_fused.encode(model, input_shape) is None and not has_conv2d(model):
         return True
     return kernels.fused_sequential() is not None

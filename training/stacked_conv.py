@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from . import kernels
 from .goal import loss_fn
 from .updates import StackUpdate
 
@@ -59,6 +60,8 @@ class PerTrialProgram:
         self.names = [name for name, _ in model.named_parameters()]
         self.buffers = dict(model.named_buffers())
         self.criterion = loss_fn(task)
+        # the compiled kernel's one-pass update (training.kernels), or None: the torch update
+        self.kernel = kernels.fused_sequential() if kernels.enabled() else None
 
     @classmethod
     def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int,
@@ -135,6 +138,9 @@ class PerTrialProgram:
             losses.append(loss)
             if not bool(loss.double() <= limit[i]):
                 continue  # diverged: no update
+            if self.kernel is not None:
+                update.apply_trial_(self.kernel, i, params, grads)
+                continue
             one = slice(i, i + 1)
             update.rows(one, params).apply_([p[one] for p in params],
                                             [g.unsqueeze(0) for g in grads])

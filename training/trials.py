@@ -313,8 +313,8 @@ def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal |
     """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
     its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
     and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
-    interval) is freed on return, so one stack's copy is alive at a time."""
-    snapshot = st.clone() if end - start > 1 else None
+    interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
+    snapshot = st.clone() if end - start > 1 and goal is not None else None
     dropped_all = []
     for s in range(start, end):
         if not st.ids:
@@ -332,7 +332,7 @@ def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start:
     them from the snapshot at ``start`` evaluating after every step."""
     if snapshot is None or end - start == 1:
         return {i: end for i in ids}
-    st = snapshot.clone().select([snapshot.ids.index(i) for i in ids])
+    st = snapshot.select([snapshot.ids.index(i) for i in ids])  # a copy: select gathers
     found: dict[int, int] = {}
     for s in range(start, end - 1):
         st, _ = runner.step(st, s)  # a trial diverging here cannot (it did not in the run)

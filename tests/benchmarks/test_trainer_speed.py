@@ -149,6 +149,19 @@ def test_marginal_rate_cancels_once_per_run_costs():
     assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
 
 
+def test_marginal_rate_times_a_difference_long_enough():
+    """A run costing 1000 + 2 s units: a one-step run already lasts seconds / 2, but the
+    difference it gives (2 units) does not; the steps grow until the difference does."""
+    now, calls = [0.0], []
+
+    def run(steps):
+        calls.append(steps)
+        now[0] += 1000 + 2 * steps
+
+    assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
+    assert calls[-1] == 2 * calls[-2] and 2 * calls[-2] >= 20
+
+
 def test_peak_rss_follows_a_touched_block():
     if not reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs here")

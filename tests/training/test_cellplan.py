@@ -68,13 +68,30 @@ def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
     net = training.models.build(name, images)
     per_example = activation_floats(net, (3, 32, 32)) * 4
     plan = plan_cell(net, "classification", (3, 32, 32), 4096, 32)
-    assert plan.kernel == "per_trial" and plan.trials_per_stack == 32
+    assert plan.kernel == "per_trial"
+    assert plan.trials_per_stack == cellplan.snapshot_limit(net, "momentum", 4, 32)
     assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
     assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
     assert plan.program.examples_per_chunk == plan.examples_per_chunk
     small = plan_cell(net, "classification", (3, 32, 32), 8, 32)
     assert small.examples_per_chunk == 8
     assert small.program.eval_chunk == cellplan.CHUNK_BUDGET // per_example
+
+
+@pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
+def test_a_stacks_state_fits_the_snapshot_budget(images, optimizer, copies):
+    """simple_cnn on 3 x 32 x 32 images: 4.3 M weights, 17 MB a trial; a stack's weights and
+    optimizer state stay within SNAPSHOT_BUDGET, in stacks of equal size."""
+    net = training.models.build("simple_cnn", images)
+    weights = sum(p.numel() for p in net.parameters())
+    assert cellplan.state_bytes(net, optimizer, 4) == copies * 4 * weights
+    stack = plan_cell(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
+                      ).trials_per_stack
+    fits = cellplan.SNAPSHOT_BUDGET // (copies * 4 * weights)
+    assert 1 <= stack <= fits < 32
+    assert -(-32 // stack) == -(-32 // fits)  # as few stacks as the budget allows, of equal size
+    tiny = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
+    assert cellplan.snapshot_limit(tiny, optimizer, 4, 300) == cellplan.MAX_STACK
 
 
 def test_other_modules_take_torch_func():

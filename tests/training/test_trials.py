@@ -148,6 +148,25 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
         assert h is None or h == hits[i]
 
 
+def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
+    """The copy a hit is replayed from is made once per evaluation interval, and only when
+    there is a goal to hit; the run is the same either way."""
+    from training.trial_stack import TrialStack
+
+    copies = []
+    clone = TrialStack.clone
+    monkeypatch.setattr(TrialStack, "clone", lambda st: copies.append(1) or clone(st))
+    net = training.models.build("linear", linreg, seed=0)
+    run = RunConfig(16, "momentum", max_steps=60, seed=4, dtype=F64,
+                    eval_schedule=EvalSchedule(every=20))
+    plain = training.train_trials(net, linreg, TRIALS[:2], run)
+    assert copies == []
+    never = training.train_trials(net, linreg, TRIALS[:2],
+                                  replace(run, goal=training.Goal("loss", 0.0)))
+    assert len(copies) == 3 and never.steps_to_result is None
+    assert [c.train_loss.tolist() for c in never.curves] == [c.train_loss.tolist() for c in plain.curves]
+
+
 def test_group_composition_does_not_change_a_trial(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1 * (k + 1), "momentum": 0.8} for k in range(5)]

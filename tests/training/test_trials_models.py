@@ -92,8 +92,17 @@ def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, option
 @OPTIMIZERS
 @pytest.mark.parametrize("name, options", [("simple_cnn", {"width": "narrow"}),
                                            ("resnet8", {"widths": [4, 4, 8]})])
-def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer):
+@pytest.mark.parametrize("update", ["kernel", "torch"])
+def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer,
+                                      update):
+    """The per-trial program with the compiled kernel's one-pass update, and without it."""
+    if update == "torch":
+        monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    elif kernels.fused_sequential() is None:
+        pytest.skip("the compiled kernel cannot be built here")
     net = training.models.build(name, tiny_images, seed=1, **options)
+    program = plan_cell(net, "classification", tiny_images.input_shape, 16, 3, F64).program
+    assert (program.kernel is None) == (update == "torch")
     check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch)
 
 

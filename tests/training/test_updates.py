@@ -2,10 +2,12 @@
 per-trial program's way), for every optimizer, with shared and per-trial masks; the SGD rules
 against torch.optim.SGD on one trial."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from training import Trial
+from training import Trial, kernels
 from training.adam import AdamState
 from training.updates import StackUpdate
 
@@ -35,6 +37,48 @@ def state(optimizer, seed=0):
     return params, grads, StackUpdate(optimizer, 4, lr, mu, masks, bufs, adam)
 
 
+def buffers(update):
+    """The optimizer state of ``update``: momentum buffers or Adam's two moments."""
+    if update.adam is not None:
+        return update.adam.exp_avg + update.adam.exp_avg_sq
+    return update.bufs or []
+
+
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-15), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_the_kernels_one_pass_update_equals_the_stack_update(optimizer, dtype, tol):
+    """StackUpdate.apply_trial_ (compiled, one trial at a time) against apply_ (torch, whole
+    stack), three steps in a row, with per-trial and shared masks."""
+    kernel = kernels.fused_sequential()
+    if kernel is None:
+        pytest.skip("the compiled kernel cannot be built here")
+
+    def cast(params, grads, update):
+        to = [t.to(dtype) for t in params], [t.to(dtype) for t in grads]
+        adam = update.adam
+        if adam is not None:
+            adam = AdamState([m.to(dtype) for m in adam.exp_avg],
+                             [v.to(dtype) for v in adam.exp_avg_sq], adam.beta1, adam.beta2,
+                             adam.eps, adam.weight_decay, adam.decoupled)
+        return *to, StackUpdate(optimizer, update.step, update.lr, update.mu.to(dtype),
+                                [m.to(dtype) for m in update.masks],
+                                None if update.bufs is None else [b.to(dtype) for b in update.bufs],
+                                adam)
+
+    params, grads, update = cast(*state(optimizer))
+    one_params, one_grads, one_update = cast(*state(optimizer))
+    for step in range(3):
+        update = replace(update, step=step)
+        one_update = replace(one_update, step=step)
+        update.apply_(params, [g.clone() for g in grads])
+        for i in range(N):
+            one_update.apply_trial_(kernel, i, one_params, [g[i].clone() for g in one_grads])
+    for a, b in zip(params + buffers(update), one_params + buffers(one_update)):
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol * float(a.abs().max()))
+    assert torch.all(one_params[0][one_update.masks[0] == 0] == 0)
+    assert not torch.equal(one_params[0], state(optimizer)[0][0].to(dtype))
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_rows_one_at_a_time_equal_the_whole_stack(optimizer):
     params, grads, update = state(optimizer)
@@ -47,9 +91,6 @@ def test_rows_one_at_a_time_equal_the_whole_stack(optimizer):
                                                       [g[one].clone() for g in rows_grads])
     for a, b in zip(params, rows_params):
         torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
-    buffers = {"adam": lambda u: u.adam.exp_avg + u.adam.exp_avg_sq,
-               "adamw": lambda u: u.adam.exp_avg + u.adam.exp_avg_sq}.get(
-        optimizer, lambda u: u.bufs or [])
     for a, b in zip(buffers(update), buffers(rows_update)):
         torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
     # masked weights stayed exactly zero, kept ones moved

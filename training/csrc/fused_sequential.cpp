@@ -444,6 +444,38 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
 }
 
 template <typename T>
+void update_trial_impl(const std::vector<torch::Tensor>& params,
+                       const std::vector<torch::Tensor>& grads,
+                       const std::vector<torch::Tensor>& bufs,
+                       const std::vector<torch::Tensor>& bufs2,
+                       const std::vector<std::optional<torch::Tensor>>& masks, double lr,
+                       double mu, const std::vector<double>& hyper, int64_t step,
+                       int64_t optimizer) {
+  TORCH_CHECK(grads.size() == params.size() && masks.size() == params.size() &&
+                  (bufs.empty() || bufs.size() == params.size()) &&
+                  (bufs2.empty() || bufs2.size() == params.size()),
+              "one gradient, mask entry and buffer per parameter");
+  TORCH_CHECK(optimizer == SGD || !bufs.empty(), "one buffer per parameter");
+  TORCH_CHECK(optimizer < ADAM || (!bufs2.empty() && hyper.size() == 4),
+              "adam needs two moment buffers and (beta1, beta2, eps, weight_decay)");
+  auto same = [](const torch::Tensor& t, const torch::Tensor& p) {
+    return t.is_contiguous() && t.numel() == p.numel() && t.scalar_type() == p.scalar_type() &&
+           t.device().is_cpu();
+  };
+  const Rule<T> rule(optimizer, lr, mu, hyper.data(), step);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    TORCH_CHECK(same(p, p) && same(grads[i], p) && (bufs.empty() || same(bufs[i], p)) &&
+                    (bufs2.empty() || same(bufs2[i], p)) && (!masks[i] || same(*masks[i], p)),
+                "parameters, gradients, buffers and masks must be contiguous CPU tensors of "
+                "one shape and dtype");
+    update(p.data_ptr<T>(), bufs.empty() ? nullptr : bufs[i].data_ptr<T>(),
+           bufs2.empty() ? nullptr : bufs2[i].data_ptr<T>(), grads[i].data_ptr<T>(),
+           masks[i] ? masks[i]->data_ptr<T>() : nullptr, p.numel(), rule);
+  }
+}
+
+template <typename T>
 torch::Tensor forward_impl(const std::vector<torch::Tensor>& params, torch::Tensor x,
                            const std::vector<int64_t>& encoding, int64_t chunk, bool shared) {
   int64_t n = params.at(0).size(0), count = x.size(shared ? 0 : 1);
@@ -507,6 +539,26 @@ torch::Tensor train_step(std::vector<torch::Tensor> params, std::vector<torch::T
                                         encoding, chunk, lr, mu, hyper, step, optimizer, limit);
 }
 
+// The update of one trial in place, as train_step applies it, for gradients computed elsewhere
+// (training/stacked_conv.py): params, their gradients (overwritten), optimizer state (bufs:
+// momentum buffers or Adam's m, bufs2: Adam's v; empty when there is none) and masks (None:
+// unmasked), one trial's tensors each; hyper: (beta1, beta2, eps, weight_decay) for adam / adamw.
+void update_trial(std::vector<torch::Tensor> params, std::vector<torch::Tensor> grads,
+                  std::vector<torch::Tensor> bufs, std::vector<torch::Tensor> bufs2,
+                  std::vector<std::optional<torch::Tensor>> masks, double lr, double mu,
+                  std::vector<double> hyper, int64_t step, int64_t optimizer) {
+  TORCH_CHECK(!params.empty(), "no parameters");
+  TORCH_CHECK(optimizer >= fused::SGD && optimizer <= fused::ADAMW,
+              "optimizer 0 (sgd), 1 (momentum), 2 (nesterov), 3 (adam) or 4 (adamw)");
+  TORCH_CHECK(step >= 0, "step must be >= 0");
+  if (params[0].scalar_type() == torch::kFloat)
+    return fused::update_trial_impl<float>(params, grads, bufs, bufs2, masks, lr, mu, hyper,
+                                           step, optimizer);
+  TORCH_CHECK(params[0].scalar_type() == torch::kDouble, "float32 or float64 only");
+  fused::update_trial_impl<double>(params, grads, bufs, bufs2, masks, lr, mu, hyper, step,
+                                   optimizer);
+}
+
 // outputs [N, B, out] of every trial for inputs x [N, B, ...], or x [B, ...] shared by all
 // trials when `shared`
 torch::Tensor forward(std::vector<torch::Tensor> params, torch::Tensor x,
@@ -525,4 +577,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients");
   m.def("train_step", &train_step, "one training step of every trial, in place");
   m.def("forward", &forward, "per-trial outputs");
+  m.def("update_trial", &update_trial, "one trial's update, in place");
 }
