@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import replace
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -44,20 +46,53 @@ def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str
     return None if g.empty else g.sort_values("batch_size").iloc[0]
 
 
-def branch_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: float, seed: int,
-                 mask: Mask | None, settings: Branching) -> tuple[list[BranchRow], list[WarmupRow]]:
-    """The branching and warmup rows of one (sparsity, seed); none when no base run exists."""
+@dataclass(frozen=True)
+class BranchTask:
+    """One level's branching measurement, everything a worker process needs: the spec, its
+    workload, the (sparsity, seed), the level's mask, the settings, the base group's and its
+    best trial's stored rows."""
+
+    spec: Spec
+    workload: Workload
+    sparsity: float
+    seed: int
+    mask: Mask | None
+    settings: Branching
+    group: pd.Series
+    trial: pd.Series
+
+
+def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask | None,
+                settings: Branching) -> BranchTask | None:
+    """The task of one (sparsity, seed); None (and why, on stderr) when it has no base run."""
     group = base_group(store.frame("groups"), sparsity, seed, settings.batch_size)
     if group is None:
-        return [], []
+        return None
     if group.steps_to_result < settings.checkpoints - 1:
         print(f"branching: sparsity {sparsity:g}, seed {seed} left out: its base run reaches the goal in "
               f"{group.steps_to_result} steps, too few for {settings.checkpoints} distinct checkpoints",
               file=sys.stderr)
-        return [], []
-    row = best_trial(store, group.key)
-    trial, index, b = stored_trial(row), int(row.trial), int(group.batch_size)
-    model = Workload.of(spec).build_model(dataset, seed)
+        return None
+    return BranchTask(spec, Workload.of(spec), sparsity, seed, mask, settings, group,
+                      best_trial(store, group.key))
+
+
+def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
+                    ) -> tuple[list[BranchRow], list[WarmupRow]]:
+    """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
+    its ``dataset``), with ``PROBE_THREADS`` torch threads."""
+    with torch_threads(PROBE_THREADS):
+        dataset = task.workload.load_dataset() if dataset is None else dataset
+        return branch_level(task, dataset)
+
+
+def branch_level(task: BranchTask, dataset: training.Dataset
+                 ) -> tuple[list[BranchRow], list[WarmupRow]]:
+    """The branching and warmup rows of one (sparsity, seed)."""
+    spec, settings, group, sparsity, seed = task.spec, task.settings, task.group, task.sparsity, task.seed
+    trial, index, b = stored_trial(task.trial), int(task.trial.trial), int(group.batch_size)
+    mask = task.mask
+    model = task.workload.build_model(dataset, seed)
     run = training.RunConfig(b, spec.optimizer, max_steps=int(group.max_steps), seed=seed,
                              goal=training.Goal(spec.metric, spec.target, spec.strict),
                              eval_schedule=spec.eval)
@@ -83,27 +118,47 @@ def branch_level(spec: Spec, dataset: training.Dataset, store: Store, sparsity: 
                   for r in warm.runs.itertuples(index=False)]
 
 
-def run_branching(spec: Spec, dataset: training.Dataset, store: Store, settings: Branching | None = None,
-                  quiet: bool = False, redo: bool = False) -> None:
-    """Measure every (sparsity, seed) not yet in the store (all with ``redo``) with ``settings``
-    (default the spec's ``[branching]`` table), with ``PROBE_THREADS`` torch threads. A level
-    whose base run is too short for the checkpoints is reported on stderr and left out; bad
-    settings raise ``theory.BranchingError`` before anything runs."""
+def start_branching(spec: Spec, dataset: training.Dataset, store: Store, settings: Branching | None = None,
+                    redo: bool = False, executor: Executor | None = None) -> Callable[[bool], None]:
+    """Submit the measurement of every (sparsity, seed) not yet in the store (all with ``redo``)
+    to ``executor`` (one level per task, the sparsest first: it takes the most steps) and return
+    the function that waits for them and writes them (its argument: ``quiet``); without an
+    executor that function measures in this process. Bad settings raise
+    ``theory.BranchingError`` here, before anything runs."""
     settings = settings or spec.branching
     branch_factors(settings.k_max)
     critical_batch([0], [1.0], [[[[1.0] * settings.seeds]]], base_batch=1, ks=[1], eps=settings.eps,
                    level=settings.level)   # seeds, eps and level as the measurement takes them
     done = set() if redo else store.branched()
-    todo = [(s, seed) for s in spec.sparsities for seed in spec.seeds if (float(s), int(seed)) not in done]
+    todo = [(s, seed) for s in sorted(spec.sparsities, reverse=True) for seed in spec.seeds
+            if (float(s), int(seed)) not in done]
     if not todo:
-        return
-    # outside the thread change: the same masks, bit for bit, as the runner gave the groups
+        return lambda quiet: None
+    # the same masks, bit for bit, as the runner gave the groups
     masks = Workload.of(spec).masks(dataset, todo)
-    with torch_threads(PROBE_THREADS):
-        for sparsity, seed in tqdm(todo, disable=quiet, desc="branching", unit="run"):
-            rows, warm = branch_level(spec, dataset, store, sparsity, seed, masks[(sparsity, seed)], settings)
+    tasks = [t for t in (branch_task(spec, store, s, seed, masks[(s, seed)], settings)
+                         for s, seed in todo) if t is not None]
+    submitted = [executor.submit(run_branch_task, t) for t in tasks] if executor is not None else []
+
+    def finish(quiet: bool) -> None:
+        results = ((f.result() for f in submitted) if executor is not None
+                   else (run_branch_task(t, dataset) for t in tasks))
+        for task, (rows, warm) in tqdm(zip(tasks, results), total=len(tasks), disable=quiet,
+                                       desc="branching", unit="run"):
             if rows:
-                store.write_branching(sparsity, seed, rows, warm)
+                store.write_branching(task.sparsity, task.seed, rows, warm)
+
+    return finish
+
+
+def run_branching(spec: Spec, dataset: training.Dataset, store: Store, settings: Branching | None = None,
+                  quiet: bool = False, redo: bool = False, executor: Executor | None = None) -> None:
+    """Measure every (sparsity, seed) not yet in the store (all with ``redo``) with ``settings``
+    (default the spec's ``[branching]`` table), in ``executor``'s workers or in this process,
+    with ``PROBE_THREADS`` torch threads; a level's rows do not depend on where it ran. A level
+    whose base run is too short for the checkpoints is reported on stderr and left out; bad
+    settings raise ``theory.BranchingError`` before anything runs."""
+    start_branching(spec, dataset, store, settings, redo, executor)(quiet)
 
 
 def with_overrides(settings: Branching, **values) -> Branching:

@@ -18,7 +18,7 @@ tasks: a study probes them in its worker pool, one run per task.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -150,15 +150,15 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     return tasks
 
 
-def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,
-               executor: Executor | None = None) -> None:
-    """Probe every sparsity level not yet in the store (one transaction per level, rows in the
-    same order whatever ran them). With ``executor`` the runs are probed in its workers, one
-    run per task; each run's values do not depend on where it ran (one torch thread, the
-    driver's masks)."""
+def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
+                 executor: Executor | None = None) -> Callable[[bool], None]:
+    """Submit the probes of every sparsity level not yet in the store to ``executor`` (one run
+    per task) and return the function that waits for them and writes them (its argument:
+    ``quiet``); without an executor that function probes in this process. Submitting first lets
+    a caller put other work (the branching measurement) into the same pool before waiting."""
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
-        return
+        return lambda quiet: None
     # the same masks, bit for bit, as the runner gave the groups
     masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
     levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
@@ -166,16 +166,29 @@ def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool 
     # submitted all at once, so the pool never idles between levels
     submitted = {s: [executor.submit(run_probe_task, t) for t in tasks]
                  for s, tasks in levels.items()} if executor is not None else {}
-    with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
-              unit="run") as bar:
-        for sparsity, tasks in levels.items():
-            results = ((f.result() for f in submitted[sparsity]) if submitted
-                       else (run_probe_task(t, dataset) for t in tasks))
-            rows: list[ProbeRow] = []
-            for run_rows in results:
-                rows += run_rows
-                bar.update()
-            store.write_probes(sparsity, rows)
+
+    def finish(quiet: bool) -> None:
+        with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
+                  unit="run") as bar:
+            for sparsity, tasks in levels.items():
+                results = ((f.result() for f in submitted[sparsity]) if submitted
+                           else (run_probe_task(t, dataset) for t in tasks))
+                rows: list[ProbeRow] = []
+                for run_rows in results:
+                    rows += run_rows
+                    bar.update()
+                store.write_probes(sparsity, rows)
+
+    return finish
+
+
+def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,
+               executor: Executor | None = None) -> None:
+    """Probe every sparsity level not yet in the store (one transaction per level, rows in the
+    same order whatever ran them). With ``executor`` the runs are probed in its workers, one
+    run per task; each run's values do not depend on where it ran (one torch thread, the
+    driver's masks)."""
+    start_probes(spec, dataset, store, executor)(quiet)
 
 
 def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from training.kernels import disabled as kernels_disabled
 from . import timing
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
 from .planning import GroupPlan, plan
-from .probes import run_probes
+from .probes import start_probes
 from .schema import GroupRecord, StudyInfo, TrialRow
 from .spec import Spec, check_against_dataset
 from .spec import load as load_spec
@@ -232,14 +232,17 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                       key=lambda g: (-g.batch_size, -g.sparsity, g.key))
         probe = probes and spec.probes.enabled and any(
             s not in store.probed_sparsities() for s in spec.sparsities)
-        if todo or probe:
+        branch = probes and spec.branching.enabled and any(
+            (float(s), int(seed)) not in store.branched()
+            for s in spec.sparsities for seed in spec.seeds)
+        if todo or probe or branch:
             # build the compiled kernel here, once, before the workers start (or warn once
             # that it is missing, and tell them not to try)
-            use_kernels = kernels_ready(model, dataset.input_shape) if todo else True
+            use_kernels = kernels_ready(model, dataset.input_shape)
             own = executor is None
             n_workers = workers or spec.workers or default_workers()
             # a pool no larger than the work: one group or probed run per worker
-            pool_size = n_workers if probe else min(n_workers, len(todo))
+            pool_size = n_workers if probe or branch else min(n_workers, len(todo))
             ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
             respawn = functools.partial(local_pool, pool_size) if own and not dask else None
@@ -252,18 +255,18 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                              for g in todo]
                     with clock.phase("training"):
                         execute(tasks, ex, store, quiet, respawn)
-                if probe:
-                    with clock.phase("probes"):
+                if probe or branch:
+                    with clock.phase("probes and branching"):
                         try:
-                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
                         except BrokenExecutor:
                             if respawn is None:
                                 raise
-                            # a worker died (during training or probing): the levels not yet
-                            # written are probed once more in a fresh pool
+                            # a worker died: what is not yet written is measured once more in a
+                            # fresh pool (both skip what the store holds)
                             ex.shutdown(wait=False, cancel_futures=True)
                             ex = respawn()
-                            run_probes(spec, dataset, store, quiet=quiet, executor=ex)
+                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -271,11 +274,6 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
-        if probes and spec.branching.enabled:
-            from .branching_study import run_branching
-
-            with clock.phase("branching"):
-                run_branching(spec, dataset, store, quiet=quiet)
         trained = timing.training_by_batch_size(store.frame("groups"))
     if cost_model:
         from .costcache import ensure_cost_model
@@ -287,6 +285,20 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             _write_report([out], out, quiet)
     timing.record(out, clock, quiet, trained)
     return out
+
+
+def measure_runs(spec: Spec, dataset: training.Dataset, store: Store, executor: Executor,
+                 probe: bool, branch: bool, quiet: bool) -> None:
+    """The probes and the branching measurement of the stored sweep, in ``executor``'s workers,
+    submitted together (branching first: a level's measurement is longer than a probed run), so
+    the pool idles neither between them nor while the driver writes results. Each skips what
+    the store already holds."""
+    from .branching_study import start_branching   # late: only studies that branch need it
+
+    pending = ([start_branching(spec, dataset, store, executor=executor)] if branch else []) + (
+        [start_probes(spec, dataset, store, executor=executor)] if probe else [])
+    for finish in pending:
+        finish(quiet)
 
 
 def _write_report(run_dirs: list[Path], out: Path, quiet: bool) -> Path:

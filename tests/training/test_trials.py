@@ -167,6 +167,20 @@ def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
     assert [c.train_loss.tolist() for c in never.curves] == [c.train_loss.tolist() for c in plain.curves]
 
 
+def test_first_losses_gathered_a_trial_at_a_time_are_the_same(mnist1d_small, monkeypatch):
+    """The first mini-batch losses (the curves' step-0 training loss and the divergence limit)
+    do not depend on how many trials' inputs are gathered at once."""
+    import training.trials as trials_module
+
+    net = training.models.build("cnn1d", mnist1d_small, seed=0, channels=4)
+    run = RunConfig(32, "momentum", max_steps=4, seed=1, eval_schedule=EvalSchedule(every=2))
+    together = training.train_trials(net, mnist1d_small, TRIALS, run)
+    monkeypatch.setattr(trials_module, "GATHER_BUDGET", 1)
+    alone = training.train_trials(net, mnist1d_small, TRIALS, run)
+    for a, b in zip(together.curves, alone.curves):
+        assert a.train_loss.tolist() == b.train_loss.tolist() and a.train_loss[0] > 0
+
+
 def test_group_composition_does_not_change_a_trial(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1 * (k + 1), "momentum": 0.8} for k in range(5)]
