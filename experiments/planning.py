@@ -10,6 +10,7 @@ every group the store already holds and a changed setting never reuses a stored 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,29 @@ def plan(spec: Spec) -> list[GroupPlan]:
                                         max_steps=max_steps, trials=tuple(trials),
                                         config_json=text))
     return groups
+
+
+def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
+    """``groups`` longest expected first, so that a pool's last wave is short (LPT scheduling).
+
+    A group stops at the goal, not at its budget, so the budget is a poor guide. The expected
+    time is S(B) t(B) with McCandlish et al. (2018)'s S(B) = S_min (1 + B_noise / B), B_noise
+    guessed as the geometric middle of the study's batch sizes, and a time per step
+    t(B) = B + 32 (a step's fixed cost, in examples), times 1 / sqrt(1 - sparsity) (sparse
+    networks take more steps: 2-5x at 90 % in the bundled studies). Measured: quickstart, B = 8
+    .. 4096, the longest groups 0.9 at B = 4096 (10.5 s) and at B = 8 (9.7 s), which ordering by
+    B alone trained last; lee_sparsity_mnist1d, 0.9 at B = 4096 (810 s), then 0.9 at 2048 and
+    the other levels at 4096 (374-444 s)."""
+    if not groups:
+        return []
+    sizes = sorted({g.batch_size for g in groups})
+    middle = math.sqrt(sizes[0] * sizes[-1])
+
+    def expected(g: GroupPlan) -> float:
+        return ((1 + middle / g.batch_size) * (g.batch_size + 32)
+                / math.sqrt(max(1e-6, 1 - g.sparsity)))
+
+    return sorted(groups, key=lambda g: (-expected(g), g.key))
 
 
 def format_plan(spec: Spec, groups: list[GroupPlan]) -> str:

@@ -27,7 +27,7 @@ from training.kernels import disabled as kernels_disabled
 
 from . import timing
 from .executors import LocalPool, dask_executor, default_workers, local_pool, torch_threads
-from .planning import GroupPlan, plan
+from .planning import GroupPlan, plan, run_order
 from .probes import start_probes
 from .schema import GroupRecord, StudyInfo, TrialRow
 from .spec import Spec, check_against_dataset
@@ -224,12 +224,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     groups = plan(spec)
     with open_store(out, study_info(spec)) as store:
         done = store.done_keys()
-        # longest first, so the pool's last wave is short: a group stops at the goal, not its
-        # budget, and past the critical batch its steps hardly fall while each costs more, so
-        # its time grows with B, then with sparsity (more steps). lee_sparsity_mnist1d, B >=
-        # 512: 44 s (dense, 512) to 460 s (90 %, 2048) and 368 s (dense, 4096) of one core.
-        todo = sorted((g for g in groups if g.key not in done),
-                      key=lambda g: (-g.batch_size, -g.sparsity, g.key))
+        todo = run_order([g for g in groups if g.key not in done])
         probe = probes and spec.probes.enabled and any(
             s not in store.probed_sparsities() for s in spec.sparsities)
         branch = probes and spec.branching.enabled and any(
