@@ -70,9 +70,10 @@ def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[
         twice = clock() - start
         if twice - took >= seconds / 2 or steps >= 1 << 20:
             break
-        # from the marginal time so far; at least doubling
-        per_step = max(twice - took, 1e-9) / steps
-        steps = max(2 * steps, int(0.6 * seconds / per_step))
+        # from the marginal time so far (the whole run's when fixed costs hide it), at least
+        # doubling and at most 10x a round
+        per_step = (twice - took) / steps if twice > took else twice / (2 * steps)
+        steps = min(10 * steps, max(2 * steps, int(0.6 * seconds / max(per_step, 1e-9))))
         start = clock()
         run(steps)
         took = clock() - start

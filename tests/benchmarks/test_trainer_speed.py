@@ -162,6 +162,20 @@ def test_marginal_rate_times_a_difference_long_enough():
     assert calls[-1] == 2 * calls[-2] and 2 * calls[-2] >= 20
 
 
+def test_marginal_rate_grows_steps_by_at_most_10x_when_noise_hides_the_difference():
+    """A fixed cost that jitters by more than a step: a first difference at or below zero must
+    not turn into a runaway step count."""
+    now, calls = [0.0], []
+    jitter = iter([0.0, 50.0, 0.0] + [0.0] * 100)
+
+    def run(steps):
+        calls.append(steps)
+        now[0] += 100 + next(jitter) + 2 * steps
+
+    marginal_rate(run, 40.0, lambda: now[0])
+    assert all(b <= 10 * max(a, 1) for a, b in zip(calls, calls[1:])) and max(calls) < 1000
+
+
 def test_peak_rss_follows_a_touched_block():
     if not reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs here")
