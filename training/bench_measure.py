@@ -53,12 +53,13 @@ def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> 
 def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float]
                   ) -> float:
     """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), after an untimed
-    one-step warm-up (one-off imports, builds and allocations), with s doubled until the
-    difference lasts ``seconds`` / 2. The difference cancels what a run pays once whatever its
-    length: setup, the vectorized trainer's evaluations at start and end and its copies of the
-    trials' state, which for the image models at small batches outweigh many steps (simple_cnn,
-    32 trials, B = 8: 5 s per run against 12 ms per trial-step), so it is the difference, not
-    the run, that must last long enough to be measured."""
+    one-step warm-up (one-off imports, builds and allocations), with s grown until the
+    difference lasts both ``seconds`` / 2 and as long as a run's fixed cost t(s) - (t(2 s) -
+    t(s)). The difference cancels what a run pays once whatever its length: setup, the
+    vectorized trainer's evaluations at start and end and its copies of the trials' state, which
+    for the image models at small batches outweigh many steps (simple_cnn, 32 trials, B = 8:
+    about 5 s per run against 12 ms per trial-step). That fixed cost jitters from run to run, so
+    the difference must outlast it, not only the clock's resolution."""
     run(1)
     steps = 1
     start = clock()
@@ -68,12 +69,14 @@ def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[
         start = clock()
         run(2 * steps)
         twice = clock() - start
-        if twice - took >= seconds / 2 or steps >= 1 << 20:
+        diff = twice - took
+        need = max(seconds / 2, took - diff)
+        if diff >= need or steps >= 1 << 20:
             break
         # from the marginal time so far (the whole run's when fixed costs hide it), at least
         # doubling and at most 10x a round
-        per_step = (twice - took) / steps if twice > took else twice / (2 * steps)
-        steps = min(10 * steps, max(2 * steps, int(0.6 * seconds / max(per_step, 1e-9))))
+        per_step = diff / steps if diff > 0 else twice / (2 * steps)
+        steps = min(10 * steps, max(2 * steps, int(1.2 * need / max(per_step, 1e-9))))
         start = clock()
         run(steps)
         took = clock() - start

@@ -173,7 +173,8 @@ def _build(name: str) -> ModuleType | None:
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
             reason = failure_reason(exc)
     warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "
-                  f"training uses the eager 'batched' program instead: same results, slower. "
+                  f"training uses the eager 'batched' program (and, for Conv2d models, torch's "
+                  f"update) instead: same results, slower. "
                   f"Set {DISABLE_ENV}=0 to skip the kernel without this warning.", KernelWarning,
                   stacklevel=2)
     return None
