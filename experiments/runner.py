@@ -225,11 +225,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     with open_store(out, study_info(spec)) as store:
         done = store.done_keys()
         todo = run_order([g for g in groups if g.key not in done])
-        probe = probes and spec.probes.enabled and any(
-            s not in store.probed_sparsities() for s in spec.sparsities)
+        probed, branched = store.probed_sparsities(), store.branched()
+        probe = probes and spec.probes.enabled and any(s not in probed for s in spec.sparsities)
         branch = probes and spec.branching.enabled and any(
-            (float(s), int(seed)) not in store.branched()
-            for s in spec.sparsities for seed in spec.seeds)
+            (float(s), int(seed)) not in branched for s in spec.sparsities for seed in spec.seeds)
         if todo or probe or branch:
             # build the compiled kernel here, once, before the workers start (or warn once
             # that it is missing, and tell them not to try)

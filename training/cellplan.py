@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from . import kernels, stacked_fused
+from .config import ADAM_OPTIMIZERS
 from .stacked import SequentialProgram, activation_floats, build_program, default_chunk
 from .stacked_conv import PerTrialProgram, has_conv2d
 
@@ -116,7 +117,7 @@ def even_chunks(batch_size: int, limit: int) -> int:
 def state_bytes(model: nn.Module, optimizer: str, itemsize: int) -> int:
     """Bytes of one trial's parameters and ``optimizer`` state (momentum buffer; Adam's two
     moments; none for sgd)."""
-    copies = 1 + {"sgd": 0, "adam": 2, "adamw": 2}.get(optimizer, 1)
+    copies = 1 + (0 if optimizer == "sgd" else 2 if optimizer in ADAM_OPTIMIZERS else 1)
     return copies * itemsize * sum(p.numel() for p in model.parameters())
 
 

@@ -61,7 +61,7 @@ class PerTrialProgram:
         self.buffers = dict(model.named_buffers())
         self.criterion = loss_fn(task)
         # the compiled kernel's one-pass update (training.kernels), or None: the torch update
-        self.kernel = kernels.fused_sequential() if kernels.enabled() else None
+        self.kernel = kernels.fused_sequential()
 
     @classmethod
     def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int,

@@ -151,12 +151,11 @@ class FusedProgram:
         moments of ``update.adam``) of every trial whose loss is at most ``limit`` (float64
         [N]); the others keep their parameters and optimizer state. Each trial's update runs
         right after its backward pass, while its gradients are in cache."""
-        adam = update.adam
-        bufs = update.bufs if adam is None else adam.exp_avg
+        first, second = update.kernel_state()
         return self.kernel.train_step(
-            list(params), list(bufs or []), [] if adam is None else list(adam.exp_avg_sq),
-            list(update.masks), x_train, y_train, idx, self.encoding, self.examples_per_chunk,
-            update.lr, update.mu, _NO_HYPER if adam is None else adam.hyper, update.step,
+            list(params), first, second, list(update.masks), x_train, y_train, idx,
+            self.encoding, self.examples_per_chunk, update.lr, update.mu,
+            _NO_HYPER if update.adam is None else update.adam.hyper, update.step,
             OPTIMIZERS.index(update.optimizer), limit)
 
 

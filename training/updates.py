@@ -52,6 +52,13 @@ class StackUpdate:
         """-lr [n] in ``dtype``: the step factor of the SGD rules."""
         return self.lr.neg().to(dtype)
 
+    def kernel_state(self) -> tuple[list[Tensor], list[Tensor]]:
+        """The optimizer state as the compiled kernel reads it: the momentum buffers (or Adam's
+        m) and Adam's v; empty lists where the optimizer has none."""
+        if self.adam is None:
+            return list(self.bufs or ()), []
+        return list(self.adam.exp_avg), list(self.adam.exp_avg_sq)
+
     def rows(self, rows: slice, params: Sequence[Tensor]) -> "StackUpdate":
         """The update of trial positions ``rows`` of the stacked ``params`` only; its buffers
         are views of this one's, so applying it updates the stack."""
@@ -95,11 +102,11 @@ class StackUpdate:
         gradient and state once, where :meth:`apply_` makes three to four passes. The update is
         memory-bound: on simple_cnn's 3.3 M weights with momentum it took a third of a
         trial-step at B = 8 (see :mod:`training.stacked_conv`)."""
-        adam = self.adam
-        bufs = self.bufs if adam is None else adam.exp_avg
+        first, second = self.kernel_state()
         kernel.update_trial(
-            [p[i] for p in params], [g.contiguous() for g in grads],
-            [b[i] for b in bufs or ()], [] if adam is None else [v[i] for v in adam.exp_avg_sq],
+            [p[i] for p in params], [g.contiguous() for g in grads], [b[i] for b in first],
+            [v[i] for v in second],
             [m if m is None or m.dim() < p.dim() else m[i] for m, p in zip(self.masks, params)],
-            float(self.lr[i]), float(self.mu[i]), [] if adam is None else adam.hyper[i].tolist(),
-            self.step, OPTIMIZERS.index(self.optimizer))
+            float(self.lr[i]), float(self.mu[i]),
+            [] if self.adam is None else self.adam.hyper[i].tolist(), self.step,
+            OPTIMIZERS.index(self.optimizer))
