@@ -11,8 +11,11 @@ The choice comes from a cost model, not a constant; its rules and their measurem
   in half the L2 cache (``L2_SHARE``).
 - ``per_trial`` (:mod:`training.stacked_conv`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
-  alive and a stack holds up to MAX_STACK trials; a chunk holds the examples whose activations
-  fit in CHUNK_BUDGET bytes.
+  alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. A stack keeps
+  its parameters and optimizer state, with one trial's gradients, within RESIDENT_BUDGET bytes
+  of the last-level cache (:func:`resident_limit`, at most MAX_STACK trials): between two
+  evaluations a stack's trials take their steps in turn, so a stack that does not fit streams
+  every trial's state from memory at every step, and at small B that traffic is the step.
 - ``batched`` (:class:`training.stacked.SequentialProgram`, the eager fallback of ``fused``) and
   ``func`` (:class:`training.stacked.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
@@ -64,6 +67,13 @@ CHUNK_BUDGET = 128 << 20
 # evaluation interval (the replay snapshot, training.trials). simple_cnn holds 26 MB a trial
 # with momentum: 32 trials in one stack copied 840 MB, and a B = 4096 group peaked at 2.1 GB.
 SNAPSHOT_BUDGET = 256 << 20
+# Bytes of a per_trial stack's state (plus one trial's gradients) that stay in the last-level
+# cache from one step to the next. Measured on the 2-core machine (one thread): copy bandwidth
+# 27 GB/s up to 2 x 32 MB, 20 at 2 x 64, 13 from 2 x 128 MB (sysfs reports the host's 480 MiB
+# L3, shared with other tenants); simple_cnn at B = 8, 39 MB a trial with momentum: 8.2 ms a
+# trial-step in stacks of 1, 11.0 in stacks of 2, 12.4 in one stack of 32 (the plain loop,
+# one model, 8.3 ms).
+RESIDENT_BUDGET = 48 << 20
 
 
 class Program(Protocol):
@@ -127,6 +137,14 @@ def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
     return min(MAX_STACK, even_chunks(max(1, n_trials), limit))
 
 
+def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+    """Trials per ``per_trial`` stack whose state, with one trial's gradients, fits in
+    RESIDENT_BUDGET (at least 1), split evenly."""
+    grads = itemsize * sum(p.numel() for p in model.parameters())
+    fits = (RESIDENT_BUDGET - grads) // max(1, state_bytes(model, optimizer, itemsize))
+    return even_chunks(max(1, n_trials), max(1, fits))
+
+
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
@@ -148,6 +166,7 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         chunk = even_chunks(batch_size, limit)
         program = PerTrialProgram.try_build(model, task, chunk, limit)
         if program is not None:
+            stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
             return CellPlan("per_trial", stack, chunk, program,
                             program.supports(optimizer))
     stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))

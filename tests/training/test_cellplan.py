@@ -69,7 +69,8 @@ def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
     per_example = activation_floats(net, (3, 32, 32)) * 4
     plan = plan_cell(net, "classification", (3, 32, 32), 4096, 32)
     assert plan.kernel == "per_trial"
-    assert plan.trials_per_stack == cellplan.snapshot_limit(net, "momentum", 4, 32)
+    assert plan.trials_per_stack == min(cellplan.snapshot_limit(net, "momentum", 4, 32),
+                                        cellplan.resident_limit(net, "momentum", 4, 32))
     assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
     assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
     assert plan.program.examples_per_chunk == plan.examples_per_chunk
@@ -85,13 +86,35 @@ def test_a_stacks_state_fits_the_snapshot_budget(images, optimizer, copies):
     net = training.models.build("simple_cnn", images)
     weights = sum(p.numel() for p in net.parameters())
     assert cellplan.state_bytes(net, optimizer, 4) == copies * 4 * weights
-    stack = plan_cell(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
-                      ).trials_per_stack
+    stack = cellplan.snapshot_limit(net, optimizer, 4, 32)
+    assert plan_cell(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
+                     ).trials_per_stack <= stack
     fits = cellplan.SNAPSHOT_BUDGET // (copies * 4 * weights)
     assert 1 <= stack <= fits < 32
     assert -(-32 // stack) == -(-32 // fits)  # as few stacks as the budget allows, of equal size
     tiny = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
     assert cellplan.snapshot_limit(tiny, optimizer, 4, 300) == cellplan.MAX_STACK
+
+
+@pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
+def test_per_trial_stacks_stay_in_the_last_level_cache(images, optimizer, copies):
+    """A per_trial stack's state and one trial's gradients fit in RESIDENT_BUDGET: simple_cnn
+    (17 MB of weights a trial on 3 x 32 x 32) runs in stacks of 1 or 2, resnet8 (0.3 MB) in
+    one stack."""
+    big = training.models.build("simple_cnn", images)
+    weights = 4 * sum(p.numel() for p in big.parameters())
+    stack = plan_cell(big, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+                      ).trials_per_stack
+    fits = (cellplan.RESIDENT_BUDGET - weights) // (copies * weights)
+    assert stack == max(1, fits) and stack in (1, 2)
+    assert 32 % stack == 0
+    if stack > 1:
+        assert stack * copies * weights + weights <= cellplan.RESIDENT_BUDGET
+    small = training.models.build("resnet8", images)
+    assert plan_cell(small, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+                     ).trials_per_stack == 32
+    assert cellplan.resident_limit(small, optimizer, 4, 30) == 30
+    assert cellplan.resident_limit(big, optimizer, 4, 3) == (1 if fits <= 1 else 2)
 
 
 def test_other_modules_take_torch_func():
