@@ -24,6 +24,9 @@ $(VENV)/.installed: pyproject.toml
 		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)); \
 	fi
 	$(BIN)/python -m pip install -q -e ".[test,dask]"
+	@# the compiled training kernel (about 30 s, once per machine and source version; a machine
+	@# without a compiler gets a warning and the eager program, never a failed setup)
+	$(BIN)/python -c "import training.kernels as k; k.fused_sequential()"
 	touch $@
 
 study: setup

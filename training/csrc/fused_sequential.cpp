@@ -19,6 +19,9 @@
 #include <cmath>
 #include <optional>
 #include <vector>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "layers.h"
 
@@ -41,6 +44,24 @@ struct Problem {
 
   int64_t row(int64_t t, int64_t b) const { return rows ? rows[t * batch + b] : t * batch + b; }
 };
+
+// at::parallel_for over trials, every thread computing with the caller's floating-point control
+// (x86 MXCSR: flush-to-zero and denormals-are-zero, per thread, set by torch.set_flush_denormal),
+// so that a trial's result does not depend on the thread it runs on.
+template <typename F>
+void for_trials(int64_t n, const F& body) {
+#if defined(__SSE__)
+  const unsigned int caller = _mm_getcsr();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    const unsigned int own = _mm_getcsr();
+    _mm_setcsr(caller);
+    body(begin, end);
+    _mm_setcsr(own);
+  });
+#else
+  at::parallel_for(0, n, 1, body);
+#endif
+}
 
 // The per-thread state: one trial at a time, chunk by chunk.
 template <typename T>
@@ -349,7 +370,7 @@ std::vector<torch::Tensor> loss_and_grads_impl(const std::vector<torch::Tensor>&
   std::vector<torch::Tensor> out{torch::empty({n}, x.options())};
   for (const auto& p : params) out.push_back(torch::empty_like(p));
   T* loss = out[0].data_ptr<T>();
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  for_trials(n, [&](int64_t begin, int64_t end) {
     Trainer<T> tr(P);
     for (int64_t t = begin; t < end; ++t) {
       for (size_t i = 0; i < params.size(); ++i)
@@ -425,7 +446,7 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
   auto trial_of = [](const std::vector<T*>& b, size_t i, int64_t offset) {
     return b.empty() ? nullptr : b[i] + offset;
   };
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  for_trials(n, [&](int64_t begin, int64_t end) {
     Trainer<T> tr(P);
     tr.own_grads();
     for (int64_t t = begin; t < end; ++t) {
@@ -485,7 +506,7 @@ torch::Tensor forward_impl(const std::vector<torch::Tensor>& params, torch::Tens
   int64_t k = P.layers.back().out_size;
   auto out = torch::empty({n, count, k}, x.options());
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  for_trials(n, [&](int64_t begin, int64_t end) {
     Trainer<T> tr(P);
     for (int64_t t = begin; t < end; ++t) tr.predict(t, count, op + t * count * k);
   });
