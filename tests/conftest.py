@@ -18,6 +18,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def ieee_subnormals():
+    """Tests that run the ``sparsescale`` command in this process get its subnormal flushing
+    (training.process.flush_subnormals) on this thread; every test starts and ends without it,
+    as the library leaves a process (Hypothesis refuses to draw floats otherwise)."""
+    torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def mnist1d_small():
     """MNIST-1D with 1000 samples (720 train / 80 val / 200 test): generated in about a second."""
