@@ -124,11 +124,16 @@ def even_chunks(batch_size: int, limit: int) -> int:
     return -(-batch_size // chunks)
 
 
+def weight_bytes(model: nn.Module, itemsize: int) -> int:
+    """Bytes of one copy of a trial's parameters (or of its gradients)."""
+    return itemsize * sum(p.numel() for p in model.parameters())
+
+
 def state_bytes(model: nn.Module, optimizer: str, itemsize: int) -> int:
     """Bytes of one trial's parameters and ``optimizer`` state (momentum buffer; Adam's two
     moments; none for sgd)."""
     copies = 1 + (0 if optimizer == "sgd" else 2 if optimizer in ADAM_OPTIMIZERS else 1)
-    return copies * itemsize * sum(p.numel() for p in model.parameters())
+    return copies * weight_bytes(model, itemsize)
 
 
 def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
@@ -140,8 +145,8 @@ def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
 def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
     """Trials per ``per_trial`` stack whose state, with one trial's gradients, fits in
     RESIDENT_BUDGET (at least 1), split evenly."""
-    grads = itemsize * sum(p.numel() for p in model.parameters())
-    fits = (RESIDENT_BUDGET - grads) // max(1, state_bytes(model, optimizer, itemsize))
+    fits = ((RESIDENT_BUDGET - weight_bytes(model, itemsize))
+            // max(1, state_bytes(model, optimizer, itemsize)))
     return even_chunks(max(1, n_trials), max(1, fits))
 
 
