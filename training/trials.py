@@ -46,6 +46,10 @@ EVAL_BUDGET = 1 << 16
 # Bytes of inputs gathered at once for the first mini-batch loss: resnet8's batch of 4096 CIFAR
 # images is 50 MB a trial, so gathering 32 trials' at once took 1.6 GB.
 GATHER_BUDGET = 64 << 20
+# Bytes of batch indices ([K, N, B] int64) handed to one call of a program that takes K steps
+# at once (training.stacked_fused.FusedProgram.train_steps): 32 trials at B = 4096 take 1 MB a
+# step, so such a call covers 16 steps; at B = 64, up to 1,024.
+INDEX_BUDGET = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -140,19 +144,51 @@ class _Runner:
             losses.append(stacked_loss_and_grad(out, y, self.task)[0])
         return torch.cat(losses).double()
 
-    def step(self, st: TrialStack, step: int
-             ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
-        """Apply update ``step`` (0-based) to every trial of ``st``.
+    def steps(self, st: TrialStack, start: int, end: int
+              ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]]]:
+        """Apply updates ``start`` .. ``end - 1`` (0-based) to every trial of ``st``.
 
         A trial whose mini-batch loss is non-finite or above DIVERGENCE_FACTOR times its initial
         loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
-        (id, parameters before the update). The update is :class:`training.updates.StackUpdate`
-        (torch.optim.SGD's rules, or Adam / AdamW's), applied inside the program's train_step
-        or after its loss_and_grads; masked entries of g are zeroed first, so masked weights and
-        momentum (or moment) buffers stay zero.
+        (step, id, parameters before that step's update). The update is
+        :class:`training.updates.StackUpdate` (torch.optim.SGD's rules, or Adam / AdamW's),
+        applied inside the program's train_steps / train_step or after its loss_and_grads;
+        masked entries of g are zeroed first, so masked weights and momentum (or moment)
+        buffers stay zero. A program with ``train_steps`` takes up to INDEX_BUDGET's worth of
+        steps a call; the others one step a call (:meth:`step`).
         """
-        # training.goal.is_diverged: not finite, or above DIVERGENCE_FACTOR * initial loss
-        limit = DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12)
+        dropped: list[tuple[int, int, list[Tensor]]] = []
+        if not (self.update_in_step and hasattr(self.program, "train_steps")):
+            for s in range(start, end):
+                if not st.ids:
+                    break
+                st, out = self.step(st, s)
+                dropped += [(s, i, p) for i, p in out]
+            return st, dropped
+        s = start
+        while s < end and st.ids:
+            k = min(end - s, max(1, INDEX_BUDGET // (8 * len(st.ids) * self.batch_size)))
+            idx = torch.stack([self.batch_indices(st, t) for t in range(s, s + k)])
+            loss, taken = self.program.train_steps(
+                st.params, self.x_train, self.y_train, idx,
+                [st.update(self.optimizer, t) for t in range(s, s + k)], self.limit(st))
+            taken = taken.tolist()
+            keep = [r for r, t in enumerate(taken) if t == k]
+            if len(keep) < len(taken):
+                dropped += [(s + t, st.ids[r], [p[r].clone() for p in st.params])
+                            for r, t in enumerate(taken) if t < k]
+                st = st.select(keep)
+            # one step after the other in float64, as a step a call adds its losses
+            for row in loss.double()[:, keep]:
+                st.loss_sum += row
+            s += k
+        return st, dropped
+
+    def step(self, st: TrialStack, step: int
+             ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
+        """Apply update ``step`` (0-based) to every trial of ``st`` (see :meth:`steps`); its
+        diverged trials are returned as (id, parameters before the update)."""
+        limit = self.limit(st)
         grads = None
         if self.update_in_step:  # the update runs inside, for the trials within their limit
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
@@ -177,6 +213,12 @@ class _Runner:
         if grads is not None:
             st.update(self.optimizer, step).apply_(st.params, grads)
         return st, dropped
+
+    @staticmethod
+    def limit(st: TrialStack) -> Tensor:
+        """Every trial's divergence limit [n] (training.goal.is_diverged: not finite, or above
+        DIVERGENCE_FACTOR times the initial loss)."""
+        return DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12)
 
     @torch.no_grad()
     def evaluate(self, st: TrialStack) -> Tensor:
@@ -330,12 +372,7 @@ def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal |
     and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
     interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
     snapshot = st.clone() if end - start > 1 and goal is not None else None
-    dropped_all = []
-    for s in range(start, end):
-        if not st.ids:
-            break
-        st, dropped = runner.step(st, s)
-        dropped_all += [(s, i, p) for i, p in dropped]
+    st, dropped_all = runner.steps(st, start, end)
     met = record(st, end, end - start) if st.ids else []
     hits = _replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
     return st, dropped_all, met, hits

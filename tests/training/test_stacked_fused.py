@@ -209,3 +209,58 @@ def test_train_step_applies_adam_as_adam_state_below_the_limit(data, stacked, op
             assert torch.equal(t[2], b[2])
             if m is not None:
                 assert not bool((t * (1 - m)).any())  # masked entries exactly zero
+
+
+@pytest.mark.parametrize("optimizer", ["nesterov", "adamw"])
+def test_train_steps_equal_one_step_at_a_time_until_each_trial_stops(data, stacked, optimizer):
+    """K = 6 steps in one call (each trial's steps back to back) equal six calls of train_step,
+    per-step learning rates included, where a trial whose loss exceeded its limit takes no
+    further update: the same weights and optimizer state bit for bit, the same losses up to
+    each trial's last step (NaN after it), and ``taken`` the step where it stopped. Trial 1's
+    learning rate makes it blow up within the six steps; trial 0 takes all of them."""
+    model = training.models.build("cnn1d", data, channels=3, seed=0).double()
+    program = fused(model, data.input_shape, 3)
+    n, k = 3, 6
+    trials = [Trial(lr=0.05, momentum=0.9, weight_decay=0.01),
+              Trial(lr=50.0, momentum=0.9, weight_decay=0.01),
+              Trial(lr=0.01, momentum=0.5, weight_decay=0.0)]
+    g = torch.Generator().manual_seed(4)
+    masks = [(torch.rand(n, *stacked(model, 1)[0].shape[1:], generator=g) > 0.5).double()]
+    masks += [None] * 7
+
+    def fresh():
+        params = stacked(model, n)
+        mask_(params, masks)
+        if optimizer == "adamw":
+            return params, None, AdamState.zeros(params, trials, True)
+        return params, [torch.zeros_like(p) for p in params], None
+
+    def updates(bufs, adam):
+        lr = torch.tensor([t.lr for t in trials], dtype=F64)
+        mu = torch.tensor([t.momentum for t in trials], dtype=F64)
+        # a decaying schedule: every step's learning rates differ
+        return [StackUpdate(optimizer, s, lr * (1 - 0.1 * s), mu, masks, bufs, adam)
+                for s in range(k)]
+
+    idx = torch.randint(0, data.n_train, (k, n, 7), generator=g)
+    x, y = data.x_train.double(), data.y_train
+    limit = 3 * program.loss_and_grads(stacked(model, n), x[idx[0]], y[idx[0]])[0]
+    params, bufs, adam = fresh()
+    loss, taken = program.train_steps(params, x, y, idx, updates(bufs, adam), limit)
+    ref_params, ref_bufs, ref_adam = fresh()
+    ref_loss = torch.full((k, n), float("nan"), dtype=F64)
+    ref_taken = torch.full((n,), k)
+    lim = limit.clone()
+    for s, update in enumerate(updates(ref_bufs, ref_adam)):
+        out = program.train_step(ref_params, x, y, idx[s], update, lim)
+        live = ~torch.isnan(lim)
+        ref_loss[s, live] = out[live]
+        stopped = live & ~(out <= lim)
+        ref_taken[stopped] = s
+        lim[stopped] = float("nan")  # no update can pass a NaN limit
+    assert taken.tolist() == ref_taken.tolist()
+    assert ref_taken[0] == k and ref_taken[1] < k  # the cases the test is about
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0, equal_nan=True)
+    state = (lambda b, a: b if a is None else a.exp_avg + a.exp_avg_sq)
+    for got, want in zip(params + state(bufs, adam), ref_params + state(ref_bufs, ref_adam)):
+        assert torch.equal(got, want)

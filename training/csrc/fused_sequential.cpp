@@ -10,9 +10,11 @@
 // patch gradient is added back onto the input gradient right after its GEMM). Activations of
 // convolutions are channels-last per example ([L, C]).
 //
-// train_step also applies the update of each trial (the SGD rules, Adam or AdamW) right after its
-// backward pass, while its gradients are in cache, unless its loss exceeds its limit
-// (divergence).
+// train_steps also applies the update of each trial (the SGD rules, Adam or AdamW) right after
+// its backward pass, while its gradients are in cache, unless its loss exceeds its limit
+// (divergence: the trial stops there). It runs K consecutive steps of a trial before the next
+// trial, so that the trial's weights and optimizer state stay in the core's L2 cache from one
+// step to the next, and no Python runs between the steps.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -37,12 +39,15 @@ struct Problem {
   std::vector<T*> params;        // stacked [N, *shape], sizes[i] values per trial
   std::vector<int64_t> sizes;
   const T* x = nullptr;          // example rows of in_size values
-  const int64_t* rows = nullptr; // [N, batch] row of x per example (null: row t * batch + b)
+  // [K, N, batch] row of x per step, trial and example (null: row t * batch + b)
+  const int64_t* rows = nullptr;
   const int64_t* labels = nullptr;  // per row of x (classification)
   const T* targets = nullptr;       // per row of x (regression)
-  int64_t batch = 0, chunk = 1, in_size = 0;
+  int64_t batch = 0, chunk = 1, in_size = 0, trials = 0;
 
-  int64_t row(int64_t t, int64_t b) const { return rows ? rows[t * batch + b] : t * batch + b; }
+  int64_t row(int64_t k, int64_t t, int64_t b) const {
+    return rows ? rows[(k * trials + t) * batch + b] : t * batch + b;
+  }
 };
 
 // at::parallel_for over trials, every thread computing with the caller's floating-point control
@@ -78,6 +83,7 @@ struct Trainer {
   std::vector<T> g0, g1;             // ping-pong activation gradients
   std::vector<T*> ptrs;              // the current chunk's activations
   std::vector<T*> grads;             // where the current trial's gradients go
+  int64_t step = 0;                  // the step of the call whose batch is read (train_steps)
 
   explicit Trainer(const Problem<T>& p) : P(p), n(p.layers.size()) {
     first = n;
@@ -113,7 +119,7 @@ struct Trainer {
     return permuted(P.layers[l]) ? wp[l].data() : param(P.layers[l].param, t);
   }
 
-  // Gradients into thread-local buffers, for train_step (they live only until the update).
+  // Gradients into thread-local buffers, for train_steps (they live only until the update).
   void own_grads() {
     own.resize(P.params.size());
     for (size_t i = 0; i < own.size(); ++i) {
@@ -176,7 +182,7 @@ struct Trainer {
   void forward(int64_t t, int64_t b0, int64_t m) {
     T* in0 = act[0].data();
     for (int64_t e = 0; e < m; ++e) {
-      const T* src = P.x + P.row(t, b0 + e) * P.in_size;
+      const T* src = P.x + P.row(step, t, b0 + e) * P.in_size;
       std::copy(src, src + P.in_size, in0 + e * P.in_size);
     }
     ptrs[0] = in0;
@@ -215,7 +221,7 @@ struct Trainer {
     int64_t k = P.layers.back().out_size;
     double total = 0;
     for (int64_t e = 0; e < m; ++e) {
-      int64_t r = P.row(t, b0 + e);
+      int64_t r = P.row(step, t, b0 + e);
       total += example_loss(ptrs[n] + e * k, dout + e * k, k, P.labels ? P.labels[r] : -1,
                             P.targets ? P.targets[r] : T(0), P.batch);
     }
@@ -400,16 +406,14 @@ std::vector<T*> state_pointers(const std::vector<torch::Tensor>& state,
 }
 
 template <typename T>
-torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
-                              const std::vector<torch::Tensor>& bufs,
-                              const std::vector<torch::Tensor>& bufs2,
-                              const std::vector<std::optional<torch::Tensor>>& masks,
-                              const torch::Tensor& x, const torch::Tensor& y,
-                              const torch::Tensor& idx, const std::vector<int64_t>& encoding,
-                              int64_t chunk, const torch::Tensor& lr, const torch::Tensor& mu,
-                              const torch::Tensor& hyper, int64_t step, int64_t optimizer,
-                              const torch::Tensor& limit) {
-  int64_t n = idx.size(0), batch = idx.size(1);
+std::vector<torch::Tensor> train_steps_impl(
+    const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
+    const std::vector<torch::Tensor>& bufs2,
+    const std::vector<std::optional<torch::Tensor>>& masks, const torch::Tensor& x,
+    const torch::Tensor& y, const torch::Tensor& idx, const std::vector<int64_t>& encoding,
+    int64_t chunk, const torch::Tensor& lr, const torch::Tensor& mu, const torch::Tensor& hyper,
+    int64_t first_step, int64_t optimizer, const torch::Tensor& limit) {
+  int64_t steps = idx.size(0), n = idx.size(1), batch = idx.size(2);
   auto P = problem<T>(params, x, encoding, x.size(0) ? x.numel() / x.size(0) : 0, batch, chunk);
   set_targets(P, y);
   TORCH_CHECK(idx.scalar_type() == torch::kLong && idx.is_contiguous() &&
@@ -417,6 +421,7 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
                                     idx.max().item<int64_t>() < x.size(0))),
               "batch indices must be int64 rows of the training inputs");
   P.rows = idx.data_ptr<int64_t>();
+  P.trials = n;
   TORCH_CHECK(masks.size() == params.size(), "one mask entry per parameter");
   // momentum: bufs; adam / adamw: m in bufs, v in bufs2
   std::vector<T*> buf = state_pointers<T>(bufs, params), buf2 = state_pointers<T>(bufs2, params);
@@ -435,12 +440,15 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
   }
   torch::Tensor lrs = as_double(lr), mus = as_double(mu), lim = as_double(limit),
                 hyp = as_double(hyper);
-  TORCH_CHECK(lrs.numel() == n && mus.numel() == n && lim.numel() == n,
-              "one learning rate, momentum and limit per trial");
+  TORCH_CHECK(lrs.numel() == steps * n && mus.numel() == n && lim.numel() == n,
+              "a learning rate per step and trial, a momentum and a limit per trial");
   TORCH_CHECK(optimizer < ADAM || hyp.numel() == 4 * n,
               "adam needs [N, 4] (beta1, beta2, eps, weight_decay) per trial");
-  auto loss = torch::empty({n}, x.options());
+  // losses of the steps a trial did not reach stay NaN
+  auto loss = torch::full({steps, n}, NAN, x.options());
+  auto taken = torch::empty({n}, torch::kLong);
   T* lossp = loss.data_ptr<T>();
+  int64_t* takenp = taken.data_ptr<int64_t>();
   const double *lrp = lrs.data_ptr<double>(), *mup = mus.data_ptr<double>();
   const double *limp = lim.data_ptr<double>(), *hypp = hyp.data_ptr<double>();
   auto trial_of = [](const std::vector<T*>& b, size_t i, int64_t offset) {
@@ -450,18 +458,24 @@ torch::Tensor train_step_impl(const std::vector<torch::Tensor>& params,
     Trainer<T> tr(P);
     tr.own_grads();
     for (int64_t t = begin; t < end; ++t) {
-      lossp[t] = tr.loss_and_grads(t);
-      if (!((double)lossp[t] <= limp[t])) continue;  // diverged: no update (NaN fails too)
-      const Rule<T> rule(optimizer, lrp[t], mup[t], optimizer < ADAM ? nullptr : hypp + 4 * t,
-                          step);
-      for (size_t i = 0; i < params.size(); ++i) {
-        int64_t offset = t * P.sizes[i];
-        update(P.params[i] + offset, trial_of(buf, i, offset), trial_of(buf2, i, offset),
-               tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i], rule);
+      int64_t k = 0;
+      for (; k < steps; ++k) {
+        tr.step = k;
+        T l = lossp[k * n + t] = tr.loss_and_grads(t);
+        if (!((double)l <= limp[t])) break;  // diverged: no update (NaN fails too), no more steps
+        const Rule<T> rule(optimizer, lrp[k * n + t], mup[t],
+                           optimizer < ADAM ? nullptr : hypp + 4 * t, first_step + k);
+        for (size_t i = 0; i < params.size(); ++i) {
+          int64_t offset = t * P.sizes[i];
+          update(P.params[i] + offset, trial_of(buf, i, offset), trial_of(buf2, i, offset),
+                 tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i],
+                 rule);
+        }
       }
+      takenp[t] = k;
     }
   });
-  return loss;
+  return {loss, taken};
 }
 
 template <typename T>
@@ -533,34 +547,42 @@ std::vector<torch::Tensor> loss_and_grads(std::vector<torch::Tensor> params, tor
   return fused::loss_and_grads_impl<double>(params, x, y, encoding, chunk);
 }
 
-// One training step of every trial: batch idx [N, B] of rows of x_train / y_train; params and
-// their optimizer state updated in place where the loss is <= limit; returns the losses [N].
-// Per trial: lr, mu (momentum) and, for adam / adamw, hyper [N, 4] = (beta1, beta2, eps,
-// weight_decay); bufs: momentum buffers, or Adam's m with v in bufs2; step: 0-based, shared.
-torch::Tensor train_step(std::vector<torch::Tensor> params, std::vector<torch::Tensor> bufs,
-                         std::vector<torch::Tensor> bufs2,
-                         std::vector<std::optional<torch::Tensor>> masks, torch::Tensor x_train,
-                         torch::Tensor y_train, torch::Tensor idx, std::vector<int64_t> encoding,
-                         int64_t chunk, torch::Tensor lr, torch::Tensor mu, torch::Tensor hyper,
-                         int64_t step, int64_t optimizer, torch::Tensor limit) {
-  TORCH_CHECK(idx.dim() == 2 && !params.empty() && params[0].size(0) == idx.size(0),
-              "batch indices must be [N, B] for N trials");
+// K training steps of every trial: batch idx [K, N, B] of rows of x_train / y_train; params and
+// their optimizer state updated in place, step after step, while the step's loss is <= limit;
+// returns [losses [K, N] (NaN after a trial's last step), taken [N] (the updates each trial
+// took: K, or the step whose loss exceeded its limit)]. Per step and trial: lr [K, N]; per
+// trial: mu (momentum) and, for adam / adamw, hyper [N, 4] = (beta1, beta2, eps,
+// weight_decay); bufs: momentum buffers, or Adam's m with v in bufs2; first_step: 0-based step
+// of idx[0], shared (Adam's bias corrections).
+std::vector<torch::Tensor> train_steps(std::vector<torch::Tensor> params,
+                                       std::vector<torch::Tensor> bufs,
+                                       std::vector<torch::Tensor> bufs2,
+                                       std::vector<std::optional<torch::Tensor>> masks,
+                                       torch::Tensor x_train, torch::Tensor y_train,
+                                       torch::Tensor idx, std::vector<int64_t> encoding,
+                                       int64_t chunk, torch::Tensor lr, torch::Tensor mu,
+                                       torch::Tensor hyper, int64_t first_step,
+                                       int64_t optimizer, torch::Tensor limit) {
+  TORCH_CHECK(idx.dim() == 3 && !params.empty() && params[0].size(0) == idx.size(1),
+              "batch indices must be [K, N, B] for N trials");
   TORCH_CHECK(optimizer >= fused::SGD && optimizer <= fused::ADAMW,
               "optimizer 0 (sgd), 1 (momentum), 2 (nesterov), 3 (adam) or 4 (adamw)");
-  TORCH_CHECK(step >= 0, "step must be >= 0");
+  TORCH_CHECK(first_step >= 0, "first_step must be >= 0");
   x_train = x_train.contiguous();
   y_train = (y_train.scalar_type() == torch::kLong ? y_train : y_train.to(x_train.scalar_type()))
                 .contiguous();
   idx = idx.contiguous();
   if (x_train.scalar_type() == torch::kFloat)
-    return fused::train_step_impl<float>(params, bufs, bufs2, masks, x_train, y_train, idx,
-                                         encoding, chunk, lr, mu, hyper, step, optimizer, limit);
+    return fused::train_steps_impl<float>(params, bufs, bufs2, masks, x_train, y_train, idx,
+                                          encoding, chunk, lr, mu, hyper, first_step, optimizer,
+                                          limit);
   TORCH_CHECK(x_train.scalar_type() == torch::kDouble, "float32 or float64 only");
-  return fused::train_step_impl<double>(params, bufs, bufs2, masks, x_train, y_train, idx,
-                                        encoding, chunk, lr, mu, hyper, step, optimizer, limit);
+  return fused::train_steps_impl<double>(params, bufs, bufs2, masks, x_train, y_train, idx,
+                                         encoding, chunk, lr, mu, hyper, first_step, optimizer,
+                                         limit);
 }
 
-// The update of one trial in place, as train_step applies it, for gradients computed elsewhere
+// The update of one trial in place, as train_steps applies it, for gradients computed elsewhere
 // (training/stacked_conv.py): params, their gradients (overwritten), optimizer state (bufs:
 // momentum buffers or Adam's m, bufs2: Adam's v; empty when there is none) and masks (None:
 // unmasked), one trial's tensors each; hyper: (beta1, beta2, eps, weight_decay) for adam / adamw.
@@ -596,7 +618,7 @@ torch::Tensor forward(std::vector<torch::Tensor> params, torch::Tensor x,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients");
-  m.def("train_step", &train_step, "one training step of every trial, in place");
+  m.def("train_steps", &train_steps, "K training steps of every trial, in place");
   m.def("forward", &forward, "per-trial outputs");
   m.def("update_trial", &update_trial, "one trial's update, in place");
 }
