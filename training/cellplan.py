@@ -8,7 +8,9 @@ The choice comes from a cost model, not a constant; its rules and their measurem
   (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
   independent of the other trials and its activations live only per chunk, so a stack holds up
   to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
-  in half the L2 cache (``L2_SHARE``).
+  in half the L2 cache (``L2_SHARE``). One call takes a trial through many steps before the
+  next trial (:meth:`training.stacked_fused.FusedProgram.train_steps`), so the stack's size
+  does not decide what stays in cache.
 - ``per_trial`` (:mod:`training.stacked_conv`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
   alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. A stack keeps
@@ -79,7 +81,8 @@ RESIDENT_BUDGET = 48 << 20
 class Program(Protocol):
     """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``.
     Programs that update in place also have ``train_step`` and ``supports(optimizer)``
-    (:class:`training.stacked_fused.FusedProgram`, :class:`PerTrialProgram`)."""
+    (:class:`training.stacked_fused.FusedProgram`, :class:`PerTrialProgram`); the compiled
+    kernel's also ``train_steps``, many steps a call (``training.trials._Runner.steps``)."""
 
     def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
