@@ -198,6 +198,32 @@ def test_group_composition_does_not_change_a_trial(teacher):
     assert group.hit_step == chunked.hit_step
 
 
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_steps_per_kernel_call_do_not_change_results(teacher, monkeypatch, steps_per_call):
+    """The compiled kernel's calls cover as many steps as INDEX_BUDGET allows (one evaluation
+    interval here); calls of 1 or 3 steps (interval 25 = 8 x 3 + 1, and an epoch of 500 // 16 =
+    31 batches crossed mid-call) give bit-identical trials: hits, divergence step, steps taken,
+    curves (training loss sums included) and weights; trial 1 diverges mid-interval."""
+    import training.trials as trials_mod
+
+    if training.kernels.fused_sequential() is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
+    trials = [{"lr": 0.1, "momentum": 0.9}, {"lr": 30.0, "momentum": 0.9},
+              {"lr": 0.3, "momentum": 0.5, "decay_steps": 40, "end_factor": 0.1}]
+    run = RunConfig(16, "nesterov", max_steps=100, seed=3, goal=0.25, stop="all",
+                    eval_schedule=EvalSchedule(every=25))
+    whole = training.train_trials(net, teacher, trials, run)
+    assert whole.kernel == "fused" and whole.status[1] == "diverged"
+    assert whole.diverged_step[1] % 25 not in (0, 1)  # inside an interval, not at its start
+    monkeypatch.setattr(trials_mod, "INDEX_BUDGET", steps_per_call * 8 * len(trials) * 16)
+    split = training.train_trials(net, teacher, trials, run)
+    assert (split.status, split.hit_step, split.diverged_step, split.steps_taken) == (
+        whole.status, whole.hit_step, whole.diverged_step, whole.steps_taken)
+    assert [c.rows() for c in split.curves] == [c.rows() for c in whole.curves]
+    assert all(torch.equal(split.params[k], whole.params[k]) for k in whole.params)
+
+
 def test_divergent_trial_is_frozen_and_others_unaffected(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1, "momentum": 0.9}, {"lr": 1e4, "momentum": 0.9}, {"lr": 0.05}]
