@@ -356,6 +356,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
+        if not return_state:  # nor are the optimizer states needed: free them before that copy
+            st.bufs = st.adam = None
     result = _result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
                      plan.kernel)
     if not return_state:

@@ -167,6 +167,38 @@ def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
     assert [c.train_loss.tolist() for c in never.curves] == [c.train_loss.tolist() for c in plain.curves]
 
 
+@pytest.mark.parametrize("return_state", [False, True])
+def test_optimizer_state_is_freed_before_the_final_weights_are_stacked(linreg, monkeypatch,
+                                                                       return_state):
+    """The result stacks the final weights into a new tensor; the momentum buffers are freed
+    before that copy unless the end state needs them (simple_cnn, 32 trials at B = 4096: 420 MB
+    of buffers; a one-step run peaked at 1,634 MiB RSS before, 1,252 MiB after)."""
+    import weakref
+
+    import training.trials as trials_mod
+
+    buffers, alive = [], []
+    make_stacks, result = trials_mod.make_stacks, trials_mod._result
+
+    def watched_stacks(*args, **kwargs):
+        stacks = make_stacks(*args, **kwargs)
+        buffers.extend(weakref.ref(b) for st in stacks for b in st.bufs)
+        return stacks
+
+    def counted_result(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in buffers))
+        return result(*args, **kwargs)
+
+    monkeypatch.setattr(trials_mod, "make_stacks", watched_stacks)
+    monkeypatch.setattr(trials_mod, "_result", counted_result)
+    net = training.models.build("linear", linreg, seed=0)
+    run = RunConfig(16, "momentum", max_steps=40, seed=4, eval_schedule=EvalSchedule(every=20))
+    res = training.train_trials(net, linreg, TRIALS[:2], run, trials_per_chunk=1,
+                                return_state=return_state)
+    assert len(buffers) == 4 and alive == [4 if return_state else 0]
+    assert (res.end_state is not None) == return_state
+
+
 def test_first_losses_gathered_a_trial_at_a_time_are_the_same(mnist1d_small, monkeypatch):
     """The first mini-batch losses (the curves' step-0 training loss and the divergence limit)
     do not depend on how many trials' inputs are gathered at once."""
