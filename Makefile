@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test,dask]"
 	@# the compiled training kernel (about 30 s, once per machine and source version; a machine
 	@# without a compiler gets a warning and the eager program, never a failed setup)
-	$(BIN)/python -c "import training.kernels as k; k.fused_sequential()"
+	$(BIN)/python -c "import training.engine.compiled_kernel as k; k.fused_sequential()"
 	touch $@
 
 study: setup

@@ -8,13 +8,13 @@ Public API::
     cbs = experiments.branch_critical_batch(net, ds, trial, run)   # CBS(t) by branching
 """
 
-from .branching import branch_critical_batch, warmup_comparison
-from .planning import plan
-from .runner import run_study
-from .spec import Spec, SpecError
-from .spec import load as load_spec
-from .spec import loads as loads_spec
-from .store import Results, StoreError, load_results
+from experiments.run.branching import branch_critical_batch, warmup_comparison
+from experiments.spec.plan import plan
+from experiments.run.runner import run_study
+from experiments.spec.study import Spec, SpecError
+from experiments.spec.study import load as load_spec
+from experiments.spec.study import loads as loads_spec
+from experiments.store.database import Results, StoreError, load_results
 
 __all__ = ["branch_critical_batch", "warmup_comparison", "plan", "run_study", "Spec", "SpecError", "load_spec", "loads_spec", "Results",
            "StoreError", "load_results"]

@@ -18,14 +18,14 @@ Bad arguments raise :class:`PruningError`, bad masks :class:`MaskError` (both
 by the structured-pruning functions that use it.
 """
 
-from . import accounting, criteria, diagnostics, iterative, sanity, select, structured
-from .accounting import report
-from .diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
-from .errors import MaskError, PruningError
-from .mask import Mask, prunable_parameters
-from .methods import list_methods, prune
-from .sanity import matched_random, reinitialize, shuffle_layers
-from .structured import StructuredReport, prune_channels
+from pruning import accounting, criteria, diagnostics, iterative, sanity, select, structured
+from pruning.accounting import report
+from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
+from pruning.errors import MaskError, PruningError
+from pruning.mask import Mask, prunable_parameters
+from pruning.methods import list_methods, prune
+from pruning.sanity import matched_random, reinitialize, shuffle_layers
+from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",

@@ -18,7 +18,7 @@ from torch import nn
 
 from training.masks import check_mask
 
-from .mask import PRUNABLE_MODULES
+from pruning.mask import PRUNABLE_MODULES
 
 if TYPE_CHECKING:
     import pandas as pd

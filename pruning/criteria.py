@@ -34,7 +34,7 @@ from torch import nn
 from training.data import Dataset
 from training.goal import loss_fn
 
-from .errors import PruningError
+from pruning.errors import PruningError
 
 Params = Mapping[str, torch.Tensor]
 

@@ -39,8 +39,8 @@ from torch import nn
 from training.errors import SparsescaleError
 from training.masks import check_mask
 
-from .errors import PruningError
-from .mask import PRUNABLE_MODULES
+from pruning.errors import PruningError
+from pruning.mask import PRUNABLE_MODULES
 
 if TYPE_CHECKING:
     import pandas as pd

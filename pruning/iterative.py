@@ -25,9 +25,9 @@ from training.data import Dataset
 from training.masks import apply_mask
 from training.reference import train_reference
 
-from .errors import PruningError
-from .mask import Mask
-from .select import top_k_mask
+from pruning.errors import PruningError
+from pruning.mask import Mask
+from pruning.select import top_k_mask
 
 # work model, its prunable parameters, current 0/1 mask -> keep-priority scores
 ScoreFn = Callable[[nn.Module, Mapping[str, nn.Parameter], Mapping[str, torch.Tensor]],

@@ -12,7 +12,6 @@ reaches an output).
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +21,12 @@ from torch import nn
 
 from training.data import Dataset
 
-from . import criteria
-from .diagnostics import check
-from .errors import PruningError
-from .iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
-from .mask import Mask, prunable_parameters
-from .select import check_scope, check_sparsity
+from pruning import criteria
+from pruning.diagnostics import check
+from pruning.errors import PruningError
+from pruning.iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
+from pruning.mask import Mask, prunable_parameters
+from pruning.select import check_scope, check_sparsity
 
 
 @dataclass(frozen=True)
@@ -126,8 +125,7 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
           prune_biases: bool = False, *, per_class: int | None = None,
           temperature: float = criteria.GRASP_TEMPERATURE,
           input_shape: tuple[int, ...] | None = None,
-          train_fn: TrainFn | None = None, keep: str = "highest",
-          data: Dataset | None = None) -> Mask:
+          train_fn: TrainFn | None = None, keep: str = "highest") -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
     - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
@@ -135,7 +133,6 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
       force. SNIP (and iterative SNIP, FORCE) score on the first 10 training examples of every
       class, GraSP on 25 per class (``per_class`` overrides both), see
       ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
-      ``data=`` is its former name, deprecated (DeprecationWarning).
     - ``scope``: ``"global"`` (one ranking across layers), ``"layer"`` (every layer at the same
       sparsity, within one weight) or ``"even"`` (every layer keeps the same number of weights,
       ``select.even_quotas``). With ``method="random"`` these are the three random baselines:
@@ -154,13 +151,6 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
     known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
     :class:`pruning.PruningError`.
     """
-    if data is not None:
-        if dataset is not None:
-            raise PruningError("prune got both dataset= and its deprecated name data=; "
-                               "pass dataset= only")
-        warnings.warn("pruning.prune(data=) is deprecated and will be removed in the next "
-                      "release; pass dataset=", DeprecationWarning, stacklevel=2)
-        dataset = data
     if method not in METHODS:
         raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
     if keep not in KEEP:

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .criteria import random_scores
-from .errors import PruningError
-from .mask import Mask
-from .select import top_k_per_entry
+from pruning.criteria import random_scores
+from pruning.errors import PruningError
+from pruning.mask import Mask
+from pruning.select import top_k_per_entry
 
 
 def _as_mask(mask: Mapping[str, torch.Tensor]) -> Mask:

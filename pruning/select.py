@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .errors import PruningError
+from pruning.errors import PruningError
 
 SCOPES = ("global", "layer", "even")
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import PruningError
-from .mask import PRUNABLE_MODULES
+from pruning.errors import PruningError
+from pruning.mask import PRUNABLE_MODULES
 
 BISECTION_STEPS = 30
 

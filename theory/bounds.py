@@ -38,7 +38,7 @@ import numpy as np
 import sympy as sp
 from numpy.typing import ArrayLike
 
-from .errors import TheoryError
+from theory.errors import TheoryError
 
 L, SIGMA2, DELTA, EPS, B, ETA, K, MU = sp.symbols("L sigma2 Delta epsilon B eta K mu", positive=True)
 _SYMBOL_LATEX = {SIGMA2: r"\sigma^{2}", EPS: r"\varepsilon"}

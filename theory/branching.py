@@ -38,7 +38,7 @@ train at B(t_j) = the largest power of two <= max(CBS(t_j), min_batch), capped, 
 rate scaled by the same rule; the segments meet at the same numbers of examples as the
 checkpoints, so the schedule takes fewer steps wherever B(t) > B.
 
-How the trainer side uses this module (``experiments.branching``):
+How the trainer side uses this module (``experiments.run.branching``):
 
 1. The base run (a given trial, or the best trial at a small B of a study) runs with
    ``train_trials`` to each checkpoint step in turn, resuming the state it stopped in
@@ -70,7 +70,7 @@ from numpy.typing import ArrayLike
 
 from training.batch_schedule import BatchSchedule, BatchSegment
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 SGD_TYPE = ("sgd", "momentum", "nesterov")
 ADAM_TYPE = ("adam", "adamw")

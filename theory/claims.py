@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from .errors import TheoryError, check_int
-from .predict import MeasuredCurve
-from .scaling import ScalingFit
-from .summaries import Summary, find
+from theory.errors import TheoryError, check_int
+from theory.predict import MeasuredCurve
+from theory.scaling import ScalingFit
+from theory.summaries import Summary, find
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)

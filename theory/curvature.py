@@ -21,8 +21,8 @@ from torch import nn
 
 from training.data import Dataset
 
-from .errors import TheoryError, check_int
-from .functional import FlatLoss, Weights, flat_loss, parameter_vector
+from theory.errors import TheoryError, check_int
+from theory.functional import FlatLoss, Weights, flat_loss, parameter_vector
 
 __all__ = ["hessian_operator", "hessian_top_eigenvalues", "hessian_trace", "TraceEstimate",
            "local_lipschitz", "LocalLipschitz", "LEE_GAMMAS"]

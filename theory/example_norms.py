@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import FlatLoss
+from theory.functional import FlatLoss
 
 # parameter-free layers that act on each example alone (their subclasses may not: exact types)
 PER_EXAMPLE = (nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.ReLU, nn.LeakyReLU,

@@ -32,7 +32,7 @@ from training.data import Dataset
 from training.goal import loss_fn
 from training.masks import check_mask
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 DEFAULT_CHUNK = 1024
 # Memory of one chunk of per-example gradients (chunk x parameters): small chunks stay in cache

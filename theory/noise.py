@@ -38,11 +38,12 @@ from torch.func import grad, vmap
 
 from training.data import Dataset
 
-from .errors import TheoryError, check_int
-from .example_norms import chunk_moments, weighted_layers
-from .functional import FlatLoss, flat_loss, split_size
-from .sampling import (JACKKNIFE_GROUPS, GroupMoments, noise_scale, split_coefficients,
-                       split_estimate, to_split)
+from theory.errors import TheoryError, check_int
+from theory.example_norms import chunk_moments, weighted_layers
+from theory.functional import FlatLoss, flat_loss, split_size
+from theory.sampling import (
+    JACKKNIFE_GROUPS, GroupMoments, noise_scale, split_coefficients, split_estimate, to_split,
+)
 
 DEFAULT_HESSIAN_EXAMPLES = 64
 # Per-example gradients held at once while H is applied to them (bounds their memory).

@@ -42,7 +42,7 @@ import numpy as np
 import sympy as sp
 from numpy.typing import ArrayLike
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 SGD_LRS = np.logspace(-5, 0.5, 100)
 MOMENTUM_LRS = np.logspace(-8, 1, 100)

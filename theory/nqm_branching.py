@@ -33,10 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import nqm
-from .branching import (DEFAULT_CHECKPOINTS, DEFAULT_EPS, DEFAULT_MULTIPLIERS, DEFAULT_WINDOW_FRACTION,
-                        BranchingError, CriticalBatch, branch_factors, branch_lrs, checkpoint_steps,
-                        critical_batch, default_window, window_steps)
+from theory import nqm
+from theory.branching import (
+    DEFAULT_CHECKPOINTS, DEFAULT_EPS, DEFAULT_MULTIPLIERS, DEFAULT_WINDOW_FRACTION, BranchingError,
+    CriticalBatch, branch_factors, branch_lrs, checkpoint_steps, critical_batch, default_window,
+    window_steps,
+)
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import bounds
-from .errors import TheoryError
-from .noise import NoiseEstimate
-from .scaling import ScalingFit, fit_scaling, renamed_rng
+from theory import bounds
+from theory.errors import TheoryError
+from theory.noise import NoiseEstimate
+from theory.scaling import ScalingFit, fit_scaling
 
 
 @dataclass(frozen=True)
@@ -169,15 +169,13 @@ def predict_levels(
     n_boot: int = 200,
     seed: int = 0,
     *,
-    rng: int | None = None,
     fits: Mapping[float, ScalingFit] | None = None,
 ) -> Prediction:
     """Calibrate the scale c on the ``reference`` level's measured curve, predict every level
     from its probes, and compare with the measured curves (module docstring for the model).
-    ``seed``: the bootstrap seed of every curve's fit (``rng=`` is its deprecated former name).
+    ``seed``: the bootstrap seed of every curve's fit.
     ``fits`` (sparsity -> :class:`ScalingFit`): fits the caller already made of those levels'
     measured curves (e.g. with more bootstrap replicates), used instead of fitting them again."""
-    seed = renamed_rng(seed, rng, "predict_levels")
     probe_by = _by_sparsity(probes, ProbeSummary, "probes")
     curve_by = _by_sparsity(measured, MeasuredCurve, "measured")
     missing = sorted(set(curve_by) - set(probe_by))

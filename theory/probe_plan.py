@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 DEFAULT_POINTS = 10
 BATCH_RULES = ("smallest", "b_crit", "largest")

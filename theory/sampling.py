@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from .errors import TheoryError
+from theory.errors import TheoryError
 
 # Groups of the delete-a-group jackknife: the standard error's own relative error is about
 # 1 / sqrt(2 (K - 1)) (16 % for 20), and memory is K per-group mean gradients.

@@ -33,13 +33,12 @@ within 25 % of S_min and larger batches buy little.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 PERFECT_SLOPE = -0.8
 MAXIMAL_SLOPE = -0.2
@@ -116,17 +115,6 @@ def largest_useful_batch(b_crit: ArrayLike) -> float | np.ndarray:
     return batch_at_slope(b_crit, MAXIMAL_SLOPE)
 
 
-def renamed_rng(seed: int | np.random.Generator, rng: int | np.random.Generator | None,
-                function: str) -> int | np.random.Generator:
-    """``seed``, or the value of the deprecated ``rng=`` argument of ``function`` (with a
-    DeprecationWarning pointing at the caller's call)."""
-    if rng is None:
-        return seed
-    warnings.warn(f"{function}(rng=) is deprecated and will be removed in the next release; "
-                  f"pass seed=", DeprecationWarning, stacklevel=3)
-    return rng
-
-
 def fit_scaling(
     batch_sizes: ArrayLike,
     steps: ArrayLike,
@@ -135,16 +123,13 @@ def fit_scaling(
     level: float = 0.9,
     seed: int | np.random.Generator = 0,
     resample: str = "auto",
-    *,
-    rng: int | np.random.Generator | None = None,
 ) -> ScalingFit:
     """Fit S(B) = S_min (1 + B_crit / B) to measured ``steps`` at ``batch_sizes`` (log-space
     least squares, McCandlish et al. 2018), with ``level`` bootstrap intervals from ``n_boot``
     replicates (``resample`` in the module docstring) and regime labels.
 
     ``seeds`` (optional, same length) labels replicate curves: several points may share a batch
-    size. ``seed``: the bootstrap's random seed (or a ``numpy.random.Generator``); ``rng=`` is
-    its former name, deprecated (DeprecationWarning). Example::
+    size. ``seed``: the bootstrap's random seed (or a ``numpy.random.Generator``). Example::
 
         fit = fit_scaling([16, 32, 64, 128, 256], [5100, 2700, 1600, 1100, 880])
         fit.s_min, fit.b_crit, fit.intervals["b_crit"], fit.regimes
@@ -155,7 +140,6 @@ def fit_scaling(
     if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
         raise TheoryError(f"level must be a number in (0, 1), got {level!r}")
     method = _resolve_resample(resample, seed_ids)
-    seed = renamed_rng(seed, rng, "fit_scaling")
     gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
     y = np.log(s)

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .errors import TheoryError, check_int
+from theory.errors import TheoryError, check_int
 
 PROBE_COLUMNS = ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value")
 GOAL_WINDOW = 0.2
@@ -154,12 +154,12 @@ def _bootstrap(stat: Statistic, runs: list[np.ndarray], n_boot: int,
     return _level(stat, parts)
 
 
-def summarize(probes: pd.DataFrame, level: float = 0.9, n_boot: int = 1000, rng: int = 0,
+def summarize(probes: pd.DataFrame, level: float = 0.9, n_boot: int = 1000, seed: int = 0,
               goal_window: float = GOAL_WINDOW, by_batch_size: bool = False,
               statistics: tuple[str, ...] = tuple(STATISTICS)) -> tuple[Summary, ...]:
     """Every statistic of ``statistics`` (module docstring) per sparsity level (and per batch
     size with ``by_batch_size``) that the table has data for, with ``level`` hierarchical
-    bootstrap intervals from ``n_boot`` replicates seeded by ``rng``."""
+    bootstrap intervals from ``n_boot`` replicates seeded by ``seed``."""
     table = check_probe_table(probes)
     n_boot = check_int(n_boot, "n_boot")
     if not 0.0 < level < 1.0:
@@ -169,7 +169,7 @@ def summarize(probes: pd.DataFrame, level: float = 0.9, n_boot: int = 1000, rng:
     unknown = [s for s in statistics if s not in STATISTICS]
     if unknown:
         raise TheoryError(f"unknown statistic(s) {', '.join(unknown)}; allowed: {', '.join(STATISTICS)}")
-    gen = np.random.default_rng(rng)
+    gen = np.random.default_rng(seed)
     alpha = (1.0 - level) / 2.0
     keys = ["sparsity", "batch_size"] if by_batch_size else ["sparsity"]
     out = []

@@ -40,12 +40,12 @@ from training.config import EvalSchedule, RunConfig, Trial
 from training.data import Dataset
 from training.reference import train_schedule_reference
 
-from .curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
-from .errors import TheoryError, check_int
-from .functional import flat_loss
-from .noise import gradient_noise
-from .sampling import noise_scale
-from .summaries import PROBE_COLUMNS
+from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
+from theory.errors import TheoryError, check_int
+from theory.functional import flat_loss
+from theory.noise import gradient_noise
+from theory.sampling import noise_scale
+from theory.summaries import PROBE_COLUMNS
 
 QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
               "local_lipschitz", "loss")

@@ -1,7 +1,7 @@
 """Predicted time-to-result on k workers from a measured steps-to-result curve and a cost model.
 
 A measured curve gives S(B), the steps to reach the goal at global batch B (Shallue et al.,
-2019); a fitted :class:`training.costmodel.CostModel` gives the seconds per step t(B, k) on k
+2019); a fitted :class:`training.distributed.costmodel.CostModel` gives the seconds per step t(B, k) on k
 data-parallel workers. Assuming the steps do not depend on how the batch is split (which the
 DDP equivalence test checks):
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from training.costmodel import CostModel
+from training.distributed.costmodel import CostModel
 
-from .errors import TheoryError
+from theory.errors import TheoryError
 
 
 class WallTimeError(TheoryError):

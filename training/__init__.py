@@ -10,20 +10,21 @@ Public API::
     training.train_trials(net, ds, [trial, training.Trial(lr=0.3, momentum=0.9)], run)
 """
 
-from . import config, costmodel, data, goal, masks, models, order, process, schedules
-from .config import EvalSchedule, RunConfig, Trial
-from .data import DataError, Dataset
-from .errors import ConfigError, SparsescaleError
-from .goal import Goal
-from .masks import MaskError
-from .models import ModelError
-from .reference import train_reference
-from .results import Curve, ReferenceResult
-from .trials import TrialsResult, train_trials
+from training import config, data, distributed, goal, lr_schedule, masks, models, order, process
+from training.config import EvalSchedule, RunConfig, Trial
+from training.data import DataError, Dataset
+from training.distributed import train_distributed
+from training.errors import ConfigError, SparsescaleError
+from training.goal import Goal
+from training.masks import MaskError
+from training.models import ModelError
+from training.reference import train_reference
+from training.results import Curve, ReferenceResult
+from training.trials import TrialsResult, train_trials
 
 __all__ = [
-    "config", "costmodel", "data", "goal", "masks", "models", "order", "process", "schedules",
+    "config", "data", "distributed", "goal", "lr_schedule", "masks", "models", "order", "process",
     "EvalSchedule", "RunConfig", "Trial", "DataError", "Dataset", "ConfigError",
     "SparsescaleError", "Goal", "MaskError", "ModelError", "train_reference", "Curve",
-    "ReferenceResult", "TrialsResult", "train_trials",
+    "ReferenceResult", "TrialsResult", "train_trials", "train_distributed",
 ]

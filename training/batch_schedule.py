@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import is_int
-from .errors import ConfigError
+from training.config import is_int
+from training.errors import ConfigError
 
 
 @dataclass(frozen=True)

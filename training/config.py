@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .goal import Goal
+from training.errors import ConfigError
+from training.goal import Goal
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 # torch.optim.Adam / AdamW: the keys beta1, beta2, eps and weight_decay apply to these only
@@ -105,6 +105,13 @@ class Trial:
     def effective_lr(self) -> float:
         """lr / (1 - momentum), the effective learning rate of Shallue et al."""
         return self.lr / (1.0 - self.momentum)
+
+
+def check_run(run: Any, trainer: str) -> RunConfig:
+    """``run`` if it is a :class:`RunConfig`; else a ConfigError naming ``trainer``."""
+    if not isinstance(run, RunConfig):
+        raise ConfigError(f"{trainer}: run must be a training.RunConfig, got {type(run).__name__}")
+    return run
 
 
 def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:

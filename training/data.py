@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from .errors import SparsescaleError
+from training.errors import SparsescaleError
 
 
 class DataError(SparsescaleError):

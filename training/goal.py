@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
+from training.errors import ConfigError
 
 METRICS = ("error", "loss")
 

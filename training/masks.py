@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import SparsescaleError
+from training.errors import SparsescaleError
 
 Tensor = torch.Tensor
 

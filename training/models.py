@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data import Dataset
-from .errors import SparsescaleError
+from training.data import Dataset
+from training.errors import SparsescaleError
 
 
 class ModelError(SparsescaleError):

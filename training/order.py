@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from training.errors import ConfigError
 
 
 def trial_seed(seed: int, index: int) -> int:

@@ -5,10 +5,15 @@ because it changes the whole process.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
+from collections.abc import Iterator, Sequence
 
 import torch
+from torch import nn
+
+from training.engine import cell_plan, compiled_kernel
 
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -61,3 +66,19 @@ def flush_subnormals() -> bool:
     its caller's into the threads it spreads trials over, so results do not depend on the
     thread count."""
     return bool(torch.set_flush_denormal(True))
+
+
+def compiled_kernel_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
+    """Whether the compiled kernel ``model`` would train with is usable, built now if need be
+    (once per process and source version, with one warning when it cannot be built); True for
+    a model that needs none. A study's driver calls it before its workers start, so that they
+    neither build nor warn."""
+    return cell_plan.kernels_ready(model, input_shape)
+
+
+@contextlib.contextmanager
+def without_compiled_kernel() -> Iterator[None]:
+    """Within the block, train with the eager programs as if the compiled kernel were missing
+    (a worker told that the driver's build failed)."""
+    with compiled_kernel.disabled():
+        yield

@@ -25,18 +25,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import legacy
-from .batch_schedule import BatchSchedule
-from .config import (ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index,
-                     check_optimizer)
-from .data import Dataset
-from .errors import ConfigError
-from .goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
-from .masks import apply_mask, mask_
-from .order import trial_seed
-from .results import Curve, ReferenceResult, ScheduleResult
-from .schedules import lr_factor
-from .state import DataPosition, DataStream, TrainState
+from training.batch_schedule import BatchSchedule
+from training.config import (
+    ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
+)
+from training.data import Dataset
+from training.errors import ConfigError
+from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
+from training.masks import apply_mask, mask_
+from training.order import trial_seed
+from training.results import Curve, ReferenceResult, ScheduleResult
+from training.lr_schedule import lr_factor
+from training.state import DataPosition, DataStream, TrainState
 
 
 def make_sgd(params: Iterable[nn.Parameter], optimizer: str, lr: float, momentum: float
@@ -75,7 +75,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, ta
     return total / x.shape[0]
 
 
-@legacy.accepts_old_form(legacy.reference_args, "train_reference(model, dataset, trial, run)")
 def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
                     run: RunConfig, *, mask: Mapping[str, torch.Tensor] | None = None,
                     trial_index: int = 0) -> ReferenceResult:
@@ -92,10 +91,10 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
     ``run.eval_schedule`` steps; the run ends at the first evaluation that meets it unless
     ``run.stop == "never"`` (one trial: ``"first"`` and ``"all"`` agree). A non-finite or
     exploding mini-batch loss (``training.goal.is_diverged``) ends the run and flags it diverged.
-    The keyword form of earlier releases is accepted with a DeprecationWarning
-    (:mod:`training.legacy`). It is :func:`train_schedule_reference` with the constant schedule
+    It is :func:`train_schedule_reference` with the constant schedule
     ``run.batch_size``, from the model's weights.
     """
+    check_run(run, "train_reference")
     return train_schedule_reference(model, dataset, trial, run, mask=mask,
                                     trial_index=trial_index).result
 
@@ -153,7 +152,7 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
     stop_at_goal = run.stop != "never"
 
-    # This loop and training.distributed.train_rank mirror each other line for line on purpose:
+    # This loop and training.distributed.trainer.train_rank mirror each other line for line on purpose:
     # each stays a readable textbook loop (the ground truth, and its data-parallel twin) instead
     # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .state import TrainState
+from training.state import TrainState
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batch_schedule import BatchSchedule
-from .config import RunConfig, Trial, check_batch_size, check_index, check_trials
-from .data import Dataset
-from .errors import ConfigError
-from .masks import check_mask
-from .order import trial_seed
-from .resume import check_data_seeds
-from .state import TrainState
-from .trials import TrialsResult, _result, train_trials
+from training.batch_schedule import BatchSchedule
+from training.config import RunConfig, Trial, check_batch_size, check_index, check_trials
+from training.data import Dataset
+from training.errors import ConfigError
+from training.masks import check_mask
+from training.order import trial_seed
+from training.engine.resume import check_data_seeds
+from training.state import TrainState
+from training.trials import TrialsResult, _result, train_trials
 
 Tensor = torch.Tensor
 
@@ -75,7 +75,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     at_goal: set[int] = set()   # trials whose run ended at an evaluation meeting the goal
     state, active = start, list(range(n))
     step = 0 if start is None else start.step
-    kernels: list[str] = []   # the programs of the segments (by batch size, training.cellplan)
+    programs: list[str] = []   # the programs of the segments (by batch size, training.engine.cell_plan)
     for seg, end in _spans(schedule, step, run.max_steps):
         sub = [m if m.dim() == dims[k] else m[active] for k, m in mask_map.items()]
         result = train_trials(
@@ -95,7 +95,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
             final[i] = [p[j].clone() for p in result.params.values()]
             if run.stop == "all" and result.hit_step[j] is not None:
                 at_goal.add(i)
-        kernels.append(result.kernel)
+        programs.append(result.program)
         stopped = run.stop == "first" and result.steps_to_result is not None
         if stopped:
             at_goal.update(active[j] for j in result.end_trials)
@@ -105,7 +105,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
             break
     curves = [_merge(r, w, evals, i in at_goal) for i, (r, w) in enumerate(zip(rows, windows))]
     out = _result(model, trial_list, curves, hit, diverged, taken, final, step,
-                  ",".join(dict.fromkeys(kernels)))
+                  ",".join(dict.fromkeys(programs)))
     return replace(out, end_state=state, end_trials=tuple(active))
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .config import ADAM_OPTIMIZERS
-from .errors import ConfigError
-from .order import epoch_permutation
+from training.config import ADAM_OPTIMIZERS
+from training.errors import ConfigError
+from training.order import epoch_permutation
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 ``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances them
 with one program per step, chosen for each (model, batch size) cell by
-:func:`training.cellplan.plan_cell`: a compiled kernel, trials one after another through oneDNN,
-or batched kernels over the stack (:mod:`training.stacked`). Each trial
+:func:`training.engine.cell_plan.plan_cell`: a compiled kernel, trials one after another through oneDNN,
+or batched kernels over the stack (:mod:`training.engine.batched`, :mod:`training.engine.func`). Each trial
 keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
 mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.batch_size)``.
 Nothing in a step mixes trials, so trial i follows the same trajectory as
@@ -26,19 +26,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import legacy
-from .cellplan import Program, plan_cell
-from .config import RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_trials
-from .data import Dataset
-from .errors import ConfigError
-from .goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
-from .masks import check_mask
-from .order import epoch_permutation
-from .results import Curve
-from .resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
-from .stacked import stacked_loss_and_grad
-from .state import TrainState
-from .trial_stack import TrialStack, make_stacks
+from training.engine.cell_plan import Program, plan_cell
+from training.config import (
+    RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
+)
+from training.data import Dataset
+from training.errors import ConfigError
+from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
+from training.masks import check_mask
+from training.order import epoch_permutation
+from training.results import Curve
+from training.engine.resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
+from training.engine.batched import stacked_loss_and_grad
+from training.state import TrainState
+from training.engine.trial_stack import TrialStack, make_stacks
 
 Tensor = torch.Tensor
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
@@ -47,7 +48,7 @@ EVAL_BUDGET = 1 << 16
 # images is 50 MB a trial, so gathering 32 trials' at once took 1.6 GB.
 GATHER_BUDGET = 64 << 20
 # Bytes of batch indices ([K, N, B] int64) handed to one call of a program that takes K steps
-# at once (training.stacked_fused.FusedProgram.train_steps): 32 trials at B = 4096 take 1 MB a
+# at once (training.engine.fused.FusedProgram.train_steps): 32 trials at B = 4096 take 1 MB a
 # step, so such a call covers 16 steps; at B = 64, up to 1,024.
 INDEX_BUDGET = 16 << 20
 
@@ -63,8 +64,8 @@ class TrialsResult:
     ``hit_step`` (exact first step meeting the goal, or None), ``diverged_step`` (the update whose
     mini-batch loss was non-finite or exploded; the weights are those before it),
     ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
-    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``kernel``: the
-    program that computed the steps (one of :data:`training.cellplan.KERNELS`; ``batched`` where
+    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``program``: the
+    program that computed the steps (one of :data:`training.engine.cell_plan.PROGRAMS`; ``batched`` where
     the compiled kernel could not be built; under a batch-size schedule, those of its segments,
     comma-separated). ``params``: final parameters stacked by name,
     ``[N, *shape]`` (:meth:`state` gives one trial's).
@@ -83,7 +84,7 @@ class TrialsResult:
     curves: list[Curve]
     steps_run: int
     trials: list[Trial]
-    kernel: str
+    program: str
     params: dict[str, Tensor] = field(repr=False)
     end_state: TrainState | None = field(default=None, repr=False)
     end_trials: tuple[int, ...] = ()
@@ -98,7 +99,7 @@ class _Runner:
     """What every step of every stack of one group shares."""
 
     program: Program
-    update_in_step: bool  # the program's train_step applies the update (training.cellplan)
+    update_in_step: bool  # the program's train_step applies the update (training.engine.cell_plan)
     x_train: Tensor
     y_train: Tensor
     x_val: Tensor
@@ -108,7 +109,7 @@ class _Runner:
     batch_size: int
     optimizer: str
     dtype: torch.dtype
-    origin: DataOrigin = DataOrigin()   # where the data order starts (training.resume)
+    origin: DataOrigin = DataOrigin()   # where the data order starts (training.engine.resume)
 
     def batch_indices(self, st: TrialStack, step: int) -> Tensor:
         """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
@@ -151,7 +152,7 @@ class _Runner:
         A trial whose mini-batch loss is non-finite or above DIVERGENCE_FACTOR times its initial
         loss (training.goal.is_diverged) takes no update: it leaves the stack and is returned as
         (step, id, parameters before that step's update). The update is
-        :class:`training.updates.StackUpdate` (torch.optim.SGD's rules, or Adam / AdamW's),
+        :class:`training.engine.updates.StackUpdate` (torch.optim.SGD's rules, or Adam / AdamW's),
         applied inside the program's train_steps / train_step or after its loss_and_grads;
         masked entries of g are zeroed first, so masked weights and momentum (or moment)
         buffers stay zero. A program with ``train_steps`` takes up to INDEX_BUDGET's worth of
@@ -238,7 +239,6 @@ class _Runner:
 # the trainer
 
 
-@legacy.accepts_old_form(legacy.trials_args, "train_trials(model, dataset, trials, run)")
 def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                  run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
                  trials_per_chunk: int | None = None, first_index: int = 0,
@@ -257,7 +257,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
     per trial), see :mod:`training.masks`.
     ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
-    :func:`training.cellplan.plan_cell`, which also picks the program computing a stack's step);
+    :func:`training.engine.cell_plan.plan_cell`, which also picks the program computing a stack's step);
     between two evaluations the stacks run one after another, and nothing in a step mixes
     trials, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
@@ -267,12 +267,12 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     from: weights, momentum buffers or Adam moments, step (lr schedule, Adam's bias
     corrections), divergence reference and data position are the state's; ``run.max_steps``
     counts from the run's beginning and evaluations resume after ``start.step``
-    (:mod:`training.resume`). ``return_state``: put the final state in ``end_state``.
-    The keyword form of earlier releases is accepted with a DeprecationWarning
-    (:mod:`training.legacy`). A process that trains many groups should call
+    (:mod:`training.engine.resume`). ``return_state``: put the final state in ``end_state``.
+    A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do).
     """
+    check_run(run, "train_trials")
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -359,7 +359,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
         if not return_state:  # nor are the optimizer states needed: free them before that copy
             st.bufs = st.adam = None
     result = _result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
-                     plan.kernel)
+                     plan.name)
     if not return_state:
         return result
     state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train)
@@ -404,7 +404,7 @@ def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start:
 
 
 def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, final,
-            steps_run: int, kernel: str) -> TrialsResult:
+            steps_run: int, program: str) -> TrialsResult:
     n = len(trials)
     status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
               else "not_reached" for i in range(n)]
@@ -417,4 +417,4 @@ def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, f
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
         diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
-        steps_run=steps_run, trials=trials, kernel=kernel, params=params)
+        steps_run=steps_run, trials=trials, program=program, params=params)

@@ -16,8 +16,8 @@ import argparse
 
 import training
 import theory
-from experiments.search import sample
-from experiments.spec import Dimension
+from experiments.spec.search import sample
+from experiments.spec.study import Dimension
 
 
 def measure(dataset: training.Dataset, model_name: str, batch_sizes: list[int], trials: int,

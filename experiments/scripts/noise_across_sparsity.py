@@ -18,7 +18,7 @@ import argparse
 
 import pruning
 import training
-from experiments.probes import probe_network
+from experiments.run.probes import probe_network
 
 
 def measure(dataset: training.Dataset, model_name: str, sparsities: list[float], examples: int,

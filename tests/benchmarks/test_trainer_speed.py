@@ -13,10 +13,15 @@ import pytest
 import torch
 
 import training
-from training import bench as bench_mod
-from training.bench import (VAL_EXAMPLES, Row, add_bench_parser, bench_dataset, format_table,
-                            plain_loop, vectorized)
-from training.bench_measure import marginal_rate, peak_rss_mib, reset_peak_rss, training_flops
+from training.bench import speed as bench_mod
+from training.bench.speed import (
+    VAL_EXAMPLES, Row, bench_dataset, format_table, plain_loop, vectorized,
+)
+from training.bench.measure import (
+    marginal_rate, peak_rss_mib, reset_peak_rss, training_flops,
+)
+
+from experiments.cli.bench import add_trainer_bench_parser as add_bench_parser
 
 STEPS, TRIALS = 20, 32
 
@@ -87,7 +92,7 @@ def test_bench_command_prints_ratio_table(capsys, monkeypatch):
     # the printed line is the measured row's, and its ratio that of the unrounded rates
     assert format_table([row]).splitlines()[-1] in out.splitlines()
     cells = printed_row(out)
-    assert cells[3] == row.kernel and row.kernel in ("fused", "batched")
+    assert cells[3] == row.program and row.program in ("fused", "batched")
     assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
     assert cells[6] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
     assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
@@ -122,7 +127,7 @@ def test_format_table_rows():
 
 
 def test_bench_trials_per_optimizer():
-    from training.bench import bench_trials
+    from training.bench.speed import bench_trials
 
     adam, momentum = bench_trials("adamw", 3), bench_trials("momentum", 3)
     assert [t.lr for t in adam] == pytest.approx([1e-4, 1.1e-4, 1.21e-4])

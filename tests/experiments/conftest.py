@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from experiments.report import write_report
+from experiments.report.write import write_report
 
 from .synthetic import make_store
 

@@ -1,5 +1,5 @@
 """Synthetic study stores with a known truth, written through the store's public writing API
-(``experiments.store.open_store`` / ``write_group`` / ``write_probes``): no training."""
+(``experiments.store.database.open_store`` / ``write_group`` / ``write_probes``): no training."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import zlib
 
 import numpy as np
 
-from experiments.schema import GroupRecord, ProbeRow, StudyInfo, TrialRow
-from experiments.spec import loads
-from experiments.store import open_store
+from experiments.store.schema import GroupRecord, ProbeRow, StudyInfo, TrialRow
+from experiments.spec.study import loads
+from experiments.store.database import open_store
 
 SPEC_TOML = """
 name = "{name}"

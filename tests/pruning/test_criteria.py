@@ -172,14 +172,6 @@ def test_bad_arguments(teacher, small_mlp):
         pruning.prune(small_mlp, "grasp", 0.5, dataset=teacher, temperature=0)
 
 
-def test_data_keyword_is_deprecated_for_dataset(teacher, small_mlp):
-    with pytest.warns(DeprecationWarning, match=r"prune\(data=\) is deprecated"):
-        old = pruning.prune(small_mlp, "snip", 0.5, data=teacher)
-    assert old == pruning.prune(small_mlp, "snip", 0.5, dataset=teacher)
-    with pytest.raises(PruningError, match="both dataset= and its deprecated name data="):
-        pruning.prune(small_mlp, "snip", 0.5, dataset=teacher, data=teacher)
-
-
 def independent_round_scores(model, teacher, mask, revive):
     """One round of iterative SNIP (revive=False) or FORCE (revive=True) from torch.func.grad of
     the loss at the pruned weights theta0 * mask: |theta0 * g| for FORCE (every weight ranked),

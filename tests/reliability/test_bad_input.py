@@ -9,7 +9,7 @@ import pytest
 import experiments
 import pruning
 import training
-from experiments.spec import SpecError, load, loads
+from experiments.spec.study import SpecError, load, loads
 
 from .conftest import NoTraining, edit
 

@@ -11,9 +11,9 @@ import torch
 
 import experiments
 import training
-from experiments.planning import plan
-from experiments.schema import VOLATILE
-from experiments.store import lib_version
+from experiments.spec.plan import plan
+from experiments.store.schema import VOLATILE
+from experiments.store.database import lib_version
 
 from .conftest import SPEC, edit
 

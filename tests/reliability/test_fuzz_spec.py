@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from experiments.spec import SEARCH_KEYS, TOP_KEYS, Spec, SpecError, loads, validate
+from experiments.spec.study import SEARCH_KEYS, TOP_KEYS, Spec, SpecError, loads, validate
 
 from .conftest import SPEC
 

@@ -1,5 +1,6 @@
-"""The project's imports form no circle, function-level (lazy) imports included, and the
-packages depend on each other one way only: experiments -> theory, pruning -> training."""
+"""The project's imports form no circle, function-level (lazy) imports included; the packages
+depend on each other one way only (experiments -> theory, pruning -> training), and so do the
+sub-packages within a package and the modules directly inside it."""
 
 import ast
 import graphlib
@@ -12,6 +13,9 @@ PACKAGES = ("training", "pruning", "theory", "experiments")
 # what each package may import from the others
 ALLOWED = {"training": set(), "pruning": {"training"}, "theory": {"training"},
            "experiments": {"training", "pruning", "theory"}}
+# within experiments, what each sub-package may import: a study flows spec -> store -> report,
+# the runner orchestrates them, the command line sits on top
+EXPERIMENTS_LAYERS = ("spec", "store", "report", "run", "exchange", "cli")
 
 
 def project_modules() -> dict[str, Path]:
@@ -81,3 +85,52 @@ def test_packages_depend_one_way(graph):
                    if b.split(".")[0] != a.split(".")[0]
                    and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
     assert not wrong, wrong
+
+
+def unit(name: str, modules: dict[str, Path]) -> str:
+    """The sub-package a module belongs to (``training.engine``), or the module itself when it
+    lies directly inside its package (``training.trials``)."""
+    parts = modules[name].relative_to(ROOT).parts
+    return ".".join(parts[:2]) if len(parts) > 2 else name
+
+
+@pytest.fixture(scope="module")
+def unit_graph(graph) -> dict[str, set[str]]:
+    modules = project_modules()
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            if unit(a, modules) != unit(b, modules):
+                out.setdefault(unit(a, modules), set()).add(unit(b, modules))
+    return out
+
+
+def test_sub_packages_form_no_circle(unit_graph):
+    """Each sub-package (and each module directly in a package) as one node: no circle, so a
+    sub-package never reaches back into a module that depends on it."""
+    assert {"training.engine", "training.bench", "training.distributed", "experiments.spec",
+            "experiments.run", "experiments.report", "experiments.cli"} <= set(unit_graph)
+    try:
+        graphlib.TopologicalSorter(unit_graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"sub-package circle: {' -> '.join(exc.args[1])}")
+
+
+def test_experiments_sub_packages_follow_the_data_flow(unit_graph):
+    wrong = []
+    for a, targets in unit_graph.items():
+        if not a.startswith("experiments.") or a.split(".")[1] not in EXPERIMENTS_LAYERS:
+            continue
+        rank = EXPERIMENTS_LAYERS.index(a.split(".")[1])
+        wrong += [f"{a} -> {b}" for b in targets if b.startswith("experiments.")
+                  and b.split(".")[1] in EXPERIMENTS_LAYERS
+                  and EXPERIMENTS_LAYERS.index(b.split(".")[1]) > rank]
+    assert not wrong, wrong
+
+
+def test_the_engine_is_private_to_the_trainers(graph):
+    """Only training's trainers, its benchmarks and the engine itself reach into
+    ``training.engine``; the other packages use the public trainers."""
+    users = sorted(a for a, targets in graph.items() if a.split(".")[0] != "training"
+                   and any(b.startswith("training.engine") for b in targets))
+    assert not users, users

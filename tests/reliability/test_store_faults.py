@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import experiments
-from experiments import cli
-from experiments.store import DB_NAME, StoreError
+from experiments.cli import main as cli
+from experiments.store.database import DB_NAME, StoreError
 
 from .conftest import SPEC, NoTraining, edit, snapshot
 

@@ -13,10 +13,10 @@ import pandas as pd
 
 import experiments
 import training
-from experiments.planning import plan
-from experiments.runner import ATTEMPTS, GroupTask, execute, study_info
-from experiments.store import open_store
-from experiments.workload import Workload
+from experiments.spec.plan import plan
+from experiments.run.runner import ATTEMPTS, GroupTask, execute, study_info
+from experiments.store.database import open_store
+from experiments.run.workload import Workload
 
 from .conftest import edit
 
@@ -83,7 +83,7 @@ def test_worker_killed_mid_group_is_retried_and_the_study_completes(tmp_path, do
     path.write_text(SLOW)
     total = len(plan(experiments.load_spec(path)))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "experiments.cli", "study", str(path), "--out", str(out),
+    cmd = [sys.executable, "-m", "experiments.cli.main", "study", str(path), "--out", str(out),
            "--workers", "1", "--quiet", "--no-report"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

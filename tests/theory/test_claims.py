@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from theory import TheoryError
-from theory.claims import (FAILS, HOLDS, INCONCLUSIVE, combine, judge, judge_claims, lee_sparsity,
-                           mccandlish, median_step_ratio, ordering, ratio_interval, shape,
-                           small_batch_slope)
+from theory.claims import (
+    FAILS, HOLDS, INCONCLUSIVE, combine, judge, judge_claims, lee_sparsity, mccandlish,
+    median_step_ratio, ordering, ratio_interval, shape, small_batch_slope,
+)
 from theory.predict import MeasuredCurve
 from theory.scaling import ScalingFit
 from theory.summaries import summarize

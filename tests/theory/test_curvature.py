@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import training
-from theory import TheoryError, hessian_top_eigenvalues, hessian_trace, lanczos_top, local_lipschitz
+from theory import (
+    TheoryError, hessian_top_eigenvalues, hessian_trace, lanczos_top, local_lipschitz,
+)
 from theory.curvature import dense_hessian as flat_dense_hessian
 from theory.functional import flat_loss, parameter_vector
 

@@ -143,7 +143,7 @@ def test_probe_summary_from_a_noise_estimate():
     assert ProbeSummary.from_noise(0.5, est, L=3.0, delta=1.0).delta == 1.0
 
 
-def test_seed_sets_the_bootstrap_and_rng_is_its_deprecated_name():
+def test_seed_sets_the_bootstrap():
     noisy = [MeasuredCurve(c.sparsity, c.batch_sizes,
                            tuple(np.asarray(c.steps) * np.exp(np.random.default_rng(1).normal(
                                0.0, 0.1, len(c.steps))))) for c in world()]
@@ -152,9 +152,6 @@ def test_seed_sets_the_bootstrap_and_rng_is_its_deprecated_name():
     assert pred.level(0.5).b_crit_interval == again.level(0.5).b_crit_interval
     assert pred.level(0.5).b_crit_interval != predict_levels(
         PROBES, noisy, n_boot=30, seed=4).level(0.5).b_crit_interval
-    with pytest.warns(DeprecationWarning, match=r"predict_levels\(rng=\) is deprecated"):
-        old = predict_levels(PROBES, noisy, n_boot=30, rng=3)
-    assert old.level(0.5).b_crit_interval == pred.level(0.5).b_crit_interval
 
 
 def test_given_fits_are_used_instead_of_refitting():

@@ -128,13 +128,6 @@ def test_same_seed_gives_same_intervals():
     assert fit != fit_scaling(BATCHES, steps, n_boot=100, seed=8)
 
 
-def test_rng_keyword_is_deprecated_for_seed():
-    steps = curve(500.0, 200.0) * np.exp(np.random.default_rng(5).normal(0.0, 0.05, len(BATCHES)))
-    with pytest.warns(DeprecationWarning, match=r"fit_scaling\(rng=\) is deprecated"):
-        old = fit_scaling(BATCHES, steps, n_boot=100, rng=7)
-    assert old == fit_scaling(BATCHES, steps, n_boot=100, seed=7)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -63,7 +63,7 @@ def test_hierarchical_bootstrap_interval_over_runs_and_points():
 def test_bootstrap_is_reproducible_and_levels_are_separate():
     rows = level_rows(0.0, L=3.0, delta=2.3, b_simple=200.0, lam=1.0, spread=0.2) \
         + level_rows(0.9, L=5.0, delta=2.3, b_simple=100.0, lam=2.0, spread=0.2)
-    a, b = summarize(table(rows), n_boot=100, rng=3), summarize(table(rows), n_boot=100, rng=3)
+    a, b = summarize(table(rows), n_boot=100, seed=3), summarize(table(rows), n_boot=100, seed=3)
     assert [x.interval for x in a] == [x.interval for x in b]
     assert {x.sparsity for x in a} == {0.0, 0.9} and len(a) == 2 * len(STATISTICS)
     assert find(a, 0.9, "L_mean").value == pytest.approx(5.0)

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 import pruning
 import training
 from theory import TheoryError
-from theory.functional import parameter_vector
 from theory.summaries import PROBE_COLUMNS
 from theory.trajectory import QUANTITIES, probe_trajectory, replay_states, window
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from theory.walltime import WallTimeError, format_table, predict_time_to_result
-from training.costmodel import CostModel
+from training.distributed.costmodel import CostModel
 
 S_MIN, B_CRIT = 1000, 256
 BATCHES = [2 ** i for i in range(3, 13)]  # 8 .. 4096

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import training
 from training import ConfigError, EvalSchedule, MaskError, RunConfig, Trial
 from training.order import BatchOrder, trial_seed
-from training.schedules import lr_factor
+from training.lr_schedule import lr_factor
 
 
 @pytest.fixture(scope="module")
@@ -186,26 +186,6 @@ def test_bad_mask_raises_mask_error(teacher):
     with pytest.raises(MaskError, match="mask entry 'nope' is not a parameter"):
         training.train_reference(net, teacher, Trial(lr=0.1), RunConfig(8, max_steps=1),
                                  mask={"nope": torch.ones(1)})
-
-
-def test_old_keyword_form_warns_and_is_bit_identical(teacher):
-    """The keyword form of earlier releases (deprecated): same result to the bit."""
-    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    g = torch.Generator().manual_seed(1)
-    mask = {"1.weight": (torch.rand(16, 8, generator=g) > 0.5).float()}
-    schedule = EvalSchedule(every=7)
-    with pytest.warns(DeprecationWarning, match="train_reference.*deprecated"):
-        old = training.train_reference(net, teacher, batch_size=16, lr=0.2, momentum=0.5,
-                                       optimizer="nesterov", steps=40, seed=2, trial_index=1,
-                                       decay_steps=30, end_factor=0.2, target=0.5,
-                                       eval_schedule=schedule, stop_at_goal=False, mask=mask)
-    new = training.train_reference(
-        net, teacher, Trial(lr=0.2, momentum=0.5, decay_steps=30, end_factor=0.2),
-        RunConfig(16, "nesterov", max_steps=40, goal=0.5, eval_schedule=schedule, stop="never",
-                  seed=2), mask=mask, trial_index=1)
-    assert old.curve.rows() == new.curve.rows() and old.steps_run == new.steps_run == 40
-    assert old.steps_to_result == new.steps_to_result is not None
-    assert all(torch.equal(old.state[k], new.state[k]) for k in new.state)
 
 
 def test_run_must_be_a_run_config(teacher):

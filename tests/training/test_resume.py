@@ -9,10 +9,9 @@ import torch
 
 import training
 from training import ConfigError, EvalSchedule, RunConfig, Trial
-from training.batch_schedule import BatchSchedule
 from training.order import trial_seed
 from training.reference import train_schedule_reference
-from training.resume import DataOrigin
+from training.engine.resume import DataOrigin
 from training.state import DataPosition, DataStream, TrainState
 
 F64 = torch.float64

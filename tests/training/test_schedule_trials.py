@@ -31,8 +31,8 @@ def test_one_constant_batch_equals_train_trials_bit_for_bit(teacher320, net16, o
         got = train_schedule_trials(net16, teacher320, TRIALS, replace(r, batch_size=16), masks=mask,
                                     first_index=2, schedule=BatchSchedule.constant(48))
         assert [c.rows() for c in got.curves] == [c.rows() for c in want.curves]
-        assert (got.hit_step, got.status, got.steps_taken, got.steps_run, got.best, got.kernel) == \
-            (want.hit_step, want.status, want.steps_taken, want.steps_run, want.best, want.kernel)
+        assert (got.hit_step, got.status, got.steps_taken, got.steps_run, got.best, got.program) == \
+            (want.hit_step, want.status, want.steps_taken, want.steps_run, want.best, want.program)
         for name, v in want.params.items():
             assert torch.equal(got.params[name], v), name
 
@@ -48,7 +48,7 @@ def test_two_segments_equal_the_reference_loop(teacher320, net16, optimizer):
                     dtype=F64)
     got = train_schedule_trials(net16, teacher320, trials, run, schedule=sched, masks=mask)
     assert got.end_trials == (0, 1, 2) and got.end_state.step == 37
-    assert got.kernel in ("fused", "batched")   # both segments' kernel, named once
+    assert got.program in ("fused", "batched")   # both segments' program, named once
     for i, t in enumerate(trials):
         ref = train_schedule_reference(net16, teacher320, t, run, schedule=sched, mask=mask, trial_index=i)
         assert got.curves[i].step.tolist() == ref.result.curve.step.tolist() == [0, 5, 10, 15, 20, 25, 30, 35, 37]

@@ -151,7 +151,7 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
 def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
     """The copy a hit is replayed from is made once per evaluation interval, and only when
     there is a goal to hit; the run is the same either way."""
-    from training.trial_stack import TrialStack
+    from training.engine.trial_stack import TrialStack
 
     copies = []
     clone = TrialStack.clone
@@ -238,7 +238,7 @@ def test_steps_per_kernel_call_do_not_change_results(teacher, monkeypatch, steps
     curves (training loss sums included) and weights; trial 1 diverges mid-interval."""
     import training.trials as trials_mod
 
-    if training.kernels.fused_sequential() is None:
+    if training.engine.compiled_kernel.fused_sequential() is None:
         pytest.skip("the compiled kernel cannot be built here")
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     trials = [{"lr": 0.1, "momentum": 0.9}, {"lr": 30.0, "momentum": 0.9},
@@ -246,7 +246,7 @@ def test_steps_per_kernel_call_do_not_change_results(teacher, monkeypatch, steps
     run = RunConfig(16, "nesterov", max_steps=100, seed=3, goal=0.25, stop="all",
                     eval_schedule=EvalSchedule(every=25))
     whole = training.train_trials(net, teacher, trials, run)
-    assert whole.kernel == "fused" and whole.status[1] == "diverged"
+    assert whole.program == "fused" and whole.status[1] == "diverged"
     assert whole.diverged_step[1] % 25 not in (0, 1)  # inside an interval, not at its start
     monkeypatch.setattr(trials_mod, "INDEX_BUDGET", steps_per_call * 8 * len(trials) * 16)
     split = training.train_trials(net, teacher, trials, run)
@@ -352,25 +352,6 @@ def test_bad_input_names_the_argument(teacher, kwargs, error, match):
         training.train_trials(net, teacher, trials, run, **kwargs)
 
 
-def test_old_keyword_form_warns_and_is_bit_identical(teacher):
-    """The keyword form of earlier releases (deprecated), positional batch size and trials as
-    the experiments passed them: same result to the bit."""
-    net = training.models.build("mlp", teacher, hidden=[16], seed=0)
-    masks = {"1.weight": random_mask((16, 8), 4, leading=(3,)).float()}
-    schedule = EvalSchedule(every=15)
-    with pytest.warns(DeprecationWarning, match="train_trials.*deprecated"):
-        old = training.train_trials(net, teacher, 16, TRIALS, "nesterov", target=0.3,
-                                    max_steps=90, masks=masks, seed=5, eval_schedule=schedule,
-                                    stop="all", trials_per_chunk=2, first_index=1)
-    new = training.train_trials(
-        net, teacher, TRIALS, RunConfig(16, "nesterov", max_steps=90, goal=0.3, seed=5,
-                                        eval_schedule=schedule, stop="all"),
-        masks=masks, trials_per_chunk=2, first_index=1)
-    assert old.hit_step == new.hit_step and old.steps_taken == new.steps_taken
-    assert [c.rows() for c in old.curves] == [c.rows() for c in new.curves]
-    assert all(torch.equal(old.params[k], new.params[k]) for k in new.params)
-
-
 def test_group_where_every_trial_diverges(teacher):
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
     res = training.train_trials(net, teacher, [{"lr": 1e4, "momentum": 0.9}] * 2,
@@ -383,7 +364,7 @@ def test_group_where_every_trial_diverges(teacher):
 
 
 def test_chunk_size_from_activation_budget(mnist1d_small):
-    from training.stacked import activation_floats, default_chunk
+    from training.engine.cell_plan import activation_floats, default_chunk
 
     mlp = training.models.build("mlp", mnist1d_small)
     assert activation_floats(mlp, (40,)) == 40 + 4 * 100 + 10

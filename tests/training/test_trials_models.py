@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 import training
-from training import EvalSchedule, RunConfig, kernels
-from training.cellplan import plan_cell
+from training import EvalSchedule, RunConfig
+from training.engine import compiled_kernel as kernels
+from training.engine.cell_plan import plan_cell
 
 F64 = torch.float64
 SGD_TRIALS = [
@@ -49,12 +50,12 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
     trials = trials_for(optimizer)
     plan = plan_cell(net, ds.task, ds.input_shape, batch_size, len(trials), F64,
                      optimizer=optimizer)
-    assert plan.kernel == kernel
+    assert plan.name == kernel
     masks = masks_for(net, len(trials))
     run = RunConfig(batch_size, optimizer, max_steps=steps, seed=3, dtype=F64,
                     eval_schedule=EvalSchedule(every=steps // 2))
     res = training.train_trials(net, ds, trials, run, masks=masks)
-    assert res.kernel == kernel
+    assert res.program == kernel
     for i, t in enumerate(trials):
         mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
         ref = training.train_reference(net, ds, t, run, mask=mask, trial_index=i)

@@ -1,0 +1,128 @@
+"""``sparsescale bench`` (the vectorized trainer against the plain loop,
+:mod:`training.bench.speed`) and ``sparsescale bench ddp`` (DDP step times and the wall-clock
+cost model, :mod:`training.distributed.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training import models
+from training.bench.measure import CLOCKS, matmul_peak
+from training.bench import speed
+from training.bench.speed import MODELS, bench_dataset, format_table
+from training.config import OPTIMIZERS
+from training.distributed import costmodel
+from training.distributed.bench import BenchPlan, measure
+from training.distributed.trainer import backend_for
+from training.errors import ConfigError
+from training.process import setup_training_process
+
+from experiments.cli.ddp import add_workload_arguments, build_workload
+
+
+def run_trainer_bench(args: argparse.Namespace) -> int:
+    """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
+    sizes and optimizer. Returns 0."""
+    names = [m.strip() for m in args.models.split(",")]
+    unknown = sorted(set(names) - set(models.list_models()))
+    if unknown:
+        raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; "
+                          f"allowed: {', '.join(models.list_models())}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # both trainers run in a process set up for training, as a study's workers are
+    setup_training_process()
+    peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
+    print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
+          f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}")
+    rows = []
+    for model in names:
+        ds = bench_dataset(model, args.samples)
+        print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
+        for b in (int(s) for s in args.batch_sizes.split(",")):
+            rows.append(speed.bench(model, b, args.trials, ds, peak, args.seconds, args.clock,
+                              args.optimizer))
+            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(format_table(rows))
+    return 0
+
+
+def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
+    """Add the ``name`` subcommand (``sparsescale bench``); the handler
+    :func:`run_trainer_bench` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
+                                         "loop", description=speed.__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated (default {','.join(MODELS)})")
+    p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
+    p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
+    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--samples", type=int, default=10_000,
+                   help="MNIST-1D samples, and synthetic images when MNIST / CIFAR-10 files are "
+                        "absent (default 10000)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
+                   help="optimizer of both trainers (default momentum); any other is also "
+                        "compared with the vectorized trainer under momentum")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or process CPU time (robust on a shared machine "
+                        "with --threads 1)")
+    p.set_defaults(fn=run_trainer_bench)
+    return run_trainer_bench
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+
+
+def run_ddp_bench(args: argparse.Namespace) -> int:
+    """``sparsescale bench ddp``: measure DDP step times on this machine, fit
+    t(B, k) = t_fixed + t_example B / k + t_allreduce(P, k) (see :mod:`training.distributed.costmodel`),
+    print the constants and the table, and save them as JSON with ``--out``. Returns 0."""
+    if args.out:
+        # fail on an unwritable destination now, not after minutes of measuring
+        folder = args.out if args.out.suffix != ".json" else args.out.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out {args.out}: cannot create folder {folder} "
+                              f"({exc.strerror})") from None
+    model, ds = build_workload(args)
+    plan = BenchPlan(args.per_worker_batch, args.allreduce_sizes, args.warmup, args.repeats,
+                     args.rounds)
+    meas = measure(model, ds, args.workers, plan, device=args.device, threads=args.threads)
+    fit = costmodel.fit(meas, backend=backend_for(args.device), device=args.device,
+                        workload=f"{args.dataset}/{args.model}", threads=args.threads)
+    print(costmodel.format_report(fit, meas))
+    if args.out:
+        print(f"saved {costmodel.save_cost_model(fit, args.out, meas)}")
+    return 0
+
+
+def add_ddp_bench_parser(subparsers: Any, name: str = "ddp") -> Any:
+    """Add the ``name`` subcommand (``sparsescale bench ddp``); the handler
+    :func:`run_ddp_bench` is set as the subcommand's ``fn`` default and returned."""
+    p = subparsers.add_parser(
+        name, help="DDP step times against workers k and per-worker batch; the cost model",
+        description=run_ddp_bench.__doc__)
+    add_workload_arguments(p)
+    p.add_argument("--workers", type=_ints, default=(1, 2), help="worker counts k, e.g. 1,2,4")
+    p.add_argument("--per-worker-batch", type=_ints, default=BenchPlan.per_worker_batches,
+                   help="per-worker batch sizes B / k")
+    p.add_argument("--allreduce-sizes", type=_ints, default=BenchPlan.allreduce_sizes,
+                   help="all-reduce message sizes in float32 elements")
+    p.add_argument("--repeats", type=int, default=BenchPlan.repeats)
+    p.add_argument("--warmup", type=int, default=BenchPlan.warmup)
+    p.add_argument("--rounds", type=int, default=BenchPlan.rounds)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--out", type=Path, help="write the fitted cost model here (cost_model.json)")
+    p.set_defaults(fn=run_ddp_bench)
+    return run_ddp_bench

@@ -1,0 +1,75 @@
+"""Fixed, locale-free formatting of the report's numbers and labels.
+
+The tables, the prose and the files all format through these functions, so the same store always
+gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from experiments.spec.external import ExternalSpec
+from experiments.spec.study import Budget, Spec
+
+
+def fmt_num(x, digits: int = 4) -> str:
+    """Integers as integers, other numbers to ``digits`` significant digits (no exponent below
+    1e15 once they reach 10**digits), booleans as yes / no, missing values as an en dash."""
+    if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA:
+        return "–"
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    if isinstance(x, (int, np.integer)) or (float(x).is_integer() and abs(x) < 1e15):
+        return f"{int(x)}"
+    if 10**digits <= abs(x) < 1e15:
+        return f"{x:.0f}"       # 1788 rather than 1.79e+03
+    return f"{float(x):.{digits}g}"
+
+
+def fmt_pct(fraction: float) -> str:
+    """0.9 -> '90 %'."""
+    return f"{100 * fraction:g} %"
+
+
+def fmt_interval(lo: float, hi: float) -> str:
+    """'[lo, hi]' to three significant digits."""
+    return f"[{fmt_num(lo, 3)}, {fmt_num(hi, 3)}]"
+
+
+def sparsity_label(sparsity: float) -> str:
+    """'dense' or '90 % sparse'."""
+    return "dense" if sparsity == 0 else f"{fmt_pct(sparsity)} sparse"
+
+
+def series_label(run: str, sparsity: float, combined: bool) -> str:
+    """The label of one curve: the sparsity level, prefixed by its run's label when several
+    runs share the report."""
+    return f"{run}, {sparsity_label(sparsity)}" if combined else sparsity_label(sparsity)
+
+
+def goal_text(spec: Spec | ExternalSpec) -> str:
+    """'validation error < 0.3' (``<=`` for a non-strict goal, Lee et al. 2021); an imported
+    workload's metric is a column name that says its split ('val/classification_error < 0.1')."""
+    metric = spec.metric if "/" in spec.metric else f"validation {spec.metric}"
+    return f"{metric} {'<' if spec.strict else '<='} {spec.target:g}"
+
+
+def eval_text(spec: Spec | ExternalSpec) -> str:
+    """How steps-to-result was evaluated: '[eval] exact every 20', or for an imported workload
+    that its source's own measurement was kept ('as published (batch_science)')."""
+    if isinstance(spec, ExternalSpec):
+        return f"as published ({spec.source.get('format', 'import')})"
+    return f"[eval] {spec.eval.kind} every {spec.eval.every}"
+
+
+def budget_text(budget: Budget | str) -> str:
+    """The step budget: 'N', 'E examples / B, in [min, max]', or an imported workload's own
+    description (its batch sizes had different budgets)."""
+    if isinstance(budget, str):
+        return budget
+    if budget.max_steps is not None:
+        return str(budget.max_steps)
+    return f"{budget.examples} examples / B, in [{budget.min}, {budget.max}]"

@@ -1,0 +1,160 @@
+"""The report's theory figures: B_simple along the run against the fitted B_crit (Figure 5), L and
+lambda_max along the run (Figure 6), and the noisy quadratic model beside the measurement
+(Figure 7), in the style of :mod:`experiments.report.figures`.
+
+Each function takes plain DataFrames and returns a matplotlib Figure
+(:func:`experiments.report.figures.png_bytes` renders it deterministically).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+# first: experiments.report.figures selects the Agg backend before pyplot is loaded
+from experiments.report.figures import empty_panel, log2_axis, log10_axis, normalized_panel, style
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+
+def b_simple_figure(probes: pd.DataFrame, fits: pd.DataFrame, series: list[str], cmap: dict[str, tuple]):
+    """B_simple(t) = tr Sigma / |G|^2 along the run (fraction of H) at each probed batch size
+    (line style by batch size rank), one panel per series, against the series' fitted B_crit
+    with its interval (band): McCandlish et al. (2018) compare the two at the goal."""
+    with style():
+        fig, panels = _series_panels(set(probes["series"]), series)
+        for ax, name in panels:
+            d = probes[(probes["series"] == name) & (probes["quantity"] == "b_simple")
+                       & probes["value"].notna()]
+            if not len(d):
+                empty_panel(ax, f"{name}:\nno probes")
+                continue
+            for k, (b, g) in enumerate(d.groupby("batch_size")):
+                m = g.groupby("fraction")["value"].median()
+                ax.plot(m.index, m.to_numpy(), ["-", "--", ":", "-."][k % 4], marker="o", ms=3,
+                        color=cmap[name], lw=1.2, label=f"B = {int(b)}")
+            _b_crit_band(ax, fits, name)
+            log10_axis(ax.yaxis)
+            _along_the_run(ax, "B_simple = tr Σ / |G|²", name)
+        return fig
+
+
+def _series_panels(present: set[str], series: list[str]):
+    """A figure with one panel per series of ``series`` that ``present`` holds (else the first),
+    and its (axis, series) pairs."""
+    names = [s for s in series if s in present] or series[:1]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.6), squeeze=False,
+                             layout="constrained")
+    return fig, list(zip(axes[0], names))
+
+
+def _b_crit_band(ax, fits: pd.DataFrame, name: str) -> None:
+    """The series' fitted B_crit (black line) and its interval (grey band), when it was fitted."""
+    fit = fits.set_index("series")
+    if name in fit.index and not pd.isna(fit.loc[name, "b_crit"]):
+        ax.axhspan(fit.loc[name, "b_crit_lo"], fit.loc[name, "b_crit_hi"], color="0.85", zorder=0)
+        ax.axhline(fit.loc[name, "b_crit"], color="black", lw=0.9, label="fitted B_crit")
+
+
+def _along_the_run(ax, ylabel: str, title: str) -> None:
+    """Labels of a panel whose x axis is the fraction of the run, and its legend."""
+    ax.set_xlabel("fraction of the run (step / H)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=7)
+
+
+def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, tuple]):
+    """Lee et al. (2021)'s local Lipschitz constant L(t) on the run's own update and the top
+    Hessian eigenvalue lambda_max(t) along the run, dense beside sparse (median over seeds and
+    probed batch sizes at each fraction of H)."""
+    with style():
+        fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
+        for ax, (q, label) in zip(axes, (("local_lipschitz", "local Lipschitz constant L"),
+                                         ("hessian_top", "top Hessian eigenvalue λ_max"))):
+            d = probes[(probes["quantity"] == q) & probes["value"].notna()]
+            if not len(d):
+                empty_panel(ax, f"{label}:\nnot measured")
+                continue
+            for name in series:
+                m = d[d["series"] == name].groupby("fraction")["value"].median()
+                if len(m):
+                    ax.plot(m.index, m.to_numpy(), "o-", ms=3, color=cmap[name], lw=1.2, label=name)
+            log10_axis(ax.yaxis)
+            ax.set_xlabel("fraction of the run (step / H)")
+            ax.set_ylabel(label)
+            ax.legend(loc="best", fontsize=7)
+        return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. noisy quadratic model beside the measured curves
+
+
+def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap: dict[str, tuple],
+               note: str):
+    """(a) measured steps normalized at the smallest batch size; (b) the noisy quadratic model
+    (Zhang et al. 2019) with SGD, momentum and Adam-like preconditioning (one curve per
+    ``nqm["optimizer"]``), normalized the same way, in its own units."""
+    with style():
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
+        normalized_panel(ax, points, series, cmap)
+        ax.set_title("(a) measured")
+        if not len(nqm):
+            empty_panel(bx, "the NQM reached the target at no batch size")
+        else:
+            styles = {"sgd": "-", "momentum": "-.", "preconditioned": ":"}
+            pal = sns.color_palette("dark", 4)
+            for i, (opt, g) in enumerate(nqm.groupby("optimizer", sort=True)):
+                bx.plot(g["batch_size"], g["steps"] / g["steps"].iloc[0], ls=styles.get(opt, "-"),
+                        marker="o", ms=3.5, color=pal[i], lw=1.3,
+                        label=f"NQM, {opt}" + (" (Adam-like)" if opt == "preconditioned" else ""))
+            b = nqm["batch_size"]
+            grid = np.geomspace(b.min(), b.max(), 32)
+            bx.plot(grid, b.min() / grid, ls="--", color="black", lw=0.9, label="perfect scaling")
+            log2_axis(bx.xaxis)
+            log2_axis(bx.yaxis)
+            bx.set_xlabel("batch size B (NQM units)")
+            bx.set_ylabel("steps / steps at smallest B")
+            bx.legend(loc="lower left")
+        bx.set_title("(b) noisy quadratic model")
+        fig.supxlabel(textwrap.fill(note, 160), fontsize=7, color="0.3")
+        return fig
+
+
+def branching_figure(branching: pd.DataFrame, probes: pd.DataFrame, fits: pd.DataFrame, series: list[str],
+                     cmap: dict[str, tuple]):
+    """CBS(t) measured by branching (Merrill et al. 2025) along the base run with its bootstrap
+    interval (band), one line per seed, beside B_simple(t) probed on the run of the same batch
+    size (dashed, median over seeds; every probed batch size when that one was not probed) and the series' fitted B_crit with its interval (grey band),
+    one panel per series; dotted: the largest branch k_max B (CBS there is a lower bound)."""
+    with style():
+        fig, panels = _series_panels(set(branching["series"]), series)
+        for ax, name in panels:
+            d = branching[branching["series"] == name]
+            if not len(d):
+                empty_panel(ax, f"{name}:\nnot branched")
+                continue
+            _b_crit_band(ax, fits, name)
+            for k, (seed, g) in enumerate(d.groupby("seed")):
+                g = g.sort_values("step")
+                x = g["step"] / g["goal_step"]
+                # CBS = 0 (below the smallest branch) is drawn at half the base batch on the log axis
+                floor = g["batch_size"] / 2
+                ax.fill_between(x, g["low"].clip(lower=floor), g["high"].clip(lower=floor), color=cmap[name],
+                                alpha=0.2, lw=0)
+                ax.plot(x, g["critical_batch"].clip(lower=floor), "o-", ms=3, lw=1.3, color=cmap[name],
+                        label="CBS(t), branching" if k == 0 else None)
+            top = d["k_max"] * d["batch_size"]
+            ax.axhline(top.max(), color=cmap[name], ls=":", lw=0.9, label=f"largest branch {int(top.max())}")
+            p = probes[(probes["series"] == name) & (probes["quantity"] == "b_simple") & probes["value"].notna()]
+            same = p[p["batch_size"].isin(set(d["batch_size"]))]
+            for k, (b, g) in enumerate((same if len(same) else p).groupby("batch_size")):
+                m = g.groupby("fraction")["value"].median()
+                ax.plot(m.index, m.to_numpy(), ["--", ":", "-."][k % 3], color="0.35", lw=1.0,
+                        label=f"B_simple(t), probed at B = {int(b)}")
+            log2_axis(ax.yaxis)
+            _along_the_run(ax, "batch size", name)
+        return fig

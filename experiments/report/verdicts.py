@@ -1,0 +1,111 @@
+"""Theory vs measurement: the papers' claims judged on the probes along the runs.
+
+Per run, :func:`verdicts` summarizes the probe table per level (``theory.summarize``: B_simple
+at the goal, L along the run, lambda_max, with hierarchical bootstrap intervals) and judges every
+claim of ``theory.claims`` against the fitted curves: McCandlish et al. (2018), Lee et al.
+(2021)'s sparsity claim, and the shape of the curve (Shallue et al. 2019), each in the paper's
+tier and a strict one, with its interval and a verdict "holds", "does not hold" or
+"inconclusive". :func:`verdict_sentences` states each verdict in one sentence; when a claim
+fails, :func:`failure_sentences` gives the quantities that show why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from theory.claims import FAILS, judge_claims
+from theory.errors import TheoryError
+from theory.predict import MeasuredCurve
+from theory.summaries import find, summarize
+
+from experiments.report.analysis import Fits, reached_groups
+from experiments.report.formatting import fmt_interval, fmt_num, sparsity_label
+
+VERDICT_COLUMNS = ["run", "series", "sparsity", "claim", "tier", "value", "low", "high",
+                   "allowed_low", "allowed_high", "verdict", "reason"]
+STEPS_DEFINITION = (
+    "Steps-to-result: the first scheduled evaluation (every [eval] step) whose validation metric "
+    "meets the goal, refined to the step inside the replay window; a trial's metric can dip below "
+    "the target between two evaluations and come back, so [eval] every = 1 gives the "
+    "schedule-free answer.")
+
+
+def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str]
+             ) -> tuple[pd.DataFrame, list[str]]:
+    """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
+    why none could be judged (when so)."""
+    reached = reached_groups(groups)
+    rows, skipped = [], []
+    for run in runs:
+        mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
+        g = reached[reached["run"] == run]
+        series_of = dict(zip(g["sparsity"], g["series"]))
+        level_fits = {s: fits.objects[name] for s, name in series_of.items() if name in fits.objects}
+        if mine.empty or not level_fits:
+            skipped.append(f"{run}: no claim judged ({'no probes' if mine.empty else 'no fitted curve'}).")
+            continue
+        curves = [MeasuredCurve(s, tuple(c["batch_size"].astype(float)),
+                                tuple(c["steps_to_result"].astype(float)))
+                  for s, c in g.sort_values(["batch_size", "seed"]).groupby("sparsity")]
+        try:
+            summaries = summarize(mine)
+            probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
+            judged = judge_claims(summaries, probed, curves)
+        except TheoryError as exc:
+            skipped.append(f"{run}: no claim judged ({exc}).")
+            continue
+        rows += [{"run": run, "series": series_of[v.sparsity], "sparsity": v.sparsity,
+                  "claim": v.claim, "tier": v.tier, "value": v.value, "low": v.interval[0],
+                  "high": v.interval[1], "allowed_low": v.threshold[0],
+                  "allowed_high": v.threshold[1], "verdict": v.verdict, "reason": v.reason}
+                 for v in judged]
+    return pd.DataFrame(rows, columns=VERDICT_COLUMNS), skipped
+
+
+def _has(summaries, sparsity: float) -> bool:
+    try:
+        find(summaries, sparsity, "b_simple_goal")
+    except TheoryError:
+        return False
+    return True
+
+
+def verdict_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The verdict table as shown: claim, tier, level, value [interval], allowed range, verdict."""
+    return pd.DataFrame({
+        "series": table["series"], "claim": table["claim"], "tier": table["tier"],
+        "value [90 % interval]": [f"{fmt_num(v, 3)} {fmt_interval(lo, hi)}" for v, lo, hi in
+                                  zip(table["value"], table["low"], table["high"])],
+        "allowed": [fmt_interval(a, b) if np.isfinite(a) else "–"
+                    for a, b in zip(table["allowed_low"], table["allowed_high"])],
+        "verdict": table["verdict"]}, columns=["series", "claim", "tier", "value [90 % interval]",
+                                               "allowed", "verdict"])
+
+
+def verdict_sentences(table: pd.DataFrame) -> list[str]:
+    """One sentence per verdict, with its numbers."""
+    return [f"{r.series}, {r.claim} ({r.tier} tier): {r.verdict} — {r.reason}."
+            for r in table.itertuples(index=False)]
+
+
+def failure_sentences(table: pd.DataFrame, probes: pd.DataFrame) -> list[str]:
+    """When a claim does not hold: L, lambda_max and |G|^2 along the runs, per level (dense beside
+    sparse), and a plain statement that the theory does not explain this workload."""
+    failed = table[table["verdict"] == FAILS]
+    out = []
+    for run, f in failed.groupby("run", sort=False):
+        mine = probes[(probes["run"] == run)]
+        parts = []
+        for sparsity, g in mine.groupby("sparsity"):
+            med = g.groupby("quantity")["value"].median()
+            parts.append(f"{sparsity_label(sparsity)}: median along the runs L = "
+                         f"{fmt_num(med.get('local_lipschitz', np.nan), 3)}, λ_max = "
+                         f"{fmt_num(med.get('hessian_top', np.nan), 3)}, |G|² = "
+                         f"{fmt_num(med.get('g_sq', np.nan), 3)}")
+        claims = ", ".join(sorted(set(f["claim"])))
+        out.append(f"{run}: {claims} does not hold, so the theory does not explain this workload "
+                   f"({'; '.join(parts)}).")
+    return out

@@ -1,0 +1,322 @@
+"""Study reports: theory set beside measurement, sparse beside dense.
+
+``write_report(run_dirs, out=None)`` reads one or more run folders ONLY through
+:func:`experiments.load_results` (so any finished or partial run can be reported again, and
+several runs, e.g. an SGD and a momentum study, can be combined) and writes into ``out``:
+
+- ``report.html``: self-contained (figures embedded as base64 PNG, inline CSS, no scripts): opens
+  offline;
+- ``report.md`` with ``figures/*.png`` beside it;
+- ``summary.csv``: one row per (run, sparsity, batch size): steps-to-result, best metaparameters,
+  trials reached / diverged, fit and prediction values;
+- ``time_to_result.csv`` when a run folder holds ``cost_model.json``: predicted time-to-result
+  per (series, batch size, workers k) on real hardware (:mod:`experiments.report.hardware`).
+
+The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`experiments.report.analysis`
+computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
+:mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
+``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures` and
+:mod:`experiments.report.theory_figures` the figures and
+:mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
+:class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
+
+``out`` defaults to the first run folder. The same store(s) give byte-identical files: figures
+carry no software or time metadata, rows are sorted, numbers have fixed formatting, and nothing
+depends on the time the report is written.
+
+Example::
+
+    from experiments.report.write import write_report
+    write_report(["runs/shallue-sgd", "runs/shallue-momentum"], out="runs/shallue")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.report import analysis as A
+from experiments.report import figures as F
+from experiments.report import tables as T
+from experiments.report import theory_figures as TF
+from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
+from experiments.report.formatting import eval_text, goal_text
+from experiments.report.hardware import hardware_view, time_to_result_frame
+from experiments.report.prose import (
+    findings_text, optimizer_sentences, prediction_statement, sanity_sentences,
+)
+from experiments.report.runs import ReportError, RunSet, load_runs
+from experiments.report.sanity_view import SanityPart, sanity_view
+from experiments.report.sections import (
+    Code, Document, Figure, Formula, Paragraphs, Section, Table, render,
+)
+from experiments.report.theory_view import NQM_NOTE, NQM_OPTIMIZER, theory_view
+from experiments.report.verdicts import (
+    STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
+)
+
+__all__ = ["write_report", "build", "ReportError"]
+
+HARDWARE_HEADING = "Time to result on real hardware"
+CSV_FORMAT = {"index": False, "float_format": "%.6g", "lineterminator": "\n"}
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`write_report` writes: the document (figures inside it) and the CSV tables
+    (``time_to_result`` has no rows without a cost model)."""
+
+    document: Document
+    summary: pd.DataFrame
+    time_to_result: pd.DataFrame
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
+    """Write report.html, report.md, figures/*.png and summary.csv for ``run_dirs`` into ``out``
+    (default: the first run folder) and return the path of report.html.
+
+    Raises :class:`ReportError` for an empty ``run_dirs`` and ``experiments.StoreError`` for a
+    folder without a store.
+    """
+    runs = load_runs([Path(d) for d in run_dirs] if not isinstance(run_dirs, (str, Path)) else run_dirs)
+    out = Path(out) if out is not None else Path(run_dirs[0])
+    report = build(runs)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    for fig in report.document.figures():
+        (out / "figures" / f"{fig.name}.png").write_bytes(fig.png)
+    _write_text(out / "report.md", render(report.document, "markdown"))
+    _write_text(out / "report.html", render(report.document, "html"))
+    _write_text(out / "summary.csv", report.summary.to_csv(**CSV_FORMAT))
+    timing = out / "time_to_result.csv"
+    if len(report.time_to_result):
+        _write_text(timing, report.time_to_result.to_csv(**CSV_FORMAT))
+    else:
+        timing.unlink(missing_ok=True)   # left by an earlier report whose cost model is gone
+    return out / "report.html"
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+
+
+def build(runs: RunSet) -> Report:
+    """Compute every number, figure and table of the report from the loaded runs."""
+    order, labels = runs.order, runs.labels
+    points = A.points_table(runs.groups, runs.trials, runs.planned, order)
+    edges = A.search_edges(points, runs.searched())
+    fits = A.fit_series(runs.groups, order)
+    ratios = A.step_ratios(points, order, runs.dense_runs())
+    theory = theory_view(runs.groups, runs.probes, fits, labels, [r.optimizer for r in runs.runs])
+    sanity = sanity_view(runs, points, fits, ratios)
+    missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
+    cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
+    hardware = hardware_view(runs.runs, order, points)
+    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
+    theory_words = verdict_sentences(judged) + failure_sentences(judged, runs.probes) + unjudged
+    critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
+    warm = warmup_table(runs.warmup)
+    sections = (
+        Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
+        Section("Findings", 2, (Paragraphs(tuple(findings_text(
+            points, fits.table, ratios, missing, order, labels) + theory_words
+            + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
+                                  sorted({s for r in runs.runs for s in r.spec.sparsities}))
+            + sanity_sentences(sanity.table) + branching_sentences(critical, warm)), "findings"),)),
+        Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
+        _theory_section(runs, fits, judged),
+        *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
+        Section("Tables", 2, (
+            _table("Steps to result", T.steps_table(points, edges)),
+            _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
+                   "intervals, regime boundaries)", T.fits_table(fits)),
+            _table("Structure of the bound (not scored)", T.predictions_table(theory.table),
+                   "The convergence bound's values beside the measurement. Not a prediction the "
+                   "papers make: with one ε shared by all levels the bound's critical batch 4σ²/ε "
+                   "scales as σ²_sparse / σ²_dense by construction. The papers' claims are scored "
+                   "under Theory vs measurement." if len(theory.table) else
+                   "No bound could be evaluated (see What was fitted and what was predicted)."),
+            _table("Sparse / dense step ratios (measured)", T.ratios_table(ratios),
+                   "" if len(ratios) else
+                   "No sparse and dense curve reached the goal at a common batch size."),
+            _table("Probe inputs to the theory", T.probe_inputs_table(theory.inputs),
+                   "L: Lee et al.'s local Lipschitz constant (mean along the probed runs); σ² = "
+                   "tr Σ and B_simple: over the last 20 % of the runs; Δ: loss at step 0."),
+            *_sanity_tables(sanity),
+            _table("Missing and failed", T.missing_table(missing),
+                   "" if len(missing) else "Every planned group is in the store and none failed."),
+            _table("Cost and versions", T.cost_table(cost)))),
+        Section(HARDWARE_HEADING, 2, (Paragraphs(tuple(hardware.paragraphs)),
+                                      *(_table(*t) for t in T.hardware_tables(hardware)))),
+        Section("What was fitted and what was predicted", 2,
+                (Paragraphs(tuple(prediction_statement(p) for p in theory.runs)),)),
+        Section("Theory formulas", 2, tuple(Formula(*f, name=f"formula{i}")
+                                            for i, f in enumerate(theory.formulas))),
+        Section("Study specs", 2, tuple(
+            Section(r.label, 3, (Code(r.spec.toml.strip(), "toml"),)) for r in runs.runs)),
+    )
+    return Report(
+        document=Document("Study report: " + ", ".join(labels), sections),
+        summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
+        time_to_result=time_to_result_frame(hardware, runs.info()))
+
+
+def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section:
+    """Theory vs measurement: the steps-to-result definition used, the tiered verdict table and
+    the two figures along the runs."""
+    order = list(runs.order)
+    cmap = F.colors(order)
+    evals = "; ".join(dict.fromkeys(f"{r.label}: {eval_text(r.spec)}"
+                                    for r in runs.runs))
+    return Section("Theory vs measurement", 2, (
+        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.",)),
+        _table("Claims in their own terms", verdict_table(judged),
+               "Paper's tier: McCandlish et al. (2018) B_simple at the goal within 10x of the "
+               "fitted B_crit; Lee et al. (2021) the sparse/dense step ratio explained by "
+               "(L_s Δ_s)/(L_d Δ_d) in direction (and ordering with >= 3 levels); shape: small-B "
+               "slope in [-1.1, -0.8], plateau within 2x of S_min. Strict tier: within 2x. "
+               "\"holds\": the whole interval inside the allowed range; \"does not hold\": wholly "
+               "outside; \"inconclusive\": it straddles the line." if len(judged) else
+               "No claim could be judged (no probes or no fitted curve)."),
+        Figure("fig5_b_simple", "Figure 5. B_simple along the run against the fitted B_crit",
+               "McCandlish et al. (2018)'s simple noise scale tr Σ / |G|² at K evenly spaced points of "
+               "each probed run (x: step / H, H its steps-to-result), one line per probed batch size "
+               "(median over seeds); black line and grey band: the series' fitted B_crit and its "
+               "interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
+        Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
+               "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
+               "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "
+               "median over seeds and probed batch sizes at each point of the run.",
+               F.png_bytes(TF.smoothness_figure(runs.probes, order, cmap))),
+    ))
+
+
+def _branching_section(runs: RunSet, fits: A.Fits, critical: pd.DataFrame, warm: pd.DataFrame) -> Section:
+    """Critical batch by branching: CBS at the goal beside B_simple and the fitted B_crit, its
+    cost, CBS(t) along the run (Figure 9) and the warmup against the best fixed B."""
+    order = list(runs.order)
+    return Section(BRANCHING_HEADING, 2, (
+        Paragraphs((BRANCHING_TEXT,)),
+        _table("The critical batch three ways", T.critical_table(critical),
+               "CBS: at the checkpoint at H, the base run's steps-to-result, with its bootstrap interval "
+               "over branch seeds (≥: the largest branch passed, a lower bound). B_simple: at the goal "
+               "(last 20 % of the probed runs), hierarchical bootstrap. B_crit: the sweep's fit, "
+               "bootstrap. Cost: the base run and every branch, in trial-steps, as a share of the "
+               "sweep's."),
+        Figure("fig9_branching", "Figure 9. CBS(t) by branching beside B_simple(t) and the fitted B_crit",
+               "Merrill et al. (2025)'s critical batch at K checkpoints of the best run at a small "
+               "batch size (x: step / H), band: its bootstrap interval over branch seeds; dashed: "
+               "McCandlish et al. (2018)'s B_simple probed along the run of the same batch size (or "
+               "of every probed batch size when that one was not probed; median over seeds); "
+               "black line and grey band: the series' fitted B_crit and its interval; dotted: the "
+               "largest branch.", F.png_bytes(TF.branching_figure(
+                   runs.branching, runs.probes, fits.table, order, F.colors(order)))),
+        _table("Batch-size warmup from CBS(t) against the best fixed batch size", T.warmup_table(warm),
+               "Both under the same examples budget, lr scaled by the optimizer's rule (× k SGD-type, "
+               "× √k Adam-type); steps: median [min, max] over replicate data orders; examples: "
+               "median. Best fixed B: fewest median steps among the fixed B that reached the goal "
+               "in every replicate." if len(warm) else "No warmup was measured."),
+    ))
+
+
+BRANCHING_HEADING = "Critical batch by branching"
+BRANCHING_TEXT = (
+    "From K checkpoints of the best run at a small batch size B, short runs branch at k B "
+    "(k = 1, 2, 4, ...) with the learning rate scaled by the optimizer's rule times multipliers "
+    "0.5, 1, 2, for the same number of examples W. CBS(t) is the largest k B whose best "
+    "multiplier's held-out loss, averaged over branch seeds, stays within (1 + ε) of the base "
+    "run's (Merrill et al. 2025). It is set beside the noise scale B_simple measured along the "
+    "run (McCandlish et al. 2018) and the critical batch B_crit fitted to the sweep: three "
+    "estimates of one quantity, dense beside sparse.")
+
+
+def _table(title: str, frame: pd.DataFrame, note: str = "") -> Section:
+    """A sub-section holding a table (when it has rows) and its note (when there is one)."""
+    return Section(title, 3, (*((Table(frame),) if len(frame) else ()),
+                              *((Paragraphs((note,), "note"),) if note else ())))
+
+
+SANITY_NOTES = {
+    "table": ("Sanity checks: each series beside its criterion",
+              "Shuffled, matched-random and reinitialized masks keep the criterion's layer "
+              "densities (Frankle et al. 2021; Su et al. 2020); inverted masks keep what it ranks "
+              "lowest."),
+    "densities": ("Masks: per-layer density and layer collapse",
+                  "Lowest seed. Dead units: no kept incoming or no kept outgoing weight; paths are "
+                  "traced for chains of Linear / Conv layers only (pruning.diagnose)."),
+}
+
+
+def _sanity_tables(sanity: SanityPart) -> list[Section]:
+    """The sanity-check comparison and the masks' per-layer table, for studies that have them."""
+    shown = {"table": T.sanity_table, "densities": T.densities_table}
+    return [_table(title, shown[part](getattr(sanity, part)), note)
+            for part, (title, note) in SANITY_NOTES.items() if len(getattr(sanity, part))]
+
+
+def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fits,
+             ratios: pd.DataFrame, theory, sanity: SanityPart) -> list[Figure]:
+    """The six figures with their captions, and Figure 7 when the runs recorded their masks."""
+    order = list(runs.order)
+    cmap = F.colors(order)
+    first = runs.runs[0].spec   # the dashed goal line of Figure 4 (combined runs normally share it)
+    goals = "; ".join(dict.fromkeys(goal_text(r.spec) for r in runs.runs))
+    optimizers = [r.optimizer for r in runs.runs]
+
+    def drawn(make) -> bytes:
+        """PNG of ``make()``, or of a placeholder when no group is stored at all."""
+        stored = (points["status"] != "missing").any()
+        return F.png_bytes(make() if stored else F.placeholder("no group of this study is in the store yet"))
+
+    return [
+        Figure("fig1_steps", "Figure 1. Steps to result vs batch size",
+               "Measured steps-to-result (median over seeds) per series on log2 axes; dashed: perfect "
+               "scaling anchored at the smallest batch size that reached the goal; solid: the fit "
+               "S_min (1 + B_crit / B) to the measured points (fitted); dotted: the convergence bound "
+               "scaled by the one constant calibrated on the dense curve (on dense: calibrated; on "
+               "sparse levels: predicted from their probes); bands: regimes of the fit (perfect scaling "
+               "B ≤ B_crit / 4, maximal data parallelism B ≥ 4 B_crit); ×: batch sizes without a point.",
+               drawn(lambda: F.steps_figure(points, fits.table, theory.curves, order, cmap,
+                                            ncols=min(4, max(len(r.spec.sparsities) for r in runs.runs))))),
+        Figure("fig2_normalized", "Figure 2. Normalized steps and the cost of sparsity",
+               "(a) Steps divided by the steps at each series' smallest batch size (Lee et al. 2021's "
+               "view); dashed: perfect scaling. (b) Measured steps of each sparse series over its "
+               "run's dense series at the same batch size (1 = no extra cost).",
+               drawn(lambda: F.normalized_figure(points, ratios, order, cmap))),
+        Figure("fig3_metaparameters", "Figure 3. Optimal metaparameters vs batch size",
+               "Learning rate, 1 − momentum and effective learning rate lr / (1 − momentum) of the best "
+               "trial at each batch size (Shallue et al. 2019), with the linear (dashed, SGD-type) and "
+               "square-root (dotted, the usual rule for Adam-type optimizers) heuristics anchored at the "
+               "smallest batch size; ringed: best value in the outer "
+               "10 % of the searched range (the optimum may lie outside the search space).",
+               drawn(lambda: F.metaparameters_figure(points, edges, order, cmap))),
+        Figure("fig4_trials", "Figure 4. Every trial: learning rate × (1 − momentum)",
+               f"Each trial of every group, marked by outcome for the goal ({goals}). Groups stop "
+               "at the first evaluation where any trial meets the goal unless the study ran with "
+               "stop = \"all\", so \"did not\" means not met by then.",
+               drawn(lambda: F.trials_figure(runs.trials, order, first.target, first.metric))),
+        Figure("fig7_nqm", "Figure 7. Noisy quadratic model beside the measurement",
+               nqm_caption(optimizers),
+               F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
+        *([Figure("fig8_layer_density", "Figure 8. Per-layer density of the masks",
+                  "Kept / total weights of every masked layer (log axis; lowest seed), one bar per "
+                  "series; \"0\": a layer with nothing kept. Shuffled and matched-random masks have "
+                  "their criterion's densities by construction.",
+                  F.png_bytes(F.layer_density_figure(sanity.densities)))]
+          if len(sanity.densities) else []),
+    ]
+
+
+def nqm_caption(optimizers: list[str]) -> str:
+    """Figure 7's caption: the NQM's three optimizers, and which of them each of the study's
+    optimizers maps to."""
+    nqm_opts = ", ".join(f"{o} → {NQM_OPTIMIZER[o]}" for o in dict.fromkeys(optimizers))
+    return ("(a) Measured steps-to-result of every series divided by its value at the smallest "
+            "batch size. (b) The noisy quadratic model (Zhang et al. 2019) with SGD, heavy-ball "
+            "momentum and Adam-like preconditioning (the study's optimizers map to "
+            f"{nqm_opts}), normalized the same way; dashed: perfect scaling. Nothing is fitted: "
+            "compare where each curve leaves perfect scaling and whether momentum or "
+            "preconditioning extends it. " + NQM_NOTE)

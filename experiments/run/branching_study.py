@@ -1,0 +1,166 @@
+"""Branching in a study: CBS(t) and the warmup for every sparsity level and seed of a stored sweep.
+
+For each (sparsity, seed), the base run is the best trial of the group at the ``[branching]
+batch_size`` (``"smallest"``: the smallest batch size whose group reached the goal), replayed
+from its own initialization, mask, metaparameters and data order (trial index and group seed)
+up to the group's steps-to-result H; :func:`experiments.run.branching.branch_critical_batch`
+measures CBS(t) at the table's checkpoints, and :func:`experiments.run.branching.warmup_comparison`
+the warmup against fixed batch sizes. ``k_max`` is lowered to the largest power of two whose
+k_max B fits in the training set when a larger base batch needs it (the stored rows record the
+k_max used). Rows go to the store's ``branching`` and ``warmup`` tables, one transaction per
+(sparsity, seed); a rerun skips what is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+import training
+from theory.branching import branch_factors, critical_batch
+
+from experiments.run.branching import branch_critical_batch, warmup_comparison
+from experiments.run.executors import torch_threads
+from experiments.run.probes import PROBE_THREADS, best_trial, stored_trial
+from experiments.store.schema import BranchRow, WarmupRow
+from experiments.spec.study import Spec
+from experiments.spec.branching import Branching
+from experiments.store.database import Store
+from experiments.run.workload import Mask, Workload
+
+
+def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str | int) -> pd.Series | None:
+    """The group the base run comes from: at ``batch_size`` (or the smallest that reached the
+    goal, ``"smallest"``), among the done groups of (sparsity, seed) that reached it; None if
+    there is none."""
+    g = groups[(groups.sparsity == sparsity) & (groups.seed == seed) & (groups.status == "done")
+               & groups.steps_to_result.notna()]
+    g = g if batch_size == "smallest" else g[g.batch_size == batch_size]
+    return None if g.empty else g.sort_values("batch_size").iloc[0]
+
+
+@dataclass(frozen=True)
+class BranchTask:
+    """One level's branching measurement, everything a worker process needs: the spec, its
+    workload, the (sparsity, seed), the level's mask, the settings, the base group's and its
+    best trial's stored rows."""
+
+    spec: Spec
+    workload: Workload
+    sparsity: float
+    seed: int
+    mask: Mask | None
+    settings: Branching
+    group: pd.Series
+    trial: pd.Series
+
+
+def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask | None,
+                settings: Branching) -> BranchTask | None:
+    """The task of one (sparsity, seed); None (and why, on stderr) when it has no base run."""
+    group = base_group(store.frame("groups"), sparsity, seed, settings.batch_size)
+    if group is None:
+        return None
+    if group.steps_to_result < settings.checkpoints - 1:
+        print(f"branching: sparsity {sparsity:g}, seed {seed} left out: its base run reaches the goal in "
+              f"{group.steps_to_result} steps, too few for {settings.checkpoints} distinct checkpoints",
+              file=sys.stderr)
+        return None
+    return BranchTask(spec, Workload.of(spec), sparsity, seed, mask, settings, group,
+                      best_trial(store, group.key))
+
+
+def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
+                    ) -> tuple[list[BranchRow], list[WarmupRow]]:
+    """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
+    its ``dataset``), with ``PROBE_THREADS`` torch threads."""
+    with torch_threads(PROBE_THREADS):
+        dataset = task.workload.load_dataset() if dataset is None else dataset
+        return branch_level(task, dataset)
+
+
+def branch_level(task: BranchTask, dataset: training.Dataset
+                 ) -> tuple[list[BranchRow], list[WarmupRow]]:
+    """The branching and warmup rows of one (sparsity, seed)."""
+    spec, settings, group, sparsity, seed = task.spec, task.settings, task.group, task.sparsity, task.seed
+    trial, index, b = stored_trial(task.trial), int(task.trial.trial), int(group.batch_size)
+    mask = task.mask
+    model = task.workload.build_model(dataset, seed)
+    run = training.RunConfig(b, spec.optimizer, max_steps=int(group.max_steps), seed=seed,
+                             goal=training.Goal(spec.metric, spec.target, spec.strict),
+                             eval_schedule=spec.eval)
+    k_max = min(settings.k_max, 1 << int(math.log2(dataset.n_train // b)))
+    res = branch_critical_batch(
+        model, dataset, trial, run, mask=mask, trial_index=index, goal_step=int(group.steps_to_result),
+        checkpoints=settings.checkpoints, k_max=k_max, window=settings.window,
+        window_fraction=settings.window_fraction, eps=settings.eps, seeds=settings.seeds,
+        multipliers=settings.multipliers, level=settings.level)
+    c = res.critical
+    rows = [BranchRow(sparsity, seed, int(t), float(v), float(lo), float(hi), int(t) * b, b, res.goal_step,
+                      res.window, k_max, c.n_seeds, c.eps, res.trial_steps)
+            for t, v, lo, hi in zip(c.steps, c.critical_batch, c.low, c.high)]
+    if not settings.warmup:
+        return rows, []
+    warm = warmup_comparison(model, dataset, trial, run, c, mask=mask, trial_index=index,
+                             replicates=settings.warmup_replicates, examples=settings.warmup_examples)
+    schedule = json.dumps([[s.start_step, s.batch_size, s.lr_scale] for s in warm.schedule.segments])
+    return rows, [WarmupRow(sparsity, seed, r.kind, int(r.batch_size), int(r.replicate),
+                            None if math.isnan(r.steps_to_result) else int(r.steps_to_result),
+                            None if math.isnan(r.examples_to_result) else int(r.examples_to_result),
+                            int(r.max_steps), warm.examples, schedule, warm.trial_steps)
+                  for r in warm.runs.itertuples(index=False)]
+
+
+def start_branching(spec: Spec, dataset: training.Dataset, store: Store, settings: Branching | None = None,
+                    redo: bool = False, executor: Executor | None = None) -> Callable[[bool], None]:
+    """Submit the measurement of every (sparsity, seed) not yet in the store (all with ``redo``)
+    to ``executor`` (one level per task, the sparsest first: it takes the most steps) and return
+    the function that waits for them and writes them (its argument: ``quiet``); without an
+    executor that function measures in this process. Bad settings raise
+    ``theory.BranchingError`` here, before anything runs."""
+    settings = settings or spec.branching
+    branch_factors(settings.k_max)
+    critical_batch([0], [1.0], [[[[1.0] * settings.seeds]]], base_batch=1, ks=[1], eps=settings.eps,
+                   level=settings.level)   # seeds, eps and level as the measurement takes them
+    done = set() if redo else store.branched()
+    todo = [(s, seed) for s in sorted(spec.sparsities, reverse=True) for seed in spec.seeds
+            if (float(s), int(seed)) not in done]
+    if not todo:
+        return lambda quiet: None
+    # the same masks, bit for bit, as the runner gave the groups
+    masks = Workload.of(spec).masks(dataset, todo)
+    tasks = [t for t in (branch_task(spec, store, s, seed, masks[(s, seed)], settings)
+                         for s, seed in todo) if t is not None]
+    submitted = [executor.submit(run_branch_task, t) for t in tasks] if executor is not None else []
+
+    def finish(quiet: bool) -> None:
+        results = ((f.result() for f in submitted) if executor is not None
+                   else (run_branch_task(t, dataset) for t in tasks))
+        for task, (rows, warm) in tqdm(zip(tasks, results), total=len(tasks), disable=quiet,
+                                       desc="branching", unit="run"):
+            if rows:
+                store.write_branching(task.sparsity, task.seed, rows, warm)
+
+    return finish
+
+
+def run_branching(spec: Spec, dataset: training.Dataset, store: Store, settings: Branching | None = None,
+                  quiet: bool = False, redo: bool = False, executor: Executor | None = None) -> None:
+    """Measure every (sparsity, seed) not yet in the store (all with ``redo``) with ``settings``
+    (default the spec's ``[branching]`` table), in ``executor``'s workers or in this process,
+    with ``PROBE_THREADS`` torch threads; a level's rows do not depend on where it ran. A level
+    whose base run is too short for the checkpoints is reported on stderr and left out; bad
+    settings raise ``theory.BranchingError`` before anything runs."""
+    start_branching(spec, dataset, store, settings, redo, executor)(quiet)
+
+
+def with_overrides(settings: Branching, **values) -> Branching:
+    """``settings`` with the given (not None) values, enabled."""
+    return replace(settings, enabled=True, **{k: v for k, v in values.items() if v is not None})

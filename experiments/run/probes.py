@@ -1,0 +1,198 @@
+"""Theory probes of a study: noise and smoothness along the run, per level, seed and batch size.
+
+For every sparsity level and seed, at the batch sizes ``[probes] batch_sizes`` picks from those
+that reached the goal (``theory.probe_batch_sizes``; default the smallest, the one nearest the
+level's fitted B_crit, the largest), the group's best trial is replayed once to its
+steps-to-result H (``theory.probe_trajectory``: same metaparameters, Adam's included, data order,
+schedule and mask) and
+measured at ``points`` evenly spaced steps of [0, H] (``theory.probe_steps``): |G|^2, tr(Sigma)
+and B_simple averaged over ``average`` consecutive steps, B_noise and G^T H G, lambda_max, Lee
+et al. (2021)'s local Lipschitz constant of the run's own update, and the training loss.
+
+Rows go to the store's ``probes`` table (columns ``sparsity, seed, batch_size, step, fraction,
+quantity, value`` and ``seconds``, the wall time of that run's replay and measurements), one
+transaction per sparsity level; a rerun skips levels already probed. The runs are independent
+tasks: a study probes them in its worker pool, one run per task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import theory
+import training
+from theory.errors import TheoryError
+from training.config import ADAM_KEYS
+
+from experiments.run.executors import torch_threads
+from experiments.store.schema import ProbeRow
+from experiments.spec.study import Spec
+from experiments.store.database import Store
+from experiments.run.workload import Workload
+
+# Torch threads while probing: on the loaded 2-core machine a second intra-op thread multiplied
+# the probes' CPU time (spinning workers), and the operations are small.
+PROBE_THREADS = 1
+
+
+def probe_network(model: torch.nn.Module, dataset: training.Dataset,
+                  mask: Mapping[str, torch.Tensor] | None = None, examples: int | None = None,
+                  seed: int = 0, lanczos: int = 40) -> dict[str, float]:
+    """Noise and smoothness of ``model`` at its current weights (``sparsescale probe``):
+    ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
+    ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
+    Lanczos steps) and ``loss``."""
+    examples = None if examples is None else min(int(examples), dataset.n_train)
+    noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
+                                  hessian_examples=16)
+    fl = theory.functional.flat_loss(model, dataset, mask=mask, examples=examples, seed=seed)
+    return {"g_sq": noise.g_sq, "trace_sigma": noise.trace_sigma, "b_simple": noise.b_simple,
+            "b_noise": noise.b_noise, "hessian_top": theory.lanczos_top(fl, lanczos, seed),
+            "loss": noise.loss}
+
+
+def level_b_crit(groups: pd.DataFrame, sparsity: float) -> float | None:
+    """The level's fitted B_crit (McCandlish et al. 2018's S(B) fit over every seed's reached
+    groups), None when it cannot be fitted."""
+    g = groups[(groups.sparsity == sparsity) & (groups.status == "done")
+               & groups.steps_to_result.notna()]
+    try:
+        fit = theory.fit_scaling(g.batch_size.to_numpy(float), g.steps_to_result.to_numpy(float),
+                                 seeds=g.seed.to_numpy() if g.seed.nunique() > 1 else None,
+                                 n_boot=50, seed=0)
+    except TheoryError:
+        return None
+    return fit.b_crit
+
+
+def best_trial(store: Store, key: str) -> pd.Series:
+    """The stored row of group ``key``'s best (goal-reaching) trial."""
+    groups, trials = store.frame("groups"), store.frame("trials")
+    g = groups[groups.key == key].iloc[0]
+    t = trials[trials.group_key == key]
+    return t[t.trial == int(g.best_trial)].iloc[0]
+
+
+def stored_trial(row: pd.Series) -> training.Trial:
+    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
+    weight_decay) where the row holds them (an adam / adamw study's trials)."""
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
+    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
+                          end_factor=float(row.end_factor), **adam)
+
+
+def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
+              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
+    """Replay one group's best trial and probe it along [0, H] (module docstring)."""
+    start = time.perf_counter()
+    horizon = int(group.steps_to_result)
+    p = spec.probes
+    rows = theory.probe_trajectory(
+        model, dataset, stored_trial(trial),
+        training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed)),
+        theory.probe_steps(horizon, p.points) if horizon > 0 else (0,), max(horizon, 1),
+        mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
+        average=p.average, examples=p.examples, curvature_examples=p.curvature_examples,
+        hessian_examples=p.hessian_examples, lanczos=p.lanczos, sample_seed=int(group.seed))
+    seconds = time.perf_counter() - start
+    return [ProbeRow(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.step),
+                     float(r.fraction), r.quantity, float(r.value), seconds)
+            for r in rows.itertuples(index=False)]
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """One probed run, everything a worker process needs: the spec, its workload, the group's
+    and its best trial's stored rows, and the level's mask for that seed."""
+
+    spec: Spec
+    workload: Workload
+    group: pd.Series
+    trial: pd.Series
+    mask: Mapping[str, torch.Tensor] | None
+
+
+def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> list[ProbeRow]:
+    """Probe one run (worker side, or in the driver with its ``dataset``), with
+    ``PROBE_THREADS`` torch threads."""
+    with torch_threads(PROBE_THREADS):
+        dataset = task.workload.load_dataset() if dataset is None else dataset
+        model = task.workload.build_model(dataset, int(task.group.seed))
+        return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
+
+
+def probe_tasks(spec: Spec, store: Store, sparsity: float,
+                masks: Mapping[int, Mapping[str, torch.Tensor] | None]) -> list[ProbeTask]:
+    """The probed runs of one sparsity level: every seed, at the chosen batch sizes."""
+    groups = store.frame("groups")
+    b_crit = level_b_crit(groups, sparsity)
+    workload = Workload.of(spec)
+    tasks = []
+    for seed in spec.seeds:
+        mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
+                      & (groups.status == "done") & groups.steps_to_result.notna()]
+        if mine.empty:
+            continue
+        for b in theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
+                                          spec.probes.batch_sizes):
+            group = mine[mine.batch_size == b].iloc[0]
+            tasks.append(ProbeTask(spec, workload, group, best_trial(store, group.key),
+                                   masks[seed]))
+    return tasks
+
+
+def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
+                 executor: Executor | None = None) -> Callable[[bool], None]:
+    """Submit the probes of every sparsity level not yet in the store to ``executor`` (one run
+    per task) and return the function that waits for them and writes them (its argument:
+    ``quiet``); without an executor that function probes in this process. Submitting first lets
+    a caller put other work (the branching measurement) into the same pool before waiting."""
+    todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
+    if not todo:
+        return lambda quiet: None
+    # the same masks, bit for bit, as the runner gave the groups
+    masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
+    levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
+              for s in todo}
+    # submitted all at once, so the pool never idles between levels
+    submitted = {s: [executor.submit(run_probe_task, t) for t in tasks]
+                 for s, tasks in levels.items()} if executor is not None else {}
+
+    def finish(quiet: bool) -> None:
+        with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
+                  unit="run") as bar:
+            for sparsity, tasks in levels.items():
+                results = ((f.result() for f in submitted[sparsity]) if submitted
+                           else (run_probe_task(t, dataset) for t in tasks))
+                rows: list[ProbeRow] = []
+                for run_rows in results:
+                    rows += run_rows
+                    bar.update()
+                store.write_probes(sparsity, rows)
+
+    return finish
+
+
+def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,
+               executor: Executor | None = None) -> None:
+    """Probe every sparsity level not yet in the store (one transaction per level, rows in the
+    same order whatever ran them). With ``executor`` the runs are probed in its workers, one
+    run per task; each run's values do not depend on where it ran (one torch thread, the
+    driver's masks)."""
+    start_probes(spec, dataset, store, executor)(quiet)
+
+
+def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame) -> tuple[float, float]:
+    """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
+    replay and measurement time, and the sum of the groups' wall times."""
+    runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
+    return float(np.nansum(runs.seconds)), float(groups.wall_time.sum())

@@ -1,0 +1,305 @@
+"""Run a study: spec -> plan of groups -> executor -> store -> probes -> branching -> report.
+
+The plan (:mod:`experiments.spec.plan`) lists the groups; each (sparsity, seed) mask is computed
+once, on the driver, from the same initialization the workers build
+(:class:`experiments.run.workload.Workload`). Workers train one group each as one vectorized
+``training.train_trials`` call and return plain picklable data
+(:class:`experiments.store.schema.GroupRecord`); only the driver writes the store, one transaction per
+group, so Ctrl-C or SIGKILL at any moment leaves a consistent store that a rerun completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import training
+from training.config import ADAM_KEYS
+from training.process import compiled_kernel_ready, without_compiled_kernel
+
+from experiments.run import timing
+from experiments.run.executors import (
+    LocalPool, dask_executor, default_workers, local_pool, torch_threads,
+)
+from experiments.spec.plan import GroupPlan, plan, run_order
+from experiments.run.probes import start_probes
+from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
+from experiments.spec.study import Spec, check_against_dataset
+from experiments.spec.study import load as load_spec
+from experiments.store.database import Store, open_store
+from experiments.run.workload import Mask, Workload
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask, and
+    whether the compiled kernel is usable (the driver built it or found it missing, once)."""
+
+    plan: GroupPlan
+    workload: Workload
+    mask: Mask | None
+    kernels: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side
+
+
+def failed_record(p: GroupPlan, error: str, wall_time: float) -> GroupRecord:
+    """The record of a group that raised: stored as 'failed' (no trials), retried by a rerun."""
+    return GroupRecord(key=p.key, sparsity=p.sparsity, batch_size=p.batch_size, seed=p.seed,
+                       status="failed", steps_to_result=None, best_trial=None,
+                       max_steps=p.max_steps, wall_time=wall_time, trial_steps=0,
+                       config_json=p.config_json, error=error)
+
+
+def run_group(task: GroupTask) -> GroupRecord:
+    """Train one group (worker side) and return its record; an exception becomes a 'failed'
+    record (retried on the next run), never a lost group."""
+    p = task.plan
+    cfg = json.loads(p.config_json)
+    start = time.perf_counter()
+    try:
+        with torch_threads(1), contextlib.nullcontext() if task.kernels else without_compiled_kernel():
+            ds = task.workload.load_dataset()
+            model = task.workload.build_model(ds, p.seed)
+            goal = training.Goal(**cfg["goal"])
+            run = training.RunConfig(
+                p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
+                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed)
+            res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask)
+    except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
+        return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
+                             time.perf_counter() - start)
+    rows = []
+    for i, t in enumerate(p.trials):
+        curve = res.curves[i]
+        hit = res.hit_step[i]
+        rows.append(TrialRow(
+            trial=i, lr=t["lr"], momentum=t["momentum"], decay_steps=t["decay_steps"],
+            end_factor=t["end_factor"], status=res.status[i],
+            hit_step=None if hit is None else int(hit),
+            final_metric=float(curve.metric[-1]) if len(curve) else None,
+            curve=tuple(curve.rows()), **{k: t[k] for k in ADAM_KEYS if k in t}))
+    return GroupRecord(
+        key=p.key, sparsity=p.sparsity, batch_size=p.batch_size, seed=p.seed, status="done",
+        steps_to_result=None if res.steps_to_result is None else int(res.steps_to_result),
+        best_trial=None if res.best is None else int(res.best),
+        max_steps=p.max_steps, wall_time=time.perf_counter() - start,
+        trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
+        kernel=res.program)
+
+
+# ---------------------------------------------------------------------------------------------
+# driver side
+
+
+def _progress(total: int, quiet: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=quiet, desc=desc, unit="group", dynamic_ncols=True)
+
+
+# Attempts of a group whose worker process died (killed, out of memory) before it is stored as
+# failed: the pool breaks for every group in flight, so innocent groups need a second chance.
+ATTEMPTS = 2
+
+
+def execute(tasks: list[GroupTask], executor: Executor, store: Store, quiet: bool = False,
+            respawn: Callable[[], Executor] | None = None) -> list[GroupRecord]:
+    """Submit ``tasks`` to ``executor``, write each record as it lands (driver only).
+
+    A worker process that dies breaks a process pool for every group in flight
+    (``BrokenExecutor``): with ``respawn`` (a factory of fresh executors) those groups are
+    resubmitted to a new pool, up to ``ATTEMPTS`` attempts each; then, or without ``respawn``,
+    they are stored as failed with the reason (a rerun retries them). On Ctrl-C (or any error)
+    the futures not yet started are cancelled, the respawned pools are ended and the exception
+    propagates; records already written are whole groups, so the store stays consistent.
+    """
+    records = []
+    attempts = {t.plan.key: 1 for t in tasks}
+    spawned: list[Executor] = []
+    futures: dict[Future, GroupTask] = {}
+    bar = _progress(len(tasks), quiet, "groups")
+    try:
+        todo = list(tasks)
+        while todo:
+            futures = {executor.submit(run_group, t): t for t in todo}
+            todo = []
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: futures[f].plan.key):
+                    task = futures[fut]
+                    lost = isinstance(fut.exception(), BrokenExecutor)
+                    if lost and respawn is not None and attempts[task.plan.key] < ATTEMPTS:
+                        attempts[task.plan.key] += 1
+                        todo.append(task)
+                        continue
+                    rec = _result(fut, task.plan, attempts[task.plan.key])
+                    store.write_group(rec)
+                    records.append(rec)
+                    bar.update(1)
+                    bar.set_postfix_str(f"s={rec.sparsity:g} B={rec.batch_size} {rec.status}")
+            if todo:
+                executor.shutdown(wait=False, cancel_futures=True)
+                executor = respawn()
+                spawned.append(executor)
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        for ex in spawned:
+            if isinstance(ex, LocalPool):
+                ex.terminate()
+        raise
+    finally:
+        bar.close()
+        for ex in spawned:
+            ex.shutdown(wait=False, cancel_futures=True)
+    return records
+
+
+def _result(fut: Future, p: GroupPlan, attempts: int = 1) -> GroupRecord:
+    try:
+        return fut.result()
+    except BrokenExecutor as exc:
+        return failed_record(p, f"worker process died while running this group (killed, or out "
+                                f"of memory; {attempts} attempt(s)): {type(exc).__name__}: {exc}",
+                             0.0)
+    except Exception as exc:  # noqa: BLE001 - a lost worker is a failed group, retried later
+        return failed_record(p, f"{type(exc).__name__}: {exc}", 0.0)
+
+
+def study_info(spec: Spec) -> StudyInfo:
+    """The store's study row for ``spec`` (its hash keeps other studies out of the folder)."""
+    return StudyInfo(name=spec.name, spec_toml=spec.toml, spec_hash=spec.hash,
+                     spec_json=spec.to_json())
+
+
+def run_study(config: str | Path | Spec, out: str | Path | None = None,
+              workers: int | None = None, executor: Executor | None = None,
+              quiet: bool = False, dask: str | None = None, probes: bool = True,
+              report: bool = True, cost_model: bool = False) -> Path:
+    """Run (or complete) the study ``config`` into ``out`` and return the run folder.
+
+    ``config``: a TOML path, a bundled config name (``"quickstart"``) or a :class:`Spec`.
+    ``out``: default ``runs/<name>``. ``executor``: any ``concurrent.futures.Executor`` (not shut
+    down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
+    ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
+    in the store are skipped; then the probes and the branching measurement run (unless
+    disabled: ``probes=False`` skips both) and the report is written.
+    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
+    writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
+    model into ``out`` for the report's time-to-result section (:mod:`experiments.run.costcache`:
+    measured once per machine and workload, then cached; ``sparsescale study`` does this unless
+    given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
+    time per batch size go to ``timing.json`` (:mod:`experiments.run.timing`), printed unless
+    ``quiet``.
+    """
+    spec = config if isinstance(config, Spec) else load_spec(config)
+    out = Path(out) if out is not None else Path("runs") / spec.name
+    variants = spec.variants()
+    clock = timing.PhaseClock()
+    if len(variants) > 1:
+        with clock.phase("variants"):
+            dirs = [run_study(v, out / v.subdir, workers, executor, quiet, dask, probes,
+                              report=False, cost_model=cost_model) for v in variants]
+        if report:
+            with clock.phase("report"):
+                _write_report(dirs, out, quiet)
+        timing.record(out, clock, quiet)
+        return out
+
+    workload = Workload.of(spec)
+    dataset = workload.load_dataset()
+    check_against_dataset(spec, dataset.n_train)
+    model = workload.build_model(dataset, spec.seeds[0])   # a bad option fails here, not in workers
+    groups = plan(spec)
+    with open_store(out, study_info(spec)) as store:
+        done = store.done_keys()
+        todo = run_order([g for g in groups if g.key not in done])
+        probed, branched = store.probed_sparsities(), store.branched()
+        probe = probes and spec.probes.enabled and any(s not in probed for s in spec.sparsities)
+        branch = probes and spec.branching.enabled and any(
+            (float(s), int(seed)) not in branched for s in spec.sparsities for seed in spec.seeds)
+        if todo or probe or branch:
+            # build the compiled kernel here, once, before the workers start (or warn once
+            # that it is missing, and tell them not to try)
+            use_kernels = compiled_kernel_ready(model, dataset.input_shape)
+            own = executor is None
+            n_workers = workers or spec.workers or default_workers()
+            # a pool no larger than the work: one group or probed run per worker
+            pool_size = n_workers if probe or branch else min(n_workers, len(todo))
+            ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
+            # only a pool made here can be replaced (Dask reschedules lost work by itself)
+            respawn = functools.partial(local_pool, pool_size) if own and not dask else None
+            try:
+                if todo:
+                    with clock.phase("masks"):
+                        masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
+                                               record=out)
+                    tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
+                             for g in todo]
+                    with clock.phase("training"):
+                        execute(tasks, ex, store, quiet, respawn)
+                if probe or branch:
+                    with clock.phase("probes and branching"):
+                        try:
+                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
+                        except BrokenExecutor:
+                            if respawn is None:
+                                raise
+                            # a worker died: what is not yet written is measured once more in a
+                            # fresh pool (both skip what the store holds)
+                            ex.shutdown(wait=False, cancel_futures=True)
+                            ex = respawn()
+                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
+            except BaseException:
+                if own and isinstance(ex, LocalPool):
+                    ex.terminate()
+                raise
+            finally:
+                if own:
+                    ex.shutdown(wait=False, cancel_futures=True)
+        trained = timing.training_by_batch_size(store.frame("groups"))
+    if cost_model:
+        from experiments.run.costcache import ensure_cost_model
+
+        with clock.phase("cost model"):
+            ensure_cost_model(out, workload, quiet)
+    if report:
+        with clock.phase("report"):
+            _write_report([out], out, quiet)
+    timing.record(out, clock, quiet, trained)
+    return out
+
+
+def measure_runs(spec: Spec, dataset: training.Dataset, store: Store, executor: Executor,
+                 probe: bool, branch: bool, quiet: bool) -> None:
+    """The probes and the branching measurement of the stored sweep, in ``executor``'s workers,
+    submitted together (branching first: a level's measurement is longer than a probed run), so
+    the pool idles neither between them nor while the driver writes results. Each skips what
+    the store already holds."""
+    from experiments.run.branching_study import start_branching  # late: only studies that branch need it
+
+    pending = ([start_branching(spec, dataset, store, executor=executor)] if branch else []) + (
+        [start_probes(spec, dataset, store, executor=executor)] if probe else [])
+    for finish in pending:
+        finish(quiet)
+
+
+def _write_report(run_dirs: list[Path], out: Path, quiet: bool) -> Path:
+    from experiments.report.write import write_report  # late: matplotlib / seaborn are not needed to train
+
+    path = write_report(run_dirs, out)
+    if not quiet:
+        print(f"report: {path}")
+    return path

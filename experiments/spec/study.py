@@ -1,0 +1,476 @@
+"""Study specs: a TOML file (stdlib ``tomllib``) validated into frozen dataclasses.
+
+Validation never stops at the first problem: every problem is collected as one line naming the
+key path, what was found and what is allowed (with the closest valid key for a mistyped one), and
+a single :class:`SpecError` carrying the list is raised. The format (all keys but ``workload``,
+``goal``, ``batch_sizes`` and ``search.lr`` have defaults)::
+
+    name = "quickstart"
+    optimizer = "momentum"              # sgd | momentum | nesterov | adam | adamw, or a list
+    batch_sizes = {min = 8, max = 4096} # powers of two from min to max, or an explicit list
+    sparsities = [0.0, 0.9]             # fractions in [0, 1)
+    trials = 16                         # metaparameter points per batch size (same at every B)
+    seeds = [0]                         # replicate seeds (model init, masks, data order)
+
+    [workload]
+    dataset = "mnist1d"                 # training.data.list_datasets()
+    dataset_options = {num_samples = 10000}
+    model = "mlp"                       # training.models.list_models()
+    model_options = {}
+
+    [goal]
+    metric = "error"                    # error | loss
+    target = 0.3
+    comparison = "<"                    # "<" (Shallue et al. 2019) or "<=" (Lee et al. 2021)
+
+    [pruning]
+    method = "snip"                     # pruning.list_methods(), or a list of them
+    sanity = []                         # shuffle | reinit | matched_random | invert: extra series
+
+    [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
+    seed = 0
+    lr = {scale = "log", min = 1e-3, max = 10.0}
+    momentum = 0.9
+    decay_steps = {scale = "linear", min = 0.5, max = 1.0, relative = true}  # fraction of budget
+    end_factor = {scale = "log", min = 1e-4, max = 0.1}
+    # adam / adamw only (defaults 0.9, 0.999, 1e-8, 0; momentum is not used by them):
+    beta1 = {scale = "reverse-log", min = 0.5, max = 0.99}   # 1 - beta1 is log-uniform
+    beta2 = 0.999
+    eps = 1e-8
+    weight_decay = {scale = "log", min = 1e-5, max = 0.1}
+
+    [search.optimizers.adamw]           # overrides for one optimizer of the list
+    lr = {scale = "log", min = 1e-4, max = 1e-2}
+
+    [budget]                            # max_steps = N, or a rule in examples seen:
+    examples = 2_000_000                # max_steps(B) = clamp(ceil(examples / B), min, max)
+    min = 100
+    max = 20000
+
+    [eval]                              # training.EvalSchedule
+    kind = "interval"
+    every = 50
+
+    [probes]                            # along the best trial's run, per level, seed and B
+    enabled = true
+    batch_sizes = ["smallest", "b_crit", "largest"]   # rules, or batch sizes that reached the goal
+    points = 10                         # K evenly spaced steps of [0, H]
+    average = 3                         # consecutive steps averaged for |G|^2, tr(Sigma)
+    examples = 1024                     # noise sample (default: the full training split)
+    curvature_examples = 1024           # lambda_max and B_noise sample (default: full split)
+    hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
+    lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
+
+    [branching]                         # CBS(t) by branching (experiments.spec.branching)
+    enabled = true
+    k_max = 64
+
+    [executor]
+    workers = 2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from theory.probe_plan import BATCH_RULES
+from training.config import EvalSchedule, is_int
+from training.errors import SparsescaleError
+
+from experiments.spec import checks
+from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
+from experiments.spec.series import SANITY, series_label, series_names
+from experiments.spec.branching import Branching, branching
+from experiments.spec.checks import COMPARISONS, Checker
+
+
+class SpecError(SparsescaleError):
+    """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + f"{len(self.problems)} problem(s) in the study spec:\n"
+                         + "\n".join(self.problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# validated spec
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Step budget: ``max_steps`` fixed, or ``clamp(ceil(examples / B), min, max)``."""
+
+    max_steps: int | None = None
+    examples: int | None = None
+    min: int = 1
+    max: int | None = None
+
+    def steps(self, batch_size: int) -> int:
+        """The step budget of a group at ``batch_size``."""
+        if self.max_steps is not None:
+            return self.max_steps
+        steps = max(self.min, math.ceil(self.examples / batch_size))
+        return min(steps, self.max) if self.max is not None else steps
+
+
+@dataclass(frozen=True)
+class Probes:
+    """The ``[probes]`` table: noise and smoothness along the best trial's run, for every
+    sparsity level and seed at the batch sizes ``batch_sizes`` chooses
+    (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
+    [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
+    the noise and the Hessian quantities (None: the full training split; the noise estimates
+    are unbiased for the split either way); Lee's L always uses the full split."""
+
+    enabled: bool = True
+    batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
+    points: int = 10
+    average: int = 3
+    examples: int | None = None
+    curvature_examples: int | None = None
+    hessian_examples: int = 16
+    lanczos: int = 20
+
+
+@dataclass(frozen=True)
+class SpecCore:
+    """What every stored spec says: a study of this library's (:class:`Spec`) or an imported
+    workload (:class:`experiments.spec.external.ExternalSpec`). Subclasses give :meth:`canonical`."""
+
+    name: str
+    dataset: str
+    dataset_options: dict[str, Any]
+    model: str
+    model_options: dict[str, Any]
+    optimizer: str
+    metric: str
+    target: float
+    strict: bool
+    batch_sizes: tuple[int, ...]
+    sparsities: tuple[float, ...]
+
+    def core(self) -> dict[str, Any]:
+        """The canonical form of the fields above."""
+        return {
+            "name": self.name,
+            "workload": {"dataset": self.dataset, "dataset_options": self.dataset_options,
+                         "model": self.model, "model_options": self.model_options},
+            "optimizer": self.optimizer,
+            "goal": {"metric": self.metric, "target": self.target, "strict": self.strict},
+            "batch_sizes": list(self.batch_sizes),
+            "sparsities": list(self.sparsities),
+        }
+
+    def canonical(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return canonical_json(self.canonical())
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Spec(SpecCore):
+    """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
+    pruning methods or sanity checks is split into one spec per optimizer and pruning series
+    with :func:`variants` (``experiments.spec.series``)."""
+
+    pruning_method: str
+    search: dict[str, Dimension]
+    search_seed: int
+    trials: int
+    budget: Budget
+    eval: EvalSchedule
+    seeds: tuple[int, ...]
+    probes: Probes
+    workers: int | None
+    optimizers: tuple[str, ...] = ()
+    toml: str = field(default="", compare=False)
+    pruning_methods: tuple[str, ...] = ()   # every listed method (the series' criteria)
+    sanity: tuple[str, ...] = ()            # sanity checks listed (each adds a series per method)
+    pruning_sanity: str | None = None       # this series' sanity check (a variant's)
+    series: str = ""                        # this series' name when the study has several
+    subdir: str = field(default="", compare=False)   # a variant's folder under the study's
+    # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
+    search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
+    branching: Branching = Branching()
+
+    def canonical(self) -> dict[str, Any]:
+        """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
+        overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
+                                           for o, t in sorted(self.search_overrides.items())}}
+                     if self.search_overrides else {})   # only a multi-optimizer spec has them
+        return {
+            **self.core(),
+            "pruning": {"method": self.pruning_method,
+                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
+            **({"series": self.series} if self.series else {}),
+            "search": {"seed": self.search_seed,
+                       **{k: asdict(d) for k, d in sorted(self.search.items())}},
+            "trials": self.trials,
+            "budget": asdict(self.budget),
+            "eval": asdict(self.eval),
+            "seeds": list(self.seeds),
+            "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
+            **overrides,
+            # only an enabled table changes what a study stores (older hashes stay valid)
+            **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
+        }
+
+    def variants(self) -> list["Spec"]:
+        """One spec per listed optimizer and pruning series (``[self]`` if there is one of each),
+        named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
+        [<series>]``. Only the first series of each optimizer keeps the dense level. Each
+        optimizer searches its own space (:func:`experiments.spec.search.optimizer_search`)."""
+        optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
+        series = series_names(self.pruning_methods or (self.pruning_method,), self.sanity)
+        if len(optimizers) == 1 and len(series) == 1:
+            return [self]
+        out = []
+        for o in optimizers:
+            for i, (method, check) in enumerate(series):
+                label = series_label(method, check) if len(series) > 1 else ""
+                parts = ([o] if len(optimizers) > 1 else []) + ([label] if label else [])
+                sparse = tuple(x for x in self.sparsities if x > 0)
+                out.append(replace(
+                    self, optimizer=o, optimizers=(o,), name="-".join([self.name, *parts]),
+                    pruning_method=method, pruning_methods=(method,), sanity=(),
+                    pruning_sanity=check, series=label, subdir="/".join(parts),
+                    sparsities=self.sparsities if i == 0 else sparse,
+                    search=optimizer_search(self.search, self.search_overrides, o),
+                    search_overrides={}))
+        return out
+
+
+def canonical_json(obj: Any) -> str:
+    """Key-sorted compact JSON (no NaN): equal configs give equal text, hence equal hashes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
+    """The :class:`Spec` whose canonical form is ``canonical`` (a store's ``study.spec_json``),
+    validated again: the canonical form is turned back into the TOML tables it stands for.
+    ``workers`` is not part of it (it does not change results) and comes back as None. A pruning
+    series' sanity check and name (a variant's, :meth:`Spec.variants`) come back as they were."""
+    c = canonical
+    goal, budget = c["goal"], c["budget"]
+    raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
+                                   "seeds", "workload")}
+    raw["pruning"] = {k: v for k, v in c["pruning"].items() if k != "sanity"}
+    check, series = c["pruning"].get("sanity"), c.get("series", "")
+    raw["goal"] = {"metric": goal["metric"], "target": goal["target"],
+                   "comparison": "<" if goal["strict"] else "<="}
+    raw["search"] = {key: value if key == "seed" else
+                     {k: v for k, v in value.items() if k != "relative" or v}
+                     for key, value in c["search"].items()}
+    raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
+                     {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
+    for table in ("eval", "probes", "branching"):
+        if table in c:
+            raw[table] = {k: v for k, v in c[table].items() if v is not None}
+    spec = validate(raw, toml_text=toml_text)
+    if check is None and not series:
+        return spec
+    if (check is not None and check not in SANITY) or not isinstance(series, str):
+        raise SpecError([f"pruning.sanity: found {check!r} in series {series!r}; allowed: one of "
+                         f"{', '.join(SANITY)}"])
+    return replace(spec, pruning_sanity=check, series=series)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+# Trials per group are planned (Sobol points) and stacked in memory up front: a typo such as
+# 10**12 must fail validation, not exhaust memory while planning.
+MAX_TRIALS = 2**16
+
+_DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
+
+TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
+            "workload", "goal", "pruning", "search", "budget", "eval", "probes", "branching",
+            "executor")
+
+
+def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "") -> Spec:
+    """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
+    every problem."""
+    ck = Checker()
+    ck.keys(raw, "", TOP_KEYS)
+
+    name = raw.get("name", Path(source).stem if source else "study")
+    if not isinstance(name, str) or not name:
+        ck.add("name", f"found {name!r}; allowed: a non-empty string")
+
+    dataset, model, dataset_options, model_options = checks.workload(ck, raw)
+    optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
+    metric, target, comparison = checks.goal(ck, raw)
+    batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
+    if "batch_sizes" not in raw:
+        ck.add("batch_sizes", "missing; allowed: a list of integers or {min = ..., max = ...}")
+    sparsities = checks.sparsities(ck, raw.get("sparsities", [0.0]))
+    trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
+    seeds = checks.seeds(ck, raw.get("seeds", [0]))
+
+    # pruning
+    methods, sanity = checks.pruning_series(ck, raw, sparsities)
+
+    # search space
+    se = ck.table(raw, "search", "search") or {}
+    ck.keys(se, "search", ("seed",) + SEARCH_KEYS + ("optimizers",))
+    search_seed = ck.integer(se.get("seed", 0), "search.seed", 0)
+    if "lr" not in se:
+        ck.add("search.lr", "missing; allowed: {scale = log|reverse-log|linear, min, max} or a value")
+    search = {}
+    for key in SEARCH_KEYS:
+        if key in se:
+            search[key] = checks.dimension(ck, se[key], f"search.{key}", key)
+        elif key in _DEFAULTS:
+            search[key] = Dimension("linear", _DEFAULTS[key], _DEFAULTS[key])
+    overrides = checks.search_overrides(ck, se, optimizers)
+
+    # budget
+    bu = ck.table(raw, "budget", "budget") or {"max_steps": 1000}
+    ck.keys(bu, "budget", ("max_steps", "examples", "min", "max"))
+    budget = None
+    if "max_steps" in bu and "examples" in bu:
+        ck.add("budget", "found both max_steps and examples; allowed: one of them")
+    elif "max_steps" in bu:
+        ms = ck.integer(bu["max_steps"], "budget.max_steps", 1)
+        extra = sorted(set(bu) & {"min", "max"})
+        if extra:
+            ck.add(f"budget.{extra[0]}", "only used with budget.examples; allowed: remove it")
+        budget = Budget(max_steps=ms) if ms is not None else None
+    elif "examples" in bu:
+        ex = ck.integer(bu["examples"], "budget.examples", 1)
+        lo = ck.integer(bu.get("min", 1), "budget.min", 1)
+        hi = ck.integer(bu["max"], "budget.max", 1) if "max" in bu else None
+        if lo is not None and hi is not None and lo > hi:
+            ck.add("budget", f"min {lo} > max {hi}; allowed: min <= max")
+        elif ex is not None and lo is not None:
+            budget = Budget(examples=ex, min=lo, max=hi)
+    elif bu:
+        ck.add("budget", "missing max_steps or examples; allowed: max_steps = N or "
+                         "{examples = N, min = ..., max = ...}")
+
+    eval_schedule = checks.eval_schedule(ck, ck.table(raw, "eval", "eval") or {})
+
+    # probes
+    pb = ck.table(raw, "probes", "probes") or {}
+    ck.keys(pb, "probes", tuple(f.name for f in fields(Probes)))
+    enabled = pb.get("enabled", True)
+    if not isinstance(enabled, bool):
+        ck.add("probes.enabled", f"found {enabled!r}; allowed: true or false")
+    pb_bs = pb.get("batch_sizes", list(Probes.batch_sizes))
+    if not isinstance(pb_bs, list) or not pb_bs or not all(
+            b in BATCH_RULES or (is_int(b) and b >= 1) for b in pb_bs):
+        ck.add("probes.batch_sizes", f"found {pb_bs!r}; allowed: a non-empty list of "
+                                     f"{', '.join(map(repr, BATCH_RULES))} or batch sizes")
+        pb_bs = list(Probes.batch_sizes)
+    sizes = {"examples": None, "curvature_examples": None}
+    for key in sizes:
+        if key in pb:
+            sizes[key] = ck.integer(pb[key], f"probes.{key}", 2)
+    probes = Probes(enabled=enabled, batch_sizes=tuple(pb_bs),
+                    points=ck.integer(pb.get("points", Probes.points), "probes.points", 1),
+                    average=ck.integer(pb.get("average", Probes.average), "probes.average", 1),
+                    hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
+                                                "probes.hessian_examples", 0),
+                    lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
+                    **sizes)
+
+    branch = branching(ck, raw, batch_sizes)
+
+    # executor
+    ex_t = ck.table(raw, "executor", "executor") or {}
+    ck.keys(ex_t, "executor", ("workers",))
+    workers = ck.integer(ex_t["workers"], "executor.workers", 1) if "workers" in ex_t else None
+
+    for b in probes.batch_sizes:
+        if is_int(b) and batch_sizes is not None and b not in batch_sizes:
+            ck.add("probes.batch_sizes", f"found {b}; allowed: one of the study's batch sizes "
+                                         f"({', '.join(map(str, batch_sizes))})")
+
+    if ck.problems:
+        raise SpecError(ck.problems, source)
+    if len(optimizers) == 1:   # one optimizer: its own space now (several: in variants)
+        search, overrides = optimizer_search(search, overrides, optimizers[0]), {}
+    return Spec(
+        name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
+        model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
+        strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
+        pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
+        search=search, search_seed=search_seed, trials=trials, budget=budget,
+        eval=eval_schedule, seeds=seeds,
+        probes=probes, branching=branch,
+        workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
+
+
+def loads(text: str, source: str | None = None) -> Spec:
+    """Parse and validate TOML text."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError([f"(toml): not valid TOML: {exc}"], source) from None
+    return validate(raw, source, text)
+
+
+def load(path: str | Path) -> Spec:
+    """Read and validate a TOML study file (a bare name is looked up in the bundled configs)."""
+    p = resolve_config(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([f"(file): cannot read {p}: {exc.strerror}"], str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"(file): cannot read {p}: not UTF-8 text (byte {exc.start}); a study "
+                         "spec is a TOML file"], str(p)) from None
+    return loads(text, str(p))
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def list_configs() -> list[str]:
+    """Names of the bundled study configs (``experiments/configs/*.toml``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def resolve_config(path: str | Path) -> Path:
+    """``path`` if it exists, else the bundled config of that name (``quickstart``)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    bundled = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+    return bundled if bundled.exists() else p
+
+
+def check_against_dataset(spec: Spec, n_train: int) -> None:
+    """Checks that need the loaded data set: every batch size fits in the training set."""
+    problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
+                f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
+    for key in ("examples", "curvature_examples"):
+        value = getattr(spec.probes, key)
+        if value is not None and value > n_train:
+            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
+                            f"allowed: 2..{n_train}")
+    br = spec.branching
+    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
+    if br.enabled and br.k_max * base > n_train:
+        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
+                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
+    if problems:
+        raise SpecError(problems)

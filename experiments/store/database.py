@@ -1,0 +1,427 @@
+"""The results store: one SQLite file per study (``RUN_DIR/results.sqlite``).
+
+Stdlib ``sqlite3`` in WAL mode with explicit transactions. Only the driver process writes it: a
+group's rows (its ``groups`` row, its ``trials`` and ``curves``) go in ONE transaction, so a study
+killed at any moment leaves either the whole group or none of it, and a rerun simply redoes the
+groups that are missing. Likewise a sparsity level's probe rows, and a (sparsity, seed)'s
+branching rows (CBS(t), ``branching``) with its warmup comparison (``warmup``), are one
+transaction each. A store written before a table existed gains it when opened for writing and
+reads as an empty table with the table's columns when only read. The ``study`` table holds exactly one row; opening a folder whose store was
+made from a different spec (a different ``spec_hash``) is refused, so studies never mix.
+
+Readers use :func:`load_results`, which returns pandas DataFrames sorted by their natural keys (so
+two stores with the same contents load identically, whatever order the groups finished in).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from training.config import ADAM_KEYS
+from training.errors import SparsescaleError
+
+from experiments.spec.external import StudySpec, external_spec, is_external
+from experiments.store.schema import (
+    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS, BranchRow,
+    GroupRecord, ProbeRow, StudyInfo, WarmupRow,
+)
+from experiments.spec.study import SpecError, from_canonical
+
+DB_NAME = "results.sqlite"
+
+
+class StoreError(SparsescaleError):
+    """The store cannot be opened or written as asked (e.g. it holds a different study)."""
+
+
+def lib_version() -> str:
+    try:
+        return metadata.version("sparsescale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _none_if_nan(x: float | None) -> float | None:
+    # SQLite stores NaN as NULL anyway; be explicit so reads round-trip the same way
+    return None if x is None or x != x else float(x)
+
+
+def explain(path: Path, exc: BaseException) -> str:
+    """One line saying why the store at ``path`` cannot be used, from an OSError or SQLite error."""
+    msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return (f"{path} is not a sparsescale results store ({msg}: corrupt, or another "
+                f"program's file); move it away or choose another --out folder")
+    if "full" in msg or getattr(exc, "errno", None) == errno.ENOSPC:   # SQLITE_FULL / ENOSPC
+        return (f"cannot write the results store {path}: the disk is full ({msg}); free some "
+                f"space or choose another --out folder")
+    if "locked" in msg:
+        return (f"{path} is locked by another process ({msg}); wait for it or choose another "
+                f"--out folder")
+    return (f"cannot write the results store {path}: {msg} (is the run folder read-only?); "
+            f"choose a writable --out folder")
+
+
+def check_is_store(conn: sqlite3.Connection, path: Path, empty_ok: bool = True) -> None:
+    """Refuse a SQLite file made by another program. An empty file is a store not yet made (a
+    first run killed at once): the writer makes it, a reader has nothing to read."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables and not empty_ok:
+        raise StoreError(f"{path} holds no study yet: run a study into {path.parent} first")
+    if tables and "study" not in tables:
+        raise StoreError(f"{path} is not a sparsescale results store (it holds the tables "
+                         f"{', '.join(sorted(tables))}); choose another --out folder")
+
+
+def _flock_holder(path: Path) -> str:
+    """" (pid N)" of the process holding a flock on ``path`` (Linux /proc/locks), else ""."""
+    try:
+        inode = str(path.stat().st_ino)
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields[1:2] and fields[5].rsplit(":", 1)[-1] == inode:
+                return f" (pid {fields[4]})"
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
+class Store:
+    """An open results store. Use :func:`open_store` (creates or checks the study row).
+
+    The writer holds an exclusive ``flock`` on the store file while it is open, so a second
+    driver on the same run folder is refused at once; the kernel drops the lock when the
+    process ends, however it ends. A store that is locked, corrupt, another program's, in a
+    read-only folder or on a full disk raises :class:`StoreError` naming the reason.
+    """
+
+    def __init__(self, run_dir: str | Path, create: bool = True):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / DB_NAME
+        if not create and not self.path.exists():
+            raise StoreError(f"no results store at {self.path}: run a study into {self.run_dir} first")
+        self._lock_fd: int | None = None
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            # autocommit mode: every write is wrapped in an explicit BEGIN IMMEDIATE ... COMMIT
+            self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(explain(self.path, exc)) from None
+        try:
+            self._lock()
+            check_is_store(self.conn, self.path)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(SCHEMA)])
+            self._write(_add_columns)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, (OSError, sqlite3.Error)):
+                raise StoreError(explain(self.path, exc)) from None
+            raise
+
+    def _lock(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"{self.path} is in use by another process{_flock_holder(self.path)}: "
+                             f"a study is already running into {self.run_dir}; wait for it or "
+                             f"choose another --out folder") from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        self.conn.close()
+        # after the connection: closing another descriptor of the file would drop SQLite's own
+        # POSIX locks while it still held them
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _write(self, fn) -> None:
+        cur = self.conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                fn(cur)
+            except BaseException:
+                if self.conn.in_transaction:   # SQLite may have rolled back already (disk full)
+                    cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        except sqlite3.OperationalError as exc:   # disk full, read-only, locked: say which
+            raise StoreError(explain(self.path, exc)) from exc
+
+    # -- study ---------------------------------------------------------------------------------
+
+    def study(self) -> StudyInfo | None:
+        row = self.conn.execute(
+            "SELECT name, spec_toml, spec_hash, spec_json FROM study WHERE id = 1").fetchone()
+        return StudyInfo(*row) if row else None
+
+    def init_study(self, info: StudyInfo) -> None:
+        """Record the study, or check that the store already holds this same study."""
+        existing = self.study()
+        if existing is not None:
+            if existing.spec_hash != info.spec_hash:
+                raise StoreError(
+                    f"{self.path} holds a different study ({existing.name!r}, spec hash "
+                    f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
+                    f"{info.spec_hash[:12]}); studies are never mixed: choose another --out folder")
+            return
+        self._write(lambda c: c.execute(
+            "INSERT INTO study (id, name, spec_toml, spec_hash, spec_json, created, lib_version, "
+            "torch_version, python_version) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (info.name, info.spec_toml, info.spec_hash, info.spec_json, now_iso(), lib_version(),
+             torch_version(), sys.version.split()[0])))
+
+    # -- groups --------------------------------------------------------------------------------
+
+    def done_keys(self) -> set[str]:
+        """Keys of groups finished successfully (failed groups are retried on a rerun)."""
+        return {r[0] for r in self.conn.execute("SELECT key FROM groups WHERE status = 'done'")}
+
+    def write_group(self, rec: GroupRecord) -> None:
+        """Write one group (replacing an earlier failed attempt) in one transaction."""
+        if rec.status not in ("done", "failed"):
+            raise StoreError(f"group status {rec.status!r}; allowed: done, failed")
+        lv, tv = lib_version(), torch_version()
+
+        def tx(c: sqlite3.Cursor) -> None:
+            for table in ("curves", "trials"):
+                c.execute(f"DELETE FROM {table} WHERE group_key = ?", (rec.key,))
+            c.execute("DELETE FROM groups WHERE key = ?", (rec.key,))
+            c.execute(
+                f"INSERT INTO groups ({', '.join(COLUMNS['groups'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['groups']))})",
+                (rec.key, float(rec.sparsity), int(rec.batch_size), int(rec.seed), rec.status,
+                 rec.steps_to_result, rec.best_trial, int(rec.max_steps), len(rec.trials),
+                 rec.n_reached, rec.n_diverged, float(rec.wall_time), int(rec.trial_steps),
+                 rec.error, rec.config_json, lv, tv, now_iso(), rec.kernel))
+            c.executemany(
+                f"INSERT INTO trials ({', '.join(COLUMNS['trials'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['trials']))})",
+                [(rec.key, t.trial, float(rec.sparsity), int(rec.batch_size), int(rec.seed),
+                  float(t.lr), float(t.momentum), t.decay_steps, float(t.end_factor),
+                  float(t.lr) / (1.0 - float(t.momentum)), t.status, t.hit_step,
+                  _none_if_nan(t.final_metric), *(_none_if_nan(getattr(t, k)) for k in ADAM_KEYS))
+                 for t in rec.trials])
+            c.executemany(
+                "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
+                [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
+                 for t in rec.trials for s, l, m in t.curve])
+
+        self._write(tx)
+
+    # -- probes --------------------------------------------------------------------------------
+
+    def probed_sparsities(self) -> set[float]:
+        return {float(r[0]) for r in self.conn.execute("SELECT DISTINCT sparsity FROM probes")}
+
+    def write_probes(self, sparsity: float, rows: Sequence[ProbeRow]) -> None:
+        """Write all probe rows of one sparsity level in one transaction (replacing old ones)."""
+        bad = sorted({r.quantity for r in rows} - set(PROBE_QUANTITIES))
+        if bad:
+            raise StoreError(f"probe quantities {bad}; allowed: {', '.join(PROBE_QUANTITIES)}")
+        lv, tv = lib_version(), torch_version()
+
+        def tx(c: sqlite3.Cursor) -> None:
+            c.execute("DELETE FROM probes WHERE sparsity = ?", (float(sparsity),))
+            c.executemany(
+                f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['probes']))})",
+                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
+                  r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
+
+        self._write(tx)
+
+    # -- branching -----------------------------------------------------------------------------
+
+    def branched(self) -> set[tuple[float, int]]:
+        """(sparsity, seed) pairs whose branching measurement is stored."""
+        return {(float(r[0]), int(r[1])) for r in
+                self.conn.execute("SELECT DISTINCT sparsity, seed FROM branching")}
+
+    def write_branching(self, sparsity: float, seed: int, rows: Sequence[BranchRow],
+                        warmup: Sequence[WarmupRow] = ()) -> None:
+        """Write one (sparsity, seed)'s CBS(t) rows and warmup rows in one transaction
+        (replacing old ones)."""
+        lv, tv = lib_version(), torch_version()
+        key = (float(sparsity), int(seed))
+
+        def tx(c: sqlite3.Cursor) -> None:
+            for table in ("branching", "warmup"):
+                c.execute(f"DELETE FROM {table} WHERE sparsity = ? AND seed = ?", key)
+            c.executemany(
+                f"INSERT INTO branching ({', '.join(COLUMNS['branching'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['branching']))})",
+                [(*key, int(r.step), float(r.critical_batch), float(r.low), float(r.high), int(r.examples),
+                  int(r.batch_size), int(r.goal_step), int(r.window), int(r.k_max), int(r.n_seeds),
+                  float(r.eps), int(r.trial_steps), lv, tv) for r in rows])
+            c.executemany(
+                f"INSERT INTO warmup ({', '.join(COLUMNS['warmup'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['warmup']))})",
+                [(*key, w.kind, int(w.batch_size), int(w.replicate), w.steps_to_result, w.examples_to_result,
+                  int(w.max_steps), int(w.examples_budget), w.schedule, int(w.trial_steps)) for w in warmup])
+
+        self._write(tx)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def frame(self, table: str) -> pd.DataFrame:
+        return _read_frame(self.conn, table)
+
+
+def _split_sql(script: str) -> Iterable[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _add_columns(c: sqlite3.Cursor) -> None:
+    """Add the :data:`~experiments.store.schema.ADDED_COLUMNS` a store written before them lacks."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = _existing_columns(c, table)
+        for name, kind in columns:
+            if name not in have:
+                c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
+def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
+    have = _existing_columns(conn, table)
+    if not have:   # a table added later, in a store written before it (read-only: not made)
+        return pd.DataFrame(columns=list(COLUMNS[table]))
+    # a column added later is NULL in a store written before it (read-only: not migrated)
+    select = [c if c in have or c not in dict(ADDED_COLUMNS.get(table, ())) else f"NULL AS {c}"
+              for c in COLUMNS[table]]
+    df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
+    for col in NULLABLE_INT:
+        if col in df.columns:
+            df[col] = df[col].astype("Int64")
+    if table in SORT_KEYS and len(df):
+        df = df.sort_values(SORT_KEYS[table], kind="stable").reset_index(drop=True)
+    return df
+
+
+def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:
+    """Open (creating if needed) the store in ``run_dir``; with ``study``, record it or refuse a
+    store that holds a different study (:class:`StoreError`)."""
+    store = Store(run_dir)
+    if study is not None:
+        try:
+            store.init_study(study)
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+@dataclass(frozen=True)
+class Results:
+    """A study's stored results as pandas DataFrames (see ``COLUMNS`` for the columns) and its
+    validated :class:`~experiments.spec.study.Spec` (an :class:`~experiments.spec.external.ExternalSpec`
+    for an imported workload; None while the store has no study row).
+
+    ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
+    trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
+    ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
+    (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
+    size, replicate) of the warmup comparison; ``predictions`` is empty unless something stored
+    predictions.
+    """
+
+    run_dir: Path
+    study: pd.DataFrame
+    groups: pd.DataFrame
+    trials: pd.DataFrame
+    curves: pd.DataFrame
+    probes: pd.DataFrame
+    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
+    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
+    predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    spec: StudySpec | None = None
+
+
+def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
+    """The spec of a store's study row, validated again and checked against its stored hash: a
+    :class:`Spec`, or for an imported workload (its spec names a ``source``) an
+    :class:`~experiments.spec.external.ExternalSpec`."""
+    if not len(study):
+        return None
+    row = study.iloc[0]
+    try:
+        canonical = json.loads(row["spec_json"])
+        parse = external_spec if is_external(canonical) else from_canonical
+        spec = parse(canonical, toml_text=str(row["spec_toml"]))
+    except (SpecError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else repr(exc)
+        raise StoreError(f"{path}: the stored spec is not a valid study spec ({reason}); was "
+                         f"it written by another sparsescale version?") from None
+    if spec.hash != row["spec_hash"]:
+        raise StoreError(f"{path}: the stored spec does not give its stored hash "
+                         f"({row['spec_hash'][:12]}); was it written by another sparsescale "
+                         f"version?")
+    return spec
+
+
+def load_results(run_dir: str | Path) -> Results:
+    """Read the store in ``run_dir`` into a :class:`Results` (frames sorted by natural keys).
+
+    Raises :class:`StoreError` if ``run_dir`` holds no store.
+    """
+    path = Path(run_dir) / DB_NAME
+    if not path.exists():
+        raise StoreError(f"no results store at {path}: run a study into {run_dir} first")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(explain(path, exc)) from None
+    try:
+        check_is_store(conn, path, empty_ok=False)
+        frames = {table: _read_frame(conn, table) for table in COLUMNS}
+        has_pred = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='predictions'").fetchone()
+        frames["predictions"] = (pd.read_sql_query("SELECT * FROM predictions", conn)
+                                 if has_pred else pd.DataFrame())
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(explain(path, exc)) from None
+    except pd.errors.DatabaseError as exc:   # pandas wraps errors of its queries
+        raise StoreError(f"{path}: cannot read the results ({str(exc).splitlines()[0]}); was it "
+                         f"written by another sparsescale version?") from None
+    finally:
+        conn.close()
+    return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path), **frames)

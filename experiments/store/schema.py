@@ -1,0 +1,219 @@
+"""The results store's schema: its tables and columns, and the rows a study writes.
+
+``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
+(:func:`experiments.store.database.load_results`) and the report: columns are added, never renamed.
+Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
+probes produce :class:`ProbeRow` s, the branching measurement :class:`BranchRow` s and
+:class:`WarmupRow` s; :class:`StudyInfo` is the study's one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Column order is the contract with the report (experiments/report/write.py); add, never rename.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "study": ("name", "spec_toml", "spec_hash", "spec_json", "created", "lib_version",
+              "torch_version", "python_version"),
+    "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
+               "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
+               "error", "config_json", "lib_version", "torch_version", "finished", "kernel"),
+    "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
+               "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
+               "beta1", "beta2", "eps", "weight_decay"),
+    "curves": ("group_key", "trial", "step", "train_loss", "metric"),
+    "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
+               "seconds", "lib_version", "torch_version"),
+    "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
+                  "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
+                  "lib_version", "torch_version"),
+    "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
+               "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
+}
+
+SORT_KEYS: dict[str, list[str]] = {
+    "groups": ["sparsity", "batch_size", "seed", "key"],
+    "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
+    "curves": ["group_key", "trial", "step"],
+    "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
+    "branching": ["sparsity", "seed", "step"],
+    "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
+}
+
+# Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
+NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result")
+
+# Columns added after their table was first written: (name, SQL type), nullable. A store written
+# before them gains them when opened for writing (its rows read NULL); a read-only reader of
+# such a store reads NULL too.
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "groups": (("kernel", "TEXT"),),
+    "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
+}
+
+# Columns that legitimately differ between two runs of the same spec.
+VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished")}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS study (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    name TEXT NOT NULL, spec_toml TEXT NOT NULL, spec_hash TEXT NOT NULL, spec_json TEXT NOT NULL,
+    created TEXT NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    python_version TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    key TEXT PRIMARY KEY, sparsity REAL NOT NULL, batch_size INTEGER NOT NULL,
+    seed INTEGER NOT NULL, status TEXT NOT NULL CHECK (status IN ('done', 'failed')),
+    steps_to_result INTEGER, best_trial INTEGER, max_steps INTEGER NOT NULL,
+    n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
+    wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
+    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
+    kernel TEXT);   -- the program that trained the group (training.engine.cell_plan.PROGRAMS, under the column name of the first stores)
+CREATE TABLE IF NOT EXISTS trials (
+    group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL,
+    sparsity REAL NOT NULL, batch_size INTEGER NOT NULL, seed INTEGER NOT NULL,
+    lr REAL NOT NULL, momentum REAL NOT NULL, decay_steps INTEGER, end_factor REAL NOT NULL,
+    effective_lr REAL NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('reached', 'not_reached', 'diverged')),
+    hit_step INTEGER, final_metric REAL,
+    beta1 REAL, beta2 REAL, eps REAL, weight_decay REAL,   -- adam / adamw trials only
+    PRIMARY KEY (group_key, trial));
+CREATE TABLE IF NOT EXISTS curves (
+    group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
+    train_loss REAL, metric REAL, PRIMARY KEY (group_key, trial, step));
+CREATE TABLE IF NOT EXISTS probes (
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
+    step INTEGER NOT NULL, fraction REAL NOT NULL CHECK (fraction BETWEEN 0 AND 1),
+    quantity TEXT NOT NULL, value REAL, seconds REAL,
+    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
+CREATE TABLE IF NOT EXISTS branching (
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    critical_batch REAL NOT NULL, low REAL NOT NULL, high REAL NOT NULL,
+    examples INTEGER NOT NULL, batch_size INTEGER NOT NULL, goal_step INTEGER NOT NULL,
+    window INTEGER NOT NULL, k_max INTEGER NOT NULL, n_seeds INTEGER NOT NULL, eps REAL NOT NULL,
+    trial_steps INTEGER NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    PRIMARY KEY (sparsity, seed, step));
+CREATE TABLE IF NOT EXISTS warmup (
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('warmup', 'fixed')), batch_size INTEGER NOT NULL,
+    replicate INTEGER NOT NULL, steps_to_result INTEGER, examples_to_result INTEGER,
+    max_steps INTEGER NOT NULL, examples_budget INTEGER NOT NULL, schedule TEXT NOT NULL,
+    trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
+"""
+
+# theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
+PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
+                    "local_lipschitz", "loss")
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial of a group, as stored (``status``: reached | not_reached | diverged). The Adam
+    keys are None for the SGD family, which does not use them."""
+
+    trial: int
+    lr: float
+    momentum: float
+    decay_steps: int | None
+    end_factor: float
+    status: str
+    hit_step: int | None
+    final_metric: float | None
+    curve: tuple[tuple[int, float, float], ...] = ()   # (step, train_loss, metric) rows
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """Everything one finished (or failed) group writes, as plain picklable data."""
+
+    key: str
+    sparsity: float
+    batch_size: int
+    seed: int
+    status: str
+    steps_to_result: int | None
+    best_trial: int | None
+    max_steps: int
+    wall_time: float
+    trial_steps: int
+    config_json: str
+    trials: tuple[TrialRow, ...] = ()
+    error: str | None = None
+    kernel: str | None = None   # training.TrialsResult.program (None: failed)
+
+    @property
+    def n_reached(self) -> int:
+        return sum(t.status == "reached" for t in self.trials)
+
+    @property
+    def n_diverged(self) -> int:
+        return sum(t.status == "diverged" for t in self.trials)
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One probe measurement along one run (``fraction`` = step / H); ``seconds``: wall time of
+    that run's replay and measurements (the same on each of its rows)."""
+
+    sparsity: float
+    seed: int
+    batch_size: int
+    step: int
+    fraction: float
+    quantity: str
+    value: float | None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    name: str
+    spec_toml: str
+    spec_hash: str
+    spec_json: str
+
+
+@dataclass(frozen=True)
+class BranchRow:
+    """CBS(t) at one checkpoint of one (sparsity, seed)'s base run (batch ``batch_size``, goal
+    step ``goal_step``, ``examples`` = step x batch_size), with its interval; ``trial_steps``:
+    the whole measurement's cost (the same on each of its rows)."""
+
+    sparsity: float
+    seed: int
+    step: int
+    critical_batch: float
+    low: float
+    high: float
+    examples: int
+    batch_size: int
+    goal_step: int
+    window: int
+    k_max: int
+    n_seeds: int
+    eps: float
+    trial_steps: int
+
+
+@dataclass(frozen=True)
+class WarmupRow:
+    """One replicate of the CBS(t) warmup (``kind="warmup"``, ``batch_size`` its largest) or of a
+    fixed batch size (``kind="fixed"``) under ``examples_budget`` examples; ``schedule``: the
+    warmup's segments as JSON [[start_step, batch_size, lr_scale], ...]; ``trial_steps``: the
+    whole comparison's cost (the same on each of its rows)."""
+
+    sparsity: float
+    seed: int
+    kind: str
+    batch_size: int
+    replicate: int
+    steps_to_result: int | None
+    examples_to_result: int | None
+    max_steps: int
+    examples_budget: int
+    schedule: str
+    trial_steps: int

@@ -1,0 +1,149 @@
+"""The per-cell plan: which program runs a (model, batch size) cell and how it is chunked."""
+
+import pytest
+import torch
+from torch import nn
+
+import training
+from training.engine import cell_plan as cellplan
+from training.engine import compiled_kernel as kernels
+from training.engine.cell_plan import even_chunks, plan_cell
+from training.engine.fused import encode, working_set
+from training.engine.cell_plan import activation_floats, default_chunk
+
+needs_kernel = pytest.mark.skipif(kernels.fused_sequential() is None,
+                                  reason="the compiled kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def images():
+    x = torch.zeros(80, 3, 32, 32)
+    y = torch.zeros(80, dtype=torch.long)
+    return training.Dataset("blank", "classification", x[:64], y[:64], x[64:], y[64:], 10,
+                            (3, 32, 32))
+
+
+@pytest.mark.parametrize("batch_size, limit, chunk", [
+    (64, 56, 32), (64, 64, 64), (64, 1000, 64), (10, 3, 3), (9, 3, 3), (7, 1, 1), (5, 0, 1)])
+def test_even_chunks(batch_size, limit, chunk):
+    assert even_chunks(batch_size, limit) == chunk
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["mlp", "cnn1d", "linear"])
+def test_sequential_models_take_the_fused_kernel(mnist1d_small, name):
+    net = training.models.build(name, mnist1d_small)
+    plan = plan_cell(net, mnist1d_small.task, (40,), 64, 300)
+    assert plan.name == "fused" and plan.trials_per_stack == cellplan.MAX_STACK
+    assert plan_cell(net, mnist1d_small.task, (40,), 64, 5).trials_per_stack == 5
+
+
+@needs_kernel
+def test_fused_chunk_fills_half_the_l2_cache(mnist1d_small, monkeypatch):
+    net = training.models.build("cnn1d", mnist1d_small)
+    per_example = working_set(encode(net, (40,)), 40) * 4
+    for l2 in (1 << 20, 4 << 20):
+        monkeypatch.setattr(cellplan, "l2_bytes", lambda l2=l2: l2)
+        plans = [plan_cell(net, "classification", (40,), b, 32) for b in (8, 4096)]
+        chunks = [p.examples_per_chunk for p in plans]
+        assert chunks == [8, even_chunks(4096, (l2 // 2) // per_example)]
+        assert chunks[1] * per_example <= l2 // 2
+        # evaluations are not bound by the batch size
+        limit = (l2 // 2) // per_example
+        assert plans[0].program.eval_chunk == plans[1].program.eval_chunk == limit
+    # float64 holds half as many examples
+    assert plan_cell(net, "classification", (40,), 4096, 32, torch.float64
+                     ).examples_per_chunk < chunks[1]
+
+
+def test_disabled_kernel_falls_back_to_the_eager_program(mnist1d_small, monkeypatch):
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    net = training.models.build("cnn1d", mnist1d_small)
+    plan = plan_cell(net, mnist1d_small.task, (40,), 512, 32)
+    assert plan.name == "batched" and plan.examples_per_chunk == 512
+    assert plan.trials_per_stack == default_chunk(512, activation_floats(net, (40,)))
+
+
+@pytest.mark.parametrize("name", ["simple_cnn", "resnet8"])
+def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
+    net = training.models.build(name, images)
+    per_example = activation_floats(net, (3, 32, 32)) * 4
+    plan = plan_cell(net, "classification", (3, 32, 32), 4096, 32)
+    assert plan.name == "per_trial"
+    assert plan.trials_per_stack == min(cellplan.snapshot_limit(net, "momentum", 4, 32),
+                                        cellplan.resident_limit(net, "momentum", 4, 32))
+    assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
+    assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
+    assert plan.program.examples_per_chunk == plan.examples_per_chunk
+    small = plan_cell(net, "classification", (3, 32, 32), 8, 32)
+    assert small.examples_per_chunk == 8
+    assert small.program.eval_chunk == cellplan.CHUNK_BUDGET // per_example
+
+
+@pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
+def test_a_stacks_state_fits_the_snapshot_budget(images, optimizer, copies):
+    """simple_cnn on 3 x 32 x 32 images: 4.3 M weights, 17 MB a trial; a stack's weights and
+    optimizer state stay within SNAPSHOT_BUDGET, in stacks of equal size."""
+    net = training.models.build("simple_cnn", images)
+    weights = sum(p.numel() for p in net.parameters())
+    assert cellplan.state_bytes(net, optimizer, 4) == copies * 4 * weights
+    stack = cellplan.snapshot_limit(net, optimizer, 4, 32)
+    assert plan_cell(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
+                     ).trials_per_stack <= stack
+    fits = cellplan.SNAPSHOT_BUDGET // (copies * 4 * weights)
+    assert 1 <= stack <= fits < 32
+    assert -(-32 // stack) == -(-32 // fits)  # as few stacks as the budget allows, of equal size
+    tiny = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
+    assert cellplan.snapshot_limit(tiny, optimizer, 4, 300) == cellplan.MAX_STACK
+
+
+@pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
+def test_per_trial_stacks_stay_in_the_last_level_cache(images, optimizer, copies):
+    """A per_trial stack's state and one trial's gradients fit in RESIDENT_BUDGET: simple_cnn
+    (17 MB of weights a trial on 3 x 32 x 32) runs in stacks of 1 or 2, resnet8 (0.3 MB) in
+    one stack."""
+    big = training.models.build("simple_cnn", images)
+    weights = 4 * sum(p.numel() for p in big.parameters())
+    stack = plan_cell(big, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+                      ).trials_per_stack
+    fits = (cellplan.RESIDENT_BUDGET - weights) // (copies * weights)
+    assert stack == max(1, fits) and stack in (1, 2)
+    assert 32 % stack == 0
+    if stack > 1:
+        assert stack * copies * weights + weights <= cellplan.RESIDENT_BUDGET
+    small = training.models.build("resnet8", images)
+    assert plan_cell(small, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+                     ).trials_per_stack == 32
+    assert cellplan.resident_limit(small, optimizer, 4, 30) == 30
+    assert cellplan.resident_limit(big, optimizer, 4, 3) == (1 if fits <= 1 else 2)
+
+
+def test_other_modules_take_torch_func():
+    tanh = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
+    dilated = nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, 2, 3, dilation=2),
+                            nn.Flatten(), nn.Linear(72, 10))
+    for net in (tanh, dilated):
+        plan = plan_cell(net, "classification", (40,), 512, 64)
+        assert plan.name == "func" and plan.examples_per_chunk == 512
+        assert plan.trials_per_stack == min(64, default_chunk(512, activation_floats(net, (40,))))
+
+
+def test_l2_size_is_read_or_defaulted():
+    assert cellplan.l2_bytes() >= 64 << 10
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+def test_where_the_update_runs(mnist1d_small, images, monkeypatch, optimizer):
+    """The kernel and the per-trial program update in place for every optimizer; the eager
+    programs never (the trainer updates the stack)."""
+    cnn = training.models.build("cnn1d", mnist1d_small)
+    if kernels.fused_sequential() is not None:
+        plan = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+        assert plan.name == "fused"
+        assert plan.update_in_step
+    image = plan_cell(training.models.build("simple_cnn", images), "classification",
+                      (3, 32, 32), 64, 8, optimizer=optimizer)
+    assert image.name == "per_trial" and image.update_in_step
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    eager = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+    assert eager.name == "batched" and not eager.update_in_step

@@ -1,0 +1,169 @@
+"""The compiled kernel's fallback: without a compiler, without ninja or when the build fails,
+training runs the eager program with the same results, one warning naming why, and records the
+kernel that ran."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import training
+from training import EvalSchedule, RunConfig, Trial
+from training.engine import compiled_kernel as kernels
+from training.engine.cell_plan import plan_cell
+
+
+@pytest.fixture
+def fresh_build(monkeypatch):
+    """A process that has not tried to build the kernel yet (and one that tries again after)."""
+    monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
+    kernels._build.cache_clear()
+    yield
+    kernels._build.cache_clear()
+
+
+def train(net, ds):
+    run = RunConfig(16, "momentum", max_steps=12, seed=1, dtype=torch.float64,
+                    eval_schedule=EvalSchedule(every=4))
+    return training.train_trials(net, ds, [Trial(lr=0.05, momentum=0.9), Trial(lr=0.1)], run)
+
+
+def kernel_warnings(record):
+    return [w for w in record if issubclass(w.category, kernels.KernelWarning)]
+
+
+def test_a_failing_build_falls_back_with_one_warning(fresh_build, monkeypatch, mnist1d_small):
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension 'x':\n[1/2] c++ -c a.cpp\n"
+                           "a.cpp:1:10: fatal error: Python.h: No such file or directory\n")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    net = training.models.build("mlp", mnist1d_small, hidden=[16], seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        res = train(net, mnist1d_small)
+        again = train(net, mnist1d_small)
+    [w] = kernel_warnings(record)
+    message = str(w.message)
+    assert "'fused_sequential' is unavailable" in message and "'batched'" in message
+    assert "fatal error: Python.h: No such file or directory" in message
+    assert res.program == again.program == "batched"
+    # the same numbers as the eager program chosen on purpose
+    with kernels.disabled():
+        assert plan_cell(net, "classification", (40,), 16, 2).name == "batched"
+        eager = train(net, mnist1d_small)
+    for name, p in eager.params.items():
+        assert torch.equal(res.params[name], p)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_without_a_compiler_adam_gives_the_kernels_results(fresh_build, monkeypatch,
+                                                           mnist1d_small, optimizer):
+    """Adam / AdamW inside the kernel and in the eager fallback (no compiler): the same weights
+    to 1e-10 relative in float64 (Adam's tolerance of the equivalence tests), masks included."""
+    if kernels.fused_sequential() is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    net = training.models.build("mlp", mnist1d_small, hidden=[16], seed=0)
+    masks = {"1.weight": (torch.rand(16, 40, generator=torch.Generator().manual_seed(0))
+                          > 0.5).double()}
+    run = RunConfig(16, optimizer, max_steps=12, seed=1, dtype=torch.float64,
+                    eval_schedule=EvalSchedule(every=4))
+    trials = [Trial(lr=0.01, beta1=0.8, weight_decay=0.1), Trial(lr=0.003, beta2=0.99, eps=1e-6)]
+    fused = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
+    kernels._build.cache_clear()
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    with pytest.warns(kernels.KernelWarning, match="no C\\+\\+ compiler"):
+        eager = training.train_trials(net, mnist1d_small, trials, run, masks=masks)
+    assert (fused.program, eager.program) == ("fused", "batched")
+    for name, p in eager.params.items():
+        torch.testing.assert_close(fused.params[name], p, rtol=1e-10, atol=1e-13)
+
+
+def test_no_compiler_is_named(fresh_build, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    with pytest.warns(kernels.KernelWarning, match=r"no C\+\+ compiler \('no-such-compiler-x9' "
+                                                   r"not found; install one, e\.g\. g\+\+, or "
+                                                   r"set CXX\)"):
+        assert kernels.fused_sequential() is None
+
+
+def test_no_ninja_is_named(fresh_build, monkeypatch):
+    which = kernels.shutil.which
+    monkeypatch.setattr(kernels.shutil, "which", lambda cmd: None if cmd == "ninja" else which(cmd))
+    monkeypatch.setattr(kernels, "_ninja_dir", lambda: None)
+    with pytest.warns(kernels.KernelWarning, match=r"ninja not found \(pip install ninja\)"):
+        assert kernels.fused_sequential() is None
+
+
+def test_ninja_of_the_package_is_used_when_not_on_path(monkeypatch):
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setattr(kernels.shutil, "which", lambda cmd: None if cmd == "ninja" else "/x")
+    assert kernels._ninja_dir() == str(ninja.BIN_DIR) and kernels.missing_tool() is None
+
+
+def test_disabled_skips_the_kernel_without_a_warning(fresh_build, monkeypatch, mnist1d_small):
+    net = training.models.build("cnn1d", mnist1d_small, channels=4, seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+        assert kernels.fused_sequential() is None and train(net, mnist1d_small).program == "batched"
+        monkeypatch.delenv(kernels.DISABLE_ENV)
+        with kernels.disabled():
+            assert not kernels.enabled() and train(net, mnist1d_small).program == "batched"
+        assert kernels.enabled()
+    assert kernel_warnings(record) == []
+
+
+def test_failure_reason_prefers_the_compiler_error():
+    exc = RuntimeError("Error building extension 'x':\nstep 1\nb.cpp:3: error: bad thing\n")
+    assert kernels.failure_reason(exc) == "RuntimeError: b.cpp:3: error: bad thing"
+    assert kernels.failure_reason(OSError("disk full")) == "OSError: disk full"
+
+
+def test_build_name_tracks_sources_cpu_and_versions(monkeypatch):
+    name = kernels.build_name("fused_sequential")
+    assert name.startswith("sparsescale_fused_sequential_") and name == kernels.build_name(
+        "fused_sequential")
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert kernels.build_name("fused_sequential") != name
+
+
+def test_the_build_lives_outside_the_source_tree():
+    module = kernels.fused_sequential()
+    if module is None:
+        pytest.skip("the compiled kernel cannot be built here")
+    repo = Path(training.__file__).resolve().parents[1]
+    assert not Path(module.__file__).resolve().is_relative_to(repo)
+
+
+def test_build_directory_follows_torch_extensions_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert kernels.build_directory("fused_sequential") == tmp_path / kernels.build_name(
+        "fused_sequential")
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, monkeypatch, tmp_path):
+    """A process killed while building leaves torch's lock, on which every later build would
+    wait forever; one older than STALE_LOCK_SECONDS goes before the build."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = kernels.build_directory("fused_sequential")
+    folder.mkdir(parents=True)
+    lock = folder / "lock"
+    lock.touch()
+    assert not kernels.clear_stale_lock(folder) and lock.exists()
+    old = time.time() - kernels.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    seen = {}
+
+    def load(**kwargs):
+        seen.update(kwargs, lock=lock.exists())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    with pytest.warns(kernels.KernelWarning, match="stop here"):
+        assert kernels.fused_sequential() is None
+    assert seen["build_directory"] == str(folder) and seen["lock"] is False

@@ -1,0 +1,200 @@
+"""Benchmark: trial-steps per second of ``train_trials`` against the plain PyTorch loop.
+
+``sparsescale bench [--models mlp,cnn1d,simple_cnn,resnet8] [--batch-sizes 8,64,512,4096]
+[--trials 32] [--optimizer momentum]`` (:mod:`experiments.cli.bench`). Both trainers run in the same
+process, one after the other, so the ratio is meaningful on a shared machine even when absolute
+numbers are noisy.
+
+- plain loop: ``DataLoader(TensorDataset, shuffle=True)`` + ``nn.Module`` + the ``torch.optim``
+  optimizer (``--optimizer``: SGD with momentum 0.9 by default, or Adam / AdamW), one trial at a
+  time, as typical reference code trains;
+- vectorized: ``train_trials`` with N trials (spread learning rates; momentum 0.9 for the SGD
+  family), evaluated only at the start and end, on the first VAL_EXAMPLES validation examples,
+  against a goal no trial meets (validation error < 0): as in a study, the trainer keeps the
+  copy of a stack it would replay a hit from, so the peak memory is a study group's.
+
+Rates are marginal (:func:`training.bench.measure.marginal_rate`): a run of 2s steps against one
+of s, so neither trainer's once-per-run costs (setup, the two evaluations) count. With an
+optimizer other than ``momentum``, the vectorized trainer is also timed with momentum at the same
+batch size, alternating the two (best of ``ROUNDS`` each), and the table adds the slowdown of the
+chosen optimizer against momentum.
+
+Data: MNIST-1D for ``mlp`` and ``cnn1d``; MNIST for ``simple_cnn`` and CIFAR-10 for ``resnet8``
+when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the same shape
+(Gaussian images, uniform labels: the speed does not depend on the values).
+
+Achieved GFLOP/s count the training FLOPs of the layers (forward 2 MAC, weight gradient 2 MAC,
+input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. Each row
+names the program that ran (:mod:`training.engine.cell_plan`) and the peak resident memory of the process
+during the vectorized runs (``VmHWM``, reset before them): the memory a worker needs for that
+group.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from training import data as data_mod
+from training import models
+from training.bench.measure import (
+    CLOCKS, marginal_rate, peak_rss_mib, reset_peak_rss, training_flops,
+)
+from training.config import ADAM_OPTIMIZERS, EvalSchedule, RunConfig, Trial
+from training.goal import Goal, loss_fn
+from training.reference import make_optimizer
+from training.trials import TrialsResult, train_trials
+
+MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
+# Real data set and input shape of each model's workload (synthetic when the files are absent).
+IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32))}
+VAL_EXAMPLES = 256
+NEVER = Goal("error", 0.0, strict=True)
+# Alternating rounds when the vectorized trainer is compared with itself under momentum.
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark cell: both trainers' rates, the vectorized trainer's GFLOP/s, the program
+    that ran (training.engine.cell_plan), the peak resident memory of the process while it ran and, for
+    an optimizer other than momentum, the vectorized momentum rate beside it."""
+
+    model: str
+    batch_size: int
+    trials: int
+    plain_steps_per_s: float
+    trial_steps_per_s: float
+    gflops: float
+    peak_gflops: float
+    program: str = ""
+    peak_rss_mib: float = math.nan
+    optimizer: str = "momentum"
+    momentum_trial_steps_per_s: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.trial_steps_per_s / self.plain_steps_per_s
+
+    @property
+    def slowdown(self) -> float | None:
+        """Vectorized momentum rate over this optimizer's (1.0: as fast as momentum)."""
+        if self.momentum_trial_steps_per_s is None:
+            return None
+        return self.momentum_trial_steps_per_s / self.trial_steps_per_s
+
+
+def bench_dataset(model: str, samples: int) -> data_mod.Dataset:
+    """The model's workload data (see the module docstring), validation cut to VAL_EXAMPLES."""
+    if model in IMAGE_DATA:
+        name, shape = IMAGE_DATA[model]
+        try:
+            ds = data_mod.load(name)
+        except data_mod.DataError:
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(samples, *shape, generator=g)
+            y = torch.randint(0, 10, (samples,), generator=g)
+            ds = data_mod.Dataset(f"synthetic {name}-shaped", "classification",
+                                  x[VAL_EXAMPLES:], y[VAL_EXAMPLES:], x[:VAL_EXAMPLES],
+                                  y[:VAL_EXAMPLES], 10, shape)
+    else:
+        ds = data_mod.load("mnist1d", num_samples=samples)
+    return replace(ds, x_val=ds.x_val[:VAL_EXAMPLES], y_val=ds.y_val[:VAL_EXAMPLES])
+
+
+def bench_trials(optimizer: str, n_trials: int) -> list[Trial]:
+    """The benchmark's trials: learning rates 0.001 * 1.1^k with momentum 0.9 (SGD family) or
+    0.0001 * 1.1^k (Adam family, torch's default betas and eps)."""
+    if optimizer in ADAM_OPTIMIZERS:
+        return [Trial(lr=1e-4 * 1.1 ** k) for k in range(n_trials)]
+    return [Trial(lr=0.001 * 1.1 ** k, momentum=0.9) for k in range(n_trials)]
+
+
+def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int,
+               optimizer: str = "momentum") -> float:
+    """The plain loop: DataLoader(TensorDataset, shuffle) + nn.Module + the torch.optim optimizer
+    of ``optimizer`` (SGD lr 0.01, momentum 0.9; Adam / AdamW lr 0.001), for ``steps`` updates of
+    a copy of ``net``; returns the last mini-batch loss."""
+    model = copy.deepcopy(net)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ds.x_train, ds.y_train),
+                                         batch_size=batch_size, shuffle=True, drop_last=True)
+    lr = 1e-3 if optimizer in ADAM_OPTIMIZERS else 0.01
+    opt = make_optimizer(model.parameters(), optimizer, Trial(lr=lr, momentum=0.9))
+    criterion = loss_fn(ds.task)
+    done, loss = 0, torch.tensor(math.nan)
+    while done < steps:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done == steps:
+                break
+    return float(loss.detach())
+
+
+def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: int,
+               steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum"
+               ) -> TrialsResult:
+    """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials`."""
+    run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps, goal=NEVER,
+                    eval_schedule=EvalSchedule(every=max(steps, 1)))
+    return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
+                        trials_per_chunk=trials_per_chunk)
+
+
+def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
+          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum") -> Row:
+    """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
+    CPU time, which a single-threaded run on a shared machine should be measured with). For an
+    optimizer other than momentum, the vectorized trainer's rates with it and with momentum are
+    the best of ``ROUNDS`` alternating measurements."""
+    net = models.build(model, ds, seed=0)
+    tick = CLOCKS[clock]
+    plain = marginal_rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
+    compared = [optimizer] if optimizer == "momentum" else [optimizer, "momentum"]
+    rates = dict.fromkeys(compared, 0.0)
+    program = {}
+    reset_peak_rss()
+    for _ in range(1 if optimizer == "momentum" else ROUNDS):
+        for opt in compared:
+            def run(steps: int, opt: str = opt) -> None:
+                program[opt] = vectorized(net, ds, batch_size, n_trials, steps,
+                                         optimizer=opt).program
+
+            rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
+    rss = peak_rss_mib()
+    vec = rates[optimizer]
+    flops = training_flops(net, ds.input_shape, batch_size)
+    return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
+               program[optimizer], rss, optimizer,
+               rates.get("momentum") if optimizer != "momentum" else None)
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The rows as a Markdown table (ratio = vectorized / plain); rows compared with momentum
+    add its rate and the slowdown (momentum rate / this optimizer's)."""
+    compared = any(r.slowdown is not None for r in rows)
+    head = ("| model | B | trials | program | plain loop steps/s | vectorized trial-steps/s | ratio "
+            "| GFLOP/s | % of peak | peak RSS MiB |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|"
+    if compared:
+        head += " vectorized momentum trial-steps/s | slowdown vs momentum |"
+        rule += "---|---|"
+    lines = []
+    for r in rows:
+        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.program} | "
+                f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
+                f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | "
+                f"{r.peak_rss_mib:.0f} |")
+        if compared:
+            line += (" – | – |" if r.slowdown is None else
+                     f" {r.momentum_trial_steps_per_s:.3g} | {r.slowdown:.2f}x |")
+        lines.append(line)
+    return "\n".join([head, rule, *lines])

@@ -1,0 +1,244 @@
+"""Per-cell choices of the vectorized trainer: which program computes a stack's step, how many
+trials share a stack, and how many examples a chunk of one trial holds, for one (model, batch
+size) cell.
+
+The choice follows rules, each with the measurements behind it:
+
+- ``fused`` (:mod:`training.engine.fused`): an ``nn.Sequential`` of Linear / Conv1d / ReLU
+  (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
+  independent of the other trials and its activations live only per chunk, so a stack holds up
+  to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
+  in half the L2 cache (``L2_SHARE``). One call takes a trial through many steps before the
+  next trial (:meth:`training.engine.fused.FusedProgram.train_steps`), so the stack's size
+  does not decide what stays in cache.
+- ``per_trial`` (:mod:`training.engine.per_trial`): models with Conv2d (``simple_cnn``,
+  ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
+  alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. A stack keeps
+  its parameters and optimizer state, with one trial's gradients, within RESIDENT_BUDGET bytes
+  of the last-level cache (:func:`resident_limit`, at most MAX_STACK trials): between two
+  evaluations a stack's trials take their steps in turn, so a stack that does not fit streams
+  every trial's state from memory at every step, and at small B that traffic is the step.
+- ``batched`` (:class:`training.engine.batched.BatchedProgram`, the eager fallback of ``fused``) and
+  ``func`` (:class:`training.engine.func.FuncProgram`, any other module): all activations of a stack
+  are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
+  floats (:func:`default_chunk`).
+- Every program: a stack's parameters and optimizer state fit in SNAPSHOT_BUDGET bytes
+  (:func:`snapshot_limit`), since a run with a goal keeps a copy of one stack per evaluation
+  interval to find the exact step of a hit; the trials are then split into stacks of equal size.
+
+Where the update runs (``CellPlan.update_in_step``): the compiled kernel and the per-trial
+program apply every optimizer's update (the SGD rules, Adam, AdamW) to each trial right after
+its backward pass, while its gradients are in cache and only one trial's are alive; the kernel's
+Adam reads and writes the moments of :class:`training.engine.adam.AdamState`, so resuming, branching
+and the other programs see one state. ``batched`` and ``func`` compute the stack's gradients,
+then update it (:class:`training.engine.updates.StackUpdate`). Adam used to run after the kernel's
+``loss_and_grads``, as torch's fused Adam over the stack: those extra passes over the stacked
+state made the MLP's Adam step 2.2x momentum's at B = 8; inside the kernel it costs one
+vectorized pass per trial, bound by its square root and division (see the README's Adam
+section for the measured slowdowns).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from training.engine import compiled_kernel as kernels
+from training.engine import fused as stacked_fused
+from training.config import ADAM_OPTIMIZERS
+from training.engine.batched import BatchedProgram
+from training.engine.func import FuncProgram
+from training.engine.per_trial import PerTrialProgram, has_conv2d
+
+PROGRAMS = ("fused", "per_trial", "batched", "func")
+MAX_STACK = 128
+# Share of the per-core L2 cache a chunk of the fused kernel may fill: the rest holds the
+# weights and BLAS's packed panels. Measured (1 thread, 32 trials, GFLOP/s by examples per chunk
+# 1 / 4 / 16 / 32 / 64 / 128 / 512 / B; the rule picks 85 for cnn1d and the batch for mlp up to
+# 582 with a 2 MiB L2): cnn1d B = 512: 36 / 56 / 60 / 60 / 61 / 65 / 56; B = 4096: 35 / 57 / 65 /
+# 64 / 67 / 68 / 61 / 33; mlp B = 4096: 17 / 47 / 77 / 86 / 96 / 99 / 101 / 92.
+L2_SHARE = 0.5
+# Activation bytes of one chunk of one trial on the per_trial path.
+CHUNK_BUDGET = 128 << 20
+# Bytes of one stack's parameters and optimizer state, which a run with a goal copies at every
+# evaluation interval (the replay snapshot, training.trials). simple_cnn holds 26 MB a trial
+# with momentum: 32 trials in one stack copied 840 MB, and a B = 4096 group peaked at 2.1 GB.
+SNAPSHOT_BUDGET = 256 << 20
+# Bytes of a per_trial stack's state (plus one trial's gradients) that stay in the last-level
+# cache from one step to the next. Measured on the 2-core machine (one thread): copy bandwidth
+# 27 GB/s up to 2 x 32 MB, 20 at 2 x 64, 13 from 2 x 128 MB (sysfs reports the host's 480 MiB
+# L3, shared with other tenants); simple_cnn at B = 8, 39 MB a trial with momentum: 8.2 ms a
+# trial-step in stacks of 1, 11.0 in stacks of 2, 12.4 in one stack of 32 (the plain loop,
+# one model, 8.3 ms).
+RESIDENT_BUDGET = 48 << 20
+
+
+class Program(Protocol):
+    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``.
+    Programs that update in place also have ``train_step`` and ``supports(optimizer)``
+    (:class:`training.engine.fused.FusedProgram`, :class:`PerTrialProgram`); the compiled
+    kernel's also ``train_steps``, many steps a call (``training.trials._Runner.steps``)."""
+
+    def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
+
+    def loss_and_grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Per-trial mini-batch loss [N] and gradients, one per parameter, stacked."""
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """How ``train_trials`` runs one cell: ``name`` (the program's, one of PROGRAMS), ``trials_per_stack``,
+    ``examples_per_chunk`` (examples of one trial processed together in a training step; the
+    batch size when the program does not chunk; evaluations use chunks up to the rules'
+    limit, whatever the batch size), and the ``program`` computing a stack's steps."""
+
+    name: str
+    trials_per_stack: int
+    examples_per_chunk: int
+    program: Program = field(repr=False, compare=False)
+    update_in_step: bool = False  # the program's train_step applies the update (module doc)
+
+
+@functools.cache
+def l2_bytes() -> int:
+    """Per-core L2 cache size from sysfs (1 MiB when unknown)."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return 1 << 20
+
+
+def even_chunks(batch_size: int, limit: int) -> int:
+    """Examples per chunk: the fewest chunks of at most ``limit`` examples, of equal size (64
+    examples in chunks of at most 56 run as 2 x 32, not 56 + 8)."""
+    chunks = -(-batch_size // max(1, min(limit, batch_size)))
+    return -(-batch_size // chunks)
+
+
+def weight_bytes(model: nn.Module, itemsize: int) -> int:
+    """Bytes of one copy of a trial's parameters (or of its gradients)."""
+    return itemsize * sum(p.numel() for p in model.parameters())
+
+
+def state_bytes(model: nn.Module, optimizer: str, itemsize: int) -> int:
+    """Bytes of one trial's parameters and ``optimizer`` state (momentum buffer; Adam's two
+    moments; none for sgd)."""
+    copies = 1 + (0 if optimizer == "sgd" else 2 if optimizer in ADAM_OPTIMIZERS else 1)
+    return copies * weight_bytes(model, itemsize)
+
+
+def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+    """Trials per stack whose state fits in SNAPSHOT_BUDGET, split evenly (at most MAX_STACK)."""
+    limit = SNAPSHOT_BUDGET // max(1, state_bytes(model, optimizer, itemsize))
+    return min(MAX_STACK, even_chunks(max(1, n_trials), limit))
+
+
+def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+    """Trials per ``per_trial`` stack whose state, with one trial's gradients, fits in
+    RESIDENT_BUDGET (at least 1), split evenly."""
+    fits = ((RESIDENT_BUDGET - weight_bytes(model, itemsize))
+            // max(1, state_bytes(model, optimizer, itemsize)))
+    return even_chunks(max(1, n_trials), max(1, fits))
+
+
+def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+              n_trials: int, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
+    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``
+    with ``optimizer`` (see the module docstring)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    stack = snapshot_limit(model, optimizer, itemsize, n_trials)
+    encoding = stacked_fused.encode(model, input_shape)
+    if encoding is not None:
+        per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
+        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
+        chunk = even_chunks(batch_size, limit)
+        fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
+        if fused is not None:
+            return CellPlan("fused", stack, chunk, fused,
+                            fused.supports(optimizer))
+    if has_conv2d(model):
+        limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
+        chunk = even_chunks(batch_size, limit)
+        program = PerTrialProgram.try_build(model, task, chunk, limit)
+        if program is not None:
+            stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
+            return CellPlan("per_trial", stack, chunk, program,
+                            program.supports(optimizer))
+    stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
+    eager = build_program(model, task)
+    program = "batched" if isinstance(eager, BatchedProgram) else "func"
+    return CellPlan(program, stack, batch_size, eager)
+
+
+def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
+    """Whether the compiled kernel ``model`` would run on is usable, built now if need be (once
+    per process, with the one warning of a failed build); True for a model that needs none. A
+    study's driver calls it before its workers start, so that they neither build nor warn.
+    The per-trial program of Conv2d models uses the kernel's one-pass update
+    (:meth:`training.engine.updates.StackUpdate.apply_trial_`) and the torch update without it."""
+    if stacked_fused.encode(model, input_shape) is None and not has_conv2d(model):
+        return True
+    return kernels.fused_sequential() is not None
+
+
+def build_program(model: nn.Module, task: str) -> BatchedProgram | FuncProgram:
+    """The fast hand-batched program when the model allows it, else the torch.func fallback."""
+    return BatchedProgram.try_build(model, task) or FuncProgram(model, task)
+
+
+# Activation floats (trials x examples x floats per example) one stack may hold: the trial
+# count per stack is the largest power of two from 8 to 128 within it.
+ACTIVATION_BUDGET = 1 << 22
+
+
+def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
+    patches of convolutions."""
+    total = 0
+
+    def hook(module, inputs, output):
+        nonlocal total
+        total += output.numel()
+        if isinstance(module, nn.modules.conv._ConvNd):
+            total += output.numel() // module.out_channels * (
+                module.in_channels // module.groups) * math.prod(module.kernel_size)
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            p = next(model.parameters())
+            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def default_chunk(batch_size: int, floats_per_example: int) -> int:
+    """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
+    the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
+    (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):
+    mlp (450 floats per example), B = 8: 14.0k / 17.2k / 18.0k / 14.0k / 22.6k; B = 64: 5.3k /
+    6.7k / 7.8k / 6.9k; B = 512: 1074 / 1020 / 947 / 873; B = 4096: 125 / 106 / 76 / 68.
+    cnn1d (3095 floats), B = 8: 5.9k / 6.7k / 7.7k / 8.9k; B = 64 (4 / 8 / 16 / 32 trials):
+    1023 / 1205 / 1519 / 1385; B = 512: 198 / 182 / 148 / 125."""
+    n = 128
+    while n > 8 and n * batch_size * floats_per_example > ACTIVATION_BUDGET:
+        n //= 2
+    return n

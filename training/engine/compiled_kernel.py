@@ -1,0 +1,185 @@
+"""Compiled kernels of the vectorized trainer, built from ``training/engine/csrc`` on first use.
+
+``fused_sequential()`` returns the extension module of ``csrc/fused_sequential.cpp`` (see
+:mod:`training.engine.fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
+(``-march=native``, OpenMP; ``-fno-math-errno``, without which the compiler cannot vectorize
+Adam's square root: 3x slower): about 30 s once per machine and source version, then a cached
+import; concurrent processes wait for one build (torch's file lock). The build lives in torch's
+extension cache, a user cache folder (``$TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), never in the source tree, under a name that carries a digest of
+the sources, the CPU model and flags, and the Python and torch versions: a cache shared by
+machines or environments holds one build for each. A build lock left by a process killed while
+building is removed once it is older than STALE_LOCK_SECONDS.
+
+The build needs a C++ compiler (``$CXX``, default ``c++``), ninja (the ``ninja`` package, a
+dependency of sparsescale) and Python's headers. When any of them is missing or the build fails,
+the trainer runs its eager ``batched`` program instead, which computes the same quantities
+(tested to 1e-12 in float64) more slowly: the process warns once, naming why
+(:class:`KernelWarning`), and :attr:`training.TrialsResult.program` (and a study's ``kernel``
+column) records the program that ran. ``SPARSESCALE_KERNELS=0``, or :func:`disabled`, skips the
+kernel without a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from training.errors import SparsescaleError
+
+SOURCES = Path(__file__).resolve().parent / "csrc"
+DISABLE_ENV = "SPARSESCALE_KERNELS"
+STALE_LOCK_SECONDS = 600
+_off = 0  # depth of disabled() contexts
+
+
+class KernelWarning(SparsescaleError, RuntimeWarning):
+    """A compiled kernel cannot be used; the eager program runs instead (same results)."""
+
+
+def enabled() -> bool:
+    """False when ``SPARSESCALE_KERNELS=0`` or a :func:`disabled` context asks for the eager
+    path only."""
+    return _off == 0 and os.environ.get(DISABLE_ENV, "1") != "0"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within this context the trainer does not use (or build) compiled kernels."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+def _cpu_description() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    keys = ("model name", "flags")
+    return "\n".join(next((ln for ln in lines if ln.startswith(k)), "") for k in keys)
+
+
+def build_name(name: str) -> str:
+    """Extension name of kernel ``name``: a digest of every file in ``csrc`` (torch rebuilds
+    on a change of the listed source only, not of its headers), of the host CPU and of the
+    Python and torch versions (the extension's ABI)."""
+    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}".encode())
+    for path in sorted(SOURCES.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
+
+
+def _ninja_dir() -> str | None:
+    """Folder of a ninja executable, if ninja is not on PATH: the ``ninja`` package's (a venv's
+    ``bin`` is not on PATH when its python is run directly)."""
+    if shutil.which("ninja"):
+        return None
+    try:
+        import ninja
+    except ImportError:
+        return None
+    return str(ninja.BIN_DIR)
+
+
+def missing_tool() -> str | None:
+    """Why the build cannot start (no compiler, no ninja), or None."""
+    compiler = os.environ.get("CXX", "c++")
+    if not shutil.which(compiler):
+        return (f"no C++ compiler ({compiler!r} not found; install one, e.g. g++, or set CXX)")
+    if not shutil.which("ninja") and _ninja_dir() is None:
+        return "ninja not found (pip install ninja)"
+    return None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a build failed: the compiler's first error line if the message holds
+    one (e.g. a missing Python.h), else the message's first line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    line = next((ln for ln in lines if "error:" in ln.lower()), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {line[:300]}"
+
+
+@contextlib.contextmanager
+def _on_path(folder: str | None) -> Iterator[None]:
+    """``folder`` first on PATH within the context (None: PATH unchanged)."""
+    old = os.environ.get("PATH")
+    if folder:
+        os.environ["PATH"] = os.pathsep.join([folder, *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if folder and old is None:
+            os.environ.pop("PATH", None)
+        elif folder:
+            os.environ["PATH"] = old
+
+
+def build_directory(name: str) -> Path:
+    """Where kernel ``name`` is built: ``$TORCH_EXTENSIONS_DIR``, else torch's default extension
+    root (``~/.cache/torch_extensions``, a user cache folder), ``/<build_name(name)>``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / build_name(name)
+
+
+def clear_stale_lock(folder: Path) -> bool:
+    """Remove the build lock torch's loader leaves when a process is killed while building
+    (every later process would wait for it forever); a lock older than STALE_LOCK_SECONDS (a
+    build takes about 30 s) is stale. True if one was removed."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+            lock.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+@functools.cache
+def _build(name: str) -> ModuleType | None:
+    reason = missing_tool()
+    if reason is None:
+        try:
+            from torch.utils.cpp_extension import load
+
+            folder = build_directory(name)
+            folder.mkdir(parents=True, exist_ok=True)
+            clear_stale_lock(folder)
+            with _on_path(_ninja_dir()):
+                # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
+                return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
+                            extra_include_paths=[str(SOURCES)],
+                            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+                            extra_ldflags=["-fopenmp"], build_directory=str(folder),
+                            verbose=False)
+        except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
+            reason = failure_reason(exc)
+    warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "
+                  f"training uses the eager 'batched' program (and, for Conv2d models, torch's "
+                  f"update) instead: same results, slower. "
+                  f"Set {DISABLE_ENV}=0 to skip the kernel without this warning.", KernelWarning,
+                  stacklevel=2)
+    return None
+
+
+def fused_sequential() -> ModuleType | None:
+    """The fused Sequential training-step kernel, or None (disabled, or it cannot be built)."""
+    return _build("fused_sequential") if enabled() else None

@@ -1,0 +1,48 @@
+"""The ``func`` program: N copies of any module, each with its own parameters, through
+``torch.func``: vmap over ``grad_and_value(functional_call)`` (the per-model ensembling recipe of
+the ``torch.func`` docs).
+
+Parameters are stacked along a leading trial dimension (``[N, *shape]``) and so are inputs
+(``[N, batch, ...]``); the loss is that of :mod:`training.goal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from training.goal import loss_fn
+
+Tensor = torch.Tensor
+
+
+class FuncProgram:
+    """Any module through ``torch.func``: vmap of grad_and_value of ``functional_call``."""
+
+    def __init__(self, model: nn.Module, task: str):
+        self.model, self.task = model, task
+        self.names = [name for name, _ in model.named_parameters()]
+        self.buffers = dict(model.named_buffers())
+        criterion = loss_fn(task)
+
+        def call(params: tuple[Tensor, ...], x: Tensor) -> Tensor:
+            return torch.func.functional_call(model, ({**dict(zip(self.names, params)),
+                                                       **self.buffers}), (x,))
+
+        def loss(params, x, y):
+            return criterion(call(params, x), y)
+
+        self._call = call
+        self._grad = torch.func.vmap(torch.func.grad_and_value(loss))
+
+    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+        if x.stride(0) == 0:  # one input expanded over the trials
+            return torch.func.vmap(self._call, in_dims=(0, None))(tuple(params), x[0])
+        return torch.func.vmap(self._call)(tuple(params), x)
+
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
+                       ) -> tuple[Tensor, list[Tensor]]:
+        grads, loss = self._grad(tuple(params), x, y)
+        return loss, list(grads)

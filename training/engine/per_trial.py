@@ -1,0 +1,147 @@
+"""The convolutional path for stacked trials: image models (``simple_cnn``, ``resnet8``, any
+module with ``Conv2d`` layers), one trial at a time through oneDNN's convolutions.
+
+:class:`PerTrialProgram` has the interface of the ``batched`` and ``func`` programs: per-trial
+mini-batch losses and gradients of parameters stacked as ``[N, *shape]``. For each trial it
+calls the module through ``torch.func.functional_call`` with that trial's parameters and runs
+autograd, on channels-last (NHWC) inputs, in chunks of ``examples_per_chunk`` examples whose
+gradients accumulate. Why this and not a batched kernel over trials (measured on a 2-core
+Xeon with AVX-512, fp32, 32 trials, training FLOPs of the layer / wall time):
+
+- oneDNN's direct convolutions on channels-last data run at or above the fp32 GEMM peak of
+  this machine for these shapes (``simple_cnn``'s second convolution, 32 -> 64 channels 5x5 on
+  14x14: 322 GFLOP/s forward + both gradients at B = 64 on 2 threads, against a 297 GFLOP/s
+  1024^3 matmul); an im2col + GEMM convolution cannot beat the GEMM it is made of.
+- A grouped convolution with one group per trial (what ``torch.func.vmap`` of a convolution
+  becomes) was as fast at B = 8 but slower from B = 64 on (``resnet8``'s first block: 208 vs
+  229 GFLOP/s at B = 64, 107 vs 141 at B = 512).
+- A trial's work is large (``simple_cnn`` on MNIST: 82 MFLOP per example; ``resnet8`` on
+  CIFAR-10: 75 MFLOP), so the Python loop over trials costs a few percent even at B = 8.
+- Channels-last activations avoid oneDNN's layout reorders: ``resnet8`` at B = 512 went from
+  67 to 115 GFLOP/s (2 threads) against contiguous NCHW; chunking the examples keeps a chunk's
+  activations in cache (115 -> 142 GFLOP/s with 64 examples per chunk).
+
+Batch-norm-free models only: every layer of these models acts on each example on its own, so a
+chunked mini-batch gives the mini-batch gradient exactly (up to summation order). A module with
+batch statistics (``nn.BatchNorm*``) would not, and runs through ``torch.func`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from training.engine import compiled_kernel as kernels
+from training.goal import loss_fn
+from training.engine.updates import StackUpdate
+
+Tensor = torch.Tensor
+
+
+def _batch_dependent(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
+
+
+def has_conv2d(model: nn.Module) -> bool:
+    """Whether ``model`` has a 2-D convolution (the models this path is for)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+class PerTrialProgram:
+    """Trials one after another through the module's own autograd (see module docstring)."""
+
+    def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
+                 eval_chunk: int | None = None):
+        self.model, self.task = model, task
+        self.examples_per_chunk = max(1, int(examples_per_chunk))
+        self.eval_chunk = max(1, int(eval_chunk or examples_per_chunk))
+        self.names = [name for name, _ in model.named_parameters()]
+        self.buffers = dict(model.named_buffers())
+        self.criterion = loss_fn(task)
+        # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
+        self.kernel = kernels.fused_sequential()
+
+    @classmethod
+    def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int,
+                  eval_chunk: int | None = None) -> "PerTrialProgram | None":
+        """The program, or None for a module whose output for one example depends on the others
+        (batch statistics). Chunks: ``examples_per_chunk`` in a training step, ``eval_chunk``
+        (default the same) in a forward pass."""
+        return None if _batch_dependent(model) else cls(model, task, examples_per_chunk,
+                                                        eval_chunk)
+
+    def _call(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+        if x.dim() == 4:
+            # explicit NHWC strides: with one channel, NCHW data also passes as channels-last
+            # contiguous, the convolution then keeps NCHW, and max pooling on NCHW was 10x
+            # slower than on NHWC (forward with indices, 8 x 32 x 28 x 28: 2.2 ms vs 0.26 ms)
+            x = torch.empty(x.shape, dtype=x.dtype, device=x.device,
+                            memory_format=torch.channels_last).copy_(x)
+        return torch.func.functional_call(self.model, {**dict(zip(self.names, params)),
+                                                       **self.buffers}, (x,))
+
+    @torch.no_grad()
+    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+        """Outputs [N, B, ...] for inputs [N, B, ...] (an input shared by all trials may be
+        passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``."""
+        step = self.eval_chunk
+        return torch.stack([
+            torch.cat([self._call([p[i] for p in params], x[i, start:start + step])
+                       for start in range(0, x.shape[1], step)])
+            for i in range(x.shape[0])])
+
+    def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+               grads: Sequence[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Mini-batch loss and gradients of one trial (parameters ``[*shape]``, inputs
+        [B, ...]), into ``grads`` when given. The loss of a chunk of m of the B examples is
+        weighted m / B, so the chunks' gradients add up to the gradient of the batch mean."""
+        batch = x.shape[0]
+        leaves = [p.detach().requires_grad_() for p in params]
+        for leaf, g in zip(leaves, grads or ()):
+            leaf.grad = g  # autograd accumulates into it in place
+        total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+        for start in range(0, batch, self.examples_per_chunk):
+            stop = min(batch, start + self.examples_per_chunk)
+            with torch.enable_grad():
+                loss = self.criterion(self._call(leaves, x[start:stop]), y[start:stop])
+                loss = loss * ((stop - start) / batch)
+                loss.backward()
+            total += loss.detach()
+        return total, [leaf.grad for leaf in leaves]
+
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
+                       ) -> tuple[Tensor, list[Tensor]]:
+        """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
+        grads = [torch.zeros_like(p) for p in params]
+        losses = torch.stack([self._trial([p[i] for p in params], x[i], y[i],
+                                          [g[i] for g in grads])[0] for i in range(x.shape[0])])
+        return losses, grads
+
+    def supports(self, optimizer: str) -> bool:
+        """:meth:`train_step` applies every optimizer's update (:mod:`training.engine.updates`)."""
+        return True
+
+    def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
+                   idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
+        """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and
+        ``update`` (any optimizer, :class:`training.engine.updates.StackUpdate`) applied in place to
+        every trial whose loss is at most ``limit`` (float64 [N]). Trial by trial, so that only
+        one trial's gradients are alive (``simple_cnn``'s are 13 MB a trial), never a stack of
+        them."""
+        losses = []
+        for i in range(idx.shape[0]):
+            rows = idx[i]
+            loss, grads = self._trial([p[i] for p in params], x_train.index_select(0, rows),
+                                      y_train.index_select(0, rows))
+            losses.append(loss)
+            if not bool(loss.double() <= limit[i]):
+                continue  # diverged: no update
+            if self.kernel is not None:
+                update.apply_trial_(self.kernel, i, params, grads)
+                continue
+            one = slice(i, i + 1)
+            update.rows(one, params).apply_([p[one] for p in params],
+                                            [g.unsqueeze(0) for g in grads])
+        return torch.stack(losses)
