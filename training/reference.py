@@ -33,7 +33,9 @@ from training.data import Dataset
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from training.masks import apply_mask, mask_
+from training import randomness
 from training.order import trial_seed
+from training.randomness import randomness_seed
 from training.results import Curve, ReferenceResult, ScheduleResult
 from training.lr_schedule import lr_factor
 from training.state import DataPosition, DataStream, TrainState
@@ -118,7 +120,24 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     :func:`train_reference`. The result's ``examples`` are the training examples this call used.
     For ``adam`` / ``adamw`` the state's ``buffers`` and ``moments`` are Adam's m and v and its
     ``step`` Adam's step count; a state resumes only a run of its own optimizer family.
+
+    Modules with batch statistics or random draws: the steps run in train mode (BatchNorm
+    normalizes with the batch's statistics and updates its running ones; Dropout draws from the
+    generator seeded ``randomness_seed(run.seed, trial_index)``, :mod:`training.randomness`, or
+    the start state's), the evaluations and the first mini-batch loss (the divergence reference)
+    in eval mode. The result carries the final buffers; the caller's generator state is left as
+    it was.
     """
+    with randomness.preserved(run.device if isinstance(run, RunConfig) else "cpu"):
+        return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
+                                         trial_index)
+
+
+def _train_schedule_reference(model: nn.Module, dataset: Dataset,
+                              trial: Trial | Mapping[str, Any], run: RunConfig,
+                              schedule: BatchSchedule | None,
+                              mask: Mapping[str, torch.Tensor] | None, start: TrainState | None,
+                              trial_index: int) -> ScheduleResult:
     trial = Trial.from_dict(trial)
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:
@@ -157,10 +176,16 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []
     position = DataPosition() if start is None else start.position
+    randomness.set_state(
+        start.rng_states[0] if start is not None and start.rng_states
+        else randomness.seeded_state(randomness_seed(run.seed, trial_index), run.device),
+        run.device)
     if start is None:
         with torch.no_grad():
             idx, _ = stream.batch(position, schedule.at(0).batch_size)
+            net.eval()  # draws nothing, leaves the running statistics alone
             initial_loss = float(criterion(net(data.x_train[idx]), data.y_train[idx]))
+            net.train()
         losses: list[float] = [initial_loss]
     else:
         initial_loss, losses = start.initial_loss[0], []
@@ -198,11 +223,13 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     weights = {k: v.detach().clone() for k, v in net.named_parameters()}
     first, second = _STATE_KEYS[run.optimizer in ADAM_OPTIMIZERS]
     buffers, moments = _saved(opt, params, first), _saved(opt, params, second)
+    model_buffers = {k: v.detach().clone() for k, v in net.named_buffers()}
     result = ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
-        steps_run=step, curve=Curve.from_rows(rows), state=weights)
+        steps_run=step, curve=Curve.from_rows(rows), state=weights, buffers=model_buffers)
     state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
-                       (initial_loss,), moments)
+                       (initial_loss,), moments, {k: v[None] for k, v in model_buffers.items()},
+                       (randomness.get_state(run.device),))
     return ScheduleResult(result=result, state=state, examples=examples)
 
 
@@ -241,3 +268,6 @@ def _load(net: nn.Module, start: TrainState) -> None:
     start.check_model(net)
     for name, p in net.named_parameters():
         p.copy_(start.params[name][0])
+    for name, b in net.named_buffers():
+        if name in start.model_buffers:
+            b.copy_(start.model_buffers[name][0])

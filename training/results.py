@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ class ReferenceResult:
 
     ``steps_to_result``: first evaluation step at which the goal was met (None if never);
     ``diverged`` / ``diverged_step``: the run ended on a non-finite or exploding loss;
-    ``steps_run``: updates taken; ``state``: final parameters by name.
+    ``steps_run``: updates taken; ``state``: final parameters by name; ``buffers``: the module's
+    final buffers by name (BatchNorm's running statistics; empty for a module without).
     """
 
     steps_to_result: int | None
@@ -50,6 +51,7 @@ class ReferenceResult:
     steps_run: int
     curve: Curve
     state: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
             replace(run, batch_size=seg.batch_size, max_steps=end),
             masks=dict(zip(mask_map, sub)) or None, start=state,
             data_seeds=[seeds[i] for i in active], trials_per_chunk=trials_per_chunk,
-            return_state=True)
+            first_index=first, return_state=True)
         for j, i in enumerate(active):
             last = step
             for row in result.curves[j].rows():
@@ -92,7 +92,8 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
                 last = row[0]
             hit[i] = result.hit_step[j] if hit[i] is None else hit[i]
             diverged[i], taken[i] = result.diverged_step[j], result.steps_taken[j]
-            final[i] = [p[j].clone() for p in result.params.values()]
+            final[i] = [t[j].clone() for t in (*result.params.values(),
+                                               *result.buffers.values())]
             if run.stop == "all" and result.hit_step[j] is not None:
                 at_goal.add(i)
         programs.append(result.program)

@@ -59,8 +59,11 @@ class TrainState:
     or before the first update) / ``moments`` (Adam's second moments v; empty for the SGD
     family): name -> ``[N, *shape]``; ``step``: updates taken (also Adam's bias-correction step);
     ``position``: next example of the data order; ``initial_loss``: per trial, the loss the
-    divergence test compares with. Trainers copy the tensors on entry, so a state can seed any
-    number of runs."""
+    divergence test compares with; ``model_buffers``: the module's own buffers per trial
+    (BatchNorm's running statistics), name -> ``[N, *shape]``, empty for a module without state;
+    ``rng_states``: per trial, the state of the generator the module's random draws (Dropout)
+    come from (:mod:`training.randomness`), empty when the run kept none. Trainers copy the
+    tensors on entry, so a state can seed any number of runs."""
 
     params: Mapping[str, torch.Tensor]
     buffers: Mapping[str, torch.Tensor]
@@ -68,12 +71,17 @@ class TrainState:
     position: DataPosition
     initial_loss: tuple[float, ...]
     moments: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    model_buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    rng_states: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.initial_loss)
         if n < 1 or not all(isinstance(v, float) and math.isfinite(v) for v in self.initial_loss):
             raise ConfigError(f"TrainState initial_loss must be one finite float per trial, got {self.initial_loss!r}")
-        for kind in ("params", "buffers", "moments"):
+        if len(self.rng_states) not in (0, n):
+            raise ConfigError(f"TrainState rng_states must hold one generator state per trial "
+                              f"({n}) or none, got {len(self.rng_states)}")
+        for kind in ("params", "buffers", "moments", "model_buffers"):
             for name, t in getattr(self, kind).items():
                 if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != n:
                     raise ConfigError(f"TrainState {kind}[{name!r}] must be a tensor [{n}, ...] (one per trial)")
@@ -95,7 +103,9 @@ class TrainState:
         return TrainState({k: v[i:i + 1] for k, v in self.params.items()},
                           {k: v[i:i + 1] for k, v in self.buffers.items()},
                           self.step, self.position, (self.initial_loss[i],),
-                          {k: v[i:i + 1] for k, v in self.moments.items()})
+                          {k: v[i:i + 1] for k, v in self.moments.items()},
+                          {k: v[i:i + 1] for k, v in self.model_buffers.items()},
+                          self.rng_states[i:i + 1])
 
     def check_optimizer(self, optimizer: str) -> None:
         """The state resumes a run of ``optimizer``'s family: Adam-type states hold Adam's moments
@@ -117,3 +127,7 @@ class TrainState:
         for k, v in self.params.items():
             if tuple(v.shape[1:]) != shapes[k]:
                 raise ConfigError(f"TrainState params[{k!r}] has shape {tuple(v.shape[1:])}; the model's is {shapes[k]}")
+        names = [k for k, _ in model.named_buffers()]
+        if self.model_buffers and set(self.model_buffers) != set(names):
+            raise ConfigError(f"TrainState model_buffers {sorted(self.model_buffers)} do not match "
+                              f"the model's buffers {sorted(names)}")

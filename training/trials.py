@@ -9,6 +9,11 @@ mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.bat
 Nothing in a step mixes trials, so trial i follows the same trajectory as
 ``train_reference(..., trial_index=i)`` whatever other trials share its group.
 
+Modules with batch statistics or random draws (BatchNorm, Dropout) train as the plain loop trains
+them: each trial keeps its own buffers (running statistics) and draws from its own generator
+(:mod:`training.randomness`); training steps run in train mode, evaluations and the first
+mini-batch loss (the divergence reference) in eval mode.
+
 Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
 the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
 evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
@@ -39,7 +44,8 @@ from training.results import Curve
 from training.engine.resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
 from training.engine.batched import stacked_loss_and_grad
 from training.state import TrainState
-from training.engine.trial_stack import TrialStack, make_stacks
+from training.engine.trial_stack import ModuleState, TrialStack, make_stacks
+from training import randomness
 
 Tensor = torch.Tensor
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
@@ -68,7 +74,9 @@ class TrialsResult:
     program that computed the steps (one of :data:`training.engine.cell_plan.PROGRAMS`; ``batched`` where
     the compiled kernel could not be built; under a batch-size schedule, those of its segments,
     comma-separated). ``params``: final parameters stacked by name,
-    ``[N, *shape]`` (:meth:`state` gives one trial's).
+    ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
+    stacked the same way (BatchNorm's running statistics; empty for the programs that run
+    modules without state).
     ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
     ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
     not stopped at their own hit), to resume or branch from; else None.
@@ -88,6 +96,7 @@ class TrialsResult:
     params: dict[str, Tensor] = field(repr=False)
     end_state: TrainState | None = field(default=None, repr=False)
     end_trials: tuple[int, ...] = ()
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     def state(self, i: int) -> dict[str, Tensor]:
         """Final parameters of trial ``i`` by name."""
@@ -121,6 +130,14 @@ class _Runner:
             st.perm_epoch = epoch
         return st.perm[:, offset:offset + self.batch_size]
 
+    @staticmethod
+    def module(st: TrialStack, rows: slice | None = None) -> dict[str, ModuleState]:
+        """The keyword giving a program that runs the module's own forward pass the stack's
+        module state (of trials ``rows``), or none."""
+        if st.module is None:
+            return {}
+        return {"module": st.module if rows is None else st.module.rows(rows.start, rows.stop)}
+
     def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """Inputs [n, B, ...] and targets [n, B] of the rows ``idx`` [n, B] of the training split
         (``index_select``: 5x faster than advanced indexing for this gather)."""
@@ -141,7 +158,8 @@ class _Runner:
         losses = []
         for a in range(0, idx.shape[0], step):
             x, y = self.gather(idx[a:a + step])
-            out = self.program.forward([p[a:a + step] for p in st.params], x)
+            out = self.program.forward([p[a:a + step] for p in st.params], x,
+                                       **self.module(st, slice(a, a + step)))
             losses.append(stacked_loss_and_grad(out, y, self.task)[0])
         return torch.cat(losses).double()
 
@@ -176,7 +194,7 @@ class _Runner:
             taken = taken.tolist()
             keep = [r for r, t in enumerate(taken) if t == k]
             if len(keep) < len(taken):
-                dropped += [(s + t, st.ids[r], [p[r].clone() for p in st.params])
+                dropped += [(s + t, st.ids[r], _trial_tensors(st, r))
                             for r, t in enumerate(taken) if t < k]
                 st = st.select(keep)
             # one step after the other in float64, as a step a call adds its losses
@@ -194,15 +212,17 @@ class _Runner:
         if self.update_in_step:  # the update runs inside, for the trials within their limit
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
                                            self.batch_indices(st, step),
-                                           st.update(self.optimizer, step), limit)
+                                           st.update(self.optimizer, step), limit,
+                                           **self.module(st))
         else:
-            loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step))
+            loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step),
+                                                      **self.module(st))
         loss = loss.double()
         bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
         if bool(bad.any()):
             rows = bad.nonzero().flatten().tolist()
-            dropped = [(st.ids[r], [p[r].clone() for p in st.params]) for r in rows]
+            dropped = [(st.ids[r], _trial_tensors(st, r)) for r in rows]
             keep = (~bad).nonzero().flatten().tolist()
             st = st.select(keep)
             if not keep:
@@ -229,7 +249,8 @@ class _Runner:
         total = torch.zeros(n, dtype=torch.float64, device=self.x_val.device)
         for i in range(0, self.x_val.shape[0], chunk):
             x = self.x_val[i:i + chunk]
-            out = self.program.forward(st.params, x.unsqueeze(0).expand(n, *x.shape))
+            out = self.program.forward(st.params, x.unsqueeze(0).expand(n, *x.shape),
+                                       **self.module(st))
             value = metric_value(self.metric, out, self.y_val[i:i + chunk], self.task)
             total += value.double() * x.shape[0]
         return total / self.x_val.shape[0]
@@ -270,9 +291,18 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     (:mod:`training.engine.resume`). ``return_state``: put the final state in ``end_state``.
     A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
-    worker pools do).
+    worker pools do). The caller's generator state is left as it was.
     """
     check_run(run, "train_trials")
+    with randomness.preserved(run.device):
+        return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
+                             start, data_seeds, return_state)
+
+
+def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+                  run: RunConfig, masks: Mapping[str, Tensor] | None,
+                  trials_per_chunk: int | None, first_index: int, start: TrainState | None,
+                  data_seeds: Sequence[int] | None, return_state: bool) -> TrialsResult:
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -295,15 +325,17 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                      data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
                      origin)
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
-                         chunk, run.device, run.dtype)
+                         chunk, run.device, run.dtype,
+                         getattr(plan.program, "takes_module_state", False))
     names = [name for name, _ in model.named_parameters()]
+    buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:
         if seeds is not None:
             st.seeds = [seeds[i] for i in st.ids]
         if start is None:
             st.init_loss = runner.initial_loss(st)
         else:
-            load_stack(st, start, names)
+            load_stack(st, start, names, buffer_names)
 
     rows: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
     hit: list[int | None] = [None] * n
@@ -312,7 +344,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     final: dict[int, list[Tensor]] = {}
 
     def finish(st: TrialStack, r: int, step: int, copy: bool = True) -> None:
-        final[st.ids[r]] = [p[r].clone() if copy else p[r] for p in st.params]
+        final[st.ids[r]] = _trial_tensors(st, r, copy)
         taken[st.ids[r]] = step
 
     def record(st: TrialStack, step: int, gap: int) -> list[int]:
@@ -362,7 +394,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                      plan.name)
     if not return_state:
         return result
-    state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train)
+    state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train,
+                           buffer_names)
     return replace(result, end_state=state, end_trials=ids)
 
 
@@ -403,6 +436,13 @@ def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start:
     return {i: found.get(i, end) for i in ids}
 
 
+def _trial_tensors(st: TrialStack, r: int, copy: bool = True) -> list[Tensor]:
+    """Row ``r``'s parameters, then its module buffers (if the stack keeps them)."""
+    rows = [p[r] for p in st.params] + ([] if st.module is None else
+                                        [b[r] for b in st.module.buffers])
+    return [t.clone() for t in rows] if copy else rows
+
+
 def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, final,
             steps_run: int, program: str) -> TrialsResult:
     n = len(trials)
@@ -413,8 +453,11 @@ def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, f
     curves = [Curve.from_rows(rs) for rs in rows]
     names = [name for name, _ in model.named_parameters()]
     params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
+    buffers = {name: torch.stack([final[i][len(names) + j] for i in range(n)])
+               for j, (name, _) in enumerate(model.named_buffers())
+               if len(final[0]) > len(names)}
     return TrialsResult(
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
         diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
-        steps_run=steps_run, trials=trials, program=program, params=params)
+        steps_run=steps_run, trials=trials, program=program, params=params, buffers=buffers)

@@ -50,7 +50,9 @@ from training.masks import apply_mask, mask_
 from training.order import BatchOrder, trial_seed
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
+from training import randomness
 from training.lr_schedule import lr_factor
+from training.randomness import randomness_seed
 
 LOOPBACK = "127.0.0.1"
 
@@ -188,7 +190,23 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
                device: torch.device, mask: Mapping[str, torch.Tensor] | None = None
                ) -> ReferenceResult:
     """The training loop of one rank (process group already initialised). Every rank returns the
-    same result; the curve's ``train_loss`` is the global-batch loss."""
+    same result; the curve's ``train_loss`` is the global-batch loss.
+
+    Modules with batch statistics or random draws: each rank normalizes its own shard with the
+    shard's statistics (as DDP does without SyncBatchNorm; DDP gives every rank rank 0's
+    buffers at each forward pass), and draws from its own generator
+    (``randomness_seed(run.seed, trial_index, rank)``, rank 0's that of the single process), so
+    on k > 1 workers such a run matches the single process in distribution, not to the bit.
+    Evaluations and the divergence reference run in eval mode, as in the reference loop."""
+    with randomness.preserved(device):
+        randomness.set_state(randomness.seeded_state(
+            randomness_seed(dist_run.run.seed, dist_run.trial_index, rank), device), device)
+        return _train_rank(model, dataset, dist_run, rank, device, mask)
+
+
+def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
+                device: torch.device, mask: Mapping[str, torch.Tensor] | None
+                ) -> ReferenceResult:
     trial, run, k = dist_run.trial, dist_run.run, dist_run.world_size
     goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
@@ -212,7 +230,9 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
     # a reader checks the data-parallel step against the single-process one side by side.
     with torch.no_grad():
         x, y = shard(0)
+        net.eval()  # draws nothing, leaves the running statistics alone
         initial_loss = global_mean(criterion(net(x), y), k)
+        net.train()
     rows: list[tuple[int, float, float]] = []
     losses: list[float] = [initial_loss]
 
@@ -248,7 +268,8 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
     return ReferenceResult(
         steps_to_result=hit, diverged=diverged_step is not None, diverged_step=diverged_step,
         steps_run=step, curve=Curve.from_rows(rows),
-        state={n: v.detach().cpu().clone() for n, v in net.named_parameters()})
+        state={n: v.detach().cpu().clone() for n, v in net.named_parameters()},
+        buffers={n: v.detach().cpu().clone() for n, v in net.named_buffers()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,11 @@ The choice follows rules, each with the measurements behind it:
   does not decide what stays in cache.
 - ``per_trial`` (:mod:`training.engine.per_trial`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
-  alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. A stack keeps
+  alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. Also every
+  model the batched programs cannot run (:func:`runs_per_trial`): batch statistics (BatchNorm:
+  per-trial running statistics), random draws (Dropout: a generator per trial), recurrent
+  layers (``torch.func`` has no batching rule for them); the first two take the mini-batch in
+  one chunk, as the plain loop does. A stack keeps
   its parameters and optimizer state, with one trial's gradients, within RESIDENT_BUDGET bytes
   of the last-level cache (:func:`resident_limit`, at most MAX_STACK trials): between two
   evaluations a stack's trials take their steps in turn, so a stack that does not fit streams
@@ -53,9 +57,12 @@ from torch import nn
 from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
 from training.config import ADAM_OPTIMIZERS
+from training.errors import ConfigError
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
-from training.engine.per_trial import PerTrialProgram, has_conv2d
+from training.engine.per_trial import (
+    PerTrialProgram, batch_dependent, draws_random_numbers, has_conv2d,
+)
 
 PROGRAMS = ("fused", "per_trial", "batched", "func")
 MAX_STACK = 128
@@ -155,11 +162,30 @@ def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
     return even_chunks(max(1, n_trials), max(1, fits))
 
 
+def check_runnable(model: nn.Module) -> None:
+    """Refuse, in one line naming the layer and what to do, a module no program can train as
+    the plain loop would (so that nothing is trained and nothing is written)."""
+    for name, m in model.named_modules():
+        where = f"layer {name!r} ({type(m).__name__})" if name else type(m).__name__
+        if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+            raise ConfigError(f"{where} has uninitialized (lazy) parameters: call the model once "
+                              f"on an example batch before training it")
+        if isinstance(m, nn.SyncBatchNorm):
+            raise ConfigError(f"{where} needs a distributed process group: use nn.BatchNorm*d "
+                              f"(each trial keeps its own running statistics)")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise ConfigError(f"parameter {frozen[0]!r} does not require grad ({len(frozen)} frozen "
+                          f"in all): the trainers update every parameter; unfreeze them, or hold "
+                          f"fixed tensors as buffers (register_buffer)")
+
+
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
-    """The cost model's plan for training ``n_trials`` trials of ``model`` at ``batch_size``
+    """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
     with ``optimizer`` (see the module docstring)."""
+    check_runnable(model)
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape)
@@ -171,14 +197,14 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         if fused is not None:
             return CellPlan("fused", stack, chunk, fused,
                             fused.supports(optimizer))
-    if has_conv2d(model):
+    if runs_per_trial(model):
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
-        chunk = even_chunks(batch_size, limit)
-        program = PerTrialProgram.try_build(model, task, chunk, limit)
-        if program is not None:
-            stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
-            return CellPlan("per_trial", stack, chunk, program,
-                            program.supports(optimizer))
+        # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
+        whole = batch_dependent(model) or draws_random_numbers(model)
+        chunk = batch_size if whole else even_chunks(batch_size, limit)
+        program = PerTrialProgram(model, task, chunk, limit)
+        stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
+        return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
     stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
     eager = build_program(model, task)
     program = "batched" if isinstance(eager, BatchedProgram) else "func"
@@ -191,9 +217,18 @@ def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
     study's driver calls it before its workers start, so that they neither build nor warn.
     The per-trial program of Conv2d models uses the kernel's one-pass update
     (:meth:`training.engine.updates.StackUpdate.apply_trial_`) and the torch update without it."""
-    if stacked_fused.encode(model, input_shape) is None and not has_conv2d(model):
+    if stacked_fused.encode(model, input_shape) is None and not runs_per_trial(model):
         return True
     return kernels.fused_sequential() is not None
+
+
+def runs_per_trial(model: nn.Module) -> bool:
+    """Whether the ``per_trial`` program runs ``model``: Conv2d layers (oneDNN per trial), batch
+    statistics or random draws (per-trial buffers and generators), recurrent layers (no
+    batching rule over trials in ``torch.func``) or attention layers (``torch.func`` falls back
+    to a slow loop over the fused attention kernel, with a warning per call)."""
+    return (has_conv2d(model) or batch_dependent(model) or draws_random_numbers(model)
+            or any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
 
 
 def build_program(model: nn.Module, task: str) -> BatchedProgram | FuncProgram:
@@ -207,24 +242,29 @@ ACTIVATION_BUDGET = 1 << 22
 
 
 def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output, plus the im2col
-    patches of convolutions."""
+    """Floats one example's forward pass writes: every leaf module's output (all tensors of a
+    tuple, e.g. a recurrent layer's), plus the im2col patches of convolutions. The pass runs in
+    eval mode, so it neither updates running statistics nor draws random numbers."""
     total = 0
 
     def hook(module, inputs, output):
         nonlocal total
-        total += output.numel()
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        total += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
         if isinstance(module, nn.modules.conv._ConvNd):
             total += output.numel() // module.out_channels * (
                 module.in_channels // module.groups) * math.prod(module.kernel_size)
 
     leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_hook(hook) for m in leaves]
+    was_training = model.training
     try:
         with torch.no_grad():
             p = next(model.parameters())
+            model.eval()
             model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
     finally:
+        model.train(was_training)
         for h in handles:
             h.remove()
     return total

@@ -1,5 +1,7 @@
-"""The convolutional path for stacked trials: image models (``simple_cnn``, ``resnet8``, any
-module with ``Conv2d`` layers), one trial at a time through oneDNN's convolutions.
+"""The ``per_trial`` program: trials one after another through the module's own forward pass
+and autograd. It runs image models (``simple_cnn``, ``resnet8``, any module with ``Conv2d``
+layers) through oneDNN's convolutions, and any module the batched programs cannot take: batch
+statistics (BatchNorm), random draws (Dropout), recurrent layers.
 
 :class:`PerTrialProgram` has the interface of the ``batched`` and ``func`` programs: per-trial
 mini-batch losses and gradients of parameters stacked as ``[N, *shape]``. For each trial it
@@ -21,27 +23,49 @@ Xeon with AVX-512, fp32, 32 trials, training FLOPs of the layer / wall time):
   67 to 115 GFLOP/s (2 threads) against contiguous NCHW; chunking the examples keeps a chunk's
   activations in cache (115 -> 142 GFLOP/s with 64 examples per chunk).
 
-Batch-norm-free models only: every layer of these models acts on each example on its own, so a
-chunked mini-batch gives the mini-batch gradient exactly (up to summation order). A module with
-batch statistics (``nn.BatchNorm*``) would not, and runs through ``torch.func`` instead.
+Chunks: every layer of a batch-norm-free model acts on each example on its own, so a chunked
+mini-batch gives the mini-batch gradient exactly (up to summation order). A module with batch
+statistics or random draws takes its mini-batch in one piece (the cell plan gives it chunks of
+the batch size), as the plain loop does.
+
+The module's state per trial (:class:`training.engine.trial_stack.ModuleState`): a training step
+runs the module in train mode with the trial's own buffers (BatchNorm normalizes with the batch
+statistics and updates the trial's running statistics in place) and with the device's generator
+set to the trial's state (:mod:`training.randomness`); a forward pass for evaluation runs it in
+eval mode (running statistics, no Dropout), drawing nothing. This is what the plain loop does:
+``model.train()`` for its steps, ``model.eval()`` to evaluate.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from training import randomness
 from training.engine import compiled_kernel as kernels
-from training.goal import loss_fn
+from training.engine.trial_stack import ModuleState
 from training.engine.updates import StackUpdate
+from training.goal import loss_fn
 
 Tensor = torch.Tensor
 
 
-def _batch_dependent(model: nn.Module) -> bool:
+def batch_dependent(model: nn.Module) -> bool:
+    """Whether an example's output depends on the other examples of its batch in train mode
+    (batch statistics)."""
     return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
+
+
+def draws_random_numbers(model: nn.Module) -> bool:
+    """Whether ``model`` draws random numbers in train mode: a Dropout layer, or a layer with a
+    ``dropout`` probability above 0 (attention, recurrent layers, transformer layers)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+               or isinstance(getattr(m, "dropout", None), float) and m.dropout > 0
+               for m in model.modules())
 
 
 def has_conv2d(model: nn.Module) -> bool:
@@ -52,71 +76,92 @@ def has_conv2d(model: nn.Module) -> bool:
 class PerTrialProgram:
     """Trials one after another through the module's own autograd (see module docstring)."""
 
+    # the trainer gives this program each stack's ModuleState
+    takes_module_state = True
+
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
                  eval_chunk: int | None = None):
-        self.model, self.task = model, task
+        """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
+        batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
+        a forward pass."""
+        # a copy: the program sets its train / eval mode, never the caller's module's
+        self.model, self.task = copy.deepcopy(model), task
         self.examples_per_chunk = max(1, int(examples_per_chunk))
         self.eval_chunk = max(1, int(eval_chunk or examples_per_chunk))
         self.names = [name for name, _ in model.named_parameters()]
-        self.buffers = dict(model.named_buffers())
+        self.buffer_names = [name for name, _ in model.named_buffers()]
+        # NHWC only where it was measured (batch-norm-free models without random draws): a random
+        # op fills its tensor in memory order, so NHWC would give other Dropout masks than the
+        # plain loop's NCHW; and BatchNorm's sums in another order, amplified by Adam's
+        # 1 / sqrt(v) on the near-zero gradients of its shift, moved weights by 8e-10 in float64
+        self.channels_last = not (draws_random_numbers(model) or batch_dependent(model))
+        self.buffers = [b.detach() for _, b in model.named_buffers()]
         self.criterion = loss_fn(task)
         # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
         self.kernel = kernels.fused_sequential()
 
-    @classmethod
-    def try_build(cls, model: nn.Module, task: str, examples_per_chunk: int,
-                  eval_chunk: int | None = None) -> "PerTrialProgram | None":
-        """The program, or None for a module whose output for one example depends on the others
-        (batch statistics). Chunks: ``examples_per_chunk`` in a training step, ``eval_chunk``
-        (default the same) in a forward pass."""
-        return None if _batch_dependent(model) else cls(model, task, examples_per_chunk,
-                                                        eval_chunk)
+    def _buffers(self, module: ModuleState | None, i: int) -> list[Tensor]:
+        """Trial ``i``'s buffers: rows of the stacked ones (updated in place), or the module's."""
+        return self.buffers if module is None else [b[i] for b in module.buffers]
 
-    def _call(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
-        if x.dim() == 4:
+    def _call(self, params: Sequence[Tensor], x: Tensor, buffers: Sequence[Tensor]) -> Tensor:
+        if x.dim() == 4 and self.channels_last:
             # explicit NHWC strides: with one channel, NCHW data also passes as channels-last
             # contiguous, the convolution then keeps NCHW, and max pooling on NCHW was 10x
             # slower than on NHWC (forward with indices, 8 x 32 x 28 x 28: 2.2 ms vs 0.26 ms)
             x = torch.empty(x.shape, dtype=x.dtype, device=x.device,
                             memory_format=torch.channels_last).copy_(x)
-        return torch.func.functional_call(self.model, {**dict(zip(self.names, params)),
-                                                       **self.buffers}, (x,))
+        return torch.func.functional_call(
+            self.model, {**dict(zip(self.names, params)), **dict(zip(self.buffer_names, buffers))},
+            (x,))
 
     @torch.no_grad()
-    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+    def forward(self, params: Sequence[Tensor], x: Tensor, module: ModuleState | None = None
+                ) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...] (an input shared by all trials may be
-        passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``."""
+        passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``, in eval mode."""
         step = self.eval_chunk
+        self.model.eval()
         return torch.stack([
-            torch.cat([self._call([p[i] for p in params], x[i, start:start + step])
+            torch.cat([self._call([p[i] for p in params], x[i, start:start + step],
+                                  self._buffers(module, i))
                        for start in range(0, x.shape[1], step)])
             for i in range(x.shape[0])])
 
     def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
-               grads: Sequence[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
-        """Mini-batch loss and gradients of one trial (parameters ``[*shape]``, inputs
-        [B, ...]), into ``grads`` when given. The loss of a chunk of m of the B examples is
-        weighted m / B, so the chunks' gradients add up to the gradient of the batch mean."""
+               grads: Sequence[Tensor] | None = None, module: ModuleState | None = None,
+               i: int = 0) -> tuple[Tensor, list[Tensor]]:
+        """Mini-batch loss and gradients of trial ``i`` (parameters ``[*shape]``, inputs
+        [B, ...]), into ``grads`` when given, in train mode with the trial's buffers and
+        generator. The loss of a chunk of m of the B examples is weighted m / B, so the chunks'
+        gradients add up to the gradient of the batch mean."""
         batch = x.shape[0]
         leaves = [p.detach().requires_grad_() for p in params]
         for leaf, g in zip(leaves, grads or ()):
             leaf.grad = g  # autograd accumulates into it in place
         total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
-        for start in range(0, batch, self.examples_per_chunk):
-            stop = min(batch, start + self.examples_per_chunk)
-            with torch.enable_grad():
-                loss = self.criterion(self._call(leaves, x[start:stop]), y[start:stop])
-                loss = loss * ((stop - start) / batch)
-                loss.backward()
-            total += loss.detach()
+        buffers = self._buffers(module, i)
+        self.model.train()
+        draws = (contextlib.nullcontext() if module is None
+                 else randomness.drawing(module.rng, i, params[0].device))
+        with draws:
+            for start in range(0, batch, self.examples_per_chunk):
+                stop = min(batch, start + self.examples_per_chunk)
+                with torch.enable_grad():
+                    loss = self.criterion(self._call(leaves, x[start:stop], buffers),
+                                          y[start:stop])
+                    loss = loss * ((stop - start) / batch)
+                    loss.backward()
+                total += loss.detach()
         return total, [leaf.grad for leaf in leaves]
 
-    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
-                       ) -> tuple[Tensor, list[Tensor]]:
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+                       module: ModuleState | None = None) -> tuple[Tensor, list[Tensor]]:
         """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
         grads = [torch.zeros_like(p) for p in params]
         losses = torch.stack([self._trial([p[i] for p in params], x[i], y[i],
-                                          [g[i] for g in grads])[0] for i in range(x.shape[0])])
+                                          [g[i] for g in grads], module, i)[0]
+                              for i in range(x.shape[0])])
         return losses, grads
 
     def supports(self, optimizer: str) -> bool:
@@ -124,7 +169,8 @@ class PerTrialProgram:
         return True
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
-                   idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
+                   idx: Tensor, update: StackUpdate, limit: Tensor,
+                   module: ModuleState | None = None) -> Tensor:
         """One step of every trial on its batch ``x_train[idx[i]]``: the losses [N], and
         ``update`` (any optimizer, :class:`training.engine.updates.StackUpdate`) applied in place to
         every trial whose loss is at most ``limit`` (float64 [N]). Trial by trial, so that only
@@ -134,7 +180,7 @@ class PerTrialProgram:
         for i in range(idx.shape[0]):
             rows = idx[i]
             loss, grads = self._trial([p[i] for p in params], x_train.index_select(0, rows),
-                                      y_train.index_select(0, rows))
+                                      y_train.index_select(0, rows), module=module, i=i)
             losses.append(loss)
             if not bool(loss.double() <= limit[i]):
                 continue  # diverged: no update

@@ -99,11 +99,13 @@ def _rows(t: Tensor, ids: list[int], like: Tensor) -> Tensor:
     return t.index_select(0, torch.tensor(ids, device=t.device)).to(device=like.device, dtype=like.dtype)
 
 
-def load_stack(st: Any, start: TrainState, names: list[str]) -> None:
+def load_stack(st: Any, start: TrainState, names: list[str], buffer_names: Sequence[str] = ()
+               ) -> None:
     """Put ``start``'s weights (masked with the stack's masks), momentum buffers or Adam moments
     and divergence reference into the stack ``st`` of :mod:`training.trials` (its trials
     ``st.ids``). A buffer the state lacks (a state before the first update) stays zero, as
-    ``torch.optim`` starts it."""
+    ``torch.optim`` starts it. The module's buffers (``buffer_names``) and generator states come
+    from the state when it holds them."""
     ids = st.ids
     st.params = [_rows(start.params[name], ids, p) for name, p in zip(names, st.params)]
     mask_(st.params, st.masks)
@@ -116,26 +118,36 @@ def load_stack(st: Any, start: TrainState, names: list[str]) -> None:
     if getattr(st, "adam", None) is not None:
         st.adam.exp_avg = buffers(start.buffers, st.adam.exp_avg)
         st.adam.exp_avg_sq = buffers(start.moments, st.adam.exp_avg_sq)
+    if st.module is not None:
+        if start.model_buffers:
+            st.module.buffers = [_rows(start.model_buffers[name], ids, b)
+                                 for name, b in zip(buffer_names, st.module.buffers)]
+        if start.rng_states:
+            st.module.rng = [start.rng_states[0 if len(start.rng_states) == 1 else i] for i in ids]
     losses = start.initial_loss
     st.init_loss = torch.tensor([losses[0] if len(losses) == 1 else losses[i] for i in ids],
                                 dtype=torch.float64, device=st.init_loss.device)
 
 
 def end_state(stacks: Sequence[Any], names: list[str], step: int, origin: DataOrigin,
-              batch_size: int, n: int) -> tuple[TrainState | None, tuple[int, ...]]:
+              batch_size: int, n: int, buffer_names: Sequence[str] = ()
+              ) -> tuple[TrainState | None, tuple[int, ...]]:
     """The state of the trials still in ``stacks`` after ``step`` updates, and their indices in
     the group (increasing); (None, ()) when no trial is left."""
     live = [st for st in stacks if st.ids]
     if not live:
         return None, ()
 
-    def cat(get) -> dict[str, Tensor]:
-        return {name: torch.cat([get(st)[j] for st in live]).clone() for j, name in enumerate(names)}
+    def cat(get, keys=names) -> dict[str, Tensor]:
+        return {name: torch.cat([get(st)[j] for st in live]).clone() for j, name in enumerate(keys)}
 
     adam = getattr(live[0], "adam", None) is not None
     buffers = (cat(lambda st: st.adam.exp_avg) if adam else
                {} if live[0].bufs is None else cat(lambda st: st.bufs))
     moments = cat(lambda st: st.adam.exp_avg_sq) if adam else {}
+    module = live[0].module is not None
     state = TrainState(cat(lambda st: st.params), buffers, int(step), origin.position(step, batch_size, n),
-                       tuple(float(v) for st in live for v in st.init_loss.tolist()), moments)
+                       tuple(float(v) for st in live for v in st.init_loss.tolist()), moments,
+                       cat(lambda st: st.module.buffers, buffer_names) if module else {},
+                       tuple(s for st in live for s in st.module.rng) if module else ())
     return state, tuple(i for st in live for i in st.ids)

@@ -2,7 +2,10 @@
 
 A stack holds n trials' parameters stacked along dim 0 (``[n, *shape]``), their optimizer state
 (momentum buffers, or Adam moments), masks and per-trial metaparameters as columns of n values,
-and what the trainer tracks per trial between evaluations (initial loss, loss sum, data order).
+what the trainer tracks per trial between evaluations (initial loss, loss sum, data order), and,
+for the program that runs the module's own forward pass (``per_trial``), the module's state per
+trial (:class:`ModuleState`: buffers such as BatchNorm's running statistics, and the generator
+state of its random draws).
 """
 
 from __future__ import annotations
@@ -13,14 +16,49 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from training.engine.adam import AdamState
+from training import randomness
 from training.config import ADAM_OPTIMIZERS, Trial
+from training.engine.adam import AdamState
+from training.engine.updates import StackUpdate
+from training.lr_schedule import lr_factor
 from training.masks import mask_
 from training.order import trial_seed
-from training.lr_schedule import lr_factor
-from training.engine.updates import StackUpdate
 
 Tensor = torch.Tensor
+
+
+@dataclass
+class ModuleState:
+    """The module's own state in each trial of a stack: ``buffers`` in the order of
+    ``named_buffers()``, stacked ``[n, *shape]`` (BatchNorm's running statistics and counts,
+    updated in place by a training step's forward pass, read by evaluations), and ``rng``, each
+    trial's generator state for the module's random draws (Dropout;
+    :mod:`training.randomness`)."""
+
+    buffers: list[Tensor]
+    rng: list[Tensor]
+
+    def select(self, idx: Tensor) -> "ModuleState":
+        rows = idx.tolist()
+        return ModuleState([b.index_select(0, idx.to(b.device)) for b in self.buffers],
+                           [self.rng[r] for r in rows])
+
+    def clone(self) -> "ModuleState":
+        return ModuleState([b.clone() for b in self.buffers], list(self.rng))
+
+    def rows(self, start: int, stop: int) -> "ModuleState":
+        """Trials ``start`` .. ``stop - 1``: views of the buffers, the same generator states."""
+        return ModuleState([b[start:stop] for b in self.buffers], self.rng[start:stop])
+
+    @classmethod
+    def initial(cls, model: nn.Module, seeds: list[int], device: str, dtype: torch.dtype
+                ) -> "ModuleState":
+        """``model``'s buffers repeated for every trial (floating ones cast to ``dtype``), and
+        the generator states seeded by ``seeds`` (:func:`training.randomness.randomness_seed`)."""
+        buffers = [b.detach().to(device=device, dtype=dtype if b.is_floating_point() else b.dtype)
+                   .unsqueeze(0).expand(len(seeds), *b.shape).clone()
+                   for _, b in model.named_buffers()]
+        return cls(buffers, [randomness.seeded_state(s, device) for s in seeds])
 
 
 @dataclass
@@ -42,6 +80,7 @@ class TrialStack:
     perm: Tensor | None = None
     perm_epoch: int = -1
     adam: AdamState | None = None  # moments and metaparameters of adam / adamw
+    module: ModuleState | None = None  # the module's buffers and generators (per_trial only)
 
     def select(self, rows: list[int]) -> "TrialStack":
         """The stack restricted to positions ``rows``."""
@@ -58,7 +97,8 @@ class TrialStack:
             lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
             init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
             seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
-            adam=None if self.adam is None else self.adam.select(idx))
+            adam=None if self.adam is None else self.adam.select(idx),
+            module=None if self.module is None else self.module.select(idx))
 
     def clone(self) -> "TrialStack":
         """A copy whose parameters and optimizer state can be advanced independently."""
@@ -68,7 +108,8 @@ class TrialStack:
             masks=self.masks, lr=self.lr, mu=self.mu, decay=self.decay, end=self.end,
             init_loss=self.init_loss, loss_sum=self.loss_sum.clone(), seeds=self.seeds,
             perm=self.perm, perm_epoch=self.perm_epoch,
-            adam=None if self.adam is None else self.adam.clone())
+            adam=None if self.adam is None else self.adam.clone(),
+            module=None if self.module is None else self.module.clone())
 
     def update(self, optimizer: str, step: int) -> StackUpdate:
         """Update ``step`` (0-based) of this stack: learning rates on their schedule."""
@@ -77,10 +118,12 @@ class TrialStack:
 
 
 def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
-                first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype
-                ) -> list[TrialStack]:
+                first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
+                module_state: bool = False) -> list[TrialStack]:
     """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
-    with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``."""
+    with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``. With
+    ``module_state``, every stack also holds :class:`ModuleState` (trial i's generator seeded
+    by ``randomness_seed(seed, first_index + i)``)."""
     names = [name for name, _ in model.named_parameters()]
     base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
     mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
@@ -109,5 +152,8 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
                 [math.inf if d is None else float(d) for d in decays], **f64),
             end=torch.tensor([trials[i].end_factor for i in ids], **f64),
             init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
-            seeds=[trial_seed(seed, first_index + i) for i in ids]))
+            seeds=[trial_seed(seed, first_index + i) for i in ids],
+            module=ModuleState.initial(
+                model, [randomness.randomness_seed(seed, first_index + i) for i in ids], device,
+                dtype) if module_state else None))
     return stacks

@@ -197,3 +197,28 @@ def test_bench_rank_times_every_batch(one_rank_group, mnist1d_small):
     assert [b for b, _ in out["steps"]] == [4, 16]
     assert all(t > 0 for _, t in out["steps"])
     assert out["allreduce"] == []  # nothing to reduce on one worker
+
+
+def test_one_rank_trains_batchnorm_and_dropout_as_the_reference(one_rank_group, mnist1d_small):
+    """A model with batch statistics and random draws: on one rank, DDP draws rank 0's stream
+    (the single process's) and keeps the running statistics, so it equals the reference loop;
+    on two spawned ranks it trains (each rank its shard's statistics and its own draws)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(40, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                        nn.Dropout(0.3), nn.Linear(16, 10))
+    run = RunConfig(32, max_steps=20, seed=3, dtype=torch.float64,
+                    eval_schedule=training.EvalSchedule(every=5))
+    trial = Trial(lr=0.1, momentum=0.9)
+    ref = training.train_reference(net, mnist1d_small, trial, run)
+    res = train_rank(net, mnist1d_small, DistRun(trial, run, world_size=1), 0,
+                     torch.device("cpu"))
+    assert res.curve.metric.tolist() == pytest.approx(ref.curve.metric.tolist(), abs=1e-12)
+    assert relative_error(res.state, ref.state) < 1e-12
+    assert relative_error({k: v for k, v in res.buffers.items() if v.is_floating_point()},
+                          {k: v for k, v in ref.buffers.items() if v.is_floating_point()}) < 1e-12
+    two = train_distributed(net, mnist1d_small, trial, replace(run, dtype=torch.float32),
+                            world_size=2)
+    assert two.steps_run == 20 and not two.diverged
+    assert two.buffers["2.num_batches_tracked"] == 20

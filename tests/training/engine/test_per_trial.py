@@ -42,9 +42,19 @@ def test_forward_matches_vmap_for_shared_and_per_trial_inputs(tiny_images, stack
                                    rtol=1e-12, atol=1e-14)
 
 
-def test_batch_statistics_are_refused():
+def test_batch_statistics_and_random_draws_take_the_whole_batch():
+    """A module with BatchNorm or Dropout runs per_trial, one chunk a mini-batch (its batch
+    statistics and its random draws are those of the whole batch, as in the plain loop); a
+    batch-norm-free convolutional model is chunked."""
+    from training.engine.cell_plan import plan_cell
+
     with_bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(),
                             nn.Linear(72, 3))
+    with_dropout = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2), nn.Linear(8, 3))
     assert has_conv2d(with_bn)
-    assert PerTrialProgram.try_build(with_bn, "classification", 4) is None
     assert not has_conv2d(nn.Sequential(nn.Linear(3, 3)))
+    for net, shape in ((with_bn, (1, 8, 8)), (with_dropout, (8,))):
+        plan = plan_cell(net, "classification", shape, 512, 4)
+        assert plan.name == "per_trial" and plan.examples_per_chunk == 512
+    plain = nn.Sequential(nn.Conv2d(1, 64, 3), nn.Flatten(), nn.Linear(64 * 26 * 26, 3))
+    assert plan_cell(plain, "classification", (1, 28, 28), 4096, 4).examples_per_chunk < 4096

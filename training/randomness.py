@@ -1,0 +1,82 @@
+"""A trial's random draws inside the model: Dropout, and any other random torch operation a
+module calls in its forward pass.
+
+Each trial draws from a generator of its own, seeded by :func:`randomness_seed` from the group's
+seed and the trial's index (as its data order is, :func:`training.order.trial_seed`, but a
+different stream), so results are reproducible and trials independent, whichever trials share
+a group. The trainers run a trial's training step with the device's default generator set to
+that trial's state and keep the state it leaves; the plain loop that matches trial ``i`` of
+``train_trials(..., run)`` is::
+
+    torch.manual_seed(randomness_seed(run.seed, i))
+    # ... the usual loop: model.train(), forward, loss.backward(), optimizer.step()
+
+Evaluations and the divergence reference (the first mini-batch loss) run in eval mode and draw
+nothing. The caller's generator state is restored when a trainer returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+
+
+def randomness_seed(seed: int, index: int, rank: int = 0) -> int:
+    """Seed of the model's random draws in trial ``index`` of a group with seed ``seed``; under
+    data parallelism, of rank ``rank``'s (rank 0 draws as the single process does)."""
+    entropy = [int(seed), int(index), 0xD50] + ([int(rank)] if rank else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)[0])
+
+
+def _cuda_index(device: str | torch.device) -> int | None:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def get_state(device: str | torch.device) -> Tensor:
+    """The state of ``device``'s default generator (the one torch's random operations use)."""
+    index = _cuda_index(device)
+    return torch.get_rng_state() if index is None else torch.cuda.get_rng_state(index)
+
+
+def set_state(state: Tensor, device: str | torch.device) -> None:
+    """Set ``device``'s default generator to ``state``."""
+    index = _cuda_index(device)
+    if index is None:
+        torch.set_rng_state(state)
+    else:
+        torch.cuda.set_rng_state(state, index)
+
+
+@contextlib.contextmanager
+def preserved(device: str | torch.device) -> Iterator[None]:
+    """Restore ``device``'s default generator (and the CPU's) on exit: a trainer changes it
+    trial by trial and gives the caller back the state it had."""
+    index = _cuda_index(device)
+    with torch.random.fork_rng(devices=[] if index is None else [index]):
+        yield
+
+
+def seeded_state(seed: int, device: str | torch.device) -> Tensor:
+    """The state ``device``'s default generator has after ``torch.manual_seed(seed)``."""
+    with preserved(device):
+        torch.manual_seed(seed)
+        return get_state(device)
+
+
+@contextlib.contextmanager
+def drawing(states: list[Tensor], i: int, device: str | torch.device) -> Iterator[None]:
+    """Within the block, random operations draw from trial ``i``'s generator state
+    ``states[i]``, which is replaced by the state they leave."""
+    set_state(states[i], device)
+    try:
+        yield
+    finally:
+        states[i] = get_state(device)
