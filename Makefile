@@ -1,6 +1,7 @@
 # Two entry points that do all setup on a fresh machine:
 #   make study   - create .venv, install, run the quickstart study, write its report
 #   make test    - create .venv, install, run the default test suite
+# and: make docs (the documentation site, warnings as errors), make bench (the trainer benchmark)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ TORCH_INDEX_URL ?=
 CONFIG ?= experiments/configs/quickstart.toml
 OUT ?= runs/quickstart
 
-.PHONY: study test bench clean setup
+.PHONY: study test bench docs clean setup
 
 setup: $(VENV)/.installed
 
@@ -23,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 		echo "no GPU found: installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)); \
 	fi
-	$(BIN)/python -m pip install -q -e ".[test,dask]"
+	$(BIN)/python -m pip install -q -e ".[test,dask,docs]"
 	@# the compiled training kernel (about 30 s, once per machine and source version; a machine
 	@# without a compiler gets a warning and the eager program, never a failed setup)
 	$(BIN)/python -c "import training.engine.compiled_kernel as k; k.fused_sequential()"
@@ -38,5 +39,10 @@ test: setup
 bench: setup
 	$(BIN)/sparsescale bench
 
+# The documentation site into site/: a broken link or anchor, a page missing from the nav, a nav
+# entry without a page or a docstring that does not render fails the build (mkdocs.yml).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache .benchmarks
+	rm -rf $(VENV) .pytest_cache .benchmarks site
