@@ -67,6 +67,15 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
+
+A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
+folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
+hashes part of it. The rule: a new spec key's default must leave existing hashes unchanged (omit
+the key from the canonical JSON when it has its default, as ``branching`` and
+``search_overrides`` are), and a change that moves a hash must update the golden files in the
+same commit and say why. ``tests/experiments/spec/test_golden_hashes.py`` pins the canonical
+JSON and hash of every bundled config and the key of one quickstart group
+(``tests/experiments/spec/golden/``).
 """
 
 from __future__ import annotations
