@@ -91,7 +91,7 @@ from typing import Any
 
 from theory.probe_plan import BATCH_RULES
 from training.config import EvalSchedule, is_int
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec import checks
 from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
@@ -100,7 +100,7 @@ from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
 
 
-class SpecError(SparsescaleError):
+class SpecError(SparsescaleError, ValueError):
     """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
 
     def __init__(self, problems: list[str], source: str | None = None):
@@ -109,6 +109,10 @@ class SpecError(SparsescaleError):
         head = f"{source}: " if source else ""
         super().__init__(head + f"{len(self.problems)} problem(s) in the study spec:\n"
                          + "\n".join(self.problems))
+
+
+class SpecIOError(SparsescaleIOError):
+    """A study spec file cannot be read (missing, unreadable, a folder): names the path."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,12 +442,13 @@ def loads(text: str, source: str | None = None) -> Spec:
 
 
 def load(path: str | Path) -> Spec:
-    """Read and validate a TOML study file (a bare name is looked up in the bundled configs)."""
+    """Read and validate a TOML study file (a bare name is looked up in the bundled configs).
+    A file that cannot be read raises :class:`SpecIOError`, an invalid spec :class:`SpecError`."""
     p = resolve_config(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([f"(file): cannot read {p}: {exc.strerror}"], str(p)) from None
+        raise SpecIOError(f"cannot read the study spec {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise SpecError([f"(file): cannot read {p}: not UTF-8 text (byte {exc.start}); a study "
                          "spec is a TOML file"], str(p)) from None

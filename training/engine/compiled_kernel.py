@@ -37,7 +37,7 @@ from types import ModuleType
 
 import torch
 
-from training.errors import SparsescaleError
+from training.errors import SparsescaleWarning
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
@@ -45,7 +45,7 @@ STALE_LOCK_SECONDS = 600
 _off = 0  # depth of disabled() contexts
 
 
-class KernelWarning(SparsescaleError, RuntimeWarning):
+class KernelWarning(SparsescaleWarning, RuntimeWarning):
     """A compiled kernel cannot be used; the eager program runs instead (same results)."""
 
 
