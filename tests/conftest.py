@@ -1,6 +1,6 @@
 """Shared test setup: generated data sets are cached under the repo's .cache/ (gitignored);
-helpers that simulate storage faults (a read-only folder, a run folder in use by another
-driver)."""
+helpers that simulate storage faults (a read-only folder, a run folder in use by another driver)
+and the compiled kernel a test needs (``compiled_kernel``)."""
 
 import os
 import shutil
@@ -125,3 +125,36 @@ def driver_holding():
             holder.kill()
         holder.wait()
 
+
+def compiled_kernel_or_skip():
+    """The compiled kernel (``training.engine.compiled_kernel.fused_sequential()``) for a test
+    that needs it. Where it cannot be built the test is skipped, unless
+    ``SPARSESCALE_REQUIRE_KERNEL=1`` (CI sets it): then it fails, so that a green CI has run
+    every kernel test."""
+    from training.engine import compiled_kernel as kernels
+
+    try:
+        module = kernels.fused_sequential()
+    except kernels.KernelError as exc:   # the library refuses the fallback under the variable
+        pytest.fail(f"{kernels.REQUIRE_ENV} is set and {exc}", pytrace=False)
+    if module is None:
+        if kernels.required():
+            pytest.fail(f"{kernels.REQUIRE_ENV} is set but the compiled kernel is switched off "
+                        f"({kernels.DISABLE_ENV}=0 or compiled_kernel.disabled()): this test "
+                        f"needs it", pytrace=False)
+        pytest.skip(f"the compiled kernel cannot be built here ({kernels.REQUIRE_ENV}=1 makes "
+                    f"this a failure)")
+    return module
+
+
+@pytest.fixture
+def compiled_kernel():
+    """The compiled kernel module; skips the test where it cannot be built, fails it instead
+    under ``SPARSESCALE_REQUIRE_KERNEL=1`` (:func:`compiled_kernel_or_skip`)."""
+    return compiled_kernel_or_skip()
+
+
+@pytest.fixture
+def kernel_or_skip():
+    """:func:`compiled_kernel_or_skip` itself, for the tests of its two behaviours."""
+    return compiled_kernel_or_skip

@@ -1,7 +1,8 @@
 """The command line's exit status says whose fault an error is: 2 for bad input (a ValueError:
 a spec problem, an unknown data set, a store of another program's), 1 for a storage or IO
 failure (an OSError: a run folder in use by another driver, a read-only folder, a file that
-cannot be read), with one `error:` line naming the path."""
+cannot be read, a required kernel that cannot be built), with one `error:` line naming the
+path."""
 
 import pytest
 
@@ -69,3 +70,22 @@ def test_unwritable_report_folder_exits_1_naming_it(full, tmp_path, capsys):
     err = one_error_line(capsys)
     assert f"cannot write the report into {out}" in err, err
 
+
+def test_a_required_kernel_that_cannot_be_built_exits_1(tiny_toml, tmp_path, capsys,
+                                                        monkeypatch):
+    """SPARSESCALE_REQUIRE_KERNEL=1 on a machine without a compiler: the study stops before
+    training with the reason and the build folder, instead of warning and training eagerly."""
+    from training.engine import compiled_kernel as kernels
+
+    monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "1")
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    kernels._build.cache_clear()
+    try:
+        status = cli.main(["study", str(tiny_toml), "--out", str(tmp_path / "run"), *RUN])
+    finally:
+        kernels._build.cache_clear()
+    assert status == 1
+    err = one_error_line(capsys)
+    assert "no-such-compiler-x9" in err and kernels.REQUIRE_ENV in err, err
+    assert str(kernels.build_directory("fused_sequential")) in err, err
