@@ -11,10 +11,13 @@ Public API::
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.spec.plan import plan
 from experiments.run.runner import run_study
-from experiments.spec.study import Spec, SpecError
+from experiments.spec.study import Spec, SpecError, SpecIOError
 from experiments.spec.study import load as load_spec
 from experiments.spec.study import loads as loads_spec
-from experiments.store.database import Results, StoreError, load_results
+from experiments.store.database import (
+    Results, StoreContentError, StoreError, StoreIOError, load_results,
+)
 
-__all__ = ["branch_critical_batch", "warmup_comparison", "plan", "run_study", "Spec", "SpecError", "load_spec", "loads_spec", "Results",
-           "StoreError", "load_results"]
+__all__ = ["branch_critical_batch", "warmup_comparison", "plan", "run_study", "Spec", "SpecError",
+           "SpecIOError", "load_spec", "loads_spec", "Results", "StoreError",
+           "StoreContentError", "StoreIOError", "load_results"]

@@ -22,6 +22,7 @@ import hashlib
 import os
 import pickle
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +30,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 
-class DataError(SparsescaleError):
+class DataError(SparsescaleError, ValueError):
     """A data set could not be loaded: names the file or option and what was expected."""
+
+
+class DataIOError(SparsescaleIOError):
+    """A data file cannot be read, or the data cache cannot be written: names the path."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +193,14 @@ def load_mnist1d(num_samples: int = 10_000, seed: int = 0, data_seed: int = 42,
     if arrays is None:
         arrays = _generate_mnist1d(num_samples, data_seed)
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **arrays)
-            os.replace(tmp, path)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(tmp, **arrays)
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise DataIOError(f"cannot write the data cache {path} ({exc.strerror or exc}); "
+                                  f"set SPARSESCALE_CACHE to a writable folder") from None
     x = torch.tensor(arrays["x"], dtype=torch.float32)
     y = torch.tensor(arrays["y"], dtype=torch.long)
     xt = torch.tensor(arrays["x_test"], dtype=torch.float32)
@@ -231,9 +240,16 @@ def read_idx(path: Path, expected_magic: int) -> np.ndarray:
     type byte 0x08 (uint8)."""
     fmt = "IDX images (magic 2051)" if expected_magic == 2051 else "IDX labels (magic 2049)"
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path}: cannot read ({exc}); expected {fmt}, gzipped or raw") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataIOError(f"{path}: cannot read ({exc.strerror or exc}); expected {fmt}, gzipped "
+                          f"or raw") from None
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:   # gzip.BadGzipFile is an OSError
+            raise DataError(f"{path}: cannot read ({exc}); expected {fmt}, gzipped or "
+                            f"raw") from None
     if len(raw) < 8:
         raise DataError(f"{path}: truncated header; expected {fmt}")
     magic = int.from_bytes(raw[0:4], "big")
@@ -306,6 +322,8 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             d = pickle.load(f, encoding="bytes")
         data = np.asarray(d[b"data"], dtype=np.uint8)
         labels = np.asarray(d[b"labels"], dtype=np.int64)
+    except OSError as exc:   # the file cannot be opened or read
+        raise DataIOError(f"{path}: cannot read ({exc.strerror or exc}); expected {fmt}") from None
     except Exception as exc:  # pickle raises many types on bad input
         raise DataError(f"{path}: not {fmt} ({type(exc).__name__}: {exc})") from None
     if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:

@@ -32,7 +32,7 @@ from training.data import Dataset
 from training.errors import SparsescaleError
 
 
-class ModelError(SparsescaleError):
+class ModelError(SparsescaleError, ValueError):
     """A model cannot be built for the given data set or options."""
 
 

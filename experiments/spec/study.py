@@ -67,6 +67,15 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
+
+A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
+folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
+hashes part of it. The rule: a new spec key's default must leave existing hashes unchanged (omit
+the key from the canonical JSON when it has its default, as ``branching`` and
+``search_overrides`` are), and a change that moves a hash must update the golden files in the
+same commit and say why. ``tests/experiments/spec/test_golden_hashes.py`` pins the canonical
+JSON and hash of every bundled config and the key of one quickstart group
+(``tests/experiments/spec/golden/``).
 """
 
 from __future__ import annotations
@@ -82,7 +91,7 @@ from typing import Any
 
 from theory.probe_plan import BATCH_RULES
 from training.config import EvalSchedule, is_int
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec import checks
 from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
@@ -91,7 +100,7 @@ from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
 
 
-class SpecError(SparsescaleError):
+class SpecError(SparsescaleError, ValueError):
     """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
 
     def __init__(self, problems: list[str], source: str | None = None):
@@ -100,6 +109,10 @@ class SpecError(SparsescaleError):
         head = f"{source}: " if source else ""
         super().__init__(head + f"{len(self.problems)} problem(s) in the study spec:\n"
                          + "\n".join(self.problems))
+
+
+class SpecIOError(SparsescaleIOError):
+    """A study spec file cannot be read (missing, unreadable, a folder): names the path."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,12 +442,13 @@ def loads(text: str, source: str | None = None) -> Spec:
 
 
 def load(path: str | Path) -> Spec:
-    """Read and validate a TOML study file (a bare name is looked up in the bundled configs)."""
+    """Read and validate a TOML study file (a bare name is looked up in the bundled configs).
+    A file that cannot be read raises :class:`SpecIOError`, an invalid spec :class:`SpecError`."""
     p = resolve_config(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([f"(file): cannot read {p}: {exc.strerror}"], str(p)) from None
+        raise SpecIOError(f"cannot read the study spec {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise SpecError([f"(file): cannot read {p}: not UTF-8 text (byte {exc.start}); a study "
                          "spec is a TOML file"], str(p)) from None
