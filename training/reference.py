@@ -30,6 +30,7 @@ from training.config import (
     ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from training.masks import apply_mask, mask_
@@ -95,6 +96,7 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
     ``run.batch_size``, from the model's weights.
     """
     check_run(run, "train_reference")
+    check_output(model, dataset, "train_reference")
     return train_schedule_reference(model, dataset, trial, run, mask=mask,
                                     trial_index=trial_index).result
 
@@ -119,6 +121,7 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     For ``adam`` / ``adamw`` the state's ``buffers`` and ``moments`` are Adam's m and v and its
     ``step`` Adam's step count; a state resumes only a run of its own optimizer family.
     """
+    check_output(model, dataset, "train_schedule_reference")
     trial = Trial.from_dict(trial)
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:

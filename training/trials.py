@@ -31,6 +31,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from training.masks import check_mask
@@ -273,6 +274,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     worker pools do).
     """
     check_run(run, "train_trials")
+    check_output(model, dataset, "train_trials")
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
