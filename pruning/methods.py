@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from training.data import Dataset
+from training.models import check_model, check_output
 
 from pruning import criteria
 from pruning.diagnostics import check
@@ -149,7 +150,10 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
 
     The returned mask's ``info`` records the method and options (and ``input_shape`` when
     known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
-    :class:`pruning.PruningError`.
+    :class:`pruning.PruningError`; a ``dataset`` that is not a ``training.Dataset`` raises
+    ``training.DataError`` naming ``Dataset.from_torch`` / ``from_tensors``, and a ``model`` that
+    is not an ``nn.Module``, or does not fit ``dataset`` (checked on one example,
+    ``training.models.check_output``), ``training.ModelError``, before anything is scored.
     """
     if method not in METHODS:
         raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
@@ -158,8 +162,10 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
     spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
-    if dataset is not None and not isinstance(dataset, Dataset):
-        raise PruningError(f"dataset must be a training.Dataset, got {type(dataset).__name__}")
+    if dataset is None:
+        check_model(model, "prune")
+    else:
+        check_output(model, dataset, "prune")
     if spec.needs_data and dataset is None and not (method == "imp" and train_fn is not None):
         raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
     if input_shape is None and dataset is not None:

@@ -20,6 +20,7 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from torch import nn
 
 from training.data import Dataset
+from training.models import check_output
 
 from theory.errors import TheoryError, check_int
 from theory.functional import FlatLoss, Weights, flat_loss, parameter_vector
@@ -71,6 +72,7 @@ def hessian_top_eigenvalues(model: nn.Module, dataset: Dataset, k: int = 1, mask
     k < dimension) the Hessian is built densely and diagonalised exactly. With
     ``return_eigenvectors`` also returns the ``[dim, k]`` eigenvectors in kept coordinates.
     """
+    check_output(model, dataset, "hessian_top_eigenvalues")
     check_int(k, "k")
     if which not in ("LA", "LM"):
         raise TheoryError(f"which {which!r}; allowed: LA (largest algebraic), LM (largest magnitude)")
@@ -152,6 +154,7 @@ def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, example
     ``matvecs`` split in thirds, Q = orth(H S) for Rademacher S (m/3 columns), then
     tr(Q^T H Q) + (3/m) tr(G^T (I - QQ^T) H (I - QQ^T) G); exact once m/3 >= the dimension.
     """
+    check_output(model, dataset, "hessian_trace")
     check_int(matvecs, "matvecs")
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
                    chunk=chunk, dtype=dtype)
@@ -207,6 +210,7 @@ def local_lipschitz(model: nn.Module, dataset: Dataset, w_prev: Weights, w_next:
     ``grad_prev``: the full-set gradient at ``w_prev`` if already known (kept coordinates, in
     ``dtype``), saving one pass. On a quadratic f every L_g equals |H d| / |d|, d = w_next - w_prev.
     """
+    check_output(model, dataset, "local_lipschitz")
     gammas = tuple(float(g) for g in gammas)
     if not gammas or not all(0.0 < g <= 1.0 for g in gammas):
         raise TheoryError(f"gammas must be a non-empty sequence of values in (0, 1], got {gammas}")

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from training.data import Dataset
+from training.data import Dataset, check_dataset
+from training.models import check_output
 from training.goal import loss_fn
 from training.masks import check_mask
 
@@ -230,6 +231,7 @@ def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tens
                     seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of ``split``: all of them (``examples=None``), a sample without
     replacement of ``examples`` of them drawn with ``seed``, or the given indices."""
+    check_dataset(dataset, "select_examples")
     if split not in SPLITS:
         raise TheoryError(f"split {split!r}; allowed: {', '.join(SPLITS)}")
     x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
@@ -261,6 +263,7 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
     ``weights``: evaluate at these parameters instead of the model's (state dict or flat vector,
     see :func:`parameter_vector`); the mask is applied to them.
     """
+    check_output(model, dataset, "flat_loss")
     chunk = DEFAULT_CHUNK if chunk is None else check_int(chunk, "chunk")
     if not dtype.is_floating_point:
         raise TheoryError(f"dtype must be a floating-point torch dtype, got {dtype}")

@@ -37,6 +37,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from training.data import Dataset
+from training.models import check_output
 
 from theory.errors import TheoryError, check_int
 from theory.example_norms import chunk_moments, weighted_layers
@@ -156,6 +157,7 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
     minimum H may be indefinite, so G^T H G (and B_noise) can be small or negative: read B_noise
     together with ``g_h_g``.
     """
+    check_output(model, dataset, "gradient_noise")
     if hessian_examples is not None and (isinstance(hessian_examples, bool)
                                          or not isinstance(hessian_examples, int)
                                          or hessian_examples < 0):
@@ -391,6 +393,7 @@ def two_batch_noise(model: nn.Module, dataset: Dataset, b_small: int, b_big: int
     ``population``). Returns the stream of all draws: ``.g_sq``, ``.trace_sigma``,
     ``.b_simple`` and their standard errors.
     """
+    check_output(model, dataset, "two_batch_noise")
     check_int(draws, "draws")
     _check_distinct(examples)
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split, dtype=dtype)

@@ -38,6 +38,7 @@ from torch import nn
 
 from training.config import EvalSchedule, RunConfig, Trial
 from training.data import Dataset
+from training.models import check_output
 from training.reference import train_schedule_reference
 
 from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
@@ -70,6 +71,7 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
     """Weights after each of ``steps`` updates of trial ``trial_index`` of the run ``trial``,
     ``run`` describe (``run.max_steps``, goal and stopping ignored), from ONE replay: the
     reference loop runs to each step in turn and resumes from the state it returned."""
+    check_output(model, dataset, "replay_states")
     states: dict[int, dict[str, torch.Tensor]] = {}
     start = None
     for t in sorted({int(s) for s in steps}):
@@ -101,6 +103,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     tr(H Sigma) sample (None: all); ``lanczos``: Lanczos steps for lambda_max. ``dtype``:
     precision of the measurements (the replay runs in ``run.dtype``, like the trial). Returns
     long-format rows with the columns of :data:`theory.summaries.PROBE_COLUMNS`."""
+    check_output(model, dataset, "probe_trajectory")
     horizon = check_int(horizon, "horizon")
     average = check_int(average, "average")
     if not isinstance(run, RunConfig):

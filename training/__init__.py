@@ -2,7 +2,8 @@
 
 Public API::
 
-    ds = training.data.load("mnist1d", seed=0)
+    ds = training.data.load("mnist1d", seed=0)    # or your own data:
+    # ds = training.Dataset.from_tensors(x, y)  /  training.Dataset.from_torch(torch_dataset)
     net = training.models.build("mlp", ds)
     trial = training.Trial(lr=0.1, momentum=0.9)
     run = training.RunConfig(batch_size=64, max_steps=500)

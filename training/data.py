@@ -1,8 +1,21 @@
-"""Data sets as in-memory tensors, behind a small registry.
+"""Data sets as in-memory tensors: a small registry, and your own data.
 
 ``load(name, **options) -> Dataset``. Every data set is held as tensors (no DataLoader): the
 trainers index mini-batches directly. A validation split is carved deterministically (by ``seed``)
 from the training data; the test split is only returned when asked (``test=True``).
+
+Your own data (:mod:`training.dataset`), with the same split rule:
+
+- ``Dataset.from_tensors(x, y, x_val=None, y_val=None, val_fraction=0.1, seed=0, task=None)``:
+  tensors or numpy arrays; the task is inferred from the labels (integers: classification, floats:
+  regression) unless stated; inputs cast to float32, labels to int64 (classification).
+- ``Dataset.from_torch(torch_dataset, val_dataset=None, ...)``: any map-style
+  ``torch.utils.data.Dataset`` of ``(x, y)`` pairs, read once into tensors (a progress bar above
+  10,000 items), then as ``from_tensors``.
+
+``check_dataset(dataset, who)`` is the one check of a data set argument the trainers, the probes
+and ``pruning.prune`` make: anything else (a ``TensorDataset``, a DataLoader, an ``(x, y)``
+tuple) is one ``DataError`` naming these constructors.
 
 Registered data sets (``list_datasets()``):
 
@@ -24,69 +37,14 @@ import pickle
 import random
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from training.errors import SparsescaleError, SparsescaleIOError
-
-
-class DataError(SparsescaleError, ValueError):
-    """A data set could not be loaded: names the file or option and what was expected."""
-
-
-class DataIOError(SparsescaleIOError):
-    """A data file cannot be read, or the data cache cannot be written: names the path."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """An in-memory data set split into train / validation (/ test when asked).
-
-    ``task`` is ``"classification"`` (integer labels, ``num_classes`` classes) or ``"regression"``
-    (float targets of shape ``[n]``). ``input_shape`` excludes the batch dimension.
-    ``provenance`` records how the data were made (generator, seed, files, sizes).
-    """
-
-    name: str
-    task: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    num_classes: int
-    input_shape: tuple[int, ...]
-    x_test: torch.Tensor | None = None
-    y_test: torch.Tensor | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_train(self) -> int:
-        return int(self.x_train.shape[0])
-
-    @property
-    def n_val(self) -> int:
-        return int(self.x_val.shape[0])
-
-    def to(self, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> "Dataset":
-        """Copy onto ``device``; inputs (and regression targets) cast to ``dtype`` if given."""
-
-        def move(t: torch.Tensor | None, is_target: bool = False) -> torch.Tensor | None:
-            if t is None:
-                return None
-            cast = dtype if (dtype is not None and (not is_target or self.task == "regression")) else None
-            return t.to(device=device, dtype=cast) if cast is not None else t.to(device)
-
-        return Dataset(
-            name=self.name, task=self.task,
-            x_train=move(self.x_train), y_train=move(self.y_train, True),
-            x_val=move(self.x_val), y_val=move(self.y_val, True),
-            num_classes=self.num_classes, input_shape=self.input_shape,
-            x_test=move(self.x_test), y_test=move(self.y_test, True),
-            provenance=dict(self.provenance),
-        )
+# Dataset, DataError and check_dataset are also this module's names (``training.data.Dataset``)
+from training.dataset import Dataset, check_dataset, split_dataset
+from training.errors import DataError, DataIOError
 
 
 Loader = Callable[..., Dataset]
@@ -132,28 +90,6 @@ def cache_dir() -> Path:
         return Path(os.environ["SPARSESCALE_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "sparsescale"
-
-
-def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, seed: int):
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    n = x.shape[0]
-    n_val = max(1, int(round(n * val_fraction)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
-    val, train = perm[:n_val], perm[n_val:]
-    return x[train], y[train], x[val], y[val]
-
-
-def _finish(name: str, task: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-            seed: int, val_fraction: float, test: bool, x_test: torch.Tensor | None,
-            y_test: torch.Tensor | None, provenance: dict[str, Any]) -> Dataset:
-    x_tr, y_tr, x_va, y_va = _split(x, y, val_fraction, seed)
-    provenance = dict(provenance, split_seed=seed, val_fraction=val_fraction,
-                      n_train=int(x_tr.shape[0]), n_val=int(x_va.shape[0]))
-    return Dataset(name=name, task=task, x_train=x_tr, y_train=y_tr, x_val=x_va, y_val=y_va,
-                   num_classes=num_classes, input_shape=tuple(x.shape[1:]),
-                   x_test=x_test if test else None, y_test=y_test if test else None,
-                   provenance=provenance)
 
 
 def _data_root(name: str, root: str | os.PathLike | None) -> Path:
@@ -205,7 +141,7 @@ def load_mnist1d(num_samples: int = 10_000, seed: int = 0, data_seed: int = 42,
     y = torch.tensor(arrays["y"], dtype=torch.long)
     xt = torch.tensor(arrays["x_test"], dtype=torch.float32)
     yt = torch.tensor(arrays["y_test"], dtype=torch.long)
-    return _finish("mnist1d", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset("mnist1d", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"generator": "mnist1d.data.make_dataset", "num_samples": num_samples,
                     "data_seed": data_seed})
 
@@ -289,7 +225,7 @@ def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: boo
                          torch.tensor(y, dtype=torch.long))
     x, y = arrays["train"]
     xt, yt = arrays.get("test", (None, None))
-    return _finish(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"folder": str(folder), "format": "idx", "scaling": "pixels / 255"})
 
 
@@ -351,7 +287,7 @@ def load_cifar10(root: str | os.PathLike | None = None, seed: int = 0, val_fract
         xt_np, yt_np = read_cifar_batch(folder / "test_batch")
         xt = (torch.tensor(xt_np, dtype=torch.float32).div_(255.0) - mean) / std
         yt = torch.tensor(yt_np, dtype=torch.long)
-    return _finish("cifar10", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset("cifar10", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"folder": str(folder), "format": "cifar10-python",
                     "scaling": "pixels / 255, per-channel standardization"})
 
@@ -376,7 +312,7 @@ def load_teacher(n: int = 2000, dim: int = 20, num_classes: int = 4, hidden: int
     w2 = torch.randn(hidden, num_classes, generator=g) / hidden ** 0.5
     x = torch.randn(n + n // 4, dim, generator=g)
     y = torch.argmax(torch.tanh(x @ w1) @ w2, dim=1)
-    return _finish("teacher", "classification", x[:n], y[:n], num_classes, seed, val_fraction,
+    return split_dataset("teacher", "classification", x[:n], y[:n], num_classes, seed, val_fraction,
                    test, x[n:], y[n:], {"generator": "teacher-mlp", "n": n, "dim": dim,
                                         "hidden": hidden, "seed": seed})
 
@@ -390,6 +326,6 @@ def load_linreg(n: int = 1000, dim: int = 10, noise: float = 0.5, seed: int = 0,
     w = torch.randn(dim, generator=g)
     x = torch.randn(n + n // 4, dim, generator=g)
     y = x @ w + noise * torch.randn(n + n // 4, generator=g)
-    return _finish("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
+    return split_dataset("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
                    {"generator": "linreg", "n": n, "dim": dim, "noise": noise, "seed": seed,
                     "w_star": w.tolist()})

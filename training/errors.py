@@ -15,6 +15,9 @@ one kind. The ``sparsescale`` command exits with status 2 for the first and 1 fo
 
 Every warning the project issues is a :class:`SparsescaleWarning` (a ``UserWarning``), never an
 exception class of ours: ``warnings.simplefilter("ignore", SparsescaleWarning)`` silences them.
+
+The trainers' :class:`ConfigError` and the data sets' :class:`DataError` and :class:`DataIOError`
+live here, below every module that raises them.
 """
 
 
@@ -36,3 +39,12 @@ class SparsescaleWarning(UserWarning):
 class ConfigError(SparsescaleError, ValueError):
     """A trial, run configuration, schedule or optimizer setting is invalid; names the key and
     what is allowed."""
+
+
+class DataError(SparsescaleError, ValueError):
+    """A data set could not be loaded or made, or is not a ``training.Dataset``: names the file,
+    option or argument and what was expected."""
+
+
+class DataIOError(SparsescaleIOError):
+    """A data file cannot be read, or the data cache cannot be written: names the path."""

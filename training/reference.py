@@ -30,6 +30,7 @@ from training.config import (
     ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from training.masks import apply_mask, mask_
@@ -97,6 +98,7 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
     ``run.batch_size``, from the model's weights.
     """
     check_run(run, "train_reference")
+    check_output(model, dataset, "train_reference")
     return train_schedule_reference(model, dataset, trial, run, mask=mask,
                                     trial_index=trial_index).result
 
@@ -128,6 +130,7 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     in eval mode. The result carries the final buffers; the caller's generator state is left as
     it was.
     """
+    check_output(model, dataset, "train_schedule_reference")
     with randomness.preserved(run.device if isinstance(run, RunConfig) else "cpu"):
         return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
                                          trial_index)

@@ -36,6 +36,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from training.masks import check_mask
@@ -294,6 +295,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     worker pools do). The caller's generator state is left as it was.
     """
     check_run(run, "train_trials")
+    check_output(model, dataset, "train_trials")
     with randomness.preserved(run.device):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
                              start, data_seeds, return_state)

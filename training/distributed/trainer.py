@@ -44,6 +44,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
@@ -330,6 +331,7 @@ def train_distributed(model: nn.Module, dataset: Dataset, trial: Trial | Mapping
     worker; ``timeout``: seconds before a stuck collective fails. Workers are spawned (see
     :func:`spawn`): call it under ``if __name__ == "__main__":`` in a script."""
     check_run(run, "train_distributed")
+    check_output(model, dataset, "train_distributed")
     dist_run = DistRun(Trial.from_dict(trial), run, world_size, trial_index, threads)
     check_batch_size(run.batch_size, dataset.n_train)
     return spawn(_train_spawned, world_size, backend_for(run.device), threads, model, dataset,
@@ -356,6 +358,7 @@ def train_env_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, device
     rendezvous (:func:`env_rendezvous`; ``LOCAL_RANK`` picks the CUDA device), trains like
     :func:`train_distributed` and leaves the process group. Returns (rank, result);
     ``dist_run.world_size`` must equal ``WORLD_SIZE``."""
+    check_output(model, dataset, "train_env_rank")
     rank, world = env_rendezvous()
     if world != dist_run.world_size:
         raise ConfigError(f"WORLD_SIZE is {world} but the run was planned for "
