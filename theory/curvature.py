@@ -6,6 +6,13 @@ reverse-over-reverse differentiation on gradient graphs built once per point
 (:meth:`FlatLoss.hessian`), full-set quantities summed in chunks, and with a mask only
 the kept coordinates (the Hessian restricted to unpruned weights, ``P H P^T``; pruned weights held
 at zero). Computations run in float64 by default.
+
+Networks with batch normalization or randomness: the loss differentiated is that of the network
+in eval mode (:mod:`theory.functional`), a deterministic mean of per-example losses. Batch
+normalization normalizes with its running statistics, buffers held fixed, so the Hessian has no
+term through batch statistics; dropout is the identity. lambda_max, tr(H) and Lee et al.'s L are
+therefore the eval-mode network's, at the running statistics the model holds; attention runs
+through the math backend of ``scaled_dot_product_attention``, whose second derivatives exist.
 """
 
 from __future__ import annotations
@@ -204,8 +211,10 @@ def local_lipschitz(model: nn.Module, dataset: Dataset, w_prev: Weights, w_next:
         L_g = ||grad f(w_g) - grad f(w_prev)|| / ||gamma (w_next - w_prev)||,
 
     reported as the max over ``gammas`` (default 0.1, ..., 0.9). ``w_prev`` / ``w_next``: state
-    dicts with every parameter of ``model`` (buffers ignored) or flat vectors of all parameters in
-    ``model.named_parameters()`` order (``torch.nn.utils.parameters_to_vector``). With ``mask``,
+    dicts with every parameter of ``model`` or flat vectors of all parameters in
+    ``model.named_parameters()`` order (``torch.nn.utils.parameters_to_vector``); the buffers
+    (batch normalization's running statistics) are ``w_prev``'s where it is a state dict holding
+    them, else the model's, and held fixed along the step (``w_next``'s are ignored). With ``mask``,
     pruned coordinates of both are held at zero and norms run over kept coordinates.
     ``grad_prev``: the full-set gradient at ``w_prev`` if already known (kept coordinates, in
     ``dtype``), saving one pass. On a quadratic f every L_g equals |H d| / |d|, d = w_next - w_prev.

@@ -19,6 +19,11 @@ probed are the run's own. At each probe step t, on the full training split by de
 Rows are long-format, with the columns of :data:`theory.summaries.PROBE_COLUMNS`; ``fraction`` =
 t / ``horizon`` (H, the run's steps-to-result).
 
+The replay trains as the trial did (train mode); every measurement is of the eval-mode network
+(:mod:`theory.functional`). Its buffers, batch normalization's running statistics, are those the
+replayed state carries (``load_state_dict(strict=False)``); a state that holds only parameters
+leaves the model's own, those of step 0.
+
 Cost: one replay of H steps per run, and per probe point ``average`` per-example gradient passes
 (torch.func, chunked), ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products and 9
 gradients for L, in float32 by default. Lee's L is not corrected for sampling: measure it on the

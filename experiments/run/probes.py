@@ -49,7 +49,8 @@ def probe_network(model: torch.nn.Module, dataset: training.Dataset,
     """Noise and smoothness of ``model`` at its current weights (``sparsescale probe``):
     ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
     ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
-    Lanczos steps) and ``loss``."""
+    Lanczos steps) and ``loss``, all of the network in eval mode
+    (``theory.functional.probe_definition``)."""
     examples = None if examples is None else min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
                                   hessian_examples=16)
