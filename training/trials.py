@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.engine.cell_plan import Program, plan_cell
+from training.engine.cell_plan import Program, check_runnable, plan_cell
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
@@ -295,6 +295,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     worker pools do). The caller's generator state is left as it was.
     """
     check_run(run, "train_trials")
+    check_runnable(model)   # before a forward pass, which would materialize lazy parameters
     check_output(model, dataset, "train_trials")
     with randomness.preserved(run.device):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,

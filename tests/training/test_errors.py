@@ -60,11 +60,11 @@ def test_every_project_exception_is_a_value_error_or_an_os_error_not_both():
     # each kind has members in every package that raises it
     value = {n for n, k in kinds.items() if k[0]}
     io = {n for n, k in kinds.items() if k[1]}
-    assert {"training.errors.ConfigError", "training.masks.MaskError", "training.data.DataError",
+    assert {"training.errors.ConfigError", "training.masks.MaskError", "training.errors.DataError",
             "pruning.errors.PruningError", "theory.errors.TheoryError",
             "experiments.spec.study.SpecError", "experiments.store.database.StoreContentError",
             "experiments.exchange.batch_science_tree.ArchiveError"} <= value
-    assert {"training.data.DataIOError", "experiments.store.database.StoreIOError",
+    assert {"training.errors.DataIOError", "experiments.store.database.StoreIOError",
             "experiments.spec.study.SpecIOError", "pruning.errors.MaskIOError",
             "experiments.exchange.batch_science_tree.ArchiveIOError"} <= io
     assert issubclass(SparsescaleIOError, OSError) and issubclass(ConfigError, ValueError)

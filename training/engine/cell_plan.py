@@ -164,7 +164,10 @@ def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
 
 def check_runnable(model: nn.Module) -> None:
     """Refuse, in one line naming the layer and what to do, a module no program can train as
-    the plain loop would (so that nothing is trained and nothing is written)."""
+    the plain loop would (so that nothing is trained and nothing is written). Not a module at
+    all: left to :func:`training.models.check_output`, which names the type."""
+    if not isinstance(model, nn.Module):
+        return
     for name, m in model.named_modules():
         where = f"layer {name!r} ({type(m).__name__})" if name else type(m).__name__
         if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
