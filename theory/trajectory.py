@@ -73,9 +73,10 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
                   run: RunConfig, steps: Sequence[int],
                   mask: Mapping[str, torch.Tensor] | None = None, trial_index: int = 0
                   ) -> dict[int, dict[str, torch.Tensor]]:
-    """Weights after each of ``steps`` updates of trial ``trial_index`` of the run ``trial``,
-    ``run`` describe (``run.max_steps``, goal and stopping ignored), from ONE replay: the
-    reference loop runs to each step in turn and resumes from the state it returned."""
+    """Weights, and the module's buffers (BatchNorm's running statistics), after each of
+    ``steps`` updates of trial ``trial_index`` of the run ``trial``, ``run`` describe
+    (``run.max_steps``, goal and stopping ignored), from ONE replay: the reference loop runs to
+    each step in turn and resumes from the state it returned (buffers and generator included)."""
     check_output(model, dataset, "replay_states")
     states: dict[int, dict[str, torch.Tensor]] = {}
     start = None
@@ -87,7 +88,7 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
         if res.result.diverged:
             raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
                               f"before reaching step {t}")
-        states[t], start = res.result.state, res.state
+        states[t], start = {**res.result.state, **res.result.buffers}, res.state
     return states
 
 
