@@ -497,21 +497,3 @@ def resolve_config(path: str | Path) -> Path:
         return p
     bundled = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
     return bundled if bundled.exists() else p
-
-
-def check_against_dataset(spec: Spec, n_train: int) -> None:
-    """Checks that need the loaded data set: every batch size fits in the training set."""
-    problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
-                f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
-    for key in ("examples", "curvature_examples"):
-        value = getattr(spec.probes, key)
-        if value is not None and value > n_train:
-            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
-                            f"allowed: 2..{n_train}")
-    br = spec.branching
-    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
-    if br.enabled and br.k_max * base > n_train:
-        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
-                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
-    if problems:
-        raise SpecError(problems)
