@@ -52,7 +52,22 @@ _REGISTRY: dict[str, Loader] = {}
 
 
 def register(name: str) -> Callable[[Loader], Loader]:
-    """Decorator adding a loader to the registry under ``name``."""
+    """Decorator adding a data set loader to the registry as ``name``: the way to add a named
+    data set to this process.
+
+    The loader is called as ``fn(**options)`` with a study's ``[workload] dataset_options``
+    (JSON values; the registered loaders take a ``seed`` option, default 0, for their
+    validation split and generation). It must return a :class:`Dataset` (tensors on the CPU,
+    ``task`` "classification" with integer labels or "regression" with float targets of shape
+    ``[n]``), the same one every time it is called with the same options: each worker process
+    loads it for itself, so draw random numbers from a generator seeded by the options. A study
+    names it as ``[workload] dataset = "<name>"``.
+
+    A registration lives in the process that made it: the worker processes of a study (the
+    local pool, Dask) do not see one made in a notebook or a script. For a data set of your
+    own, name its factory by import path instead (``dataset = "mymodels:blobs"``, same
+    signature; see :mod:`experiments.spec.factories`).
+    """
 
     def add(fn: Loader) -> Loader:
         _REGISTRY[name] = fn

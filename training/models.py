@@ -23,10 +23,11 @@ and ``pruning.prune`` makes of a model against its data set before anything is t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,7 +47,22 @@ _REGISTRY: dict[str, Builder] = {}
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a model builder ``fn(dataset, **options)`` to the registry as ``name``."""
+    """Decorator adding a model builder to the registry as ``name``: the way to add a named
+    model to this process.
+
+    The builder is called as ``fn(dataset, **options)``: ``dataset`` is the
+    :class:`training.Dataset` the model trains on (read ``input_shape``, ``task`` and
+    ``num_classes`` from it, or use :func:`output_size`), ``options`` are a study's
+    ``[workload] model_options`` (JSON values). It must return a fresh ``torch.nn.Module`` whose
+    parameters are drawn from torch's global generator, which :func:`build` seeds with the
+    study's seed (so every replicate seed gives its own initialization, the same in every
+    process). A study names it as ``[workload] model = "<name>"``.
+
+    A registration lives in the process that made it: the worker processes of a study (the
+    local pool, Dask) do not see one made in a notebook or a script. For a model of your own,
+    name its factory by import path instead (``model = "mymodels:mlp"``, same signature; see
+    :mod:`experiments.spec.factories`).
+    """
 
     def add(fn: Builder) -> Builder:
         _REGISTRY[name] = fn
@@ -70,10 +86,7 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
     check_dataset(dataset, "build")
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
-    # fork_rng + manual_seed draw from torch's process-wide RNG: one build at a time, so models
-    # built by concurrent threads (a thread pool running groups) get their own seed's weights
-    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         try:
             model = _REGISTRY[name](dataset, **options)
         except TypeError as exc:
@@ -157,6 +170,15 @@ def _check_output_shape(got: tuple[int, ...], dataset: Dataset, who: str) -> Non
     raise ModelError(f"{who}: model outputs {list(got)} for one example but the regression "
                      f"targets have shape {list(want)}: the model must output {list(want)}, one "
                      f"value per example{hint}")
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with torch's global CPU generator seeded by ``seed``, restored after.
+
+    One body at a time: the generator is process-wide, so models built by concurrent threads (a
+    thread pool running groups) each get their own seed's weights."""
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -49,22 +49,40 @@ BENCH_EPILOG = ("`sparsescale bench ddp --out RUN_DIR/cost_model.json` saves the
 
 def _cmd_study(args: argparse.Namespace) -> int:
     from experiments.run import runner
-    from experiments.spec.plan import format_plan, plan
-    from experiments.spec.study import check_against_dataset, load
-    from experiments.run.workload import Workload
+    from experiments.spec.study import load
 
     spec = load(args.config)
     if args.dry_run:
-        for variant in spec.variants():
-            dataset = Workload.of(variant).load_dataset()
-            check_against_dataset(variant, dataset.n_train)
-            print(format_plan(variant, plan(variant)))
-        return 0
+        return _dry_run(spec, args.out)
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                dask=args.dask, report=not args.no_report,
                                cost_model=not (args.no_cost_model or args.no_report))
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
+
+
+def _dry_run(spec, out: str | None) -> int:
+    """Print the plan of each of ``spec``'s variants against its run folder: which groups it
+    holds and which are new (all of them when the folder holds another study, e.g. the same
+    spec before its factory's code changed: a run there is refused, which the note says)."""
+    from experiments.run import runner
+    from experiments.spec.plan import format_plan, plan
+    from experiments.store.database import other_study, stored_study
+
+    base = runner.run_folder(spec, out)
+    for variant in spec.variants():
+        runner.load_workload(variant)
+        run_dir = base / variant.subdir
+        info, done = stored_study(run_dir)
+        print(f"run folder {run_dir}" + ("" if info else " (no store yet)"))
+        note = None
+        if info is not None and info.spec_hash != variant.hash:
+            note = other_study(run_dir, info, runner.study_info(variant))
+            done = set()
+        print(format_plan(variant, plan(variant), done))
+        if note:
+            print(f"note: {note}")
+    return 0
 
 
 def _report_failures(run_dir: Path) -> int:

@@ -224,10 +224,7 @@ class Store:
         existing = self.study()
         if existing is not None:
             if existing.spec_hash != info.spec_hash:
-                raise StoreContentError(
-                    f"{self.path} holds a different study ({existing.name!r}, spec hash "
-                    f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
-                    f"{info.spec_hash[:12]}); studies are never mixed: choose another --out folder")
+                raise StoreContentError(other_study(self.path, existing, info))
             return
         self._write(lambda c: c.execute(
             "INSERT INTO study (id, name, spec_toml, spec_hash, spec_json, created, lib_version, "
@@ -331,6 +328,56 @@ class Store:
 
     def frame(self, table: str) -> pd.DataFrame:
         return _read_frame(self.conn, table)
+
+
+def other_study(path: Path, existing: StudyInfo, info: StudyInfo) -> str:
+    """Why the store at ``path``, holding ``existing``, refuses the study ``info``: the keys
+    their specs differ in (a changed factory digest: the factory's code changed)."""
+    try:
+        keys = _differences(json.loads(existing.spec_json), json.loads(info.spec_json))
+    except json.JSONDecodeError:
+        keys = []
+    code = (" (the factory module's code changed since: a new study, whose groups are all new)"
+            if keys and all(k.endswith("_digest") for k in keys) else "")
+    listed = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+    differ = f"; they differ in {listed}" if keys else ""
+    return (f"{path} holds a different study ({existing.name!r}, spec hash "
+            f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
+            f"{info.spec_hash[:12]}){differ}{code}; studies are never mixed: choose another "
+            f"--out folder")
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted key paths where two canonical specs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b))
+                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)]
+    return [] if a == b else [prefix or "(spec)"]
+
+
+def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
+    """The study row and the keys of the finished groups of the store in ``run_dir``, read
+    without writing anything; ``(None, set())`` where there is no store yet."""
+    path = Path(run_dir) / DB_NAME
+    if not path.exists():
+        return None, set()
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(explain(path, exc)) from None
+    try:
+        check_is_store(conn, path)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "study" not in tables:
+            return None, set()
+        row = conn.execute(
+            "SELECT name, spec_toml, spec_hash, spec_json FROM study WHERE id = 1").fetchone()
+        keys = {r[0] for r in conn.execute("SELECT key FROM groups WHERE status = 'done'")}
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(explain(path, exc)) from None
+    finally:
+        conn.close()
+    return (StudyInfo(*row) if row else None), keys
 
 
 def _split_sql(script: str) -> Iterable[str]:
