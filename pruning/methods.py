@@ -93,7 +93,7 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
     if name in ("snip", "iterative_snip"):
         def snip(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.snip_scores(work, params, x, y, ctx.dataset.task)
+            return criteria.snip_scores(work, params, x, y, ctx.dataset.task, ctx.dataset.loss)
         return copy.deepcopy, snip
     if name == "force":
         original: dict[str, nn.Parameter] = {}
@@ -105,12 +105,14 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
 
         def force(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task)
+            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task,
+                                         ctx.dataset.loss)
         return copy_and_remember, force
     if name == "grasp":
         def grasp(work, params, cur):
             x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
-            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature)
+            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature,
+                                           ctx.dataset.loss)
             return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
         return copy.deepcopy, grasp
     if name == "synflow":

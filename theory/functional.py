@@ -183,6 +183,7 @@ class FlatLoss:
     theta: torch.Tensor
     chunk: int
     vectorized: bool = True
+    own_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # the data set's
 
     @property
     def n(self) -> int:
@@ -214,7 +215,8 @@ class FlatLoss:
     def batch_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean loss on the batch ``(x, y)``, the network run as :func:`evaluation` defines."""
         with evaluation(self.model):
-            return loss_fn(self.task)(functional_call(self.model, self.params(theta), (x,)), y)
+            return loss_fn(self.task, self.own_loss)(
+                functional_call(self.model, self.params(theta), (x,)), y)
 
     def example_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on one example (no batch dimension), the function ``vmap`` maps over."""
@@ -420,6 +422,7 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
     fl = FlatLoss(model=model, task=dataset.task, names=tuple(params),
                   shapes=tuple(p.shape for p in params.values()), buffers=buffers, kept=kept,
                   full_size=int(full.numel()), x=x, y=y, theta=theta.clone(), chunk=chunk,
-                  vectorized=not any(isinstance(m, RECURRENT) for m in model.modules()))
+                  vectorized=not any(isinstance(m, RECURRENT) for m in model.modules()),
+                  own_loss=dataset.loss)
     _check_probeable(fl)
     return fl

@@ -117,7 +117,8 @@ def gradient_group_moments(fl: FlatLoss, chunk: int | None = None,
     gradients."""
     bounds = np.linspace(0, fl.n, min(groups, fl.n) + 1).round().astype(int)
     spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    if weighted_layers(fl.model) is not None:
+    # the closed-form per-example gradients are those of the task's own losses
+    if fl.own_loss is None and weighted_layers(fl.model) is not None:
         size = chunk or fl.chunk
         parts = [[chunk_moments(fl, fl.x[i:min(i + size, hi)], fl.y[i:min(i + size, hi)])
                   for i in range(lo, hi, size)] for lo, hi in spans]

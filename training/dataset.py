@@ -17,6 +17,7 @@ it is given.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -38,6 +39,12 @@ class Dataset:
     (float targets of shape ``[n]``; ``num_classes`` is 0). ``input_shape`` excludes the batch
     dimension. ``provenance`` records how the data were made (generator, seed, files, sizes; for
     your own data, its source and a digest of its content).
+
+    ``loss``: a per-example loss ``loss(outputs, targets) -> [B]`` (one value per example; any
+    trailing dimensions are averaged) that replaces the task's own (cross-entropy, or half the
+    squared error) in every trainer and probe: training minimizes its batch mean, and the goal
+    metric ``loss`` is its mean on the validation split; ``error`` (the fraction of argmax
+    misclassifications) still applies to classification. None: the task's loss.
     """
 
     name: str
@@ -51,6 +58,8 @@ class Dataset:
     x_test: torch.Tensor | None = None
     y_test: torch.Tensor | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def n_train(self) -> int:
@@ -75,7 +84,7 @@ class Dataset:
             x_val=move(self.x_val), y_val=move(self.y_val, True),
             num_classes=self.num_classes, input_shape=self.input_shape,
             x_test=move(self.x_test), y_test=move(self.y_test, True),
-            provenance=dict(self.provenance),
+            provenance=dict(self.provenance), loss=self.loss,
         )
 
     @classmethod
@@ -83,7 +92,9 @@ class Dataset:
                      x_val: torch.Tensor | np.ndarray | None = None,
                      y_val: torch.Tensor | np.ndarray | None = None, val_fraction: float = 0.1,
                      seed: int = 0, task: str | None = None, num_classes: int | None = None,
-                     name: str | None = None) -> "Dataset":
+                     name: str | None = None,
+                     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                     ) -> "Dataset":
         """A data set from inputs ``x`` (``[n, *input_shape]``) and labels ``y`` (``[n]``),
         torch tensors or numpy arrays.
 
@@ -107,10 +118,15 @@ class Dataset:
         tensors (copies; the split's indexing copies). Each problem is one
         :class:`training.DataError` naming the argument: lengths of x and y differ, labels of the
         wrong shape, negative or out-of-range labels, non-finite values, x_val's examples shaped
-        unlike x's, empty data, a type that is not a tensor or array.
+        unlike x's, empty data, a type that is not a tensor or array. ``loss``: a per-example
+        loss of your own (see :class:`Dataset`); it must be callable.
         """
-        return _from_tensors(cls, x, y, x_val, y_val, val_fraction, seed, task, num_classes,
+        if loss is not None and not callable(loss):
+            raise DataError(f"loss must be a callable loss(outputs, targets) -> per-example "
+                            f"losses, got {type(loss).__name__}")
+        made = _from_tensors(cls, x, y, x_val, y_val, val_fraction, seed, task, num_classes,
                              "tensors" if name is None else name, TENSOR_NAMES)
+        return made if loss is None else replace(made, loss=loss)
 
     @classmethod
     def from_torch(cls, dataset: object, *, val_dataset: object | None = None,

@@ -152,7 +152,27 @@ def check_output(model: object, dataset: object, who: str) -> None:
     if not out.is_floating_point():
         raise ModelError(f"{who}: model outputs {out.dtype}; the losses need floating-point "
                          f"outputs (logits or values)")
-    _check_output_shape(tuple(out.shape), dataset, who)
+    if dataset.loss is None:
+        _check_output_shape(tuple(out.shape), dataset, who)
+    else:
+        _check_own_loss(out, dataset, who)
+
+
+def _check_own_loss(out: torch.Tensor, dataset: Dataset, who: str) -> None:
+    """The data set's own loss takes the model's output for one example and gives one loss for
+    it (the output's shape is the loss's business, not the task's)."""
+    y = dataset.y_train[:1].to(out.device)
+    try:
+        with torch.no_grad():
+            value = dataset.loss(out, y)
+    except Exception as exc:  # the user's loss may raise anything
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{who}: the data set's loss cannot take the model's outputs "
+                         f"{list(out.shape)} and targets {list(y.shape)}: {reason}") from None
+    if not isinstance(value, torch.Tensor) or value.dim() < 1 or value.shape[0] != 1:
+        got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ModelError(f"{who}: the data set's loss must return one loss per example (shape "
+                         f"[B]); for one example it returned {got}")
 
 
 def _check_output_shape(got: tuple[int, ...], dataset: Dataset, who: str) -> None:

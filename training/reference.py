@@ -18,7 +18,7 @@ takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``tra
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -66,14 +66,16 @@ def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, task: str,
-             chunk: int = 4096) -> float:
-    """Goal metric of ``model`` on (x, y), computed in chunks (mean over all examples)."""
+             chunk: int = 4096, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+             ) -> float:
+    """Goal metric of ``model`` on (x, y), computed in chunks (mean over all examples);
+    ``loss``: the data set's own per-example loss, if it has one."""
     was_training = model.training
     model.eval()
     total = 0.0
     for i in range(0, x.shape[0], chunk):
         out = model(x[i:i + chunk])
-        total += float(metric_value(metric, out, y[i:i + chunk], task)) * out.shape[0]
+        total += float(metric_value(metric, out, y[i:i + chunk], task, loss)) * out.shape[0]
     model.train(was_training)
     return total / x.shape[0]
 
@@ -170,7 +172,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     if start is not None:
         _resume_optimizer(opt, params, start, run)
     stream = DataStream(trial_seed(run.seed, trial_index), data.n_train)
-    criterion = loss_fn(dataset.task)
+    criterion = loss_fn(dataset.task, dataset.loss)
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
     stop_at_goal = run.stop != "never"
 
@@ -196,7 +198,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     examples = 0
 
     def record(k: int) -> bool:
-        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task)
+        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task, loss=dataset.loss)
         rows.append((k, float(np.mean(losses)), value))
         losses.clear()
         return bool(goal is not None and goal.met(value))

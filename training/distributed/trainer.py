@@ -219,7 +219,7 @@ def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int
     opt = make_optimizer(ddp.parameters(), run.optimizer, trial)
     order = BatchOrder(trial_seed(run.seed, dist_run.trial_index), data.n_train, run.batch_size)
     lo, hi = rank * dist_run.shard, (rank + 1) * dist_run.shard
-    criterion = loss_fn(dataset.task)
+    criterion = loss_fn(dataset.task, dataset.loss)
     evals = set(run.eval_schedule.steps(run.max_steps))
     stop_at_goal = run.stop != "never"
 
@@ -241,7 +241,8 @@ def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int
         # rank 0 evaluates; broadcasting the value keeps every rank's stopping decision identical
         value = torch.zeros(1, dtype=torch.float64, device=device)
         if rank == 0:
-            value += evaluate(net, data.x_val, data.y_val, metric, dataset.task)
+            value += evaluate(net, data.x_val, data.y_val, metric, dataset.task,
+                              loss=dataset.loss)
         dist.broadcast(value, src=0)
         rows.append((step, float(np.mean(losses)), float(value)))
         losses.clear()
