@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import pruning
 import training
