@@ -107,6 +107,14 @@ def evaluation(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
+def changed_by_eval_mode(model: nn.Module) -> bool:
+    """Whether eval mode changes ``model``'s function (batch normalization, dropout): then the
+    probes' definition is worth stating beside their values."""
+    return any(isinstance(m, (_BatchNorm, _DropoutNd))
+               or (isinstance(m, nn.MultiheadAttention) and m.dropout > 0)
+               for m in model.modules())
+
+
 def probe_definition(model: nn.Module) -> str:
     """One sentence stating what the probes of ``model`` measure (module docstring), naming the
     model's layers that eval mode changes, for a report to print beside the probe values."""

@@ -53,7 +53,9 @@ from experiments.report.sanity_view import SanityPart, sanity_view
 from experiments.report.sections import (
     Code, Document, Figure, Formula, Paragraphs, Section, Table, render,
 )
-from experiments.report.theory_view import NQM_NOTE, NQM_OPTIMIZER, theory_view
+from experiments.report.theory_view import (
+    NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
+)
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
 )
@@ -176,8 +178,10 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
     cmap = F.colors(order)
     evals = "; ".join(dict.fromkeys(f"{r.label}: {eval_text(r.spec)}"
                                     for r in runs.runs))
+    probed = [f"{r.label}: {text}" for r in runs.runs
+              if (text := probe_definition_text(r.results.run_dir)) is not None]
     return Section("Theory vs measurement", 2, (
-        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.",)),
+        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         _table("Claims in their own terms", verdict_table(judged),
                "Paper's tier: McCandlish et al. (2018) B_simple at the goal within 10x of the "
                "fitted B_crit; Lee et al. (2021) the sparse/dense step ratio explained by "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -30,8 +31,10 @@ from tqdm.auto import tqdm
 import theory
 import training
 from theory.errors import TheoryError
+from theory.functional import changed_by_eval_mode, probe_definition
 from training.config import ADAM_KEYS
 
+from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
 from experiments.store.schema import ProbeRow
 from experiments.spec.study import Spec
@@ -160,6 +163,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return lambda quiet: None
+    record_definition(Workload.of(spec).build_model(dataset, spec.seeds[0]), store.path.parent)
     # the same masks, bit for bit, as the runner gave the groups
     masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
     levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
@@ -181,6 +185,14 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
                 store.write_probes(sparsity, rows)
 
     return finish
+
+
+def record_definition(model: torch.nn.Module, run_dir: Path) -> None:
+    """Write what the probes of ``model`` measure (``theory.functional.probe_definition``) to
+    ``run_dir/PROBE_DEFINITION_FILE`` when eval mode changes the model (batch normalization,
+    dropout), for the report to state beside the probe values; otherwise write nothing."""
+    if changed_by_eval_mode(model):
+        (run_dir / PROBE_DEFINITION_FILE).write_text(probe_definition(model) + "\n")
 
 
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,
