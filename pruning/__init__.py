@@ -14,14 +14,16 @@ Public API::
     small, rep = pruning.structured.prune_channels(net, x[:1], param_fraction=0.5)
 
 Bad arguments raise :class:`PruningError`, bad masks :class:`MaskError` (both
-``training.SparsescaleError``). ``import pruning`` needs only torch: torch-pruning is imported
-by the structured-pruning functions that use it.
+``training.SparsescaleError`` and ``ValueError``), a mask file that cannot be read or written
+:class:`MaskIOError` (an ``OSError``); a mask that empties a layer warns with
+:class:`LayerCollapseWarning` (a ``training.SparsescaleWarning``). ``import pruning`` needs only
+torch: torch-pruning is imported by the structured-pruning functions that use it.
 """
 
 from pruning import accounting, criteria, diagnostics, iterative, sanity, select, structured
 from pruning.accounting import report
 from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
-from pruning.errors import MaskError, PruningError
+from pruning.errors import MaskError, MaskIOError, PruningError
 from pruning.mask import Mask, prunable_parameters
 from pruning.methods import list_methods, prune
 from pruning.sanity import matched_random, reinitialize, shuffle_layers
@@ -29,6 +31,6 @@ from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
-           "MaskError", "PruningError", "prunable_parameters", "list_methods", "prune",
-           "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
+           "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "list_methods",
+           "prune", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

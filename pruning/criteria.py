@@ -26,7 +26,7 @@ per criterion (``methods.py`` turns them into keep-priorities).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ from training.goal import loss_fn
 from pruning.errors import PruningError
 
 Params = Mapping[str, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Pruning batches (Synaptic-Flow's choices, Tanaka et al. 2020; Wang et al. 2020 for GraSP).
 SNIP_PER_CLASS = 10
@@ -83,31 +84,35 @@ def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
 
 
 def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                task: str = "classification") -> dict[str, torch.Tensor]:
-    """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y)."""
-    return force_scores(model, params, x, y, params, task)
+                task: str = "classification", loss: LossFn | None = None
+                ) -> dict[str, torch.Tensor]:
+    """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y) (``loss``:
+    the data set's own per-example loss, if any)."""
+    return force_scores(model, params, x, y, params, task, loss)
 
 
 def force_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                 weights: Params, task: str = "classification") -> dict[str, torch.Tensor]:
+                 weights: Params, task: str = "classification", loss: LossFn | None = None
+                 ) -> dict[str, torch.Tensor]:
     """FORCE's foresight connection sensitivity |w0 * dL/dw|: the gradient of the mean training
     loss on (x, y) at ``model`` (whose ``params`` hold the pruned weights w0 * c) times
     ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score."""
-    loss = loss_fn(task)
-    grads = _eval_mode_grad(model, lambda out: loss(out, y.to(x.device)), x, params)
+    mean = loss_fn(task, loss)
+    grads = _eval_mode_grad(model, lambda out: mean(out, y.to(x.device)), x, params)
     return {k: (g * weights[k].to(g)).detach().abs() for k, g in zip(params, grads)}
 
 
 def grasp_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                  task: str = "classification",
-                 temperature: float = GRASP_TEMPERATURE) -> dict[str, torch.Tensor]:
+                 temperature: float = GRASP_TEMPERATURE, loss: LossFn | None = None
+                 ) -> dict[str, torch.Tensor]:
     """GraSP scores -w * (H g) with a Hessian-vector product by double backward; the logits are
     divided by ``temperature`` (classification only; regression uses the plain loss)."""
     if temperature <= 0:
         raise PruningError(f"GraSP temperature must be > 0, got {temperature}")
-    loss = loss_fn(task)
-    scale = temperature if task == "classification" else 1.0
-    tempered = lambda out: loss(out / scale, y.to(x.device))  # noqa: E731
+    mean = loss_fn(task, loss)
+    scale = temperature if task == "classification" and loss is None else 1.0
+    tempered = lambda out: mean(out / scale, y.to(x.device))  # noqa: E731
     g = [t.detach() for t in _eval_mode_grad(model, tempered, x, params)]
     g_graph = _eval_mode_grad(model, tempered, x, params, create_graph=True)
     z = sum((a * b).sum() for a, b in zip(g_graph, g))

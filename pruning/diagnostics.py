@@ -36,7 +36,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from training.errors import SparsescaleError
+from training.errors import SparsescaleWarning
 from training.masks import check_mask
 
 from pruning.errors import PruningError
@@ -50,9 +50,9 @@ if TYPE_CHECKING:
 COLLAPSE_SPARSITY = 0.99
 
 
-class LayerCollapseWarning(SparsescaleError, UserWarning):
-    """A mask (nearly) empties a layer or cuts every path from the input to an output unit.
-    Raised as an error under ``warnings.simplefilter("error")``, hence a SparsescaleError."""
+class LayerCollapseWarning(SparsescaleWarning):
+    """A mask (nearly) empties a layer or cuts every path from the input to an output unit (a
+    ``training.SparsescaleWarning``, hence a ``UserWarning``)."""
 
 
 @dataclass(frozen=True)

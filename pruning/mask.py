@@ -12,8 +12,10 @@ that).
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 
 from training.masks import MaskError, apply_mask, check_entry
+
+from pruning.errors import MaskIOError
 
 PRUNABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
 
@@ -166,22 +170,31 @@ class Mask(Mapping[str, torch.Tensor]):
         path = Path(path)
         if path.suffix != ".pt":
             path = path.with_name(path.name + ".pt")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"entries": {k: v.bool() for k, v in self._entries.items()},
-                    "info": _jsonable(self.info)}, path)
-        path.with_suffix(".json").write_text(json.dumps(self.to_dict(), indent=2))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"entries": {k: v.bool() for k, v in self._entries.items()},
+                        "info": _jsonable(self.info)}, path)
+            path.with_suffix(".json").write_text(json.dumps(self.to_dict(), indent=2))
+        except OSError as exc:
+            raise MaskIOError(f"cannot write the mask {path} ({exc.strerror or exc})") from None
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Mask":
-        """Read a mask written by :meth:`save` (the ``.pt`` file)."""
+        """Read a mask written by :meth:`save` (the ``.pt`` file): a file that cannot be read
+        raises :class:`MaskIOError`, one that holds no mask :class:`MaskError`."""
         path = Path(path)
         if not path.exists() and path.with_name(path.name + ".pt").exists():
             path = path.with_name(path.name + ".pt")
         try:
-            blob = torch.load(path, map_location="cpu", weights_only=True)
+            data = path.read_bytes()
+        except OSError as exc:
+            raise MaskIOError(f"{path}: cannot read a mask file ({exc.strerror or exc})") from None
+        try:
+            blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             entries, info = blob["entries"], blob["info"]
-        except (OSError, RuntimeError, KeyError, TypeError, EOFError) as exc:
+        except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, EOFError,
+                ValueError) as exc:
             raise MaskError(f"{path}: not a mask file written by Mask.save ({exc})") from None
         return cls(entries, info)
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from training.data import Dataset
+from training.models import check_model, check_output
 
 from pruning import criteria
 from pruning.diagnostics import check
@@ -92,7 +93,7 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
     if name in ("snip", "iterative_snip"):
         def snip(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.snip_scores(work, params, x, y, ctx.dataset.task)
+            return criteria.snip_scores(work, params, x, y, ctx.dataset.task, ctx.dataset.loss)
         return copy.deepcopy, snip
     if name == "force":
         original: dict[str, nn.Parameter] = {}
@@ -104,12 +105,14 @@ def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module],
 
         def force(work, params, cur):
             x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task)
+            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task,
+                                         ctx.dataset.loss)
         return copy_and_remember, force
     if name == "grasp":
         def grasp(work, params, cur):
             x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
-            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature)
+            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature,
+                                           ctx.dataset.loss)
             return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
         return copy.deepcopy, grasp
     if name == "synflow":
@@ -149,7 +152,10 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
 
     The returned mask's ``info`` records the method and options (and ``input_shape`` when
     known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
-    :class:`pruning.PruningError`.
+    :class:`pruning.PruningError`; a ``dataset`` that is not a ``training.Dataset`` raises
+    ``training.DataError`` naming ``Dataset.from_torch`` / ``from_tensors``, and a ``model`` that
+    is not an ``nn.Module``, or does not fit ``dataset`` (checked on one example,
+    ``training.models.check_output``), ``training.ModelError``, before anything is scored.
     """
     if method not in METHODS:
         raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
@@ -158,8 +164,10 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
     spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
-    if dataset is not None and not isinstance(dataset, Dataset):
-        raise PruningError(f"dataset must be a training.Dataset, got {type(dataset).__name__}")
+    if dataset is None:
+        check_model(model, "prune")
+    else:
+        check_output(model, dataset, "prune")
     if spec.needs_data and dataset is None and not (method == "imp" and train_fn is not None):
         raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
     if input_shape is None and dataset is not None:

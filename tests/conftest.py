@@ -1,7 +1,13 @@
-"""Shared test setup: generated data sets are cached under the repo's .cache/ (gitignored)."""
+"""Shared test setup: generated data sets are cached under the repo's .cache/ (gitignored);
+helpers that simulate storage faults (a read-only folder, a run folder in use by another driver)
+and the compiled kernel a test needs (``compiled_kernel``)."""
 
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -54,3 +60,101 @@ def count_done_groups(db: Path) -> int:
 def done_groups():
     """``done_groups(db)``: how many groups a (possibly running) study has stored as done."""
     return count_done_groups
+
+
+def _immutable(path, on: bool) -> bool:
+    """Set / clear the ext* immutable attribute (even root cannot create files in such a folder)."""
+    proc = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+    return proc.returncode == 0
+
+
+@pytest.fixture
+def read_only():
+    """Make a folder read-only for this process: chmod for an ordinary user, the immutable
+    attribute for root (root ignores permission bits); always restored."""
+    made = []
+
+    def make(path):
+        if os.geteuid() != 0:
+            path.chmod(0o555)
+        elif not (shutil.which("chattr") and _immutable(path, True)):
+            pytest.skip("running as root on a file system without chattr +i support")
+        made.append(path)
+
+    yield make
+    for path in made:
+        if os.geteuid() == 0:
+            _immutable(path, False)
+        else:
+            path.chmod(0o755)
+
+
+# A second driver on the same folder: it has reached training and waits there forever.
+HOLDER = textwrap.dedent("""\
+    import sys, threading
+    from concurrent.futures import Executor
+    import experiments
+
+    class Hold(Executor):
+        def submit(self, fn, *args, **kwargs):
+            print("training", flush=True)
+            threading.Event().wait()
+
+    experiments.run_study(sys.argv[1], out=sys.argv[2], executor=Hold(), quiet=True,
+                          report=False)
+    """)
+
+
+@pytest.fixture
+def driver_holding():
+    """``driver_holding(spec_file, out)``: a study driver in another process that holds the run
+    folder ``out`` (its store open and locked) and waits in training; returns its ``Popen``. It
+    is killed at the end of the test, if the test has not killed it."""
+    started = []
+
+    def start(spec_file, out):
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(spec_file), str(out)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(holder)
+        assert holder.stdout.readline() == "training\n", holder.stderr.read()
+        return holder
+
+    yield start
+    for holder in started:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+def compiled_kernel_or_skip():
+    """The compiled kernel (``training.engine.compiled_kernel.fused_sequential()``) for a test
+    that needs it. Where it cannot be built the test is skipped, unless
+    ``SPARSESCALE_REQUIRE_KERNEL=1`` (CI sets it): then it fails, so that a green CI has run
+    every kernel test."""
+    from training.engine import compiled_kernel as kernels
+
+    try:
+        module = kernels.fused_sequential()
+    except kernels.KernelError as exc:   # the library refuses the fallback under the variable
+        pytest.fail(f"{kernels.REQUIRE_ENV} is set and {exc}", pytrace=False)
+    if module is None:
+        if kernels.required():
+            pytest.fail(f"{kernels.REQUIRE_ENV} is set but the compiled kernel is switched off "
+                        f"({kernels.DISABLE_ENV}=0 or compiled_kernel.disabled()): this test "
+                        f"needs it", pytrace=False)
+        pytest.skip(f"the compiled kernel cannot be built here ({kernels.REQUIRE_ENV}=1 makes "
+                    f"this a failure)")
+    return module
+
+
+@pytest.fixture
+def compiled_kernel():
+    """The compiled kernel module; skips the test where it cannot be built, fails it instead
+    under ``SPARSESCALE_REQUIRE_KERNEL=1`` (:func:`compiled_kernel_or_skip`)."""
+    return compiled_kernel_or_skip()
+
+
+@pytest.fixture
+def kernel_or_skip():
+    """:func:`compiled_kernel_or_skip` itself, for the tests of its two behaviours."""
+    return compiled_kernel_or_skip

@@ -6,6 +6,13 @@ reverse-over-reverse differentiation on gradient graphs built once per point
 (:meth:`FlatLoss.hessian`), full-set quantities summed in chunks, and with a mask only
 the kept coordinates (the Hessian restricted to unpruned weights, ``P H P^T``; pruned weights held
 at zero). Computations run in float64 by default.
+
+Networks with batch normalization or randomness: the loss differentiated is that of the network
+in eval mode (:mod:`theory.functional`), a deterministic mean of per-example losses. Batch
+normalization normalizes with its running statistics, buffers held fixed, so the Hessian has no
+term through batch statistics; dropout is the identity. lambda_max, tr(H) and Lee et al.'s L are
+therefore the eval-mode network's, at the running statistics the model holds; attention runs
+through the math backend of ``scaled_dot_product_attention``, whose second derivatives exist.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from torch import nn
 
 from training.data import Dataset
+from training.models import check_output
 
 from theory.errors import TheoryError, check_int
 from theory.functional import FlatLoss, Weights, flat_loss, parameter_vector
@@ -71,6 +79,7 @@ def hessian_top_eigenvalues(model: nn.Module, dataset: Dataset, k: int = 1, mask
     k < dimension) the Hessian is built densely and diagonalised exactly. With
     ``return_eigenvectors`` also returns the ``[dim, k]`` eigenvectors in kept coordinates.
     """
+    check_output(model, dataset, "hessian_top_eigenvalues")
     check_int(k, "k")
     if which not in ("LA", "LM"):
         raise TheoryError(f"which {which!r}; allowed: LA (largest algebraic), LM (largest magnitude)")
@@ -152,6 +161,7 @@ def hessian_trace(model: nn.Module, dataset: Dataset, mask: Mask = None, example
     ``matvecs`` split in thirds, Q = orth(H S) for Rademacher S (m/3 columns), then
     tr(Q^T H Q) + (3/m) tr(G^T (I - QQ^T) H (I - QQ^T) G); exact once m/3 >= the dimension.
     """
+    check_output(model, dataset, "hessian_trace")
     check_int(matvecs, "matvecs")
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
                    chunk=chunk, dtype=dtype)
@@ -201,12 +211,15 @@ def local_lipschitz(model: nn.Module, dataset: Dataset, w_prev: Weights, w_next:
         L_g = ||grad f(w_g) - grad f(w_prev)|| / ||gamma (w_next - w_prev)||,
 
     reported as the max over ``gammas`` (default 0.1, ..., 0.9). ``w_prev`` / ``w_next``: state
-    dicts with every parameter of ``model`` (buffers ignored) or flat vectors of all parameters in
-    ``model.named_parameters()`` order (``torch.nn.utils.parameters_to_vector``). With ``mask``,
+    dicts with every parameter of ``model`` or flat vectors of all parameters in
+    ``model.named_parameters()`` order (``torch.nn.utils.parameters_to_vector``); the buffers
+    (batch normalization's running statistics) are ``w_prev``'s where it is a state dict holding
+    them, else the model's, and held fixed along the step (``w_next``'s are ignored). With ``mask``,
     pruned coordinates of both are held at zero and norms run over kept coordinates.
     ``grad_prev``: the full-set gradient at ``w_prev`` if already known (kept coordinates, in
     ``dtype``), saving one pass. On a quadratic f every L_g equals |H d| / |d|, d = w_next - w_prev.
     """
+    check_output(model, dataset, "local_lipschitz")
     gammas = tuple(float(g) for g in gammas)
     if not gammas or not all(0.0 < g <= 1.0 for g in gammas):
         raise TheoryError(f"gammas must be a non-empty sequence of values in (0, 1], got {gammas}")

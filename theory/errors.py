@@ -5,7 +5,7 @@ import numpy as np
 from training.errors import SparsescaleError
 
 
-class TheoryError(SparsescaleError):
+class TheoryError(SparsescaleError, ValueError):
     """Bad input to a theory function: names the argument and what is allowed."""
 
 

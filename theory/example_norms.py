@@ -20,7 +20,8 @@ MLP's 7,200 training examples this takes 0.03 s instead of 0.8 s with ``torch.fu
 
 Applies to networks built only of ``nn.Linear`` layers (on 2-d inputs), ``nn.Conv1d`` layers
 (one group, zero padding), each called once per forward, and parameter-free layers that act on
-each example alone (:data:`PER_EXAMPLE`): nothing there mixes examples, so the per-example losses
+each example alone (:data:`PER_EXAMPLE`, dropout included: the probes run the network in eval
+mode, where it is the identity): nothing there mixes examples, so the per-example losses
 are independent. Any other network (normalization, weight sharing, 2-d convolutions) gets
 ``None`` and the caller materializes per-example gradients. Per-example norms are computed in the
 loss's dtype and summed in float64; the subtraction in M2 then loses the digits of
@@ -37,9 +38,11 @@ from torch import nn
 
 from theory.functional import FlatLoss
 
-# parameter-free layers that act on each example alone (their subclasses may not: exact types)
+# parameter-free layers that act on each example alone (their subclasses may not: exact types);
+# dropout is the identity in eval mode, where the probes run (theory.functional.evaluation)
 PER_EXAMPLE = (nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.ReLU, nn.LeakyReLU,
-               nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.Softplus)
+               nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.Softplus, nn.Dropout, nn.Dropout1d,
+               nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def _supported(module: nn.Module) -> bool:

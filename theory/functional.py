@@ -6,6 +6,34 @@ split, or a seeded sample / given indices of it) and returns a :class:`FlatLoss`
 ``1/2 (f(x) - y)^2`` for regression) of the model with its parameters replaced by ``theta`` through
 ``torch.func.functional_call``; the model object itself is never modified.
 
+What is measured: the network in eval mode. Every probe (noise, curvature, Lee's L, the
+trajectory) evaluates ``l`` with the network as ``model.eval()`` runs it: batch normalization
+normalizes with its running statistics (fixed buffers, not parameters: no gradient flows into
+them and they are not updated), dropout and every other module that reads ``self.training`` act
+as at inference. The loss is then a deterministic function of ``theta`` and a mean of
+per-example terms, so the per-example gradients g_i, their mean G and covariance Sigma exist,
+a mini-batch's gradient is the mean of its examples' g_i, and the estimators of
+:mod:`theory.noise` and :mod:`theory.sampling` are exactly unbiased for McCandlish et al.
+(2018)'s B_simple = tr(Sigma) / |G|^2 of this loss; the Hessian, its top eigenvalues and trace
+and Lee et al. (2021)'s L are those of the same function. In train mode a batch-normalized
+loss is not a sum of per-example terms (each output depends on its batch's mean and variance)
+and dropout makes it random, so neither g_i nor Sigma is defined there; McCandlish et al.'s
+two-batch estimator (their appendix A.1) applied to train-mode batch gradients would measure
+another quantity, one that depends on how batches are formed and counts the dropout noise, and
+it is not what is measured here (:func:`theory.noise.two_batch_noise` also runs eval mode).
+:func:`probe_definition` states this for a given model, for a report to print.
+
+The probes never change the model: module modes are restored after every evaluation, buffers
+are copied (running statistics and ``num_batches_tracked`` untouched), and a network that still
+draws random numbers in eval mode, or a batch normalization without running statistics (which
+uses the batch's statistics even in eval mode), is refused with a :class:`TheoryError`, so the
+caller's random number generator is never advanced. :func:`evaluation` is the one context every
+evaluation runs in: eval mode, attention through the math backend of
+``scaled_dot_product_attention`` (the fused CPU and GPU kernels have no second derivative, which
+Hessian-vector products need), ``nn.MultiheadAttention``'s fused inference path off (so values
+and derivatives come from the same computation), and for recurrent layers cuDNN off (its RNN
+has no second derivative and refuses backward in eval mode).
+
 Masks. ``theta`` holds only the *kept* (unpruned) coordinates, in the order of
 ``model.named_parameters()`` flattened and concatenated; pruned coordinates are fixed at zero.
 Gradients and Hessians with respect to ``theta`` are therefore the full ones restricted to kept
@@ -14,21 +42,28 @@ coordinates, ``P g`` and ``P H P^T`` with ``P`` the selection by the mask.
 Every full-set quantity (loss, gradient, Hessian-vector product) is summed over chunks of
 ``chunk`` examples, so memory is bounded by one chunk whatever the set size (Hessian products at
 one point keep the gradient graphs of up to ``RETAINED_EXAMPLES`` examples between products, see
-:meth:`FlatLoss.hessian`). Per-example gradients
-(``torch.func.vmap`` of ``grad``) use chunks sized so that one chunk's gradients fit
-``PER_EXAMPLE_BYTES``.
+:meth:`FlatLoss.hessian`). Per-example gradients (``torch.func.vmap`` of ``grad``) use chunks
+sized so that one chunk's gradients fit ``PER_EXAMPLE_BYTES``; networks with recurrent layers
+(``nn.RNN``, ``nn.GRU``, ``nn.LSTM`` and their cells, whose kernels ``vmap`` cannot batch) get
+them from a loop over examples instead, one ``grad`` each (:attr:`FlatLoss.vectorized`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from training.data import Dataset
+from training.data import Dataset, check_dataset
+from training.models import check_output
 from training.goal import loss_fn
 from training.masks import check_mask
 
@@ -44,6 +79,95 @@ RETAINED_EXAMPLES = 2048
 SPLITS = ("train", "val", "test")
 
 Weights = Mapping[str, torch.Tensor] | torch.Tensor
+# Recurrent layers: vmap of grad cannot batch their kernels (torch 2.13: nn.RNN, nn.GRU, nn.GRUCell
+# fail with a broadcast error inside the kernel), so their per-example gradients come from a loop.
+RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
+@contextmanager
+def evaluation(model: nn.Module) -> Iterator[None]:
+    """The context every probe evaluates ``model`` in (module docstring): eval mode, the math
+    attention backend, ``nn.MultiheadAttention``'s fused path off and, for a network with
+    recurrent layers, cuDNN off; each module's mode and every setting restored on exit. The
+    settings are torch's process-wide ones: probes in several threads of one process share them
+    (a study probes in worker processes, one thread each)."""
+    modes = [(m, m.training) for m in model.modules()]
+    fastpath, cudnn = torch.backends.mha.get_fastpath_enabled(), torch.backends.cudnn.enabled
+    try:
+        model.eval()
+        torch.backends.mha.set_fastpath_enabled(False)
+        if any(isinstance(m, RECURRENT) for m, _ in modes):
+            torch.backends.cudnn.enabled = False
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.cudnn.enabled = cudnn
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        for m, mode in modes:
+            m.training = mode
+
+
+def changed_by_eval_mode(model: nn.Module) -> bool:
+    """Whether eval mode changes ``model``'s function (batch normalization, dropout): then the
+    probes' definition is worth stating beside their values."""
+    return any(isinstance(m, (_BatchNorm, _DropoutNd))
+               or (isinstance(m, nn.MultiheadAttention) and m.dropout > 0)
+               for m in model.modules())
+
+
+def probe_definition(model: nn.Module) -> str:
+    """One sentence stating what the probes of ``model`` measure (module docstring), naming the
+    model's layers that eval mode changes, for a report to print beside the probe values."""
+    norms = sum(isinstance(m, _BatchNorm) for m in model.modules())
+    drops = sum(isinstance(m, _DropoutNd) or (isinstance(m, nn.MultiheadAttention) and m.dropout > 0)
+                for m in model.modules())
+    changed = []
+    if norms:
+        changed.append(f"{norms} batch-normalization layer{'s use' if norms > 1 else ' uses'} "
+                       f"running statistics")
+    if drops:
+        changed.append(f"{drops} dropout layer{'s are' if drops > 1 else ' is'} the identity")
+    return ("Noise and curvature are measured on the network in eval mode, whose loss is a mean of "
+            "per-example losses (B_simple = tr(Sigma) / |G|^2 of that loss, McCandlish et al. 2018): "
+            + ("; ".join(changed) if changed
+               else "this network has no batch-normalization or dropout layer") + ".")
+
+
+class _RandomOps(TorchDispatchMode):
+    """Records the random operations (ATen's ``nondeterministic_seeded`` tag) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def _check_probeable(fl: FlatLoss) -> None:
+    """Refuse a network whose eval-mode loss is not a deterministic mean of per-example terms
+    (module docstring): a batch normalization without running statistics, or random numbers
+    drawn in eval mode (seen in one example's forward pass, the caller's generator restored)."""
+    for name, m in fl.model.named_modules():
+        if isinstance(m, _BatchNorm) and (m.running_mean is None or m.running_var is None):
+            raise TheoryError(
+                f"module {name!r} ({type(m).__name__}) has no running statistics "
+                f"(track_running_stats=False): it normalizes with the batch's statistics even in eval "
+                f"mode, so its loss is not a sum of per-example terms and the probes are not defined; "
+                f"allowed: batch normalization with track_running_stats=True")
+    device = fl.theta.device
+    with torch.random.fork_rng(devices=[device] if device.type != "cpu" else [],
+                               device_type=device.type), _RandomOps() as ops, torch.no_grad():
+        fl.batch_loss(fl.theta, fl.x[:1], fl.y[:1])
+    # the fused attention kernels carry the random tag whatever their dropout; evaluation's math
+    # backend keeps them out, so a tag seen here is a real draw
+    if ops.seen:
+        raise TheoryError(
+            f"the model draws random numbers in eval mode ({', '.join(sorted(ops.seen))}): the probes "
+            f"measure the deterministic eval-mode loss; make the randomness depend on self.training "
+            f"(as nn.Dropout does) or remove it")
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +175,8 @@ class FlatLoss:
     """Mean loss of ``model`` over a fixed example set, as a function of kept coordinates.
 
     ``theta`` is the model's current (masked) parameters in that parametrisation; every method
-    taking ``theta=None`` evaluates there.
+    taking ``theta=None`` evaluates there. ``vectorized``: per-example gradients by ``vmap``
+    (False for networks with recurrent layers: a loop over examples).
     """
 
     model: nn.Module
@@ -65,6 +190,8 @@ class FlatLoss:
     y: torch.Tensor
     theta: torch.Tensor
     chunk: int
+    vectorized: bool = True
+    own_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # the data set's
 
     @property
     def n(self) -> int:
@@ -94,8 +221,10 @@ class FlatLoss:
         return out
 
     def batch_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean loss on the batch ``(x, y)``."""
-        return loss_fn(self.task)(functional_call(self.model, self.params(theta), (x,)), y)
+        """Mean loss on the batch ``(x, y)``, the network run as :func:`evaluation` defines."""
+        with evaluation(self.model):
+            return loss_fn(self.task, self.own_loss)(
+                functional_call(self.model, self.params(theta), (x,)), y)
 
     def example_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on one example (no batch dimension), the function ``vmap`` maps over."""
@@ -190,9 +319,17 @@ class FlatLoss:
         x = self.x if x is None else x
         y = self.y if y is None else y
         size = self.per_example_chunk(chunk)
-        per_example = vmap(grad(self.example_loss), in_dims=(None, 0, 0))
         for i in range(0, x.shape[0], size):
-            yield per_example(t, x[i:i + size], y[i:i + size])
+            yield self.mapped_gradients(self.example_loss, t, x[i:i + size], y[i:i + size])
+
+    def mapped_gradients(self, loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                         theta: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        """``[grad loss(theta, xs[j], ys[j]) for each j]`` stacked: one ``vmap`` of ``grad``, or a
+        loop of ``grad`` calls when the network is not :attr:`vectorized`."""
+        g = grad(loss)
+        if self.vectorized:
+            return vmap(g, in_dims=(None, 0, 0))(theta, xs, ys)
+        return torch.stack([g(theta, xj, yj) for xj, yj in zip(xs, ys)])
 
 
 def parameter_vector(model: nn.Module, weights: Weights | None = None) -> torch.Tensor:
@@ -230,6 +367,7 @@ def select_examples(dataset: Dataset, examples: int | Sequence[int] | torch.Tens
                     seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of ``split``: all of them (``examples=None``), a sample without
     replacement of ``examples`` of them drawn with ``seed``, or the given indices."""
+    check_dataset(dataset, "select_examples")
     if split not in SPLITS:
         raise TheoryError(f"split {split!r}; allowed: {', '.join(SPLITS)}")
     x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
@@ -259,8 +397,11 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
 
     ``dtype``: precision of every computation (float64 by default: the probes are ground truths).
     ``weights``: evaluate at these parameters instead of the model's (state dict or flat vector,
-    see :func:`parameter_vector`); the mask is applied to them.
+    see :func:`parameter_vector`); the mask is applied to them. A state dict's buffers (batch
+    normalization's running statistics at that point) replace the model's; a flat vector keeps
+    the model's.
     """
+    check_output(model, dataset, "flat_loss")
     chunk = DEFAULT_CHUNK if chunk is None else check_int(chunk, "chunk")
     if not dtype.is_floating_point:
         raise TheoryError(f"dtype must be a floating-point torch dtype, got {dtype}")
@@ -277,10 +418,19 @@ def flat_loss(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.Tenso
     if kept is not None and kept.numel() == 0:
         raise TheoryError("mask prunes every parameter: nothing left to differentiate")
     x, y = select_examples(dataset, examples, seed, split)
-    x = x.to(device=device, dtype=dtype)
+    # integer inputs (token ids) keep their dtype
+    x = x.to(device=device, dtype=dtype if x.is_floating_point() else x.dtype)
     y = y.to(device=device, dtype=dtype if dataset.task == "regression" else y.dtype)
-    buffers = {n: (b.to(dtype) if b.is_floating_point() else b) for n, b in model.named_buffers()}
+    given = weights if isinstance(weights, Mapping) else {}
+    # copies: nothing a forward pass does can reach the model's own buffers
+    buffers = {n: given.get(n, b).detach().to(device=device, dtype=dtype if b.is_floating_point()
+                                               else b.dtype, copy=True)
+               for n, b in model.named_buffers()}
     theta = full if kept is None else full[kept]
-    return FlatLoss(model=model, task=dataset.task, names=tuple(params),
-                    shapes=tuple(p.shape for p in params.values()), buffers=buffers, kept=kept,
-                    full_size=int(full.numel()), x=x, y=y, theta=theta.clone(), chunk=chunk)
+    fl = FlatLoss(model=model, task=dataset.task, names=tuple(params),
+                  shapes=tuple(p.shape for p in params.values()), buffers=buffers, kept=kept,
+                  full_size=int(full.numel()), x=x, y=y, theta=theta.clone(), chunk=chunk,
+                  vectorized=not any(isinstance(m, RECURRENT) for m in model.modules()),
+                  own_loss=dataset.loss)
+    _check_probeable(fl)
+    return fl

@@ -17,6 +17,14 @@ when n = N); the finite-set statistics of the sample itself stay available
 (``NoiseEstimate.finite``, ``NoiseStream.finite_g_sq``). Averages over draws are ratios of
 averages: B_simple = mean tr(Sigma) / mean |G|^2, never a mean of ratios.
 
+Networks with batch normalization or randomness (dropout): every estimate here is of the network
+in eval mode (:mod:`theory.functional`: batch normalization with its running statistics, dropout
+the identity), whose loss is a mean of per-example losses; g_i, G and Sigma are that loss's, and
+the estimators are exactly unbiased for its B_simple. The train-mode alternative, the two-batch
+estimator (McCandlish et al. 2018, appendix A.1) applied to gradients of train-mode batches, whose
+normalization statistics and dropout masks change with the batch, measures another quantity and is
+not what is reported; :func:`two_batch_noise` draws its batches from the same eval-mode loss.
+
 - :func:`gradient_noise`: from per-example gradients (chunked ``vmap`` of ``grad``) of a sample
   or the whole split, with jackknife standard errors, and B_noise with Hessian-vector products.
 - :func:`two_batch_estimates`: the unbiased estimators from two batch sizes.
@@ -34,9 +42,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 import torch
 from torch import nn
-from torch.func import grad, vmap
 
 from training.data import Dataset
+from training.models import check_output
 
 from theory.errors import TheoryError, check_int
 from theory.example_norms import chunk_moments, weighted_layers
@@ -109,7 +117,8 @@ def gradient_group_moments(fl: FlatLoss, chunk: int | None = None,
     gradients."""
     bounds = np.linspace(0, fl.n, min(groups, fl.n) + 1).round().astype(int)
     spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    if weighted_layers(fl.model) is not None:
+    # the closed-form per-example gradients are those of the task's own losses
+    if fl.own_loss is None and weighted_layers(fl.model) is not None:
         size = chunk or fl.chunk
         parts = [[chunk_moments(fl, fl.x[i:min(i + size, hi)], fl.y[i:min(i + size, hi)])
                   for i in range(lo, hi, size)] for lo, hi in spans]
@@ -156,6 +165,7 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
     minimum H may be indefinite, so G^T H G (and B_noise) can be small or negative: read B_noise
     together with ``g_h_g``.
     """
+    check_output(model, dataset, "gradient_noise")
     if hessian_examples is not None and (isinstance(hessian_examples, bool)
                                          or not isinstance(hessian_examples, int)
                                          or hessian_examples < 0):
@@ -367,11 +377,10 @@ def batch_gradient_norms(fl: FlatLoss, batches: torch.Tensor, chunk: int | None 
     into ``fl``'s set), vectorized over draws in chunks of ``chunk`` (default: about
     ``fl.chunk`` examples per pass)."""
     size = chunk or max(1, fl.chunk // batches.shape[1])
-    batch_grad = vmap(grad(fl.batch_loss), in_dims=(None, 0, 0))
     out = []
     for i in range(0, batches.shape[0], size):
         idx = batches[i:i + size].to(fl.x.device)
-        out.append(batch_grad(fl.theta, fl.x[idx], fl.y[idx]).pow(2).sum(1))
+        out.append(fl.mapped_gradients(fl.batch_loss, fl.theta, fl.x[idx], fl.y[idx]).pow(2).sum(1))
     return torch.cat(out)
 
 
@@ -391,6 +400,7 @@ def two_batch_noise(model: nn.Module, dataset: Dataset, b_small: int, b_big: int
     ``population``). Returns the stream of all draws: ``.g_sq``, ``.trace_sigma``,
     ``.b_simple`` and their standard errors.
     """
+    check_output(model, dataset, "two_batch_noise")
     check_int(draws, "draws")
     _check_distinct(examples)
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split, dtype=dtype)

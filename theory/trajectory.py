@@ -19,6 +19,11 @@ probed are the run's own. At each probe step t, on the full training split by de
 Rows are long-format, with the columns of :data:`theory.summaries.PROBE_COLUMNS`; ``fraction`` =
 t / ``horizon`` (H, the run's steps-to-result).
 
+The replay trains as the trial did (train mode); every measurement is of the eval-mode network
+(:mod:`theory.functional`). Its buffers, batch normalization's running statistics, are those the
+replayed state carries (``load_state_dict(strict=False)``); a state that holds only parameters
+leaves the model's own, those of step 0.
+
 Cost: one replay of H steps per run, and per probe point ``average`` per-example gradient passes
 (torch.func, chunked), ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products and 9
 gradients for L, in float32 by default. Lee's L is not corrected for sampling: measure it on the
@@ -38,6 +43,7 @@ from torch import nn
 
 from training.config import EvalSchedule, RunConfig, Trial
 from training.data import Dataset
+from training.models import check_output
 from training.reference import train_schedule_reference
 
 from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
@@ -67,9 +73,11 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
                   run: RunConfig, steps: Sequence[int],
                   mask: Mapping[str, torch.Tensor] | None = None, trial_index: int = 0
                   ) -> dict[int, dict[str, torch.Tensor]]:
-    """Weights after each of ``steps`` updates of trial ``trial_index`` of the run ``trial``,
-    ``run`` describe (``run.max_steps``, goal and stopping ignored), from ONE replay: the
-    reference loop runs to each step in turn and resumes from the state it returned."""
+    """Weights, and the module's buffers (BatchNorm's running statistics), after each of
+    ``steps`` updates of trial ``trial_index`` of the run ``trial``, ``run`` describe
+    (``run.max_steps``, goal and stopping ignored), from ONE replay: the reference loop runs to
+    each step in turn and resumes from the state it returned (buffers and generator included)."""
+    check_output(model, dataset, "replay_states")
     states: dict[int, dict[str, torch.Tensor]] = {}
     start = None
     for t in sorted({int(s) for s in steps}):
@@ -80,7 +88,7 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
         if res.result.diverged:
             raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
                               f"before reaching step {t}")
-        states[t], start = res.result.state, res.state
+        states[t], start = {**res.result.state, **res.result.buffers}, res.state
     return states
 
 
@@ -101,6 +109,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     tr(H Sigma) sample (None: all); ``lanczos``: Lanczos steps for lambda_max. ``dtype``:
     precision of the measurements (the replay runs in ``run.dtype``, like the trial). Returns
     long-format rows with the columns of :data:`theory.summaries.PROBE_COLUMNS`."""
+    check_output(model, dataset, "probe_trajectory")
     horizon = check_int(horizon, "horizon")
     average = check_int(average, "average")
     if not isinstance(run, RunConfig):

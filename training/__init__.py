@@ -2,7 +2,8 @@
 
 Public API::
 
-    ds = training.data.load("mnist1d", seed=0)
+    ds = training.data.load("mnist1d", seed=0)    # or your own data:
+    # ds = training.Dataset.from_tensors(x, y)  /  training.Dataset.from_torch(torch_dataset)
     net = training.models.build("mlp", ds)
     trial = training.Trial(lr=0.1, momentum=0.9)
     run = training.RunConfig(batch_size=64, max_steps=500)
@@ -12,9 +13,9 @@ Public API::
 
 from training import config, data, distributed, goal, lr_schedule, masks, models, order, process
 from training.config import EvalSchedule, RunConfig, Trial
-from training.data import DataError, Dataset
+from training.data import DataError, DataIOError, Dataset
 from training.distributed import train_distributed
-from training.errors import ConfigError, SparsescaleError
+from training.errors import ConfigError, SparsescaleError, SparsescaleIOError, SparsescaleWarning
 from training.goal import Goal
 from training.masks import MaskError
 from training.models import ModelError
@@ -24,7 +25,8 @@ from training.trials import TrialsResult, train_trials
 
 __all__ = [
     "config", "data", "distributed", "goal", "lr_schedule", "masks", "models", "order", "process",
-    "EvalSchedule", "RunConfig", "Trial", "DataError", "Dataset", "ConfigError",
-    "SparsescaleError", "Goal", "MaskError", "ModelError", "train_reference", "Curve",
-    "ReferenceResult", "TrialsResult", "train_trials", "train_distributed",
+    "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
+    "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
+    "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",
+    "train_distributed",
 ]

@@ -1,8 +1,21 @@
-"""Data sets as in-memory tensors, behind a small registry.
+"""Data sets as in-memory tensors: a small registry, and your own data.
 
 ``load(name, **options) -> Dataset``. Every data set is held as tensors (no DataLoader): the
 trainers index mini-batches directly. A validation split is carved deterministically (by ``seed``)
 from the training data; the test split is only returned when asked (``test=True``).
+
+Your own data (:mod:`training.dataset`), with the same split rule:
+
+- ``Dataset.from_tensors(x, y, x_val=None, y_val=None, val_fraction=0.1, seed=0, task=None)``:
+  tensors or numpy arrays; the task is inferred from the labels (integers: classification, floats:
+  regression) unless stated; inputs cast to float32, labels to int64 (classification).
+- ``Dataset.from_torch(torch_dataset, val_dataset=None, ...)``: any map-style
+  ``torch.utils.data.Dataset`` of ``(x, y)`` pairs, read once into tensors (a progress bar above
+  10,000 items), then as ``from_tensors``.
+
+``check_dataset(dataset, who)`` is the one check of a data set argument the trainers, the probes
+and ``pruning.prune`` make: anything else (a ``TensorDataset``, a DataLoader, an ``(x, y)``
+tuple) is one ``DataError`` naming these constructors.
 
 Registered data sets (``list_datasets()``):
 
@@ -22,66 +35,16 @@ import hashlib
 import os
 import pickle
 import random
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from training.errors import SparsescaleError
-
-
-class DataError(SparsescaleError):
-    """A data set could not be loaded: names the file or option and what was expected."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """An in-memory data set split into train / validation (/ test when asked).
-
-    ``task`` is ``"classification"`` (integer labels, ``num_classes`` classes) or ``"regression"``
-    (float targets of shape ``[n]``). ``input_shape`` excludes the batch dimension.
-    ``provenance`` records how the data were made (generator, seed, files, sizes).
-    """
-
-    name: str
-    task: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    num_classes: int
-    input_shape: tuple[int, ...]
-    x_test: torch.Tensor | None = None
-    y_test: torch.Tensor | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_train(self) -> int:
-        return int(self.x_train.shape[0])
-
-    @property
-    def n_val(self) -> int:
-        return int(self.x_val.shape[0])
-
-    def to(self, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> "Dataset":
-        """Copy onto ``device``; inputs (and regression targets) cast to ``dtype`` if given."""
-
-        def move(t: torch.Tensor | None, is_target: bool = False) -> torch.Tensor | None:
-            if t is None:
-                return None
-            cast = dtype if (dtype is not None and (not is_target or self.task == "regression")) else None
-            return t.to(device=device, dtype=cast) if cast is not None else t.to(device)
-
-        return Dataset(
-            name=self.name, task=self.task,
-            x_train=move(self.x_train), y_train=move(self.y_train, True),
-            x_val=move(self.x_val), y_val=move(self.y_val, True),
-            num_classes=self.num_classes, input_shape=self.input_shape,
-            x_test=move(self.x_test), y_test=move(self.y_test, True),
-            provenance=dict(self.provenance),
-        )
+# Dataset, DataError and check_dataset are also this module's names (``training.data.Dataset``)
+from training.dataset import Dataset, check_dataset, split_dataset
+from training.errors import DataError, DataIOError
 
 
 Loader = Callable[..., Dataset]
@@ -89,7 +52,22 @@ _REGISTRY: dict[str, Loader] = {}
 
 
 def register(name: str) -> Callable[[Loader], Loader]:
-    """Decorator adding a loader to the registry under ``name``."""
+    """Decorator adding a data set loader to the registry as ``name``: the way to add a named
+    data set to this process.
+
+    The loader is called as ``fn(**options)`` with a study's ``[workload] dataset_options``
+    (JSON values; the registered loaders take a ``seed`` option, default 0, for their
+    validation split and generation). It must return a :class:`Dataset` (tensors on the CPU,
+    ``task`` "classification" with integer labels or "regression" with float targets of shape
+    ``[n]``), the same one every time it is called with the same options: each worker process
+    loads it for itself, so draw random numbers from a generator seeded by the options. A study
+    names it as ``[workload] dataset = "<name>"``.
+
+    A registration lives in the process that made it: the worker processes of a study (the
+    local pool, Dask) do not see one made in a notebook or a script. For a data set of your
+    own, name its factory by import path instead (``dataset = "mymodels:blobs"``, same
+    signature; see :mod:`experiments.spec.factories`).
+    """
 
     def add(fn: Loader) -> Loader:
         _REGISTRY[name] = fn
@@ -129,28 +107,6 @@ def cache_dir() -> Path:
     return Path(base) / "sparsescale"
 
 
-def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, seed: int):
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    n = x.shape[0]
-    n_val = max(1, int(round(n * val_fraction)))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
-    val, train = perm[:n_val], perm[n_val:]
-    return x[train], y[train], x[val], y[val]
-
-
-def _finish(name: str, task: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-            seed: int, val_fraction: float, test: bool, x_test: torch.Tensor | None,
-            y_test: torch.Tensor | None, provenance: dict[str, Any]) -> Dataset:
-    x_tr, y_tr, x_va, y_va = _split(x, y, val_fraction, seed)
-    provenance = dict(provenance, split_seed=seed, val_fraction=val_fraction,
-                      n_train=int(x_tr.shape[0]), n_val=int(x_va.shape[0]))
-    return Dataset(name=name, task=task, x_train=x_tr, y_train=y_tr, x_val=x_va, y_val=y_va,
-                   num_classes=num_classes, input_shape=tuple(x.shape[1:]),
-                   x_test=x_test if test else None, y_test=y_test if test else None,
-                   provenance=provenance)
-
-
 def _data_root(name: str, root: str | os.PathLike | None) -> Path:
     base = root if root is not None else os.environ.get("SPARSESCALE_DATA")
     if base is None:
@@ -188,15 +144,19 @@ def load_mnist1d(num_samples: int = 10_000, seed: int = 0, data_seed: int = 42,
     if arrays is None:
         arrays = _generate_mnist1d(num_samples, data_seed)
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **arrays)
-            os.replace(tmp, path)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(tmp, **arrays)
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise DataIOError(f"cannot write the data cache {path} ({exc.strerror or exc}); "
+                                  f"set SPARSESCALE_CACHE to a writable folder") from None
     x = torch.tensor(arrays["x"], dtype=torch.float32)
     y = torch.tensor(arrays["y"], dtype=torch.long)
     xt = torch.tensor(arrays["x_test"], dtype=torch.float32)
     yt = torch.tensor(arrays["y_test"], dtype=torch.long)
-    return _finish("mnist1d", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset("mnist1d", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"generator": "mnist1d.data.make_dataset", "num_samples": num_samples,
                     "data_seed": data_seed})
 
@@ -231,9 +191,16 @@ def read_idx(path: Path, expected_magic: int) -> np.ndarray:
     type byte 0x08 (uint8)."""
     fmt = "IDX images (magic 2051)" if expected_magic == 2051 else "IDX labels (magic 2049)"
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise DataError(f"{path}: cannot read ({exc}); expected {fmt}, gzipped or raw") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataIOError(f"{path}: cannot read ({exc.strerror or exc}); expected {fmt}, gzipped "
+                          f"or raw") from None
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:   # gzip.BadGzipFile is an OSError
+            raise DataError(f"{path}: cannot read ({exc}); expected {fmt}, gzipped or "
+                            f"raw") from None
     if len(raw) < 8:
         raise DataError(f"{path}: truncated header; expected {fmt}")
     magic = int.from_bytes(raw[0:4], "big")
@@ -273,7 +240,7 @@ def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: boo
                          torch.tensor(y, dtype=torch.long))
     x, y = arrays["train"]
     xt, yt = arrays.get("test", (None, None))
-    return _finish(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"folder": str(folder), "format": "idx", "scaling": "pixels / 255"})
 
 
@@ -306,6 +273,8 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             d = pickle.load(f, encoding="bytes")
         data = np.asarray(d[b"data"], dtype=np.uint8)
         labels = np.asarray(d[b"labels"], dtype=np.int64)
+    except OSError as exc:   # the file cannot be opened or read
+        raise DataIOError(f"{path}: cannot read ({exc.strerror or exc}); expected {fmt}") from None
     except Exception as exc:  # pickle raises many types on bad input
         raise DataError(f"{path}: not {fmt} ({type(exc).__name__}: {exc})") from None
     if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
@@ -333,7 +302,7 @@ def load_cifar10(root: str | os.PathLike | None = None, seed: int = 0, val_fract
         xt_np, yt_np = read_cifar_batch(folder / "test_batch")
         xt = (torch.tensor(xt_np, dtype=torch.float32).div_(255.0) - mean) / std
         yt = torch.tensor(yt_np, dtype=torch.long)
-    return _finish("cifar10", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+    return split_dataset("cifar10", "classification", x, y, 10, seed, val_fraction, test, xt, yt,
                    {"folder": str(folder), "format": "cifar10-python",
                     "scaling": "pixels / 255, per-channel standardization"})
 
@@ -358,7 +327,7 @@ def load_teacher(n: int = 2000, dim: int = 20, num_classes: int = 4, hidden: int
     w2 = torch.randn(hidden, num_classes, generator=g) / hidden ** 0.5
     x = torch.randn(n + n // 4, dim, generator=g)
     y = torch.argmax(torch.tanh(x @ w1) @ w2, dim=1)
-    return _finish("teacher", "classification", x[:n], y[:n], num_classes, seed, val_fraction,
+    return split_dataset("teacher", "classification", x[:n], y[:n], num_classes, seed, val_fraction,
                    test, x[n:], y[n:], {"generator": "teacher-mlp", "n": n, "dim": dim,
                                         "hidden": hidden, "seed": seed})
 
@@ -372,6 +341,6 @@ def load_linreg(n: int = 1000, dim: int = 10, noise: float = 0.5, seed: int = 0,
     w = torch.randn(dim, generator=g)
     x = torch.randn(n + n // 4, dim, generator=g)
     y = x @ w + noise * torch.randn(n + n // 4, generator=g)
-    return _finish("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
+    return split_dataset("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
                    {"generator": "linreg", "n": n, "dim": dim, "noise": noise, "seed": seed,
                     "w_star": w.tolist()})

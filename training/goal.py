@@ -24,8 +24,12 @@ METRICS = ("error", "loss")
 DIVERGENCE_FACTOR = 1e3
 
 
-def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Per-batch mean loss for ``task``: cross-entropy or half squared error."""
+def loss_fn(task: str, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Per-batch mean loss for ``task``: cross-entropy or half squared error; with a per-example
+    ``loss`` of the user's (``training.Dataset.loss``), its mean."""
+    if loss is not None:
+        return lambda out, y: loss(out, y).mean()
     if task == "classification":
         return F.cross_entropy
     if task == "regression":
@@ -80,9 +84,14 @@ def as_goal(target: "Goal | float | None", task: str) -> Goal | None:
     return Goal(default_metric(task), float(target))
 
 
-def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                 ) -> torch.Tensor:
     """Goal metric of outputs ``out`` against labels ``y`` (leading dims are kept for batched
-    outputs of shape [..., n, classes])."""
+    outputs of shape [..., n, classes]). With a per-example ``loss`` of the user's, ``out``
+    holds one trial's outputs (no leading dims) and the metric ``loss`` is its mean."""
+    if metric == "loss" and loss is not None:
+        return loss(out, y).mean()
     if metric == "error":
         if task != "classification":
             raise ConfigError("goal metric 'error' needs a classification data set; use 'loss'")

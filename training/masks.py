@@ -29,7 +29,7 @@ from training.errors import SparsescaleError
 Tensor = torch.Tensor
 
 
-class MaskError(SparsescaleError):
+class MaskError(SparsescaleError, ValueError):
     """A mask is malformed or does not fit a model: names the entry and what was expected."""
 
 

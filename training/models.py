@@ -16,23 +16,28 @@ touching the caller's global RNG state.
   three stages of one basic block (16, 32, 64 channels, stride 1, 2, 2, 1x1 projection shortcuts
   where the shape changes), global average pool, Linear. Images only.
 - ``linear``: one Linear layer (logistic regression, or linear regression with one output).
+
+Any ``nn.Module`` of your own works too: :func:`check_output` is the check every trainer, probe
+and ``pruning.prune`` makes of a model against its data set before anything is trained.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from training.data import Dataset
-from training.errors import SparsescaleError
+from training.dataset import Dataset, check_dataset
+from training.errors import DataError, SparsescaleError
 
 
-class ModelError(SparsescaleError):
+class ModelError(SparsescaleError, ValueError):
     """A model cannot be built for the given data set or options."""
 
 
@@ -42,7 +47,22 @@ _REGISTRY: dict[str, Builder] = {}
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a model builder ``fn(dataset, **options)`` to the registry as ``name``."""
+    """Decorator adding a model builder to the registry as ``name``: the way to add a named
+    model to this process.
+
+    The builder is called as ``fn(dataset, **options)``: ``dataset`` is the
+    :class:`training.Dataset` the model trains on (read ``input_shape``, ``task`` and
+    ``num_classes`` from it, or use :func:`output_size`), ``options`` are a study's
+    ``[workload] model_options`` (JSON values). It must return a fresh ``torch.nn.Module`` whose
+    parameters are drawn from torch's global generator, which :func:`build` seeds with the
+    study's seed (so every replicate seed gives its own initialization, the same in every
+    process). A study names it as ``[workload] model = "<name>"``.
+
+    A registration lives in the process that made it: the worker processes of a study (the
+    local pool, Dask) do not see one made in a notebook or a script. For a model of your own,
+    name its factory by import path instead (``model = "mymodels:mlp"``, same signature; see
+    :mod:`experiments.spec.factories`).
+    """
 
     def add(fn: Builder) -> Builder:
         _REGISTRY[name] = fn
@@ -63,17 +83,122 @@ def output_size(dataset: Dataset) -> int:
 
 def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Module:
     """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
+    check_dataset(dataset, "build")
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
-    # fork_rng + manual_seed draw from torch's process-wide RNG: one build at a time, so models
-    # built by concurrent threads (a thread pool running groups) get their own seed's weights
-    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         try:
             model = _REGISTRY[name](dataset, **options)
         except TypeError as exc:
             raise ModelError(f"bad options for model {name!r}: {exc}") from None
     return model
+
+
+def check_model(model: object, who: str) -> nn.Module:
+    """``model`` if it is an ``nn.Module``, else one :class:`ModelError` from ``who``."""
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"{who}: model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def expected_output(dataset: Dataset) -> tuple[int, ...]:
+    """The output shape the trainers' loss needs for ONE example (a batch of one):
+    classification: the label's shape + (num_classes,), e.g. [1, 10] for labels [n], or
+    [1, T, 256] for per-token labels [n, T]; regression: the target's shape, [1] for targets [n]
+    (an output [B, 1] against targets [B] would broadcast the squared error to [B, B])."""
+    target = tuple(dataset.y_train[:1].shape)
+    return target + (dataset.num_classes,) if dataset.task == "classification" else target
+
+
+def check_output(model: object, dataset: object, who: str) -> None:
+    """Check, before anything is trained, that ``model`` (an ``nn.Module``) can run on
+    ``dataset`` (a :class:`training.Dataset`, :func:`training.dataset.check_dataset`) and gives
+    the output shape of :func:`expected_output`.
+
+    ``model`` runs once, in eval mode under ``no_grad`` with the global RNG state restored after,
+    on ``x_train[:1]`` cast to the model's dtype and device; each submodule's train/eval mode is
+    restored. A forward pass that raises becomes one :class:`ModelError` naming the input shape
+    and the error's first line; a wrong output shape one naming both shapes (``who``, the entry
+    point, leads the line).
+    """
+    check_model(model, who)
+    check_dataset(dataset, who)
+    if dataset.n_train == 0:
+        raise DataError(f"{who}: the data set has no training examples")
+    x = dataset.x_train[:1]
+    like = next((t for t in itertools.chain(model.parameters(), model.buffers())
+                 if t.is_floating_point()), None)
+    if like is not None:
+        x = x.to(device=like.device, dtype=like.dtype)
+    modes = [(m, m.training) for m in model.modules()]
+    accelerator = x.device.type != "cpu"
+    try:
+        model.eval()
+        # a forward pass that draws random numbers must not move the stream training uses
+        with torch.no_grad(), torch.random.fork_rng(
+                devices=[x.device] if accelerator else [],
+                device_type=x.device.type if accelerator else None):
+            out = model(x)
+    except Exception as exc:  # the user's model may raise anything on inputs it cannot take
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{who}: model cannot take this data set's inputs of shape "
+                         f"{dataset.input_shape}: {reason}") from None
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if not isinstance(out, torch.Tensor):
+        raise ModelError(f"{who}: model returned a {type(out).__name__}, not a tensor; "
+                         f"forward(x) must return the outputs as one tensor")
+    if not out.is_floating_point():
+        raise ModelError(f"{who}: model outputs {out.dtype}; the losses need floating-point "
+                         f"outputs (logits or values)")
+    if dataset.loss is None:
+        _check_output_shape(tuple(out.shape), dataset, who)
+    else:
+        _check_own_loss(out, dataset, who)
+
+
+def _check_own_loss(out: torch.Tensor, dataset: Dataset, who: str) -> None:
+    """The data set's own loss takes the model's output for one example and gives one loss for
+    it (the output's shape is the loss's business, not the task's)."""
+    y = dataset.y_train[:1].to(out.device)
+    try:
+        with torch.no_grad():
+            value = dataset.loss(out, y)
+    except Exception as exc:  # the user's loss may raise anything
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{who}: the data set's loss cannot take the model's outputs "
+                         f"{list(out.shape)} and targets {list(y.shape)}: {reason}") from None
+    if not isinstance(value, torch.Tensor) or value.dim() < 1 or value.shape[0] != 1:
+        got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ModelError(f"{who}: the data set's loss must return one loss per example (shape "
+                         f"[B]); for one example it returned {got}")
+
+
+def _check_output_shape(got: tuple[int, ...], dataset: Dataset, who: str) -> None:
+    want = expected_output(dataset)
+    if got == want:
+        return
+    if dataset.task == "classification":
+        c = dataset.num_classes
+        if got[:-1] == want[:-1]:
+            raise ModelError(f"{who}: model outputs {list(got)} for one example but the data set "
+                             f"has {c} classes: the last layer must have {c} outputs")
+        raise ModelError(f"{who}: model outputs {list(got)} for one example but labels of shape "
+                         f"{list(want[:-1])} with {c} classes need {list(want)}")
+    hint = " (end the model with training.models.Flatten1dOutput())" if got == want + (1,) else ""
+    raise ModelError(f"{who}: model outputs {list(got)} for one example but the regression "
+                     f"targets have shape {list(want)}: the model must output {list(want)}, one "
+                     f"value per example{hint}")
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with torch's global CPU generator seeded by ``seed``, restored after.
+
+    One body at a time: the generator is process-wide, so models built by concurrent threads (a
+    thread pool running groups) each get their own seed's weights."""
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -18,7 +18,7 @@ takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``tra
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from training.config import (
     ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from training.masks import apply_mask, mask_
@@ -65,14 +66,16 @@ def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, task: str,
-             chunk: int = 4096) -> float:
-    """Goal metric of ``model`` on (x, y), computed in chunks (mean over all examples)."""
+             chunk: int = 4096, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+             ) -> float:
+    """Goal metric of ``model`` on (x, y), computed in chunks (mean over all examples);
+    ``loss``: the data set's own per-example loss, if it has one."""
     was_training = model.training
     model.eval()
     total = 0.0
     for i in range(0, x.shape[0], chunk):
         out = model(x[i:i + chunk])
-        total += float(metric_value(metric, out, y[i:i + chunk], task)) * out.shape[0]
+        total += float(metric_value(metric, out, y[i:i + chunk], task, loss)) * out.shape[0]
     model.train(was_training)
     return total / x.shape[0]
 
@@ -97,6 +100,7 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
     ``run.batch_size``, from the model's weights.
     """
     check_run(run, "train_reference")
+    check_output(model, dataset, "train_reference")
     return train_schedule_reference(model, dataset, trial, run, mask=mask,
                                     trial_index=trial_index).result
 
@@ -128,6 +132,7 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     in eval mode. The result carries the final buffers; the caller's generator state is left as
     it was.
     """
+    check_output(model, dataset, "train_schedule_reference")
     with randomness.preserved(run.device if isinstance(run, RunConfig) else "cpu"):
         return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
                                          trial_index)
@@ -167,7 +172,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     if start is not None:
         _resume_optimizer(opt, params, start, run)
     stream = DataStream(trial_seed(run.seed, trial_index), data.n_train)
-    criterion = loss_fn(dataset.task)
+    criterion = loss_fn(dataset.task, dataset.loss)
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
     stop_at_goal = run.stop != "never"
 
@@ -193,7 +198,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     examples = 0
 
     def record(k: int) -> bool:
-        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task)
+        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task, loss=dataset.loss)
         rows.append((k, float(np.mean(losses)), value))
         losses.clear()
         return bool(goal is not None and goal.met(value))

@@ -30,6 +30,7 @@ from torch import nn
 from training.batch_schedule import BatchSchedule
 from training.config import RunConfig, Trial, check_batch_size, check_index, check_trials
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.masks import check_mask
 from training.order import trial_seed
@@ -51,6 +52,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     see the module docstring. Arguments as :func:`training.train_trials`; the result's
     ``end_state`` holds the trials ``end_trials`` that ran to ``steps_run``.
     """
+    check_output(model, dataset, "train_schedule_trials")
     trial_list = check_trials(trials)
     n = len(trial_list)
     if schedule is None:

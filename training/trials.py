@@ -24,18 +24,19 @@ between two scheduled evaluations is not seen, as with any evaluation schedule.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from training.engine.cell_plan import Program, plan_cell
+from training.engine.cell_plan import Program, check_runnable, plan_cell
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from training.masks import check_mask
@@ -119,6 +120,7 @@ class _Runner:
     optimizer: str
     dtype: torch.dtype
     origin: DataOrigin = DataOrigin()   # where the data order starts (training.engine.resume)
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None  # the data set's own, per example
 
     def batch_indices(self, st: TrialStack, step: int) -> Tensor:
         """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
@@ -160,7 +162,8 @@ class _Runner:
             x, y = self.gather(idx[a:a + step])
             out = self.program.forward([p[a:a + step] for p in st.params], x,
                                        **self.module(st, slice(a, a + step)))
-            losses.append(stacked_loss_and_grad(out, y, self.task)[0])
+            losses.append(stacked_loss_and_grad(out, y, self.task)[0] if self.loss is None else
+                          torch.stack([self.loss(o, t).mean() for o, t in zip(out, y)]))
         return torch.cat(losses).double()
 
     def steps(self, st: TrialStack, start: int, end: int
@@ -251,7 +254,10 @@ class _Runner:
             x = self.x_val[i:i + chunk]
             out = self.program.forward(st.params, x.unsqueeze(0).expand(n, *x.shape),
                                        **self.module(st))
-            value = metric_value(self.metric, out, self.y_val[i:i + chunk], self.task)
+            y = self.y_val[i:i + chunk]
+            value = (metric_value(self.metric, out, y, self.task) if self.loss is None else
+                     torch.stack([metric_value(self.metric, o, y, self.task, self.loss)
+                                  for o in out]))
             total += value.double() * x.shape[0]
         return total / self.x_val.shape[0]
 
@@ -294,6 +300,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     worker pools do). The caller's generator state is left as it was.
     """
     check_run(run, "train_trials")
+    check_runnable(model)   # before a forward pass, which would materialize lazy parameters
+    check_output(model, dataset, "train_trials")
     with randomness.preserved(run.device):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
                              start, data_seeds, return_state)
@@ -308,7 +316,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
                     [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
     plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
-                     run.dtype, run.device, optimizer=run.optimizer)
+                     run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss)
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
@@ -323,7 +331,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     data = dataset.to(run.device, run.dtype)
     runner = _Runner(plan.program, plan.update_in_step, data.x_train, data.y_train, data.x_val,
                      data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
-                     origin)
+                     origin, dataset.loss)
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
                          chunk, run.device, run.dtype,
                          getattr(plan.program, "takes_module_state", False))

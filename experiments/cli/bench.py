@@ -93,8 +93,8 @@ def run_ddp_bench(args: argparse.Namespace) -> int:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"--out {args.out}: cannot create folder {folder} "
-                              f"({exc.strerror})") from None
+            raise costmodel.CostModelIOError(f"--out {args.out}: cannot create folder "
+                                             f"{folder} ({exc.strerror or exc})") from None
     model, ds = build_workload(args)
     plan = BenchPlan(args.per_worker_batch, args.allreduce_sizes, args.warmup, args.repeats,
                      args.rounds)

@@ -10,9 +10,15 @@
 - ``import`` (published measurements into run folders) and ``export`` (a run folder's results in
   standard formats): :mod:`experiments.cli.exchange`.
 
-Bad input (a spec problem, an unknown data set, a store holding another study: any
-``training.SparsescaleError``) prints ``error: ...`` (one line per spec problem) and exits with
-status 2, without a traceback; bad options are argparse's usage errors (status 2).
+Every ``training.SparsescaleError`` prints ``error: ...`` on one line (one line per spec
+problem), without a traceback, and exits with a status that says which kind it is:
+
+- 2: bad input, a ``ValueError`` (a spec problem, an unknown data set, a store holding another
+  study, a malformed archive); bad options are argparse's usage errors, also status 2;
+- 1: a storage or IO failure, an ``OSError`` (a store locked or in use by another process, a
+  read-only run folder, a full disk, a file that cannot be read); the line names the path.
+
+A study whose groups failed also exits with status 1, after one line per failed group.
 """
 
 from __future__ import annotations
@@ -43,22 +49,40 @@ BENCH_EPILOG = ("`sparsescale bench ddp --out RUN_DIR/cost_model.json` saves the
 
 def _cmd_study(args: argparse.Namespace) -> int:
     from experiments.run import runner
-    from experiments.spec.plan import format_plan, plan
-    from experiments.spec.study import check_against_dataset, load
-    from experiments.run.workload import Workload
+    from experiments.spec.study import load
 
     spec = load(args.config)
     if args.dry_run:
-        for variant in spec.variants():
-            dataset = Workload.of(variant).load_dataset()
-            check_against_dataset(variant, dataset.n_train)
-            print(format_plan(variant, plan(variant)))
-        return 0
+        return _dry_run(spec, args.out)
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                dask=args.dask, report=not args.no_report,
                                cost_model=not (args.no_cost_model or args.no_report))
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
+
+
+def _dry_run(spec, out: str | None) -> int:
+    """Print the plan of each of ``spec``'s variants against its run folder: which groups it
+    holds and which are new (all of them when the folder holds another study, e.g. the same
+    spec before its factory's code changed: a run there is refused, which the note says)."""
+    from experiments.run import runner
+    from experiments.spec.plan import format_plan, plan
+    from experiments.store.database import other_study, stored_study
+
+    base = runner.run_folder(spec, out)
+    for variant in spec.variants():
+        runner.load_workload(variant)
+        run_dir = base / variant.subdir
+        info, done = stored_study(run_dir)
+        print(f"run folder {run_dir}" + ("" if info else " (no store yet)"))
+        note = None
+        if info is not None and info.spec_hash != variant.hash:
+            note = other_study(run_dir, info, runner.study_info(variant))
+            done = set()
+        print(format_plan(variant, plan(variant), done))
+        if note:
+            print(f"note: {note}")
+    return 0
 
 
 def _report_failures(run_dir: Path) -> int:
@@ -114,7 +138,7 @@ def _cmd_branch(args: argparse.Namespace) -> int:
     from experiments.run import runner
     from experiments.run.branching_study import run_branching, with_overrides
     from experiments.spec.study import load
-    from experiments.store.database import DB_NAME, load_results, open_store
+    from experiments.store.database import DB_NAME, StoreContentError, load_results, open_store
     from experiments.run.workload import Workload
 
     target = Path(args.target)
@@ -125,8 +149,8 @@ def _cmd_branch(args: argparse.Namespace) -> int:
         run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                    report=False)
     if spec is None or not hasattr(spec, "branching"):
-        raise SparsescaleError(f"{run_dir} holds no study of this library's (an imported "
-                               f"workload cannot be branched: its runs cannot be replayed)")
+        raise StoreContentError(f"{run_dir} holds no study of this library's (an imported "
+                                f"workload cannot be branched: its runs cannot be replayed)")
     settings = with_overrides(spec.branching, batch_size=args.batch_size, k_max=args.k_max, checkpoints=args.checkpoints,
                               seeds=args.seeds, eps=args.eps, window_fraction=args.window_fraction,
                               warmup=False if args.no_warmup else None)
@@ -276,9 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted: finished groups are stored; rerun the same command to continue",
               file=sys.stderr)
         return 130
-    except SparsescaleError as exc:   # DataError, ModelError, StoreError, ... name what is wrong
+    except SparsescaleError as exc:   # DataError, StoreIOError, ... name what is wrong
         print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
-        return 2
+        return exit_status(exc)
+
+
+def exit_status(exc: SparsescaleError) -> int:
+    """1 for a storage or IO failure (an ``OSError``), 2 for bad input (a ``ValueError``)."""
+    return 1 if isinstance(exc, OSError) else 2
 
 
 if __name__ == "__main__":

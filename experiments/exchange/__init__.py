@@ -3,6 +3,6 @@
 :mod:`experiments.exchange.batch_science` writes the store), and a store's curves exported as
 TensorBoard event files (:mod:`experiments.exchange.export`)."""
 
-from experiments.exchange.batch_science import ArchiveError, import_batch_science
+from experiments.exchange.batch_science import ArchiveError, ArchiveIOError, import_batch_science
 
-__all__ = ["ArchiveError", "import_batch_science"]
+__all__ = ["ArchiveError", "ArchiveIOError", "import_batch_science"]

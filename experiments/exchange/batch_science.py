@@ -20,9 +20,10 @@ A synthesized spec (``study.spec_json``, an :class:`experiments.spec.external.Ex
 ``source``) describes the workload to the report: goal, batch sizes, the search space (when every
 batch size searched the same one) and the step budget.
 
-Malformed or partial trees raise :class:`ArchiveError`, one line naming the file. The store is
-written into a temporary folder beside ``out`` and moved into place only when every workload has
-been read, so a failed import leaves nothing behind.
+Malformed or partial trees raise :class:`ArchiveError` (a file that cannot be read:
+:class:`~experiments.exchange.batch_science_tree.ArchiveIOError`), one line naming the file. The
+store is written into a temporary folder beside ``out`` and moved into place only when every
+workload has been read, so a failed import leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.study import SpecError, canonical_json
 from experiments.store.database import open_store
 from experiments.exchange.batch_science_tree import (
-    OPTIMIZERS, ArchiveError, ArchiveStudy, ArchiveTrial, find_workloads, read_workload,
+    OPTIMIZERS, ArchiveError, ArchiveIOError, ArchiveStudy, ArchiveTrial, find_workloads,
+    read_workload,
 )
 
-__all__ = ["ArchiveError", "Imported", "first_hit", "group_record", "import_batch_science"]
+__all__ = ["ArchiveError", "ArchiveIOError", "Imported", "first_hit", "group_record",
+           "import_batch_science"]
 
 SCALES = {"LOG_SCALE": "log", "REVERSE_LOG_SCALE": "reverse-log", "LINEAR_SCALE": "linear",
           "": "linear"}

@@ -11,7 +11,8 @@ The layout (google-research/google-research, ``batch_science/README.md`` and ``d
 
 Folders below a workload are named by integers (batch sizes, then trial ids); evaluations are
 unevenly spaced, and the metric columns differ by model. Anything else raises
-:class:`ArchiveError`, one line naming the file, what was found and what is expected.
+:class:`ArchiveError` (a ``ValueError``), one line naming the file, what was found and what is
+expected; a file that cannot be read raises :class:`ArchiveIOError` (an ``OSError``) naming it.
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 OPTIMIZERS = {"sgd": "sgd", "momentum": "momentum", "nesterov_momentum": "nesterov"}
 STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE")
 TRAIN_LOSS = "train/cross_entropy_error"
 
 
-class ArchiveError(SparsescaleError):
+class ArchiveError(SparsescaleError, ValueError):
     """A batch_science tree cannot be imported: names the file and what was wrong."""
+
+
+class ArchiveIOError(SparsescaleIOError):
+    """A file of a batch_science tree cannot be read (permissions, an IO error): names it."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,12 @@ def _json(path: Path, needed_by: str) -> dict[str, Any]:
     if not path.is_file():
         raise ArchiveError(f"{path}: missing ({needed_by})")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArchiveIOError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArchiveError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ArchiveError(f"{path}: expected a JSON object, found {type(doc).__name__}")
@@ -131,7 +140,9 @@ def read_measurements(path: Path, metric: str) -> tuple[tuple[int, float, float]
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except OSError as exc:
+        raise ArchiveIOError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
         raise ArchiveError(f"{path}: not a readable CSV file ({exc})") from None
     header = rows[0] if rows else []
     for column in ("step", metric):

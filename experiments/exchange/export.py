@@ -30,7 +30,7 @@ QUEUE = 10_000
 INSTALL = "pip install 'sparsescale[tensorboard]'"
 
 
-class ExportError(SparsescaleError):
+class ExportError(SparsescaleError, ValueError):
     """The export cannot be written as asked (e.g. the tensorboard package is missing)."""
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec.external import ExternalSpec, StudySpec
 from experiments.report.formatting import series_label
@@ -30,8 +30,12 @@ DENSE_KEYS = ("workload", "optimizer", "goal", "batch_sizes", "search", "trials"
               "seeds")
 
 
-class ReportError(SparsescaleError):
+class ReportError(SparsescaleError, ValueError):
     """The report cannot be written as asked: names the argument and what is allowed."""
+
+
+class ReportIOError(SparsescaleIOError):
+    """The report's files cannot be written (a read-only or full folder): names the path."""
 
 
 @dataclass(frozen=True)

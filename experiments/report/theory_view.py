@@ -14,6 +14,8 @@ quadratic model, computed from the stacked stored tables and the measured curves
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,6 +118,17 @@ def _nqm_curves() -> pd.DataFrame:
                                     "best_lr": c.best_lr, "best_momentum": c.best_momentum}))
     df = pd.concat(frames, ignore_index=True)
     return df[np.isfinite(df["steps"])].reset_index(drop=True)
+
+
+# written into a run folder by the probes when eval mode changes the model (experiments.run.probes)
+PROBE_DEFINITION_FILE = "probe_definition.txt"
+
+
+def probe_definition_text(run_dir: Path) -> str | None:
+    """What the probes of the run in ``run_dir`` measured (``theory.functional.probe_definition``),
+    when the run recorded it: for a model with batch normalization or dropout."""
+    path = Path(run_dir) / PROBE_DEFINITION_FILE
+    return path.read_text().strip() if path.exists() else None
 
 
 NQM_NOTE = (f"NQM: loss ½ xᵀHx, h_i = 1/i, d = {NQM_DIM}, gradient noise C = H / B, target = "

@@ -48,17 +48,19 @@ from experiments.report.hardware import hardware_view, time_to_result_frame
 from experiments.report.prose import (
     findings_text, optimizer_sentences, prediction_statement, sanity_sentences,
 )
-from experiments.report.runs import ReportError, RunSet, load_runs
+from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs
 from experiments.report.sanity_view import SanityPart, sanity_view
 from experiments.report.sections import (
     Code, Document, Figure, Formula, Paragraphs, Section, Table, render,
 )
-from experiments.report.theory_view import NQM_NOTE, NQM_OPTIMIZER, theory_view
+from experiments.report.theory_view import (
+    NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
+)
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
 )
 
-__all__ = ["write_report", "build", "ReportError"]
+__all__ = ["write_report", "build", "ReportError", "ReportIOError"]
 
 HARDWARE_HEADING = "Time to result on real hardware"
 CSV_FORMAT = {"index": False, "float_format": "%.6g", "lineterminator": "\n"}
@@ -78,23 +80,28 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     """Write report.html, report.md, figures/*.png and summary.csv for ``run_dirs`` into ``out``
     (default: the first run folder) and return the path of report.html.
 
-    Raises :class:`ReportError` for an empty ``run_dirs`` and ``experiments.StoreError`` for a
-    folder without a store.
+    Raises :class:`ReportError` for an empty ``run_dirs``, ``experiments.StoreError`` for a
+    folder without a store and :class:`ReportIOError` when ``out`` cannot be written.
     """
     runs = load_runs([Path(d) for d in run_dirs] if not isinstance(run_dirs, (str, Path)) else run_dirs)
     out = Path(out) if out is not None else Path(run_dirs[0])
     report = build(runs)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    for fig in report.document.figures():
-        (out / "figures" / f"{fig.name}.png").write_bytes(fig.png)
-    _write_text(out / "report.md", render(report.document, "markdown"))
-    _write_text(out / "report.html", render(report.document, "html"))
-    _write_text(out / "summary.csv", report.summary.to_csv(**CSV_FORMAT))
-    timing = out / "time_to_result.csv"
-    if len(report.time_to_result):
-        _write_text(timing, report.time_to_result.to_csv(**CSV_FORMAT))
-    else:
-        timing.unlink(missing_ok=True)   # left by an earlier report whose cost model is gone
+    try:
+        (out / "figures").mkdir(parents=True, exist_ok=True)
+        for fig in report.document.figures():
+            (out / "figures" / f"{fig.name}.png").write_bytes(fig.png)
+        _write_text(out / "report.md", render(report.document, "markdown"))
+        _write_text(out / "report.html", render(report.document, "html"))
+        _write_text(out / "summary.csv", report.summary.to_csv(**CSV_FORMAT))
+        timing = out / "time_to_result.csv"
+        if len(report.time_to_result):
+            _write_text(timing, report.time_to_result.to_csv(**CSV_FORMAT))
+        else:
+            timing.unlink(missing_ok=True)   # left by an earlier report whose cost model is gone
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise ReportIOError(f"cannot write the report into {out}: {where}"
+                            f"{exc.strerror or exc}") from None
     return out / "report.html"
 
 
@@ -171,8 +178,10 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
     cmap = F.colors(order)
     evals = "; ".join(dict.fromkeys(f"{r.label}: {eval_text(r.spec)}"
                                     for r in runs.runs))
+    probed = [f"{r.label}: {text}" for r in runs.runs
+              if (text := probe_definition_text(r.results.run_dir)) is not None]
     return Section("Theory vs measurement", 2, (
-        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.",)),
+        Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         _table("Claims in their own terms", verdict_table(judged),
                "Paper's tier: McCandlish et al. (2018) B_simple at the goal within 10x of the "
                "fitted B_crit; Lee et al. (2021) the sparse/dense step ratio explained by "

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -48,17 +49,21 @@ def _cpu_model() -> str:
 
 def machine_key(workload: Workload) -> dict[str, Any]:
     """What a cached cost model is valid for: this machine, this torch, this workload (its data
-    set and model with their options; the pruning method does not change a dense step)."""
+    set and model with their options, and a factory's source digest; the pruning method does
+    not change a dense step)."""
     return {"host": platform.node(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
             "torch": str(torch.__version__),
             "workload": {"dataset": workload.dataset, "dataset_options": workload.dataset_options,
-                         "model": workload.model, "model_options": workload.model_options}}
+                         "model": workload.model, "model_options": workload.model_options,
+                         **{f"{kind}_digest": d for kind, d in workload.digests.items()}}}
 
 
 def cache_path(workload: Workload) -> Path:
     """The cache file of ``workload``'s cost model on this machine."""
     text = json.dumps(machine_key(workload), sort_keys=True)
-    name = f"{workload.dataset}-{workload.model}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    # an import path's colon and dots are not wanted in a file name
+    label = re.sub(r"[^A-Za-z0-9_-]", "_", f"{workload.dataset}-{workload.model}")
+    name = f"{label}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     return cache_dir() / "cost-models" / f"{name}.json"
 
 

@@ -17,11 +17,15 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 
-class ExecutorError(SparsescaleError):
+class ExecutorError(SparsescaleError, ValueError):
     """An executor cannot be created as asked (e.g. dask is not installed)."""
+
+
+class ExecutorIOError(SparsescaleIOError):
+    """The executor's cluster cannot be reached (a Dask scheduler's address): names the address."""
 
 
 def _init_worker() -> None:
@@ -99,7 +103,8 @@ class DaskExecutor(Executor):
             try:
                 self.client = Client(address, timeout="20s")
             except (OSError, TimeoutError) as exc:
-                raise ExecutorError(f"--dask {address}: cannot reach the scheduler ({exc})") from None
+                raise ExecutorIOError(f"--dask {address}: cannot reach the scheduler "
+                                      f"({exc})") from None
         self.executor: Executor = self.client.get_executor(pure=False)
 
     def submit(self, fn, *args, **kwargs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -30,8 +31,10 @@ from tqdm.auto import tqdm
 import theory
 import training
 from theory.errors import TheoryError
+from theory.functional import changed_by_eval_mode, probe_definition
 from training.config import ADAM_KEYS
 
+from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
 from experiments.store.schema import ProbeRow
 from experiments.spec.study import Spec
@@ -49,7 +52,8 @@ def probe_network(model: torch.nn.Module, dataset: training.Dataset,
     """Noise and smoothness of ``model`` at its current weights (``sparsescale probe``):
     ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
     ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
-    Lanczos steps) and ``loss``."""
+    Lanczos steps) and ``loss``, all of the network in eval mode
+    (``theory.functional.probe_definition``)."""
     examples = None if examples is None else min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
                                   hessian_examples=16)
@@ -159,6 +163,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
     todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
     if not todo:
         return lambda quiet: None
+    record_definition(Workload.of(spec).build_model(dataset, spec.seeds[0]), store.path.parent)
     # the same masks, bit for bit, as the runner gave the groups
     masks = Workload.of(spec).masks(dataset, ((s, seed) for s in todo for seed in spec.seeds))
     levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
@@ -180,6 +185,14 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
                 store.write_probes(sparsity, rows)
 
     return finish
+
+
+def record_definition(model: torch.nn.Module, run_dir: Path) -> None:
+    """Write what the probes of ``model`` measure (``theory.functional.probe_definition``) to
+    ``run_dir/PROBE_DEFINITION_FILE`` when eval mode changes the model (batch normalization,
+    dropout), for the report to state beside the probe values; otherwise write nothing."""
+    if changed_by_eval_mode(model):
+        (run_dir / PROBE_DEFINITION_FILE).write_text(probe_definition(model) + "\n")
 
 
 def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool = False,

@@ -16,9 +16,13 @@ import json
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
+from concurrent.futures import (
+    FIRST_COMPLETED, BrokenExecutor, Executor, Future, ThreadPoolExecutor, wait,
+)
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 import training
 from training.config import ADAM_KEYS
@@ -28,10 +32,12 @@ from experiments.run import timing
 from experiments.run.executors import (
     LocalPool, dask_executor, default_workers, local_pool, torch_threads,
 )
+from experiments.spec import factories
 from experiments.spec.plan import GroupPlan, plan, run_order
 from experiments.run.probes import start_probes
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
-from experiments.spec.study import Spec, check_against_dataset
+from experiments.spec.factories import Factory
+from experiments.spec.study import Spec, SpecError, with_workload
 from experiments.spec.study import load as load_spec
 from experiments.store.database import Store, open_store
 from experiments.run.workload import Mask, Workload
@@ -186,10 +192,18 @@ def study_info(spec: Spec) -> StudyInfo:
 def run_study(config: str | Path | Spec, out: str | Path | None = None,
               workers: int | None = None, executor: Executor | None = None,
               quiet: bool = False, dask: str | None = None, probes: bool = True,
-              report: bool = True, cost_model: bool = False) -> Path:
+              report: bool = True, cost_model: bool = False, model: Factory | None = None,
+              dataset: Factory | None = None) -> Path:
     """Run (or complete) the study ``config`` into ``out`` and return the run folder.
 
     ``config``: a TOML path, a bundled config name (``"quickstart"``) or a :class:`Spec`.
+    ``model`` / ``dataset``: replace the spec's ``[workload] model`` / ``dataset`` with a
+    registered name, an import path ``"module:factory"`` or the factory itself, a callable that
+    worker processes import by its ``module:qualname`` (:mod:`experiments.spec.factories`; one
+    defined in ``__main__`` or inside a function needs an in-process ``executor``, a
+    ``ThreadPoolExecutor``). A bad factory (it cannot be imported, raises, returns the wrong
+    type) raises :class:`experiments.spec.factories.FactoryError` or :class:`SpecError` before
+    anything is written.
     ``out``: default ``runs/<name>``. ``executor``: any ``concurrent.futures.Executor`` (not shut
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
@@ -204,8 +218,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     time per batch size go to ``timing.json`` (:mod:`experiments.run.timing`), printed unless
     ``quiet``.
     """
-    spec = config if isinstance(config, Spec) else load_spec(config)
-    out = Path(out) if out is not None else Path("runs") / spec.name
+    spec = (with_workload(config, model, dataset) if isinstance(config, Spec)
+            else load_spec(config, model, dataset))
+    check_in_process(spec, executor)
+    out = run_folder(spec, out)
     variants = spec.variants()
     clock = timing.PhaseClock()
     if len(variants) > 1:
@@ -218,10 +234,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         timing.record(out, clock, quiet)
         return out
 
-    workload = Workload.of(spec)
-    dataset = workload.load_dataset()
-    check_against_dataset(spec, dataset.n_train)
-    model = workload.build_model(dataset, spec.seeds[0])   # a bad option fails here, not in workers
+    workload, dataset, model = load_workload(spec)
     groups = plan(spec)
     with open_store(out, study_info(spec)) as store:
         done = store.done_keys()
@@ -280,6 +293,56 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             _write_report([out], out, quiet)
     timing.record(out, clock, quiet, trained)
     return out
+
+
+def run_folder(spec: Spec, out: str | Path | None = None) -> Path:
+    """The run folder of ``spec``: ``out``, by default ``runs/<name>``."""
+    return Path(out) if out is not None else Path("runs") / spec.name
+
+
+def load_workload(spec: Spec) -> tuple[Workload, training.Dataset, torch.nn.Module]:
+    """``spec``'s workload, its data set and the model of its first seed, built in this
+    process before anything is written or any worker starts, so that what fails on the
+    workload fails here, in one line: a batch size larger than the training set, a bad option,
+    a factory that cannot be imported, raises or returns the wrong type, or whose source is no
+    longer the one the spec was made from."""
+    workload = Workload.of(spec)
+    dataset = workload.load_dataset()
+    check_against_dataset(spec, dataset.n_train)
+    return workload, dataset, workload.build_model(dataset, spec.seeds[0])
+
+
+def check_against_dataset(spec: Spec, n_train: int) -> None:
+    """Checks that need the loaded data set: every batch size fits in the training set."""
+    problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
+                f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
+    for key in ("examples", "curvature_examples"):
+        value = getattr(spec.probes, key)
+        if value is not None and value > n_train:
+            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
+                            f"allowed: 2..{n_train}")
+    br = spec.branching
+    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
+    if br.enabled and br.k_max * base > n_train:
+        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
+                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
+    if problems:
+        raise SpecError(problems)
+
+
+def check_in_process(spec: Spec, executor: Executor | None) -> None:
+    """Refuse a factory that worker processes cannot import (defined in ``__main__`` or inside
+    a function) unless ``executor`` runs groups in this process (a ``ThreadPoolExecutor``)."""
+    if isinstance(executor, ThreadPoolExecutor):
+        return
+    for kind in ("dataset", "model"):
+        path = getattr(spec, kind)
+        if factories.in_process_only(path):
+            raise factories.FactoryError(
+                kind, f"{path} is defined in __main__ or inside a function, and worker processes "
+                      f"import a factory by its path: move it into a module (e.g. mymodels.py "
+                      f"beside the notebook or spec), or train in this process with "
+                      f"executor=concurrent.futures.ThreadPoolExecutor(n)")
 
 
 def measure_runs(spec: Spec, dataset: training.Dataset, store: Store, executor: Executor,

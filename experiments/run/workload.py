@@ -6,6 +6,9 @@ measure are the same, bit for bit:
 
 - the data set is loaded once per process (every group of a study shares it);
 - the model is ``training.models.build(model, dataset, seed=seed, **model_options)``;
+- a data set or model named by import path (``"module:factory"``) is imported by each process
+  itself, from its path and the spec's folders, and checked against the spec's digest of its
+  source (:mod:`experiments.spec.factories`): the factory is never shipped, only its name;
 - the mask of (sparsity, seed) is ``pruning.prune`` of that model's initialization with the
   study's pruning method (Lee et al. 2021 prune at initialization and keep the mask fixed),
   transformed by the series' sanity check if it has one (``experiments.spec.series.series_mask``).
@@ -27,6 +30,7 @@ import torch
 import pruning
 import training
 
+from experiments.spec import factories
 from experiments.spec.series import record_masks, series_label, series_mask
 from experiments.spec.study import Spec, canonical_json
 
@@ -35,8 +39,10 @@ Mask = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Workload:
-    """Names and options of a study's data set and model, its pruning method and the sanity
-    check of its pruning series (None: the criterion's own masks)."""
+    """Names (registered, or import paths) and options of a study's data set and model, its
+    pruning method and the sanity check of its pruning series (None: the criterion's own
+    masks); for factories by import path, their source digests by kind and the folders to
+    search after ``sys.path``."""
 
     dataset: str
     model: str
@@ -44,20 +50,27 @@ class Workload:
     model_options: dict[str, Any] = field(default_factory=dict)
     pruning_method: str = "snip"
     pruning_sanity: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)
+    folders: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, spec: Spec) -> "Workload":
         """The workload of a validated spec."""
         return cls(spec.dataset, spec.model, dict(spec.dataset_options), dict(spec.model_options),
-                   spec.pruning_method, spec.pruning_sanity)
+                   spec.pruning_method, spec.pruning_sanity, dict(spec.digests), spec.folders)
 
     def load_dataset(self) -> training.Dataset:
-        """The data set (cached per process)."""
-        return _dataset_cached(canonical_json({"dataset": self.dataset,
-                                               "options": self.dataset_options}))
+        """The data set (cached per process; a factory's by its digest too)."""
+        factory = ({"digest": self.digests.get("dataset"), "folders": list(self.folders)}
+                   if factories.is_path(self.dataset) else {})
+        return _dataset_cached(canonical_json(
+            {"dataset": self.dataset, "options": self.dataset_options, **factory}))
 
     def build_model(self, dataset: training.Dataset, seed: int) -> torch.nn.Module:
         """The model initialized with ``seed``."""
+        if factories.is_path(self.model):
+            return factories.build_model(self.model, dataset, seed, self.model_options,
+                                         self.folders, self.digests.get("model"))
         return training.models.build(self.model, dataset, seed=seed, **self.model_options)
 
     def pruned(self, dataset: training.Dataset, sparsity: float, seed: int
@@ -95,4 +108,6 @@ def _plain(mask: pruning.Mask | None) -> Mask | None:
 @functools.lru_cache(maxsize=4)
 def _dataset_cached(key: str) -> training.Dataset:
     d = json.loads(key)
+    if factories.is_path(d["dataset"]):
+        return factories.load_dataset(d["dataset"], d["options"], d["folders"], d["digest"])
     return training.data.load(d["dataset"], **d["options"])

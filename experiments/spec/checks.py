@@ -243,27 +243,6 @@ def registry(kind: str) -> list[str]:
     return list(pruning.list_methods())
 
 
-def workload(ck: Checker, raw: Mapping[str, Any]
-             ) -> tuple[str | None, str | None, dict[str, Any] | None, dict[str, Any] | None]:
-    """The ``[workload]`` table: (dataset, model, dataset_options, model_options), names from
-    the data set and model registries, options JSON-able (they are hashed into the spec)."""
-    wl = ck.table(raw, "workload", "workload", required=True)
-    dataset = model = None
-    dataset_options: dict[str, Any] | None = {}
-    model_options: dict[str, Any] | None = {}
-    if wl is not None:
-        ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options"))
-        dataset = ck.choice(wl.get("dataset"), "workload.dataset", registry("dataset"))
-        model = ck.choice(wl.get("model"), "workload.model", registry("model"))
-        dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
-        model_options = ck.table(wl, "model_options", "workload.model_options")
-        for options, path in ((dataset_options, "workload.dataset_options"),
-                              (model_options, "workload.model_options")):
-            if options is not None:
-                ck.plain(options, path)
-    return dataset, model, dataset_options, model_options
-
-
 def optimizers(ck: Checker, raw: Any) -> tuple[str | None, ...]:
     """``optimizer``: one name or a non-empty list of names."""
     names = raw if isinstance(raw, list) else [raw]

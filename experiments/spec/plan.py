@@ -87,18 +87,28 @@ def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
     return sorted(groups, key=lambda g: (-expected(g), g.key))
 
 
-def format_plan(spec: Spec, groups: list[GroupPlan]) -> str:
+def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = None) -> str:
     """The plan as text: one line per (sparsity, batch size) with its step budget, and the total
-    cost in trial-steps (an upper bound: every trial running its whole budget)."""
+    cost in trial-steps (an upper bound: every trial running its whole budget). A factory named
+    by import path is listed with its source digest. ``stored``: the keys of the groups a run
+    folder holds; each line then says whether its group is ``new`` (to train) or ``stored``."""
     lines = [f"study {spec.name!r}: {spec.dataset} / {spec.model} / {spec.optimizer}, goal "
              f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
+             *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
+               for kind, digest in sorted(spec.digests.items())),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
              f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
              f"{spec.trials} trials each",
-             f"{'sparsity':>8} {'batch':>6} {'max_steps':>9} {'trial-steps':>12}"]
+             f"{'sparsity':>8} {'batch':>6} {'max_steps':>9} {'trial-steps':>12}"
+             + (f" {'group':>6}" if stored is not None else "")]
     for g in groups:
-        lines.append(f"{g.sparsity:>8g} {g.batch_size:>6} {g.max_steps:>9} {g.cost:>12,}")
-    total = sum(g.cost for g in groups)
-    examples = sum(g.cost * g.batch_size for g in groups)
+        lines.append(f"{g.sparsity:>8g} {g.batch_size:>6} {g.max_steps:>9} {g.cost:>12,}"
+                     + (f" {'stored' if g.key in stored else 'new':>6}"
+                        if stored is not None else ""))
+    todo = [g for g in groups if stored is None or g.key not in stored]
+    total = sum(g.cost for g in todo)
+    examples = sum(g.cost * g.batch_size for g in todo)
+    if stored is not None:
+        lines.append(f"{len(todo)} new, {len(groups) - len(todo)} stored")
     lines.append(f"estimated cost: at most {total:,} trial-steps ({examples:,} examples)")
     return "\n".join(lines)

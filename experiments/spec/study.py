@@ -13,10 +13,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     seeds = [0]                         # replicate seeds (model init, masks, data order)
 
     [workload]
-    dataset = "mnist1d"                 # training.data.list_datasets()
+    dataset = "mnist1d"                 # training.data.list_datasets(), or "module:factory"
     dataset_options = {num_samples = 10000}
-    model = "mlp"                       # training.models.list_models()
-    model_options = {}
+    model = "mlp"                       # training.models.list_models(), or "module:factory"
+    model_options = {}                  # (experiments.spec.factories: your own, by import path)
 
     [goal]
     metric = "error"                    # error | loss
@@ -67,6 +67,15 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
+
+A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
+folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
+hashes part of it. The rule: a new spec key's default must leave existing hashes unchanged (omit
+the key from the canonical JSON when it has its default, as ``branching`` and
+``search_overrides`` are), and a change that moves a hash must update the golden files in the
+same commit and say why. ``tests/experiments/spec/test_golden_hashes.py`` pins the canonical
+JSON and hash of every bundled config and the key of one quickstart group
+(``tests/experiments/spec/golden/``).
 """
 
 from __future__ import annotations
@@ -82,16 +91,17 @@ from typing import Any
 
 from theory.probe_plan import BATCH_RULES
 from training.config import EvalSchedule, is_int
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
-from experiments.spec import checks
+from experiments.spec import checks, factories
 from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
 from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
+from experiments.spec.factories import Factory
 
 
-class SpecError(SparsescaleError):
+class SpecError(SparsescaleError, ValueError):
     """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
 
     def __init__(self, problems: list[str], source: str | None = None):
@@ -100,6 +110,10 @@ class SpecError(SparsescaleError):
         head = f"{source}: " if source else ""
         super().__init__(head + f"{len(self.problems)} problem(s) in the study spec:\n"
                          + "\n".join(self.problems))
+
+
+class SpecIOError(SparsescaleIOError):
+    """A study spec file cannot be read (missing, unreadable, a folder): names the path."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,14 +221,21 @@ class Spec(SpecCore):
     # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
     search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
     branching: Branching = Branching()
+    # by kind, the SHA-256 of each factory's source (experiments.spec.factories): in the hash
+    digests: dict[str, str] = field(default_factory=dict)
+    folders: tuple[str, ...] = field(default=(), compare=False)   # searched after sys.path
 
     def canonical(self) -> dict[str, Any]:
-        """The canonical JSON-able form (``study.spec_json``); its hash identifies the study."""
+        """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
+        A factory named by import path adds ``workload.<kind>_digest``; registered names add
+        nothing, so their hashes and group keys are those of every earlier version."""
         overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
                                            for o, t in sorted(self.search_overrides.items())}}
                      if self.search_overrides else {})   # only a multi-optimizer spec has them
+        core = self.core()
+        core["workload"].update({f"{kind}_digest": d for kind, d in self.digests.items()})
         return {
-            **self.core(),
+            **core,
             "pruning": {"method": self.pruning_method,
                         **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
             **({"series": self.series} if self.series else {}),
@@ -269,6 +290,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
                                    "seeds", "workload")}
+    raw["workload"], digests = factories.stored(c["workload"])
     raw["pruning"] = {k: v for k, v in c["pruning"].items() if k != "sanity"}
     check, series = c["pruning"].get("sanity"), c.get("series", "")
     raw["goal"] = {"metric": goal["metric"], "target": goal["target"],
@@ -281,7 +303,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     for table in ("eval", "probes", "branching"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
-    spec = validate(raw, toml_text=toml_text)
+    spec = validate(raw, toml_text=toml_text, digests=digests)
     if check is None and not series:
         return spec
     if (check is not None and check not in SANITY) or not isinstance(series, str):
@@ -305,9 +327,11 @@ TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "tr
             "executor")
 
 
-def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "") -> Spec:
+def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
+             folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None) -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
-    every problem."""
+    every problem. A factory named by import path is imported (from ``sys.path``, then
+    ``folders``) and its source digested; ``digests``: a stored spec's, taken as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
@@ -315,7 +339,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     if not isinstance(name, str) or not name:
         ck.add("name", f"found {name!r}; allowed: a non-empty string")
 
-    dataset, model, dataset_options, model_options = checks.workload(ck, raw)
+    dataset, model, dataset_options, model_options, found = factories.workload_table(
+        ck, raw, folders, digests)
     optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
     metric, target, comparison = checks.goal(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
@@ -416,29 +441,59 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds,
         probes=probes, branching=branch,
-        workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides)
+        workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
+        digests=found, folders=folders)
 
 
-def loads(text: str, source: str | None = None) -> Spec:
-    """Parse and validate TOML text."""
+def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None
+                  ) -> Spec:
+    """``spec`` with its model and / or data set replaced: a registered name, an import path
+    ``"module:factory"`` or a callable (:mod:`experiments.spec.factories`), checked as the
+    ``[workload]`` table is (:class:`SpecError`)."""
+    if model is None and dataset is None:
+        return spec
+    table = {"dataset": spec.dataset if dataset is None else dataset,
+             "model": spec.model if model is None else model,
+             "dataset_options": spec.dataset_options, "model_options": spec.model_options}
+    ck = Checker()
+    ds, mo, _, _, found = factories.workload_table(ck, {"workload": table}, spec.folders)
+    if ck.problems:
+        raise SpecError(ck.problems)
+    return replace(spec, dataset=ds, model=mo, digests=found)
+
+
+def loads(text: str, source: str | None = None, model: Factory | None = None,
+          dataset: Factory | None = None, folders: tuple[str, ...] = ()) -> Spec:
+    """Parse and validate TOML text. ``model`` / ``dataset``: replace ``[workload] model`` /
+    ``dataset`` (which the text may then leave out), as in :func:`with_workload`; ``folders``:
+    where factory modules may be found after ``sys.path``."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([f"(toml): not valid TOML: {exc}"], source) from None
-    return validate(raw, source, text)
+    given = {k: v for k, v in (("model", model), ("dataset", dataset)) if v is not None}
+    if given and isinstance(raw.get("workload", {}), dict):
+        raw["workload"] = {**raw.get("workload", {}), **given}
+    return validate(raw, source, text, folders)
 
 
-def load(path: str | Path) -> Spec:
-    """Read and validate a TOML study file (a bare name is looked up in the bundled configs)."""
+def load(path: str | Path, model: Factory | None = None, dataset: Factory | None = None
+         ) -> Spec:
+    """Read and validate a TOML study file (a bare name is looked up in the bundled configs).
+    A factory named by import path is found on ``sys.path``, else in the file's folder (not a
+    bundled config's). ``model`` / ``dataset``: as in :func:`loads`. A file that cannot be read
+    raises :class:`SpecIOError`, an invalid spec :class:`SpecError`."""
     p = resolve_config(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([f"(file): cannot read {p}: {exc.strerror}"], str(p)) from None
+        raise SpecIOError(f"cannot read the study spec {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise SpecError([f"(file): cannot read {p}: not UTF-8 text (byte {exc.start}); a study "
                          "spec is a TOML file"], str(p)) from None
-    return loads(text, str(p))
+    folder = p.resolve().parent
+    return loads(text, str(p), model, dataset,
+                 () if folder == CONFIG_DIR else (str(folder),))
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -456,21 +511,3 @@ def resolve_config(path: str | Path) -> Path:
         return p
     bundled = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
     return bundled if bundled.exists() else p
-
-
-def check_against_dataset(spec: Spec, n_train: int) -> None:
-    """Checks that need the loaded data set: every batch size fits in the training set."""
-    problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
-                f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
-    for key in ("examples", "curvature_examples"):
-        value = getattr(spec.probes, key)
-        if value is not None and value > n_train:
-            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
-                            f"allowed: 2..{n_train}")
-    br = spec.branching
-    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
-    if br.enabled and br.k_max * base > n_train:
-        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
-                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
-    if problems:
-        raise SpecError(problems)

@@ -9,6 +9,11 @@ transaction each. A store written before a table existed gains it when opened fo
 reads as an empty table with the table's columns when only read. The ``study`` table holds exactly one row; opening a folder whose store was
 made from a different spec (a different ``spec_hash``) is refused, so studies never mix.
 
+Every refusal is a :class:`StoreError`, of one of two kinds: :class:`StoreContentError` (a
+``ValueError``: the folder holds another study, another program's file, a corrupt store or no
+store) or :class:`StoreIOError` (an ``OSError``: the store is locked or in use by another
+process, the run folder is read-only, the disk is full). Each names the store's path.
+
 Readers use :func:`load_results`, which returns pandas DataFrames sorted by their natural keys (so
 two stores with the same contents load identically, whatever order the groups finished in).
 """
@@ -30,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from training.config import ADAM_KEYS
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec.external import StudySpec, external_spec, is_external
 from experiments.store.schema import (
@@ -43,7 +48,18 @@ DB_NAME = "results.sqlite"
 
 
 class StoreError(SparsescaleError):
-    """The store cannot be opened or written as asked (e.g. it holds a different study)."""
+    """The store cannot be opened, read or written as asked: a :class:`StoreContentError` or a
+    :class:`StoreIOError` (catch this class for both; it is never raised itself)."""
+
+
+class StoreContentError(StoreError, ValueError):
+    """What the run folder holds cannot be used: a different study, another program's file, a
+    corrupt store, no store (or no study) yet, rows of another version; or a bad row to write."""
+
+
+class StoreIOError(StoreError, SparsescaleIOError):
+    """The store file cannot be opened, locked or written: in use or locked by another process,
+    a read-only run folder, a full disk, a run folder that cannot be made. Names the path."""
 
 
 def lib_version() -> str:
@@ -68,20 +84,26 @@ def _none_if_nan(x: float | None) -> float | None:
     return None if x is None or x != x else float(x)
 
 
-def explain(path: Path, exc: BaseException) -> str:
-    """One line saying why the store at ``path`` cannot be used, from an OSError or SQLite error."""
+def failure(path: Path, exc: BaseException, action: str = "write") -> StoreError:
+    """The error saying in one line why the store at ``path`` cannot be used, from an OSError or
+    SQLite error: a :class:`StoreContentError` for a file that is no store of ours (corrupt, or
+    another program's), else a :class:`StoreIOError` (full disk, locked, read-only or otherwise
+    unusable). ``action``: what was tried, "write" or "read"."""
     msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-        return (f"{path} is not a sparsescale results store ({msg}: corrupt, or another "
-                f"program's file); move it away or choose another --out folder")
+        return StoreContentError(f"{path} is not a sparsescale results store ({msg}: corrupt, or "
+                                 f"another program's file); move it away or choose another "
+                                 f"--out folder")
     if "full" in msg or getattr(exc, "errno", None) == errno.ENOSPC:   # SQLITE_FULL / ENOSPC
-        return (f"cannot write the results store {path}: the disk is full ({msg}); free some "
-                f"space or choose another --out folder")
+        return StoreIOError(f"cannot write the results store {path}: the disk is full ({msg}); "
+                            f"free some space or choose another --out folder")
     if "locked" in msg:
-        return (f"{path} is locked by another process ({msg}); wait for it or choose another "
-                f"--out folder")
-    return (f"cannot write the results store {path}: {msg} (is the run folder read-only?); "
-            f"choose a writable --out folder")
+        return StoreIOError(f"{path} is locked by another process ({msg}); wait for it or "
+                            f"choose another --out folder")
+    if action == "read":
+        return StoreIOError(f"cannot read the results store {path}: {msg}")
+    return StoreIOError(f"cannot write the results store {path}: {msg} (is the run folder "
+                        f"read-only?); choose a writable --out folder")
 
 
 def check_is_store(conn: sqlite3.Connection, path: Path, empty_ok: bool = True) -> None:
@@ -89,10 +111,12 @@ def check_is_store(conn: sqlite3.Connection, path: Path, empty_ok: bool = True) 
     first run killed at once): the writer makes it, a reader has nothing to read."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not tables and not empty_ok:
-        raise StoreError(f"{path} holds no study yet: run a study into {path.parent} first")
+        raise StoreContentError(f"{path} holds no study yet: run a study into {path.parent} "
+                                f"first")
     if tables and "study" not in tables:
-        raise StoreError(f"{path} is not a sparsescale results store (it holds the tables "
-                         f"{', '.join(sorted(tables))}); choose another --out folder")
+        raise StoreContentError(f"{path} is not a sparsescale results store (it holds the "
+                                f"tables {', '.join(sorted(tables))}); choose another --out "
+                                f"folder")
 
 
 def _flock_holder(path: Path) -> str:
@@ -114,21 +138,24 @@ class Store:
     The writer holds an exclusive ``flock`` on the store file while it is open, so a second
     driver on the same run folder is refused at once; the kernel drops the lock when the
     process ends, however it ends. A store that is locked, corrupt, another program's, in a
-    read-only folder or on a full disk raises :class:`StoreError` naming the reason.
+    read-only folder or on a full disk raises :class:`StoreError` naming the reason
+    (:class:`StoreIOError` for locked, in use, read-only and full; :class:`StoreContentError` for
+    corrupt, another program's or another study's).
     """
 
     def __init__(self, run_dir: str | Path, create: bool = True):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
         if not create and not self.path.exists():
-            raise StoreError(f"no results store at {self.path}: run a study into {self.run_dir} first")
+            raise StoreContentError(f"no results store at {self.path}: run a study into "
+                                    f"{self.run_dir} first")
         self._lock_fd: int | None = None
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # autocommit mode: every write is wrapped in an explicit BEGIN IMMEDIATE ... COMMIT
             self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(explain(self.path, exc)) from None
+            raise failure(self.path, exc) from None
         try:
             self._lock()
             check_is_store(self.conn, self.path)
@@ -139,8 +166,8 @@ class Store:
             self._write(_add_columns)
         except BaseException as exc:
             self.close()
-            if isinstance(exc, (OSError, sqlite3.Error)):
-                raise StoreError(explain(self.path, exc)) from None
+            if isinstance(exc, (OSError, sqlite3.Error)) and not isinstance(exc, StoreError):
+                raise failure(self.path, exc) from None
             raise
 
     def _lock(self) -> None:
@@ -151,9 +178,10 @@ class Store:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"{self.path} is in use by another process{_flock_holder(self.path)}: "
-                             f"a study is already running into {self.run_dir}; wait for it or "
-                             f"choose another --out folder") from None
+            raise StoreIOError(f"{self.path} is in use by another process"
+                               f"{_flock_holder(self.path)}: a study is already running into "
+                               f"{self.run_dir}; wait for it or choose another --out "
+                               f"folder") from None
         self._lock_fd = fd
 
     def close(self) -> None:
@@ -182,7 +210,7 @@ class Store:
                 raise
             cur.execute("COMMIT")
         except sqlite3.OperationalError as exc:   # disk full, read-only, locked: say which
-            raise StoreError(explain(self.path, exc)) from exc
+            raise failure(self.path, exc) from exc
 
     # -- study ---------------------------------------------------------------------------------
 
@@ -196,10 +224,7 @@ class Store:
         existing = self.study()
         if existing is not None:
             if existing.spec_hash != info.spec_hash:
-                raise StoreError(
-                    f"{self.path} holds a different study ({existing.name!r}, spec hash "
-                    f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
-                    f"{info.spec_hash[:12]}); studies are never mixed: choose another --out folder")
+                raise StoreContentError(other_study(self.path, existing, info))
             return
         self._write(lambda c: c.execute(
             "INSERT INTO study (id, name, spec_toml, spec_hash, spec_json, created, lib_version, "
@@ -216,7 +241,7 @@ class Store:
     def write_group(self, rec: GroupRecord) -> None:
         """Write one group (replacing an earlier failed attempt) in one transaction."""
         if rec.status not in ("done", "failed"):
-            raise StoreError(f"group status {rec.status!r}; allowed: done, failed")
+            raise StoreContentError(f"group status {rec.status!r}; allowed: done, failed")
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
@@ -254,7 +279,8 @@ class Store:
         """Write all probe rows of one sparsity level in one transaction (replacing old ones)."""
         bad = sorted({r.quantity for r in rows} - set(PROBE_QUANTITIES))
         if bad:
-            raise StoreError(f"probe quantities {bad}; allowed: {', '.join(PROBE_QUANTITIES)}")
+            raise StoreContentError(f"probe quantities {bad}; allowed: "
+                                    f"{', '.join(PROBE_QUANTITIES)}")
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
@@ -304,6 +330,56 @@ class Store:
         return _read_frame(self.conn, table)
 
 
+def other_study(path: Path, existing: StudyInfo, info: StudyInfo) -> str:
+    """Why the store at ``path``, holding ``existing``, refuses the study ``info``: the keys
+    their specs differ in (a changed factory digest: the factory's code changed)."""
+    try:
+        keys = _differences(json.loads(existing.spec_json), json.loads(info.spec_json))
+    except json.JSONDecodeError:
+        keys = []
+    code = (" (the factory module's code changed since: a new study, whose groups are all new)"
+            if keys and all(k.endswith("_digest") for k in keys) else "")
+    listed = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+    differ = f"; they differ in {listed}" if keys else ""
+    return (f"{path} holds a different study ({existing.name!r}, spec hash "
+            f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
+            f"{info.spec_hash[:12]}){differ}{code}; studies are never mixed: choose another "
+            f"--out folder")
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted key paths where two canonical specs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b))
+                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)]
+    return [] if a == b else [prefix or "(spec)"]
+
+
+def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
+    """The study row and the keys of the finished groups of the store in ``run_dir``, read
+    without writing anything; ``(None, set())`` where there is no store yet."""
+    path = Path(run_dir) / DB_NAME
+    if not path.exists():
+        return None, set()
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(explain(path, exc)) from None
+    try:
+        check_is_store(conn, path)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "study" not in tables:
+            return None, set()
+        row = conn.execute(
+            "SELECT name, spec_toml, spec_hash, spec_json FROM study WHERE id = 1").fetchone()
+        keys = {r[0] for r in conn.execute("SELECT key FROM groups WHERE status = 'done'")}
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(explain(path, exc)) from None
+    finally:
+        conn.close()
+    return (StudyInfo(*row) if row else None), keys
+
+
 def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
@@ -339,7 +415,7 @@ def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
 
 def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:
     """Open (creating if needed) the store in ``run_dir``; with ``study``, record it or refuse a
-    store that holds a different study (:class:`StoreError`)."""
+    store that holds a different study (:class:`StoreContentError`)."""
     store = Store(run_dir)
     if study is not None:
         try:
@@ -389,27 +465,28 @@ def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
         spec = parse(canonical, toml_text=str(row["spec_toml"]))
     except (SpecError, KeyError, TypeError, json.JSONDecodeError) as exc:
         reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else repr(exc)
-        raise StoreError(f"{path}: the stored spec is not a valid study spec ({reason}); was "
-                         f"it written by another sparsescale version?") from None
+        raise StoreContentError(f"{path}: the stored spec is not a valid study spec ({reason}); "
+                                f"was it written by another sparsescale version?") from None
     if spec.hash != row["spec_hash"]:
-        raise StoreError(f"{path}: the stored spec does not give its stored hash "
-                         f"({row['spec_hash'][:12]}); was it written by another sparsescale "
-                         f"version?")
+        raise StoreContentError(f"{path}: the stored spec does not give its stored hash "
+                                f"({row['spec_hash'][:12]}); was it written by another "
+                                f"sparsescale version?")
     return spec
 
 
 def load_results(run_dir: str | Path) -> Results:
     """Read the store in ``run_dir`` into a :class:`Results` (frames sorted by natural keys).
 
-    Raises :class:`StoreError` if ``run_dir`` holds no store.
+    Raises :class:`StoreContentError` if ``run_dir`` holds no store (or no study, or not ours),
+    :class:`StoreIOError` if the store cannot be read.
     """
     path = Path(run_dir) / DB_NAME
     if not path.exists():
-        raise StoreError(f"no results store at {path}: run a study into {run_dir} first")
+        raise StoreContentError(f"no results store at {path}: run a study into {run_dir} first")
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as exc:
-        raise StoreError(explain(path, exc)) from None
+        raise failure(path, exc, "read") from None
     try:
         check_is_store(conn, path, empty_ok=False)
         frames = {table: _read_frame(conn, table) for table in COLUMNS}
@@ -418,10 +495,11 @@ def load_results(run_dir: str | Path) -> Results:
         frames["predictions"] = (pd.read_sql_query("SELECT * FROM predictions", conn)
                                  if has_pred else pd.DataFrame())
     except sqlite3.DatabaseError as exc:
-        raise StoreError(explain(path, exc)) from None
+        raise failure(path, exc, "read") from None
     except pd.errors.DatabaseError as exc:   # pandas wraps errors of its queries
-        raise StoreError(f"{path}: cannot read the results ({str(exc).splitlines()[0]}); was it "
-                         f"written by another sparsescale version?") from None
+        raise StoreContentError(f"{path}: cannot read the results "
+                                f"({str(exc).splitlines()[0]}); was it written by another "
+                                f"sparsescale version?") from None
     finally:
         conn.close()
     return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path), **frames)

@@ -9,6 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 import pruning
+import training
 from pruning import PruningError, criteria, prunable_parameters
 from pruning.select import top_k_mask
 
@@ -166,7 +167,8 @@ def test_bad_arguments(teacher, small_mlp):
         pruning.prune(small_mlp, "synflow", 0.5)
     with pytest.raises(PruningError, match="scope 'all'"):
         pruning.prune(small_mlp, "magnitude", 0.5, scope="all")
-    with pytest.raises(PruningError, match="dataset must be a training.Dataset"):
+    with pytest.raises(training.DataError, match="prune: dataset must be a training.Dataset, "
+                                                 "got Tensor; build one with"):
         pruning.prune(small_mlp, "snip", 0.5, dataset=teacher.x_train)
     with pytest.raises(PruningError, match="GraSP temperature"):
         pruning.prune(small_mlp, "grasp", 0.5, dataset=teacher, temperature=0)

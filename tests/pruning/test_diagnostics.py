@@ -122,7 +122,8 @@ def test_prune_warns_on_collapse_only(mnist1d, mlp):
                                                   r"100 % pruned \(kept 0 of 10000\)") as caught:
         pruning.prune(mlp, "magnitude", 0.99)
     assert caught[0].filename == __file__   # attributed to the caller of prune
-    assert issubclass(LayerCollapseWarning, training.SparsescaleError)
+    assert issubclass(LayerCollapseWarning, training.SparsescaleWarning)
+    assert not issubclass(LayerCollapseWarning, training.SparsescaleError)
 
 
 def test_pruned_biases_are_not_collapse(small_mlp):

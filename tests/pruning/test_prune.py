@@ -176,3 +176,28 @@ def test_imp_train_fn_must_return_the_trained_model(small_mlp):
     with pytest.raises(pruning.PruningError, match="imp train_fn must return the trained "
                                                    "nn.Module, got NoneType"):
         pruning.prune(small_mlp, "imp", 0.5, rounds=1, train_fn=lambda model, mask: None)
+
+
+@pytest.mark.parametrize("kind", ["TensorDataset", "tuple"])
+def test_prune_refuses_what_is_not_a_dataset_naming_the_constructors(small_mlp, teacher, kind):
+    pair = (teacher.x_train, teacher.y_train)
+    bad = torch.utils.data.TensorDataset(*pair) if kind == "TensorDataset" else pair
+    with pytest.raises(training.DataError) as info:
+        pruning.prune(small_mlp, "snip", 0.5, dataset=bad)
+    assert str(info.value) == (f"prune: dataset must be a training.Dataset, got {kind}; build one "
+                               f"with training.Dataset.from_torch(...) or "
+                               f"training.Dataset.from_tensors(x, y)")
+
+
+def test_prune_checks_the_model_before_scoring(teacher):
+    with pytest.raises(training.ModelError, match="prune: model must be a torch.nn.Module, got "
+                                                  "dict"):
+        pruning.prune({"w": torch.zeros(3)}, "magnitude", 0.5)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 7))  # teacher has 4 classes
+    calls = []
+    net.register_forward_pre_hook(lambda module, args: calls.append(tuple(args[0].shape)))
+    with pytest.raises(training.ModelError) as info:
+        pruning.prune(net, "snip", 0.5, dataset=teacher)
+    assert str(info.value) == ("prune: model outputs [1, 7] for one example but the data set has "
+                               "4 classes: the last layer must have 4 outputs")
+    assert calls == [(1, 20)]  # the check's one example: nothing was scored

@@ -9,7 +9,7 @@ import pytest
 import experiments
 import pruning
 import training
-from experiments.spec.study import SpecError, load, loads
+from experiments.spec.study import SpecError, SpecIOError, load, loads
 
 from .conftest import NoTraining, edit
 
@@ -180,8 +180,10 @@ def test_broken_data_files_refuse_the_study_before_any_write(broken, file, words
 
 def test_unreadable_spec_files_raise_spec_error(tmp_path):
     missing = tmp_path / "nowhere.toml"
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecIOError, match=f"cannot read the study spec {missing}"):   # an OSError
         load(missing)
+    with pytest.raises(SpecIOError, match="cannot read"):   # a folder
+        load(tmp_path)
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"name = \"\xff\xfe\x00\"\n")
     with pytest.raises(SpecError) as info:

@@ -1,8 +1,8 @@
 """The run folder: a store that is locked, corrupt, foreign or from another spec, a read-only
 folder and a full disk are each refused with one clear line before any training starts, and the
-refusal writes nothing."""
+refusal writes nothing. What the folder holds is bad input (StoreContentError, a ValueError); a
+store that cannot be used is a storage failure (StoreIOError, an OSError)."""
 
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -15,16 +15,18 @@ import pytest
 
 import experiments
 from experiments.cli import main as cli
-from experiments.store.database import DB_NAME, StoreError
+from experiments.store.database import DB_NAME, StoreContentError, StoreError, StoreIOError
 
 from .conftest import SPEC, NoTraining, edit, snapshot
 
 
-def refused(spec_file, out) -> str:
-    """Run the study into ``out`` expecting a StoreError before any training; its message."""
+def refused(spec_file, out, kind: type[StoreError]) -> str:
+    """Run the study into ``out`` expecting a StoreError of ``kind`` before any training; its
+    message."""
     with pytest.raises(StoreError) as info:
         experiments.run_study(spec_file, out=out, executor=NoTraining(), quiet=True, report=False)
     message = str(info.value)
+    assert type(info.value) is kind, (type(info.value), message)
     assert "\n" not in message, message
     return message
 
@@ -51,7 +53,7 @@ def test_store_from_another_spec_is_refused_untouched(finished, tmp_path):
     other = tmp_path / "other.toml"
     other.write_text(edit("target = 0.3", "target = 0.25"))
     before = snapshot(run_dir)
-    message = refused(other, run_dir)
+    message = refused(other, run_dir, StoreContentError)
     assert "holds a different study" in message and "another --out folder" in message
     assert snapshot(run_dir) == before
 
@@ -72,10 +74,10 @@ def test_corrupt_or_foreign_store_is_refused_untouched(finished, tmp_path, damag
         con.commit()
         con.close()
     before = snapshot(run_dir)
-    message = refused(spec, run_dir)
+    message = refused(spec, run_dir, StoreContentError)
     assert str(db) in message and "not a sparsescale results store" in message, message
     assert snapshot(run_dir) == before
-    with pytest.raises(StoreError, match="not a sparsescale results store"):
+    with pytest.raises(StoreContentError, match="not a sparsescale results store"):
         experiments.load_results(run_dir)
 
 
@@ -83,7 +85,7 @@ def test_empty_store_left_by_a_run_killed_at_once_is_completed(spec_file, tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / DB_NAME).touch()   # SQLite had created the file, nothing more
-    with pytest.raises(StoreError, match="holds no study yet"):
+    with pytest.raises(StoreContentError, match="holds no study yet"):
         experiments.load_results(run_dir)
     experiments.run_study(spec_file, out=run_dir, executor=ThreadPoolExecutor(1), quiet=True,
                           report=False)
@@ -103,32 +105,16 @@ def test_store_errors_reach_the_command_line_as_one_line(tmp_path, spec_file, ca
         assert "not a sparsescale results store" in err, err
 
 
-# A second driver on the same folder: it has reached training and waits there forever.
-HOLDER = textwrap.dedent("""\
-    import sys, threading
-    from concurrent.futures import Executor
-    import experiments
-
-    class Hold(Executor):
-        def submit(self, fn, *args, **kwargs):
-            print("training", flush=True)
-            threading.Event().wait()
-
-    experiments.run_study(sys.argv[1], out=sys.argv[2], executor=Hold(), quiet=True,
-                          report=False)
-    """)
-
-
-def test_folder_in_use_by_another_driver_is_refused_then_freed_by_its_death(spec_file, tmp_path):
+def test_folder_in_use_by_another_driver_is_refused_then_freed_by_its_death(
+        spec_file, tmp_path, driver_holding):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(spec_file), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = driver_holding(spec_file, out)
     try:
-        assert holder.stdout.readline() == "training\n", holder.stderr.read()
         start = time.monotonic()
-        message = refused(spec_file, out)
+        message = refused(spec_file, out, StoreIOError)
         assert time.monotonic() - start < 20   # refused at once, not after a lock timeout
         assert "in use" in message and str(holder.pid) in message, message
+        assert str(out / DB_NAME) in message, message
     finally:
         holder.kill()
         holder.wait()
@@ -136,33 +122,6 @@ def test_folder_in_use_by_another_driver_is_refused_then_freed_by_its_death(spec
     run_dir = experiments.run_study(spec_file, out=out, executor=ThreadPoolExecutor(1),
                                     quiet=True, report=False)
     assert set(experiments.load_results(run_dir).groups.status) == {"done"}
-
-
-def _immutable(path, on: bool) -> bool:
-    """Set / clear the ext* immutable attribute (even root cannot create files in such a folder)."""
-    proc = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
-    return proc.returncode == 0
-
-
-@pytest.fixture
-def read_only():
-    """Make a folder read-only for this process: chmod for an ordinary user, the immutable
-    attribute for root (root ignores permission bits); always restored."""
-    made = []
-
-    def make(path):
-        if os.geteuid() != 0:
-            path.chmod(0o555)
-        elif not (shutil.which("chattr") and _immutable(path, True)):
-            pytest.skip("running as root on a file system without chattr +i support")
-        made.append(path)
-
-    yield make
-    for path in made:
-        if os.geteuid() == 0:
-            _immutable(path, False)
-        else:
-            path.chmod(0o755)
 
 
 @pytest.mark.parametrize("state", ["empty", "finished"])
@@ -174,14 +133,14 @@ def test_read_only_run_folder_is_refused_before_training(finished, tmp_path, rea
         run_dir.mkdir()
     read_only(run_dir)
     before = snapshot(run_dir)
-    message = refused(spec, run_dir)
+    message = refused(spec, run_dir, StoreIOError)
     assert str(run_dir) in message and "cannot write" in message, message
     assert snapshot(run_dir) == before
 
 
 def test_run_folder_below_a_file_is_refused(spec_file, tmp_path):
     (tmp_path / "plain").write_text("a file, not a folder")
-    message = refused(spec_file, tmp_path / "plain" / "run")
+    message = refused(spec_file, tmp_path / "plain" / "run", StoreIOError)
     assert "cannot write" in message and "plain" in message
 
 
@@ -200,7 +159,7 @@ FULL = textwrap.dedent("""\
         experiments.run_study(sys.argv[1], out=sys.argv[2], executor=NoTraining(), quiet=True,
                               report=False)
     except experiments.StoreError as exc:
-        print("StoreError:", exc)
+        print(f"{type(exc).__name__}:", exc)
     """)
 
 
@@ -223,5 +182,5 @@ def test_full_disk_is_refused_before_training(spec_file, tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert "TRAINING STARTED" not in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("StoreError: "), proc.stdout + proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("StoreIOError: "), proc.stdout + proc.stderr
     assert "disk" in lines[0] and "run" in lines[0], lines[0]

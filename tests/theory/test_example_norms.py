@@ -42,6 +42,18 @@ def test_mlp_moments_match_per_example_gradients_with_a_mask(teacher):
     assert_same(gradient_group_moments(fl, chunk=17, groups=7), materialized(fl, 7))
 
 
+def test_dropout_networks_take_the_shortcut_in_eval_mode(teacher):
+    """Dropout is the identity in the eval mode the probes define, so a dropout MLP left in
+    train mode gets its moments from norms, equal to the materialized eval-mode gradients."""
+    torch.manual_seed(5)
+    d = teacher.x_train.shape[1]
+    net = nn.Sequential(nn.Linear(d, 12), nn.ReLU(), nn.Dropout(0.5), nn.Linear(12, 4)).double()
+    fl = flat_loss(net, teacher)
+    assert weighted_layers(net) is not None and chunk_moments(fl, fl.x, fl.y) is not None
+    assert_same(gradient_group_moments(fl, chunk=40, groups=5), materialized(fl, 5))
+    assert net.training
+
+
 def test_one_chunk_gives_count_mean_and_sum_of_squared_deviations(teacher):
     net = training.models.build("mlp", teacher, hidden=(12,))
     fl = flat_loss(net, teacher)

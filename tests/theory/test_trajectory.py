@@ -136,3 +136,19 @@ def test_bad_arguments_are_named(tiny):
         probe_trajectory(net, ds, TRIAL, {"batch_size": 8}, steps=[0], horizon=10)
     with pytest.raises(TheoryError, match="horizon"):
         probe_trajectory(net, ds, TRIAL, RUN, steps=[0], horizon=0)
+
+
+def test_replayed_states_carry_the_running_statistics():
+    """A BatchNorm network's probed states hold the running statistics the run had at that step
+    (the reference run to the same step), not the initial ones."""
+    from torch import nn
+
+    ds = training.data.load("teacher", n=200, dim=8, num_classes=3, seed=1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    run = training.RunConfig(16, max_steps=7, seed=2)
+    states = replay_states(net, ds, TRIAL, run, [3, 7], trial_index=1)
+    ref = training.train_reference(net, ds, TRIAL, run, trial_index=1)
+    assert torch.equal(states[7]["1.running_mean"], ref.buffers["1.running_mean"])
+    assert int(states[3]["1.num_batches_tracked"]) == 3
+    assert not torch.equal(states[3]["1.running_var"], torch.ones(16))

@@ -197,3 +197,228 @@ def test_dataset_to_dtype_keeps_labels():
     assert ds.x_train.dtype == torch.float64 and ds.y_train.dtype == torch.long
     reg = training.data.load("linreg").to(dtype=torch.float64)
     assert reg.y_train.dtype == torch.float64
+
+
+# ---------------------------------------------------------------------------------------------
+# your own data: Dataset.from_tensors and Dataset.from_torch
+
+
+def random_images(n=60, classes=4, seed=0):
+    """A small real-looking image set: n 1 x 8 x 8 uint8 images (numpy) and int labels."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 256, size=(n, 1, 8, 8), dtype=np.uint8),
+            rng.integers(0, classes, size=n))
+
+
+def same_data(a, b):
+    """Two Datasets hold the same splits, task, classes and input shape."""
+    assert (a.task, a.num_classes, a.input_shape) == (b.task, b.num_classes, b.input_shape)
+    for split in ("x_train", "y_train", "x_val", "y_val"):
+        u, v = getattr(a, split), getattr(b, split)
+        assert u.dtype == v.dtype and torch.equal(u, v), split
+
+
+def test_from_tensors_splits_exactly_as_a_registered_loader(tmp_path):
+    """The same pool and seed give the registered MNIST loader's split, bit for bit."""
+    data = make_idx_folder(tmp_path, n_train=50)
+    ds = training.data.load("mnist", root=tmp_path, val_fraction=0.2, seed=3)
+    x = torch.tensor(data["train"][0], dtype=torch.float32).div_(255.0).unsqueeze(1)
+    own = training.Dataset.from_tensors(x.numpy(), data["train"][1], val_fraction=0.2, seed=3,
+                                        num_classes=10)
+    same_data(own, ds)
+    assert own.name == "tensors" and own.provenance["split_seed"] == 3
+    assert (own.n_train, own.n_val) == (40, 10)
+    assert own.provenance["source"] == "tensors" and own.provenance["examples"] == 50
+    other = training.Dataset.from_tensors(x, torch.as_tensor(data["train"][1]), seed=4)
+    assert not torch.equal(other.x_val, own.x_val[:5])  # the seed picks the split
+
+
+def test_from_tensors_infers_the_task_from_the_labels():
+    x, y = random_images()
+    cls = training.Dataset.from_tensors(x, y)
+    assert cls.task == "classification" and cls.num_classes == int(y.max()) + 1
+    assert cls.x_train.dtype == torch.float32 and cls.y_train.dtype == torch.int64
+    # the split: the first round(60 * 0.1) of a permutation seeded with seed=0 are validation
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cls.x_train, torch.tensor(x, dtype=torch.float32)[perm[6:]])
+    assert torch.equal(cls.y_val, torch.tensor(y)[perm[:6]])
+    assert cls.input_shape == (1, 8, 8) and (cls.n_train, cls.n_val) == (54, 6)
+    assert training.Dataset.from_tensors(x, y, num_classes=7).num_classes == 7
+    # float labels: regression, an [n, 1] column flattened to [n]
+    targets = np.linspace(-1, 1, 60)[:, None]
+    reg = training.Dataset.from_tensors(x, targets, name="heights")
+    assert reg.task == "regression" and reg.num_classes == 0 and reg.name == "heights"
+    assert reg.y_train.dtype == torch.float32 and reg.y_train.shape == (54,)
+    # stated tasks: whole-number floats as classes, integers as regression targets
+    stated = training.Dataset.from_tensors(x, y.astype(np.float64), task="classification")
+    same_data(stated, cls)
+    counts = training.Dataset.from_tensors(x, y, task="regression")
+    assert counts.task == "regression" and counts.y_train.dtype == torch.float32
+
+
+def test_from_tensors_given_validation_is_used_as_given_and_owned():
+    x, y = random_images()
+    xv, yv = torch.randn(10, 1, 8, 8), torch.arange(10) % 4
+    ds = training.Dataset.from_tensors(torch.tensor(x), torch.tensor(y), x_val=xv, y_val=yv)
+    assert torch.equal(ds.x_val, xv) and torch.equal(ds.y_val, yv)
+    assert torch.equal(ds.x_train, torch.tensor(x, dtype=torch.float32))
+    assert ds.provenance["validation"] == "given" and (ds.n_train, ds.n_val) == (60, 10)
+    xv[0] = 99.0  # the data set holds its own copy
+    assert float(ds.x_val[0].max()) < 99.0
+
+
+def test_from_tensors_digest_tells_data_sets_apart():
+    x, y = random_images()
+    digest = training.Dataset.from_tensors(x, y).provenance["digest"]
+    assert len(digest) == 16
+    assert training.Dataset.from_tensors(x.copy(), y.copy(), seed=5).provenance["digest"] == digest
+    changed = x.copy()
+    changed[7, 0, 3, 3] ^= 1
+    assert training.Dataset.from_tensors(changed, y).provenance["digest"] != digest
+    assert training.Dataset.from_tensors(x.reshape(60, 64), y).provenance["digest"] != digest
+
+
+X, Y = torch.randn(20, 3), torch.arange(20) % 2
+BAD_TENSORS = [
+    (dict(x=X[:19]), "x has 19 examples but y has 20 labels"),
+    (dict(x=X.tolist()), "x must be a torch.Tensor or a numpy array, got list"),
+    (dict(y=np.array(["a"] * 20)), "y has numpy dtype <U1; expected numbers"),
+    (dict(x=torch.zeros(0, 3), y=torch.zeros(0, dtype=torch.long)), r"x is empty \(0 examples\)"),
+    (dict(x=torch.zeros(20, 0)), r"x's examples are empty: shape \(20, 0\)"),
+    (dict(x=torch.tensor(1.0)), "x is a scalar"),
+    (dict(x=X.clone().index_put_((torch.tensor([4]), torch.tensor([1])), torch.tensor(float("nan")))),
+     r"x\[4\] has a non-finite value \(NaN or inf, after the cast to float32\)"),
+    (dict(x=X.double() * 1e39), r"x\[0\] has a non-finite value \(NaN or inf, after the cast"),
+    (dict(y=Y.reshape(10, 2)), r"x has 20 examples but y has 10"),
+    (dict(y=torch.nn.functional.one_hot(Y)), r"y has shape \(20, 2\); classification needs one "
+                                             r"class label per example.*one-hot labels\? pass their argmax"),
+    (dict(y=torch.randn(20, 2)), r"y has shape \(20, 2\); regression needs one target"),
+    (dict(y=Y - 1), r"y\[0\] = -1: class labels must be >= 0"),
+    (dict(y=Y * 3, num_classes=2), r"y\[1\] = 3 but num_classes=2: class labels must be in \[0, 2\)"),
+    (dict(y=Y * 0), "every label of y is 0: classification needs at least 2 classes"),
+    (dict(num_classes=1), "num_classes must be an integer >= 2, got 1"),
+    (dict(y=Y + 0.5, task="classification"), r"y\[0\] = 0.5: classification needs whole-number"),
+    (dict(y=Y.float(), num_classes=2), "num_classes=2 is given but y holds floats"),
+    (dict(task="regression", num_classes=2), "num_classes applies to classification only"),
+    (dict(task="cls"), "task must be 'classification', 'regression' or None"),
+    (dict(y=Y.bool()), "y is bool; class labels must be integers"),
+    (dict(y=torch.tensor([float("inf")] + [0.0] * 19)), r"y\[0\] is not finite"),
+    (dict(x=X.to(torch.complex64)), "x is complex"),
+    (dict(x_val=X[:4]), "y_val is missing: x_val and y_val come together"),
+    (dict(x_val=torch.randn(4, 5), y_val=Y[:4]),
+     r"x_val's examples have shape \(5,\) but x's have \(3,\)"),
+    (dict(x_val=X[:4], y_val=Y[:3]), "x_val has 4 examples but y_val has 3 labels"),
+    (dict(x_val=X[:4], y_val=Y[:4] + 5, num_classes=2), r"y_val\[0\] = 5 but num_classes=2"),
+    (dict(val_fraction=1.0), r"val_fraction must be in \(0, 1\), got 1.0"),
+    (dict(x=X[:2], y=Y[:2], val_fraction=0.9), "val_fraction=0.9 of 2 examples leaves no training"),
+    (dict(seed="0"), "seed must be an integer, got '0'"),
+    (dict(name=""), "name must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_TENSORS, ids=[m[:30] for _, m in BAD_TENSORS])
+def test_from_tensors_refuses_bad_input_in_one_line(kwargs, message):
+    args = dict(dict(x=X, y=Y), **kwargs)
+    with pytest.raises(DataError, match=message) as info:
+        training.Dataset.from_tensors(args.pop("x"), args.pop("y"), **args)
+    assert "\n" not in str(info.value)
+
+
+class ImageFolderLike(torch.utils.data.Dataset):
+    """A map-style data set of (image tensor, int label) pairs, as torchvision gives with
+    ToTensor(); ``item`` may replace some items to make it bad."""
+
+    def __init__(self, x, y, item=None):
+        self.x, self.y, self.item = x, y, item or {}
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        if i in self.item:
+            return self.item[i]
+        return torch.from_numpy(self.x[i]).float() / 255, int(self.y[i])
+
+
+def test_from_torch_reads_a_map_style_dataset_once_like_from_tensors():
+    x, y = random_images()
+    torch_ds = ImageFolderLike(x, y)
+    ds = training.Dataset.from_torch(torch_ds, seed=2, progress=False)
+    expect = training.Dataset.from_tensors(torch.from_numpy(x).float() / 255, y, seed=2)
+    same_data(ds, expect)
+    assert ds.name == "ImageFolderLike" and ds.provenance["source"] == "torch"
+    assert ds.provenance["torch_class"] == "ImageFolderLike"
+    assert ds.provenance["digest"] == expect.provenance["digest"]
+    # numpy inputs and labels, a validation data set used as given
+    pairs = [(x[i].astype(np.float64), np.int64(y[i])) for i in range(60)]
+    val = [(np.zeros((1, 8, 8)), 1), (np.ones((1, 8, 8)), 3)]
+    with_val = training.Dataset.from_torch(pairs, val_dataset=val, name="own")
+    assert torch.equal(with_val.x_train, torch.tensor(x, dtype=torch.float32))
+    assert with_val.y_val.tolist() == [1, 3] and with_val.name == "own"
+
+
+def test_from_torch_of_a_tensor_dataset_equals_from_tensors():
+    x, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    made = training.Dataset.from_torch(torch.utils.data.TensorDataset(x, y), seed=1)
+    same_data(made, training.Dataset.from_tensors(x, y, seed=1))
+    regression = training.Dataset.from_torch(torch.utils.data.TensorDataset(x, x[:, 0]))
+    same_data(regression, training.Dataset.from_tensors(x, x[:, 0]))
+
+
+def test_from_torch_shows_progress_only_for_large_sets(capsys):
+    n = training.torch_data.PROGRESS_ITEMS + 1
+    big = [(float(i % 7), i % 2) for i in range(n)]
+    ds = training.Dataset.from_torch(big)
+    assert "reading dataset" in capsys.readouterr().err and ds.n_train + ds.n_val == n
+    training.Dataset.from_torch(big, progress=False)
+    training.Dataset.from_torch(big[:100])
+    assert capsys.readouterr().err == ""
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield torch.zeros(3), 0
+
+
+class Picture:
+    """Stands for a PIL image: not a tensor, array or number."""
+
+
+IMG = np.zeros((1, 8, 8), np.uint8), np.zeros(4, np.int64)
+BAD_TORCH = [
+    (Stream(), "dataset is an IterableDataset \\(Stream\\): from_torch needs a map-style"),
+    (torch.utils.data.DataLoader(ImageFolderLike(*random_images())),
+     r"dataset is a DataLoader: pass the data set .*from_torch\(loader.dataset\)"),
+    ((torch.zeros(3, 2), torch.zeros(3)),  # tensors belong to from_tensors
+     r"dataset\[0\] is a Tensor, not an \(x, y\) pair.*use training.Dataset.from_tensors\(x, y\)"),
+    (object(), "dataset must be a map-style torch Dataset .* got object"),
+    ([], r"dataset is empty \(len 0\)"),
+    (ImageFolderLike(*random_images(), item={3: torch.zeros(1, 8, 8)}),
+     r"dataset\[3\] is a Tensor, not an \(x, y\) pair"),
+    (ImageFolderLike(*random_images(), item={2: (torch.zeros(1, 8, 8), 0, 0)}),
+     r"dataset\[2\] is a tuple of 3, not an \(x, y\) pair"),
+    (ImageFolderLike(*random_images(), item={5: (torch.zeros(1, 8, 7), 0)}),
+     r"dataset\[5\]: x has shape \(1, 8, 7\) but dataset\[0\]'s has \(1, 8, 8\)"),
+    (ImageFolderLike(*random_images(), item={4: (torch.zeros(1, 8, 8), torch.tensor([0, 1]))}),
+     r"dataset\[4\]: y has shape \(2,\) but dataset\[0\]'s has \(\)"),
+    (ImageFolderLike(*random_images(), item={6: (torch.zeros(1, 8, 8), 0.5)}),
+     r"dataset\[6\]: y is of dtype torch.float32 but dataset\[0\]'s is torch.int64"),
+    (ImageFolderLike(*random_images(), item={0: (Picture(), 0)}),
+     r"dataset\[0\]: x is a Picture, not a tensor, array or number \(a torchvision data set "
+     r"needs transform=ToTensor\(\)\)"),
+    (ImageFolderLike(*random_images(), item={1: (torch.full((1, 8, 8), float("nan")), 0)}),
+     r"dataset\[1\]'s x has a non-finite value"),
+    (torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4), torch.zeros(4)),
+     "dataset is a TensorDataset of 3 tensors; from_torch needs two"),
+    (torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4, 3, dtype=torch.long)),
+     r"dataset's y has shape \(4, 3\); classification needs one class label"),
+]
+
+
+@pytest.mark.parametrize("dataset, message", BAD_TORCH, ids=[str(i) for i in range(len(BAD_TORCH))])
+def test_from_torch_refuses_bad_data_in_one_line(dataset, message):
+    with pytest.raises(DataError, match=message) as info:
+        training.Dataset.from_torch(dataset, progress=False)
+    assert "\n" not in str(info.value)
+    with pytest.raises(DataError, match="progress must be True, False or None"):
+        training.Dataset.from_torch([(0.0, 1)], progress="yes")

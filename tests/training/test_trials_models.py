@@ -83,9 +83,9 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
     ("cnn1d", {"channels": 4}, "batched"),
 ])
 def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, options, kernel,
-                                        optimizer):
-    if kernel == "fused" and kernels.fused_sequential() is None:
-        pytest.skip("the compiled kernel cannot be built here")
+                                        optimizer, kernel_or_skip):
+    if kernel == "fused":
+        kernel_or_skip()
     net = training.models.build(name, mnist1d_small, seed=1, **options)
     check_against_reference(net, mnist1d_small, 100, 16, kernel, optimizer, monkeypatch)
 
@@ -95,12 +95,12 @@ def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, option
                                            ("resnet8", {"widths": [4, 4, 8]})])
 @pytest.mark.parametrize("update", ["kernel", "torch"])
 def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer,
-                                      update):
+                                      update, kernel_or_skip):
     """The per-trial program with the compiled kernel's one-pass update, and without it."""
     if update == "torch":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
-    elif kernels.fused_sequential() is None:
-        pytest.skip("the compiled kernel cannot be built here")
+    else:
+        kernel_or_skip()
     net = training.models.build(name, tiny_images, seed=1, **options)
     program = plan_cell(net, "classification", tiny_images.input_shape, 16, 3, F64).program
     assert (program.kernel is None) == (update == "torch")

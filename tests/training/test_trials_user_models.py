@@ -262,8 +262,8 @@ def test_resuming_a_batchnorm_dropout_run_continues_it_exactly():
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 3)),
-     r"layer '0' \(LazyLinear\) has uninitialized \(lazy\) parameters: call the model once"),
+    (lambda: nn.Sequential(nn.Flatten(), nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 3)),
+     r"layer '1' \(LazyLinear\) has uninitialized \(lazy\) parameters: call the model once"),
     (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.SyncBatchNorm(8), nn.Linear(8, 3)),
      r"layer '2' \(SyncBatchNorm\) needs a distributed process group: use nn.BatchNorm"),
     (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8).requires_grad_(False), nn.Linear(8, 3)),

@@ -95,7 +95,7 @@ def bench_dataset(model: str, samples: int) -> data_mod.Dataset:
         name, shape = IMAGE_DATA[model]
         try:
             ds = data_mod.load(name)
-        except data_mod.DataError:
+        except (data_mod.DataError, data_mod.DataIOError):   # absent or unreadable: synthetic
             g = torch.Generator().manual_seed(0)
             x = torch.randn(samples, *shape, generator=g)
             y = torch.randint(0, 10, (samples,), generator=g)

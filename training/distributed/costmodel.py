@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleIOError
 
 FORMAT = "sparsescale-cost-model"
 VERSION = 1
@@ -49,8 +49,12 @@ FORMULA = ("t(B, k) = t_fixed + t_example * B / k + [k > 1] * (2 (k - 1) alpha "
            "+ 2 (k - 1) / k * beta * n_params * bytes_per_param)")
 
 
-class CostModelError(SparsescaleError):
+class CostModelError(SparsescaleError, ValueError):
     """A cost model or its JSON file is invalid: names the key and what is allowed."""
+
+
+class CostModelIOError(SparsescaleIOError):
+    """A cost model file cannot be read or written: names the path."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,11 @@ def save_cost_model(cost: CostModel, path: str | os.PathLike,
     path = Path(path)
     if path.is_dir():
         path = path / "cost_model.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        raise CostModelIOError(f"cannot write the cost model {path} "
+                               f"({exc.strerror or exc})") from None
     return path
 
 
@@ -228,8 +236,13 @@ def _read(path: str | os.PathLike) -> tuple[Path, dict[str, Any], CostModel]:
     if path.is_dir():
         path = path / "cost_model.json"
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise CostModelIOError(f"{path}: cannot read a cost model "
+                               f"({exc.strerror or exc})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:   # not JSON text (json.JSONDecodeError, UnicodeDecodeError)
         raise CostModelError(f"{path}: cannot read a cost model ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CostModelError(f"{path}: 'format' must be {FORMAT!r}")

@@ -44,6 +44,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
@@ -218,7 +219,7 @@ def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int
     opt = make_optimizer(ddp.parameters(), run.optimizer, trial)
     order = BatchOrder(trial_seed(run.seed, dist_run.trial_index), data.n_train, run.batch_size)
     lo, hi = rank * dist_run.shard, (rank + 1) * dist_run.shard
-    criterion = loss_fn(dataset.task)
+    criterion = loss_fn(dataset.task, dataset.loss)
     evals = set(run.eval_schedule.steps(run.max_steps))
     stop_at_goal = run.stop != "never"
 
@@ -240,7 +241,8 @@ def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int
         # rank 0 evaluates; broadcasting the value keeps every rank's stopping decision identical
         value = torch.zeros(1, dtype=torch.float64, device=device)
         if rank == 0:
-            value += evaluate(net, data.x_val, data.y_val, metric, dataset.task)
+            value += evaluate(net, data.x_val, data.y_val, metric, dataset.task,
+                              loss=dataset.loss)
         dist.broadcast(value, src=0)
         rows.append((step, float(np.mean(losses)), float(value)))
         losses.clear()
@@ -330,6 +332,7 @@ def train_distributed(model: nn.Module, dataset: Dataset, trial: Trial | Mapping
     worker; ``timeout``: seconds before a stuck collective fails. Workers are spawned (see
     :func:`spawn`): call it under ``if __name__ == "__main__":`` in a script."""
     check_run(run, "train_distributed")
+    check_output(model, dataset, "train_distributed")
     dist_run = DistRun(Trial.from_dict(trial), run, world_size, trial_index, threads)
     check_batch_size(run.batch_size, dataset.n_train)
     return spawn(_train_spawned, world_size, backend_for(run.device), threads, model, dataset,
@@ -356,6 +359,7 @@ def train_env_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, device
     rendezvous (:func:`env_rendezvous`; ``LOCAL_RANK`` picks the CUDA device), trains like
     :func:`train_distributed` and leaves the process group. Returns (rank, result);
     ``dist_run.world_size`` must equal ``WORLD_SIZE``."""
+    check_output(model, dataset, "train_env_rank")
     rank, world = env_rendezvous()
     if world != dist_run.world_size:
         raise ConfigError(f"WORLD_SIZE is {world} but the run was planned for "

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -164,7 +164,10 @@ def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
 
 def check_runnable(model: nn.Module) -> None:
     """Refuse, in one line naming the layer and what to do, a module no program can train as
-    the plain loop would (so that nothing is trained and nothing is written)."""
+    the plain loop would (so that nothing is trained and nothing is written). Not a module at
+    all: left to :func:`training.models.check_output`, which names the type."""
+    if not isinstance(model, nn.Module):
+        return
     for name, m in model.named_modules():
         where = f"layer {name!r} ({type(m).__name__})" if name else type(m).__name__
         if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
@@ -182,13 +185,16 @@ def check_runnable(model: nn.Module) -> None:
 
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
-              device: str | torch.device = "cpu", optimizer: str = "momentum") -> CellPlan:
+              device: str | torch.device = "cpu", optimizer: str = "momentum",
+              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+              ) -> CellPlan:
     """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
-    with ``optimizer`` (see the module docstring)."""
+    with ``optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules out
+    ``fused`` and ``batched``, whose backward passes are written for the task's own losses."""
     check_runnable(model)
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
-    encoding = stacked_fused.encode(model, input_shape)
+    encoding = stacked_fused.encode(model, input_shape) if loss is None else None
     if encoding is not None:
         per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
         limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
@@ -202,11 +208,11 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
         whole = batch_dependent(model) or draws_random_numbers(model)
         chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit)
+        program = PerTrialProgram(model, task, chunk, limit, loss)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
     stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
-    eager = build_program(model, task)
+    eager = build_program(model, task) if loss is None else FuncProgram(model, task, loss)
     program = "batched" if isinstance(eager, BatchedProgram) else "func"
     return CellPlan(program, stack, batch_size, eager)
 

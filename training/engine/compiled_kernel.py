@@ -18,6 +18,11 @@ the trainer runs its eager ``batched`` program instead, which computes the same 
 (:class:`KernelWarning`), and :attr:`training.TrialsResult.program` (and a study's ``kernel``
 column) records the program that ran. ``SPARSESCALE_KERNELS=0``, or :func:`disabled`, skips the
 kernel without a warning.
+
+``SPARSESCALE_REQUIRE_KERNEL=1`` (CI sets it) turns that fallback into an error: a kernel that
+cannot be built raises :class:`KernelError` naming why, instead of warning, so that a machine
+meant to run the kernel never passes its tests on the eager program alone. Unset (the default),
+a machine without a compiler gets the fallback and its one warning.
 """
 
 from __future__ import annotations
@@ -37,16 +42,29 @@ from types import ModuleType
 
 import torch
 
-from training.errors import SparsescaleError
+from training.errors import SparsescaleError, SparsescaleWarning
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
+REQUIRE_ENV = "SPARSESCALE_REQUIRE_KERNEL"
 STALE_LOCK_SECONDS = 600
 _off = 0  # depth of disabled() contexts
 
 
-class KernelWarning(SparsescaleError, RuntimeWarning):
+class KernelWarning(SparsescaleWarning, RuntimeWarning):
     """A compiled kernel cannot be used; the eager program runs instead (same results)."""
+
+
+class KernelError(SparsescaleError, OSError):
+    """A compiled kernel cannot be built while ``SPARSESCALE_REQUIRE_KERNEL=1`` forbids the eager
+    fallback: this machine lacks a tool (compiler, ninja, Python's headers) or the build failed.
+    Names why and the build folder."""
+
+
+def required() -> bool:
+    """True when ``SPARSESCALE_REQUIRE_KERNEL`` is set (to anything but 0 or empty): a kernel
+    that cannot be built is an error, not a warning and the eager program."""
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
 
 
 def enabled() -> bool:
@@ -172,6 +190,11 @@ def _build(name: str) -> ModuleType | None:
                             verbose=False)
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
             reason = failure_reason(exc)
+    if required():
+        raise KernelError(f"the compiled training kernel {name!r} cannot be built ({reason}; "
+                          f"build folder {build_directory(name)}) and {REQUIRE_ENV}=1 forbids "
+                          f"the eager fallback: install what is missing, or unset {REQUIRE_ENV} "
+                          f"to train with the eager program (same results, slower)")
     warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "
                   f"training uses the eager 'batched' program (and, for Conv2d models, torch's "
                   f"update) instead: same results, slower. "
@@ -181,5 +204,7 @@ def _build(name: str) -> ModuleType | None:
 
 
 def fused_sequential() -> ModuleType | None:
-    """The fused Sequential training-step kernel, or None (disabled, or it cannot be built)."""
+    """The fused Sequential training-step kernel, or None (disabled, or it cannot be built;
+    under ``SPARSESCALE_REQUIRE_KERNEL=1`` a kernel that cannot be built raises
+    :class:`KernelError` instead)."""
     return _build("fused_sequential") if enabled() else None

@@ -8,7 +8,7 @@ Parameters are stacked along a leading trial dimension (``[N, *shape]``) and so 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -21,11 +21,12 @@ Tensor = torch.Tensor
 class FuncProgram:
     """Any module through ``torch.func``: vmap of grad_and_value of ``functional_call``."""
 
-    def __init__(self, model: nn.Module, task: str):
+    def __init__(self, model: nn.Module, task: str,
+                 loss: Callable[[Tensor, Tensor], Tensor] | None = None):
         self.model, self.task = model, task
         self.names = [name for name, _ in model.named_parameters()]
         self.buffers = dict(model.named_buffers())
-        criterion = loss_fn(task)
+        criterion = loss_fn(task, loss)
 
         def call(params: tuple[Tensor, ...], x: Tensor) -> Tensor:
             return torch.func.functional_call(model, ({**dict(zip(self.names, params)),

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -80,7 +80,8 @@ class PerTrialProgram:
     takes_module_state = True
 
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
-                 eval_chunk: int | None = None):
+                 eval_chunk: int | None = None,
+                 loss: Callable[[Tensor, Tensor], Tensor] | None = None):
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass."""
@@ -96,7 +97,7 @@ class PerTrialProgram:
         # 1 / sqrt(v) on the near-zero gradients of its shift, moved weights by 8e-10 in float64
         self.channels_last = not (draws_random_numbers(model) or batch_dependent(model))
         self.buffers = [b.detach() for _, b in model.named_buffers()]
-        self.criterion = loss_fn(task)
+        self.criterion = loss_fn(task, loss)
         # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
         self.kernel = kernels.fused_sequential()
 

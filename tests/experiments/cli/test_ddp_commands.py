@@ -80,7 +80,7 @@ def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path, monkeypatch)
     blocker = tmp_path / "file"
     blocker.write_text("")
     args = parse(add_ddp_bench_parser, ["ddp", "--out", str(blocker / "sub" / "cost_model.json")])
-    with pytest.raises(ConfigError, match=r"--out .*cannot create folder"):
+    with pytest.raises(costmodel.CostModelIOError, match=r"--out .*cannot create folder"):
         args.fn(args)
     # a missing folder is created
     monkeypatch.setattr(bench, "build_workload",

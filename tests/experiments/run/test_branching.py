@@ -141,3 +141,27 @@ def test_warmup_against_fixed_batch_sizes(teacher, net):
     assert s[0] == warm.steps_to_result.median() and s[1] <= s[0] <= s[2]
     done = got.runs.steps_to_result.fillna(got.runs.max_steps)
     assert got.trial_steps >= int(done.sum()) - 12 * 10   # each run stops at the evaluation after its hit
+
+
+@pytest.mark.parametrize("layer", ["batchnorm", "dropout", "gru"])
+def test_branching_runs_on_models_with_state_randomness_or_recurrence(teacher, layer):
+    """Checkpoints of a model with running statistics, random draws or a recurrent layer branch
+    like any other (each branch resumes the checkpoint's buffers and generator)."""
+    from torch import nn
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.out = nn.GRU(2, 8, batch_first=True), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.out(self.gru(x.view(x.shape[0], 4, 2))[0][:, -1])
+
+    torch.manual_seed(0)
+    middle = {"batchnorm": nn.BatchNorm1d(16), "dropout": nn.Dropout(0.2)}
+    net = (Recurrent() if layer == "gru" else
+           nn.Sequential(nn.Linear(8, 16), middle[layer], nn.ReLU(), nn.Linear(16, 3)))
+    got = branch_critical_batch(net, teacher, TRIAL, run_config(), goal_step=30, checkpoints=2,
+                                k_max=2, window=32, seeds=1)
+    assert np.isfinite(got.base_loss).all() and np.isfinite(got.branch_loss).all()
+    assert len(got.critical.critical_batch) == 2

@@ -11,8 +11,9 @@ import experiments
 import pruning
 import theory
 import training
-from experiments.run.probes import probe_cost
+from experiments.run.probes import probe_cost, probe_network
 
+from ...probe_models import build, loop_gradients, moments
 from ..conftest import TINY
 
 PROBED = (TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [4, 8, 16, 32]")
@@ -161,3 +162,19 @@ def test_probes_do_not_depend_on_where_they_ran(probed, tmp_path):
     assert len(again) == len(probed.probes) > 0
     pd.testing.assert_frame_equal(again[cols].reset_index(drop=True),
                                   probed.probes[cols].reset_index(drop=True))
+
+
+@pytest.mark.parametrize("name", ["batchnorm_cnn", "transformer"])
+def test_probe_network_on_batchnorm_and_attention_networks(name):
+    """``sparsescale probe``'s measurement on a batch-normalized CNN and a transformer left in
+    train mode: the eval-mode network's noise (the per-example autograd loop), finite curvature,
+    and the model, its running statistics and modes as they were."""
+    model, ds = build(name)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    values = probe_network(model, ds, lanczos=6)
+    g_sq, trace = moments(loop_gradients(model, ds.x_train, ds.y_train))
+    assert values["g_sq"] == pytest.approx(g_sq, rel=1e-8)
+    assert values["b_simple"] == pytest.approx(trace / g_sq, rel=1e-8)
+    assert all(np.isfinite(v) for v in values.values()) and values["hessian_top"] > 0
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert all(m.training for m in model.modules())

@@ -215,6 +215,7 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     run_tiny(toml, tmp_path / "off")
     monkeypatch.delenv(kernels.DISABLE_ENV)
+    monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)   # the fallback, as for a user
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
     kernels._build.cache_clear()
     try:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from training.distributed.costmodel import (
-    AllReduceTime, CostModel, CostModelError, Measurements, StepTime, fit, format_report,
-    load_cost_model, load_measurements, ring_rounds, save_cost_model,
+    AllReduceTime, CostModel, CostModelError, CostModelIOError, Measurements, StepTime, fit,
+    format_report, load_cost_model, load_measurements, ring_rounds, save_cost_model,
 )
 
 TRUE = CostModel(t_fixed=2e-4, t_example=3e-6, alpha=5e-5, beta=2e-10, n_params=50_000)
@@ -120,8 +120,11 @@ def test_load_rejects_bad_files(tmp_path, doc, match):
     path.write_text(json.dumps(doc))
     with pytest.raises(CostModelError, match=match):
         load_cost_model(path)
-    with pytest.raises(CostModelError, match="cannot read"):
+    with pytest.raises(CostModelIOError, match="missing.json: cannot read"):   # an OSError
         load_cost_model(tmp_path / "missing.json")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(CostModelError, match="binary.json: cannot read"):   # a ValueError
+        load_cost_model(tmp_path / "binary.json")
 
 
 def test_report_lists_every_measurement():

@@ -1,6 +1,7 @@
 """The compiled kernel's fallback: without a compiler, without ninja or when the build fails,
 training runs the eager program with the same results, one warning naming why, and records the
-kernel that ran."""
+kernel that ran; under SPARSESCALE_REQUIRE_KERNEL=1 (CI) the same failures are errors, in the
+library and in the test suite."""
 
 import warnings
 from pathlib import Path
@@ -23,6 +24,13 @@ def fresh_build(monkeypatch):
     kernels._build.cache_clear()
 
 
+@pytest.fixture
+def fallback_allowed(monkeypatch):
+    """SPARSESCALE_REQUIRE_KERNEL unset, as for a user (CI sets it): the tests of the fallback
+    test it on every machine."""
+    monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)
+
+
 def train(net, ds):
     run = RunConfig(16, "momentum", max_steps=12, seed=1, dtype=torch.float64,
                     eval_schedule=EvalSchedule(every=4))
@@ -33,7 +41,8 @@ def kernel_warnings(record):
     return [w for w in record if issubclass(w.category, kernels.KernelWarning)]
 
 
-def test_a_failing_build_falls_back_with_one_warning(fresh_build, monkeypatch, mnist1d_small):
+def test_a_failing_build_falls_back_with_one_warning(fresh_build, fallback_allowed, monkeypatch,
+                                                     mnist1d_small):
     def broken(**kwargs):
         raise RuntimeError("Error building extension 'x':\n[1/2] c++ -c a.cpp\n"
                            "a.cpp:1:10: fatal error: Python.h: No such file or directory\n")
@@ -59,11 +68,12 @@ def test_a_failing_build_falls_back_with_one_warning(fresh_build, monkeypatch, m
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 def test_without_a_compiler_adam_gives_the_kernels_results(fresh_build, monkeypatch,
-                                                           mnist1d_small, optimizer):
+                                                           mnist1d_small, optimizer,
+                                                           kernel_or_skip):
     """Adam / AdamW inside the kernel and in the eager fallback (no compiler): the same weights
     to 1e-10 relative in float64 (Adam's tolerance of the equivalence tests), masks included."""
-    if kernels.fused_sequential() is None:
-        pytest.skip("the compiled kernel cannot be built here")
+    kernel_or_skip()   # the kernel's side: skipped without it, failed under the variable
+    monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)   # the fallback's side
     net = training.models.build("mlp", mnist1d_small, hidden=[16], seed=0)
     masks = {"1.weight": (torch.rand(16, 40, generator=torch.Generator().manual_seed(0))
                           > 0.5).double()}
@@ -80,7 +90,11 @@ def test_without_a_compiler_adam_gives_the_kernels_results(fresh_build, monkeypa
         torch.testing.assert_close(fused.params[name], p, rtol=1e-10, atol=1e-13)
 
 
-def test_no_compiler_is_named(fresh_build, monkeypatch):
+@pytest.mark.parametrize("require", [None, "0", ""])
+def test_no_compiler_is_named(fresh_build, fallback_allowed, monkeypatch, require):
+    """Without SPARSESCALE_REQUIRE_KERNEL (unset, 0 or empty): the warning and the fallback."""
+    if require is not None:
+        monkeypatch.setenv(kernels.REQUIRE_ENV, require)
     monkeypatch.setenv("CXX", "no-such-compiler-x9")
     with pytest.warns(kernels.KernelWarning, match=r"no C\+\+ compiler \('no-such-compiler-x9' "
                                                    r"not found; install one, e\.g\. g\+\+, or "
@@ -88,7 +102,61 @@ def test_no_compiler_is_named(fresh_build, monkeypatch):
         assert kernels.fused_sequential() is None
 
 
-def test_no_ninja_is_named(fresh_build, monkeypatch):
+def test_a_required_kernel_without_a_compiler_is_an_error(fresh_build, monkeypatch,
+                                                          mnist1d_small):
+    """SPARSESCALE_REQUIRE_KERNEL=1: no fallback and no warning, but a KernelError (an OSError)
+    naming why, from the kernel and from the trainer that would have used it."""
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "1")
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    net = training.models.build("mlp", mnist1d_small, hidden=[16], seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with pytest.raises(kernels.KernelError) as info:
+            kernels.fused_sequential()
+        with pytest.raises(kernels.KernelError):
+            train(net, mnist1d_small)
+    assert kernel_warnings(record) == []
+    message = str(info.value)
+    assert "'fused_sequential' cannot be built" in message and "no-such-compiler-x9" in message
+    assert kernels.REQUIRE_ENV in message and str(kernels.build_directory("fused_sequential")) \
+        in message
+    assert isinstance(info.value, OSError) and isinstance(info.value, training.SparsescaleError)
+    # switched off on purpose, the kernel is not built, so nothing fails
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    assert kernels.fused_sequential() is None
+
+
+def test_a_required_kernel_whose_build_fails_is_an_error(fresh_build, monkeypatch):
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension 'x':\n"
+                           "a.cpp:1:10: fatal error: Python.h: No such file or directory\n")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "1")
+    with pytest.raises(kernels.KernelError, match="fatal error: Python.h"):
+        kernels.fused_sequential()
+    monkeypatch.delenv(kernels.REQUIRE_ENV)   # unset: the warning and the fallback again
+    with pytest.warns(kernels.KernelWarning, match="fatal error: Python.h"):
+        assert kernels.fused_sequential() is None
+
+
+def test_the_suite_fails_a_kernel_test_under_require_and_skips_it_otherwise(
+        fresh_build, fallback_allowed, monkeypatch, kernel_or_skip):
+    """tests/conftest.py's compiled_kernel_or_skip: where the kernel cannot be built, a test that
+    needs it is skipped, unless SPARSESCALE_REQUIRE_KERNEL=1 (CI): then it fails."""
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    with pytest.warns(kernels.KernelWarning), pytest.raises(pytest.skip.Exception):
+        kernel_or_skip()
+    kernels._build.cache_clear()
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="no C\\+\\+ compiler"):
+        kernel_or_skip()
+    monkeypatch.setenv(kernels.DISABLE_ENV, "0")   # switched off while required: a failure too
+    with pytest.raises(pytest.fail.Exception, match="switched off"):
+        kernel_or_skip()
+
+
+def test_no_ninja_is_named(fresh_build, fallback_allowed, monkeypatch):
     which = kernels.shutil.which
     monkeypatch.setattr(kernels.shutil, "which", lambda cmd: None if cmd == "ninja" else which(cmd))
     monkeypatch.setattr(kernels, "_ninja_dir", lambda: None)
@@ -129,10 +197,8 @@ def test_build_name_tracks_sources_cpu_and_versions(monkeypatch):
     assert kernels.build_name("fused_sequential") != name
 
 
-def test_the_build_lives_outside_the_source_tree():
-    module = kernels.fused_sequential()
-    if module is None:
-        pytest.skip("the compiled kernel cannot be built here")
+def test_the_build_lives_outside_the_source_tree(compiled_kernel):
+    module = compiled_kernel
     repo = Path(training.__file__).resolve().parents[1]
     assert not Path(module.__file__).resolve().is_relative_to(repo)
 
@@ -143,7 +209,8 @@ def test_build_directory_follows_torch_extensions_dir(monkeypatch, tmp_path):
         "fused_sequential")
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, monkeypatch, tmp_path):
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, fallback_allowed,
+                                                            monkeypatch, tmp_path):
     """A process killed while building leaves torch's lock, on which every later build would
     wait forever; one older than STALE_LOCK_SECONDS goes before the build."""
     import os

@@ -7,7 +7,6 @@ from torch import nn
 
 import training
 from training import Trial
-from training.engine import compiled_kernel as kernels
 from training.engine.adam import AdamState
 from training.masks import mask_
 from training.engine.batched import BatchedProgram
@@ -16,8 +15,8 @@ from training.engine.fused import CONV1D, LINEAR, RELU, TRANSPOSE, encode, try_b
 from training.engine.updates import StackUpdate
 
 F64 = torch.float64
-pytestmark = pytest.mark.skipif(kernels.fused_sequential() is None,
-                                reason="the compiled kernel cannot be built here")
+# skipped without the kernel; failed instead under SPARSESCALE_REQUIRE_KERNEL=1 (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("compiled_kernel")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from training import Trial
-from training.engine import compiled_kernel as kernels
 from training.engine.adam import AdamState
 from training.engine.updates import StackUpdate
 
@@ -47,12 +46,11 @@ def buffers(update):
 
 @pytest.mark.parametrize("dtype, tol", [(F64, 1e-15), (torch.float32, 1e-6)])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_the_kernels_one_pass_update_equals_the_stack_update(optimizer, dtype, tol):
+def test_the_kernels_one_pass_update_equals_the_stack_update(optimizer, dtype, tol,
+                                                            compiled_kernel):
     """StackUpdate.apply_trial_ (compiled, one trial at a time) against apply_ (torch, whole
     stack), three steps in a row, with per-trial and shared masks."""
-    kernel = kernels.fused_sequential()
-    if kernel is None:
-        pytest.skip("the compiled kernel cannot be built here")
+    kernel = compiled_kernel
 
     def cast(params, grads, update):
         to = [t.to(dtype) for t in params], [t.to(dtype) for t in grads]
