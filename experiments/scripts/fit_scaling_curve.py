@@ -12,7 +12,8 @@ regime (perfect scaling, diminishing returns, maximal data parallelism).
 
 from __future__ import annotations
 
-import argparse
+import sys
+
 
 import training
 import theory
@@ -59,6 +60,4 @@ def main(tiny: bool = False) -> theory.ScalingFit:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny synthetic workload (seconds)")
-    main(parser.parse_args().tiny)
+    main(tiny="--tiny" in sys.argv[1:])   # the one option: a tiny workload (seconds)

@@ -14,7 +14,8 @@ initialization, on a subsample of training examples:
 
 from __future__ import annotations
 
-import argparse
+import sys
+
 
 import pruning
 import training
@@ -53,6 +54,4 @@ def main(tiny: bool = False) -> list[dict[str, float]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny synthetic workload (seconds)")
-    main(parser.parse_args().tiny)
+    main(tiny="--tiny" in sys.argv[1:])   # the one option: a tiny workload (seconds)

@@ -134,3 +134,14 @@ def test_the_engine_is_private_to_the_trainers(graph):
     users = sorted(a for a, targets in graph.items() if a.split(".")[0] != "training"
                    and any(b.startswith("training.engine") for b in targets))
     assert not users, users
+
+
+def test_argparse_only_in_the_command_line_package():
+    """Command-line code has one home, experiments/cli/: no other module imports argparse."""
+    users = sorted(name for name, path in project_modules().items()
+                   if not name.startswith("experiments.cli")
+                   and any(isinstance(node, (ast.Import, ast.ImportFrom))
+                           and "argparse" in ([a.name for a in node.names]
+                                              if isinstance(node, ast.Import) else [node.module])
+                           for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert users == []
