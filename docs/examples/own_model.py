@@ -71,7 +71,7 @@ max_steps = 400
 every = 10
 
 [probes]
-enabled = false
+enabled = false          # only to keep the example short: the probes run on any such model
 """
 
 if __name__ == "__main__":

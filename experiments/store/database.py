@@ -364,7 +364,7 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as exc:
-        raise StoreError(explain(path, exc)) from None
+        raise failure(path, exc, "read") from None
     try:
         check_is_store(conn, path)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -374,7 +374,7 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
             "SELECT name, spec_toml, spec_hash, spec_json FROM study WHERE id = 1").fetchone()
         keys = {r[0] for r in conn.execute("SELECT key FROM groups WHERE status = 'done'")}
     except sqlite3.DatabaseError as exc:
-        raise StoreError(explain(path, exc)) from None
+        raise failure(path, exc, "read") from None
     finally:
         conn.close()
     return (StudyInfo(*row) if row else None), keys

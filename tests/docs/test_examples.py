@@ -81,12 +81,32 @@ def check_own_model(out):
     assert all(re.search(r"steps to result \d+$", v) for v in rows.values())
 
 
+def check_own_data(out):
+    assert out["task"] == "classification" and out["classes"] == "3"
+    assert out["split"] == "480 120"
+    assert re.fullmatch(r"[0-9a-f]{16}", out["digest"])
+    # BatchNorm and Dropout run on per_trial, each trial with its own running statistics, and
+    # the plain loop with the trial's random draws hits the goal at the same steps
+    assert out["program"] == "per_trial"
+    assert out["running statistics"] == "(2, 32)"
+    hits = out["hit steps"].split()
+    assert "None" not in hits and hits == out["reference hit steps"].split()
+    assert 0 < float(out["b_simple"]) < float("inf")
+    assert "eval mode" in out["definition"]
+    assert "1 batch-normalization layer uses running statistics" in out["definition"]
+    assert "1 dropout layer is the identity" in out["definition"]
+    # an own loss rules out the compiled kernel's program and its eager fallback
+    assert out["mlp program"] in ("fused", "batched")
+    assert out["mlp program with own loss"] == "func"
+
+
 CHECKS = {
     "train_trials.py": check_train_trials,
     "prune_and_train.py": check_prune_and_train,
     "gradient_noise.py": check_gradient_noise,
     "fit_scaling.py": check_fit_scaling,
     "own_model.py": check_own_model,
+    "own_data.py": check_own_data,
 }
 
 

@@ -21,11 +21,13 @@ GUIDE = ["install", "studies", "spec", "reports", "data-models", "training", "ad
 # one public name per package whose API entry must be rendered
 API = {
     "training": ["training.trials.train_trials", "training.config.RunConfig",
-                 "training.models.register", "training.data.register"],
+                 "training.models.register", "training.data.register",
+                 "training.dataset.Dataset.from_tensors", "training.dataset.Dataset.from_torch"],
     "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
     "theory": ["theory.scaling.fit_scaling", "theory.noise.gradient_noise"],
     "experiments": ["experiments.run.runner.run_study", "experiments.store.database.load_results",
-                    "experiments.spec.study.Spec", "experiments.report.write.write_report"],
+                    "experiments.spec.study.Spec", "experiments.report.write.write_report",
+                    "experiments.spec.factories.FactoryError"],
 }
 
 
