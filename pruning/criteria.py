@@ -33,6 +33,7 @@ from torch import nn
 
 from training.data import Dataset
 from training.goal import loss_fn
+from training.models import evaluation
 
 from pruning.errors import PruningError
 
@@ -63,13 +64,9 @@ def pruning_batch(dataset: Dataset, per_class: int) -> tuple[torch.Tensor, torch
 
 def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: Params,
                     create_graph: bool = False):
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluation(model):  # eval mode, attention through a twice-differentiable backend
         loss = loss_of_output(model(x))
         return torch.autograd.grad(loss, list(params.values()), create_graph=create_graph)
-    finally:
-        model.train(was_training)
 
 
 def random_scores(params: Params, seed: int) -> dict[str, torch.Tensor]:

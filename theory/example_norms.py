@@ -39,7 +39,7 @@ from torch import nn
 from theory.functional import FlatLoss
 
 # parameter-free layers that act on each example alone (their subclasses may not: exact types);
-# dropout is the identity in eval mode, where the probes run (theory.functional.evaluation)
+# dropout is the identity in eval mode, where the probes run (training.models.evaluation)
 PER_EXAMPLE = (nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.ReLU, nn.LeakyReLU,
                nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.Softplus, nn.Dropout, nn.Dropout1d,
                nn.AlphaDropout, nn.FeatureAlphaDropout)

@@ -27,7 +27,7 @@ The probes never change the model: module modes are restored after every evaluat
 are copied (running statistics and ``num_batches_tracked`` untouched), and a network that still
 draws random numbers in eval mode, or a batch normalization without running statistics (which
 uses the batch's statistics even in eval mode), is refused with a :class:`TheoryError`, so the
-caller's random number generator is never advanced. :func:`evaluation` is the one context every
+caller's random number generator is never advanced. :func:`training.models.evaluation` is the one context every
 evaluation runs in: eval mode, attention through the math backend of
 ``scaled_dot_product_attention`` (the fused CPU and GPU kernels have no second derivative, which
 Hessian-vector products need), ``nn.MultiheadAttention``'s fused inference path off (so values
@@ -51,19 +51,17 @@ them from a loop over examples instead, one ``grad`` each (:attr:`FlatLoss.vecto
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from training.data import Dataset, check_dataset
-from training.models import check_output
+from training.models import RECURRENT, check_output, evaluation
 from training.goal import loss_fn
 from training.masks import check_mask
 
@@ -81,30 +79,6 @@ SPLITS = ("train", "val", "test")
 Weights = Mapping[str, torch.Tensor] | torch.Tensor
 # Recurrent layers: vmap of grad cannot batch their kernels (torch 2.13: nn.RNN, nn.GRU, nn.GRUCell
 # fail with a broadcast error inside the kernel), so their per-example gradients come from a loop.
-RECURRENT = (nn.RNNBase, nn.RNNCellBase)
-
-
-@contextmanager
-def evaluation(model: nn.Module) -> Iterator[None]:
-    """The context every probe evaluates ``model`` in (module docstring): eval mode, the math
-    attention backend, ``nn.MultiheadAttention``'s fused path off and, for a network with
-    recurrent layers, cuDNN off; each module's mode and every setting restored on exit. The
-    settings are torch's process-wide ones: probes in several threads of one process share them
-    (a study probes in worker processes, one thread each)."""
-    modes = [(m, m.training) for m in model.modules()]
-    fastpath, cudnn = torch.backends.mha.get_fastpath_enabled(), torch.backends.cudnn.enabled
-    try:
-        model.eval()
-        torch.backends.mha.set_fastpath_enabled(False)
-        if any(isinstance(m, RECURRENT) for m, _ in modes):
-            torch.backends.cudnn.enabled = False
-        with sdpa_kernel(SDPBackend.MATH):
-            yield
-    finally:
-        torch.backends.cudnn.enabled = cudnn
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-        for m, mode in modes:
-            m.training = mode
 
 
 def changed_by_eval_mode(model: nn.Module) -> bool:

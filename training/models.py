@@ -24,6 +24,7 @@ and ``pruning.prune`` makes of a model against its data set before anything is t
 from __future__ import annotations
 
 import contextlib
+from contextlib import contextmanager
 import itertools
 import math
 import threading
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.dataset import Dataset, check_dataset
 from training.errors import DataError, SparsescaleError
@@ -93,6 +95,34 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
             raise ModelError(f"bad options for model {name!r}: {exc}") from None
     return model
 
+
+# layers whose batching over examples needs a loop (no vmap rule), and cuDNN off for double backward
+RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
+@contextmanager
+def evaluation(model: nn.Module) -> Iterator[None]:
+    """The context the probes (``theory``) and the pruning criteria evaluate and differentiate
+    ``model`` in: eval mode (BatchNorm's running statistics, no Dropout), the math attention
+    backend and ``nn.MultiheadAttention``'s fused path off (the fused kernels have no second
+    derivative) and, for a network with recurrent layers, cuDNN off; each module's mode and
+    every setting restored on exit. The settings are torch's process-wide ones: evaluations in
+    several threads of one process share them (a study probes in worker processes, one thread
+    each)."""
+    modes = [(m, m.training) for m in model.modules()]
+    fastpath, cudnn = torch.backends.mha.get_fastpath_enabled(), torch.backends.cudnn.enabled
+    try:
+        model.eval()
+        torch.backends.mha.set_fastpath_enabled(False)
+        if any(isinstance(m, RECURRENT) for m, _ in modes):
+            torch.backends.cudnn.enabled = False
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.cudnn.enabled = cudnn
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        for m, mode in modes:
+            m.training = mode
 
 def check_model(model: object, who: str) -> nn.Module:
     """``model`` if it is an ``nn.Module``, else one :class:`ModelError` from ``who``."""

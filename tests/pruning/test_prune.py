@@ -201,3 +201,21 @@ def test_prune_checks_the_model_before_scoring(teacher):
     assert str(info.value) == ("prune: model outputs [1, 7] for one example but the data set has "
                                "4 classes: the last layer must have 4 outputs")
     assert calls == [(1, 20)]  # the check's one example: nothing was scored
+
+
+@pytest.mark.parametrize("name", ["mnist_example_cnn", "batchnorm_cnn", "transformer",
+                                  "scaled_dot_product", "lstm"])
+def test_every_criterion_prunes_models_with_state_randomness_attention_or_recurrence(name):
+    """Every criterion on a model the library did not write: the mask keeps exactly its share,
+    and the model is left as it was (weights, running statistics, train mode). GraSP's second
+    derivative runs attention through the math backend."""
+    from ..probe_models import build
+
+    for method in pruning.list_methods():
+        net, ds = build(name)
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        rounds = {"rounds": 2} if method in ("imp", "synflow", "force", "iterative_snip") else {}
+        mask = pruning.prune(net, method, 0.5, dataset=ds, **rounds)
+        total = sum(m.numel() for m in mask.values())
+        assert int(sum(m.sum() for m in mask.values())) == round(total * 0.5), method
+        assert net.training and all(torch.equal(before[k], v) for k, v in net.state_dict().items())
