@@ -58,10 +58,10 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from training.data import Dataset, check_dataset
 from training.models import RECURRENT, check_output, evaluation
+from training.randomness import RandomOps
 from training.goal import loss_fn
 from training.masks import check_mask
 
@@ -107,19 +107,6 @@ def probe_definition(model: nn.Module) -> str:
                else "this network has no batch-normalization or dropout layer") + ".")
 
 
-class _RandomOps(TorchDispatchMode):
-    """Records the random operations (ATen's ``nondeterministic_seeded`` tag) run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.seen.add(func.name())
-        return func(*args, **(kwargs or {}))
-
-
 def _check_probeable(fl: FlatLoss) -> None:
     """Refuse a network whose eval-mode loss is not a deterministic mean of per-example terms
     (module docstring): a batch normalization without running statistics, or random numbers
@@ -133,7 +120,7 @@ def _check_probeable(fl: FlatLoss) -> None:
                 f"allowed: batch normalization with track_running_stats=True")
     device = fl.theta.device
     with torch.random.fork_rng(devices=[device] if device.type != "cpu" else [],
-                               device_type=device.type), _RandomOps() as ops, torch.no_grad():
+                               device_type=device.type), RandomOps() as ops, torch.no_grad():
         fl.batch_loss(fl.theta, fl.x[:1], fl.y[:1])
     # the fused attention kernels carry the random tag whatever their dropout; evaluation's math
     # backend keeps them out, so a tag seen here is a real draw

@@ -121,9 +121,7 @@ class Dataset:
         unlike x's, empty data, a type that is not a tensor or array. ``loss``: a per-example
         loss of your own (see :class:`Dataset`); it must be callable.
         """
-        if loss is not None and not callable(loss):
-            raise DataError(f"loss must be a callable loss(outputs, targets) -> per-example "
-                            f"losses, got {type(loss).__name__}")
+        _check_loss(loss)
         made = _from_tensors(cls, x, y, x_val, y_val, val_fraction, seed, task, num_classes,
                              "tensors" if name is None else name, TENSOR_NAMES)
         return made if loss is None else replace(made, loss=loss)
@@ -132,7 +130,9 @@ class Dataset:
     def from_torch(cls, dataset: object, *, val_dataset: object | None = None,
                    val_fraction: float = 0.1, seed: int = 0, task: str | None = None,
                    num_classes: int | None = None, name: str | None = None,
-                   progress: bool | None = None) -> "Dataset":
+                   progress: bool | None = None,
+                   loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                   ) -> "Dataset":
         """A data set from a map-style ``torch.utils.data.Dataset`` (``__len__`` and
         ``__getitem__`` returning ``(x, y)`` pairs: ``x`` a tensor, numpy array or number, ``y``
         an integer, float or tensor), e.g. a torchvision data set with ``transform=ToTensor()``.
@@ -150,15 +150,23 @@ class Dataset:
 
         An IterableDataset or DataLoader, an item that is not a pair, or an item shaped unlike
         item 0 is one :class:`training.DataError` naming the index of the first bad item.
+        ``loss``: a per-example loss of your own, as in :meth:`from_tensors`.
         """
         x, y = materialize(dataset, "dataset", progress)
         x_val = y_val = None
         if val_dataset is not None:
             x_val, y_val = materialize(val_dataset, "val_dataset", progress)
+        _check_loss(loss)
         made = _from_tensors(cls, x, y, x_val, y_val, val_fraction, seed, task, num_classes,
                              type(dataset).__name__ if name is None else name, TORCH_NAMES)
-        return replace(made, provenance={**made.provenance, "source": "torch",
-                                         "torch_class": type(dataset).__qualname__})
+        return replace(made, loss=loss, provenance={**made.provenance, "source": "torch",
+                                                    "torch_class": type(dataset).__qualname__})
+
+
+def _check_loss(loss: object) -> None:
+    if loss is not None and not callable(loss):
+        raise DataError(f"loss must be a callable loss(outputs, targets) -> per-example losses, "
+                        f"got {type(loss).__name__}")
 
 
 def check_dataset(dataset: object, who: str) -> Dataset:

@@ -18,10 +18,14 @@ nothing. The caller's generator state is restored when a trainer returns.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 Tensor = torch.Tensor
 
@@ -80,3 +84,32 @@ def drawing(states: list[Tensor], i: int, device: str | torch.device) -> Iterato
         yield
     finally:
         states[i] = get_state(device)
+
+
+class RandomOps(TorchDispatchMode):
+    """Records the random operations (ATen's ``nondeterministic_seeded`` tag) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def random_operations(model: nn.Module, x: Tensor) -> set[str]:
+    """The random operations a training step of ``model`` draws from, seen in a train-mode
+    forward pass on the example batch ``x`` (a copy of the model, so its running statistics
+    stay; the caller's generator restored). It finds randomness no layer type declares, such
+    as ``F.dropout`` or ``F.scaled_dot_product_attention(..., dropout_p=...)`` in a forward
+    method; attention runs on the math backend, since the fused kernels carry the random tag
+    whatever their dropout."""
+    probe = copy.deepcopy(model).train()
+    like = next((t for t in probe.parameters() if t.is_floating_point()), None)
+    if like is not None:
+        x = x.to(device=like.device, dtype=like.dtype if x.is_floating_point() else x.dtype)
+    with preserved(x.device), RandomOps() as ops, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        probe(x)
+    return ops.seen

@@ -316,7 +316,8 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
                     [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
     plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
-                     run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss)
+                     run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss,
+                     example=dataset.x_train[:1])
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")

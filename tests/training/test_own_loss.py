@@ -137,3 +137,13 @@ def test_a_bad_own_loss_is_one_line(teacher):
     with pytest.raises(training.ModelError, match=r"the data set's loss cannot take the model's "
                                                   r"outputs \[1, 3\] and targets \[1\]: "):
         training.train_reference(mlp(teacher), broken, TRIALS[0], RunConfig(16, max_steps=2))
+
+
+def test_from_torch_takes_an_own_loss_too(teacher):
+    from torch.utils.data import TensorDataset
+
+    made = training.Dataset.from_torch(TensorDataset(teacher.x_train, teacher.y_train),
+                                       loss=smoothed)
+    assert made.loss is smoothed
+    with pytest.raises(training.DataError, match="loss must be a callable"):
+        training.Dataset.from_torch(TensorDataset(teacher.x_train, teacher.y_train), loss=3)

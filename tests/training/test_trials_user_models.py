@@ -294,3 +294,32 @@ def test_batch_size_schedule_trainers_keep_the_running_statistics():
             assert close(res.state(i)[k], v, 1e-12), k
         assert close(res.buffers["features.1.running_var"][i],
                      ref.buffers["features.1.running_var"], 1e-12)
+
+
+class FunctionalDropoutAttention(nn.Module):
+    """Randomness no layer type declares: F.scaled_dot_product_attention's dropout_p and
+    F.dropout called in forward, as hand-written attention blocks do."""
+
+    def __init__(self, features=4, width=8, p=0.2):
+        super().__init__()
+        self.qkv, self.out, self.p = nn.Linear(features, 3 * width), nn.Linear(width, 3), p
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        p = self.p if self.training else 0.0
+        h = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return self.out(nn.functional.dropout(h.mean(1), p, self.training))
+
+
+def test_randomness_no_layer_declares_is_found_and_trained_per_trial():
+    torch.manual_seed(3)
+    net, ds = FunctionalDropoutAttention(), dataset(SEQUENCES)
+    run = RunConfig(BATCH, max_steps=STEPS, dtype=F64, eval_schedule=EvalSchedule(every=STEPS))
+    res = training.train_trials(net, ds, TRIALS["momentum"], run)
+    assert res.program == "per_trial"
+    for i, trial in enumerate(TRIALS["momentum"]):
+        plain = plain_loop(net, ds, trial, "momentum", i, {})
+        for k, p in plain.named_parameters():
+            assert close(res.state(i)[k], p.detach(), TOL["momentum"]), k
+    again = training.train_trials(net, ds, TRIALS["momentum"], run)
+    assert all(torch.equal(res.params[k], again.params[k]) for k in res.params)

@@ -56,6 +56,7 @@ from torch import nn
 
 from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
+from training import randomness
 from training.config import ADAM_OPTIMIZERS
 from training.errors import ConfigError
 from training.engine.batched import BatchedProgram
@@ -186,11 +187,14 @@ def check_runnable(model: nn.Module) -> None:
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
-              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-              ) -> CellPlan:
+              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+              example: torch.Tensor | None = None) -> CellPlan:
     """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
     with ``optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules out
-    ``fused`` and ``batched``, whose backward passes are written for the task's own losses."""
+    ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
+    ``example``: an input batch (one example is enough) on which a model no rule sends to
+    ``fused`` is run once in train mode to see whether it draws random numbers in a way no layer
+    type declares (``training.randomness.random_operations``): such a model runs per_trial."""
     check_runnable(model)
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
@@ -203,12 +207,14 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         if fused is not None:
             return CellPlan("fused", stack, chunk, fused,
                             fused.supports(optimizer))
-    if runs_per_trial(model):
+    random = draws_random_numbers(model) or (
+        example is not None and bool(randomness.random_operations(model, example)))
+    if runs_per_trial(model) or random:
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
-        whole = batch_dependent(model) or draws_random_numbers(model)
+        whole = batch_dependent(model) or random
         chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss)
+        program = PerTrialProgram(model, task, chunk, limit, loss, random)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
     stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))

@@ -81,10 +81,12 @@ class PerTrialProgram:
 
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
                  eval_chunk: int | None = None,
-                 loss: Callable[[Tensor, Tensor], Tensor] | None = None):
+                 loss: Callable[[Tensor, Tensor], Tensor] | None = None,
+                 random: bool | None = None):
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
-        a forward pass."""
+        a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
+        model draws random numbers in train mode (None: as its layer types declare)."""
         # a copy: the program sets its train / eval mode, never the caller's module's
         self.model, self.task = copy.deepcopy(model), task
         self.examples_per_chunk = max(1, int(examples_per_chunk))
@@ -95,7 +97,8 @@ class PerTrialProgram:
         # op fills its tensor in memory order, so NHWC would give other Dropout masks than the
         # plain loop's NCHW; and BatchNorm's sums in another order, amplified by Adam's
         # 1 / sqrt(v) on the near-zero gradients of its shift, moved weights by 8e-10 in float64
-        self.channels_last = not (draws_random_numbers(model) or batch_dependent(model))
+        random = draws_random_numbers(model) if random is None else random
+        self.channels_last = not (random or batch_dependent(model))
         self.buffers = [b.detach() for _, b in model.named_buffers()]
         self.criterion = loss_fn(task, loss)
         # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
