@@ -207,8 +207,11 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         if fused is not None:
             return CellPlan("fused", stack, chunk, fused,
                             fused.supports(optimizer))
+    # a model with batch statistics runs per_trial on whole batches, NCHW, with its generators
+    # anyway (and cannot run a train-mode pass on one example)
     random = draws_random_numbers(model) or (
-        example is not None and bool(randomness.random_operations(model, example)))
+        example is not None and not batch_dependent(model)
+        and bool(randomness.random_operations(model, example)))
     if runs_per_trial(model) or random:
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
