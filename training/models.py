@@ -131,6 +131,27 @@ def check_model(model: object, who: str) -> nn.Module:
     return model
 
 
+def check_runnable(model: nn.Module) -> None:
+    """Refuse, in one line naming the layer and what to do, a module no program can train as
+    the plain loop would (so that nothing is trained and nothing is written). Not a module at
+    all: left to :func:`training.models.check_output`, which names the type."""
+    if not isinstance(model, nn.Module):
+        return
+    for name, m in model.named_modules():
+        where = f"layer {name!r} ({type(m).__name__})" if name else type(m).__name__
+        if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+            raise ModelError(f"{where} has uninitialized (lazy) parameters: call the model once "
+                              f"on an example batch before training it")
+        if isinstance(m, nn.SyncBatchNorm):
+            raise ModelError(f"{where} needs a distributed process group: use nn.BatchNorm*d "
+                              f"(each trial keeps its own running statistics)")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise ModelError(f"parameter {frozen[0]!r} does not require grad ({len(frozen)} frozen "
+                          f"in all): the trainers update every parameter; unfreeze them, or hold "
+                          f"fixed tensors as buffers (register_buffer)")
+
+
 def expected_output(dataset: Dataset) -> tuple[int, ...]:
     """The output shape the trainers' loss needs for ONE example (a batch of one):
     classification: the label's shape + (num_classes,), e.g. [1, 10] for labels [n], or

@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.engine.cell_plan import Program, check_runnable, plan_cell
+from training.engine.cell_plan import Program, plan_cell
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data import Dataset
-from training.models import check_output
+from training.models import check_output, check_runnable
 from training.errors import ConfigError
 from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
 from training.masks import check_mask

@@ -309,7 +309,10 @@ def load_workload(spec: Spec) -> tuple[Workload, training.Dataset, torch.nn.Modu
     workload = Workload.of(spec)
     dataset = workload.load_dataset()
     check_against_dataset(spec, dataset.n_train)
-    return workload, dataset, workload.build_model(dataset, spec.seeds[0])
+    model = workload.build_model(dataset, spec.seeds[0])
+    training.models.check_runnable(model)   # before the output check's forward pass
+    training.models.check_output(model, dataset, "study")
+    return workload, dataset, model
 
 
 def check_against_dataset(spec: Spec, n_train: int) -> None:

@@ -271,7 +271,7 @@ def test_resuming_a_batchnorm_dropout_run_continues_it_exactly():
 ])
 def test_a_module_no_program_can_train_is_refused_in_one_line(make, match):
     net, ds = make(), dataset(IMAGES)
-    with pytest.raises(training.ConfigError, match=match) as info:
+    with pytest.raises(training.ModelError, match=match) as info:
         training.train_trials(net, ds, TRIALS["momentum"], RunConfig(BATCH, max_steps=2))
     assert "\n" not in str(info.value)
 

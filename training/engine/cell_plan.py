@@ -58,7 +58,6 @@ from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
 from training import randomness
 from training.config import ADAM_OPTIMIZERS
-from training.errors import ConfigError
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
 from training.engine.per_trial import (
@@ -163,27 +162,6 @@ def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
     return even_chunks(max(1, n_trials), max(1, fits))
 
 
-def check_runnable(model: nn.Module) -> None:
-    """Refuse, in one line naming the layer and what to do, a module no program can train as
-    the plain loop would (so that nothing is trained and nothing is written). Not a module at
-    all: left to :func:`training.models.check_output`, which names the type."""
-    if not isinstance(model, nn.Module):
-        return
-    for name, m in model.named_modules():
-        where = f"layer {name!r} ({type(m).__name__})" if name else type(m).__name__
-        if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
-            raise ConfigError(f"{where} has uninitialized (lazy) parameters: call the model once "
-                              f"on an example batch before training it")
-        if isinstance(m, nn.SyncBatchNorm):
-            raise ConfigError(f"{where} needs a distributed process group: use nn.BatchNorm*d "
-                              f"(each trial keeps its own running statistics)")
-    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    if frozen:
-        raise ConfigError(f"parameter {frozen[0]!r} does not require grad ({len(frozen)} frozen "
-                          f"in all): the trainers update every parameter; unfreeze them, or hold "
-                          f"fixed tensors as buffers (register_buffer)")
-
-
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
@@ -195,7 +173,6 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
     ``example``: an input batch (one example is enough) on which a model no rule sends to
     ``fused`` is run once in train mode to see whether it draws random numbers in a way no layer
     type declares (``training.randomness.random_operations``): such a model runs per_trial."""
-    check_runnable(model)
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape) if loss is None else None

@@ -254,3 +254,24 @@ def test_a_file_edited_after_this_process_imported_it_is_refused(own_project):
     with pytest.raises(experiments.SpecError, match=r"changed since this process imported "
                                                     r"mymodels .*importlib.reload\(mymodels\)"):
         experiments.load_spec(own_project / "own.toml")
+
+
+
+@pytest.mark.parametrize("layer, line", [
+    ("torch.nn.Linear(6, 7)", "study: model outputs [1, 7] for one example but the data set has "
+                              "3 classes: the last layer must have 3 outputs"),
+    ("torch.nn.LazyLinear(3)", "layer '0' (LazyLinear) has uninitialized (lazy) parameters"),
+])
+def test_a_factory_model_the_data_cannot_train_is_refused_before_anything_is_written(
+        own_project, capsys, layer, line):
+    """The driver builds the model once and checks it (one example's forward pass, after the
+    modules no program can train): one line, exit 2, and no run folder."""
+    (own_project / "mymodels.py").write_text(
+        (own_project / "mymodels.py").read_text()
+        + f"\n\ndef wrong(dataset, **options):\n    return {layer}\n")
+    (own_project / "own.toml").write_text(OWN.replace('"mymodels:mlp"', '"mymodels:wrong"'))
+    out = own_project / "run"
+    assert study(own_project, out) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and line in lines[0], lines
+    assert not out.exists()
