@@ -260,7 +260,7 @@ def test_a_file_edited_after_this_process_imported_it_is_refused(own_project):
 @pytest.mark.parametrize("layer, line", [
     ("torch.nn.Linear(6, 7)", "study: model outputs [1, 7] for one example but the data set has "
                               "3 classes: the last layer must have 3 outputs"),
-    ("torch.nn.LazyLinear(3)", "layer '0' (LazyLinear) has uninitialized (lazy) parameters"),
+    ("torch.nn.LazyLinear(3)", "error: LazyLinear has uninitialized (lazy) parameters"),
 ])
 def test_a_factory_model_the_data_cannot_train_is_refused_before_anything_is_written(
         own_project, capsys, layer, line):
