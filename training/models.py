@@ -27,7 +27,6 @@ import contextlib
 from contextlib import contextmanager
 import itertools
 import math
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from training import randomness
 from training.dataset import Dataset, check_dataset
 from training.errors import DataError, SparsescaleError
 
@@ -44,7 +44,6 @@ class ModelError(SparsescaleError, ValueError):
 
 
 Builder = Callable[..., nn.Module]
-_BUILD_LOCK = threading.RLock()
 _REGISTRY: dict[str, Builder] = {}
 
 
@@ -182,13 +181,10 @@ def check_output(model: object, dataset: object, who: str) -> None:
     if like is not None:
         x = x.to(device=like.device, dtype=like.dtype)
     modes = [(m, m.training) for m in model.modules()]
-    accelerator = x.device.type != "cpu"
     try:
         model.eval()
         # a forward pass that draws random numbers must not move the stream training uses
-        with torch.no_grad(), torch.random.fork_rng(
-                devices=[x.device] if accelerator else [],
-                device_type=x.device.type if accelerator else None):
+        with torch.no_grad(), randomness.preserved(x.device):
             out = model(x)
     except Exception as exc:  # the user's model may raise anything on inputs it cannot take
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -247,7 +243,7 @@ def seeded(seed: int) -> Iterator[None]:
 
     One body at a time: the generator is process-wide, so models built by concurrent threads (a
     thread pool running groups) each get their own seed's weights."""
-    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+    with randomness.preserved("cpu"):
         torch.manual_seed(seed)
         yield
 

@@ -13,12 +13,19 @@ that trial's state and keep the state it leaves; the plain loop that matches tri
 
 Evaluations and the divergence reference (the first mini-batch loss) run in eval mode and draw
 nothing. The caller's generator state is restored when a trainer returns.
+
+Torch's default generators are process-wide. Everything here that sets or restores them holds
+:data:`LOCK` (so does seeded model building, ``training.models.seeded``), so the threads of one
+process (a ``ThreadPoolExecutor`` running a study's groups) never interleave their seeds: a
+trainer holds it for the whole run of a model that draws random numbers, and never takes it
+for one that does not (:func:`draws`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -28,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 Tensor = torch.Tensor
+LOCK = threading.RLock()
 
 
 def randomness_seed(seed: int, index: int, rank: int = 0) -> int:
@@ -61,18 +69,18 @@ def set_state(state: Tensor, device: str | torch.device) -> None:
 
 @contextlib.contextmanager
 def preserved(device: str | torch.device) -> Iterator[None]:
-    """Restore ``device``'s default generator (and the CPU's) on exit: a trainer changes it
-    trial by trial and gives the caller back the state it had."""
+    """Restore ``device``'s default generator (and the CPU's) on exit, holding :data:`LOCK`
+    throughout: a trainer changes it trial by trial and gives the caller back the state it
+    had."""
     index = _cuda_index(device)
-    with torch.random.fork_rng(devices=[] if index is None else [index]):
+    with LOCK, torch.random.fork_rng(devices=[] if index is None else [index]):
         yield
 
 
 def seeded_state(seed: int, device: str | torch.device) -> Tensor:
-    """The state ``device``'s default generator has after ``torch.manual_seed(seed)``."""
-    with preserved(device):
-        torch.manual_seed(seed)
-        return get_state(device)
+    """The state ``device``'s default generator has after ``torch.manual_seed(seed)`` (that of
+    a fresh generator seeded so: the default one is not touched)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed)).get_state()
 
 
 @contextlib.contextmanager
@@ -101,8 +109,9 @@ class RandomOps(TorchDispatchMode):
 
 def random_operations(model: nn.Module, x: Tensor) -> set[str]:
     """The random operations a training step of ``model`` draws from, seen in a train-mode
-    forward pass on the example batch ``x`` (a copy of the model, so its running statistics
-    stay; the caller's generator restored). It finds randomness no layer type declares, such
+    forward pass on the example batch ``x`` (two examples or more for a model with batch
+    statistics; a copy of the model, so its running statistics stay; the caller's generator
+    restored). It finds randomness no layer type declares, such
     as ``F.dropout`` or ``F.scaled_dot_product_attention(..., dropout_p=...)`` in a forward
     method; attention runs on the math backend, since the fused kernels carry the random tag
     whatever their dropout."""
@@ -113,3 +122,13 @@ def random_operations(model: nn.Module, x: Tensor) -> set[str]:
     with preserved(x.device), RandomOps() as ops, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         probe(x)
     return ops.seen
+
+
+def draws(model: nn.Module, example: Tensor | None) -> bool:
+    """Whether a training step of ``model`` draws random numbers: a layer type that declares it
+    (Dropout with p > 0, a ``dropout`` probability above 0), or, when ``example`` (an input
+    batch) is given, a random operation seen in one train-mode forward pass on it."""
+    declared = any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+                   or isinstance(getattr(m, "dropout", None), float) and m.dropout > 0
+                   for m in model.modules())
+    return declared or (example is not None and bool(random_operations(model, example)))

@@ -17,6 +17,7 @@ takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``tra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -133,16 +134,18 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     it was.
     """
     check_output(model, dataset, "train_schedule_reference")
-    with randomness.preserved(run.device if isinstance(run, RunConfig) else "cpu"):
+    check_run(run, "train_schedule_reference")
+    random = randomness.draws(model, dataset.x_train[:2])
+    with randomness.preserved(run.device) if random else contextlib.nullcontext():
         return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
-                                         trial_index)
+                                         trial_index, random)
 
 
 def _train_schedule_reference(model: nn.Module, dataset: Dataset,
                               trial: Trial | Mapping[str, Any], run: RunConfig,
                               schedule: BatchSchedule | None,
                               mask: Mapping[str, torch.Tensor] | None, start: TrainState | None,
-                              trial_index: int) -> ScheduleResult:
+                              trial_index: int, random: bool) -> ScheduleResult:
     trial = Trial.from_dict(trial)
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:
@@ -181,10 +184,11 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []
     position = DataPosition() if start is None else start.position
-    randomness.set_state(
-        start.rng_states[0] if start is not None and start.rng_states
-        else randomness.seeded_state(randomness_seed(run.seed, trial_index), run.device),
-        run.device)
+    if random:
+        randomness.set_state(
+            start.rng_states[0] if start is not None and start.rng_states
+            else randomness.seeded_state(randomness_seed(run.seed, trial_index), run.device),
+            run.device)
     if start is None:
         with torch.no_grad():
             idx, _ = stream.batch(position, schedule.at(0).batch_size)
@@ -234,7 +238,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
         steps_run=step, curve=Curve.from_rows(rows), state=weights, buffers=model_buffers)
     state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
                        (initial_loss,), moments, {k: v[None] for k, v in model_buffers.items()},
-                       (randomness.get_state(run.device),))
+                       (randomness.get_state(run.device),) if random else ())
     return ScheduleResult(result=result, state=state, examples=examples)
 
 

@@ -24,6 +24,7 @@ between two scheduled evaluations is not seen, as with any evaluation schedule.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -302,22 +303,25 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     check_run(run, "train_trials")
     check_runnable(model)   # before a forward pass, which would materialize lazy parameters
     check_output(model, dataset, "train_trials")
-    with randomness.preserved(run.device):
+    random = randomness.draws(model, dataset.x_train[:2])
+    # the process-wide generator is only ever touched (under its lock) for a model that draws
+    with randomness.preserved(run.device) if random else contextlib.nullcontext():
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
-                             start, data_seeds, return_state)
+                             start, data_seeds, return_state, random)
 
 
 def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                   run: RunConfig, masks: Mapping[str, Tensor] | None,
                   trials_per_chunk: int | None, first_index: int, start: TrainState | None,
-                  data_seeds: Sequence[int] | None, return_state: bool) -> TrialsResult:
+                  data_seeds: Sequence[int] | None, return_state: bool, random: bool
+                  ) -> TrialsResult:
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
     plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
                      run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss,
-                     example=dataset.x_train[:1])
+                     random=random)
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
@@ -335,7 +339,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
                      origin, dataset.loss)
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
                          chunk, run.device, run.dtype,
-                         getattr(plan.program, "takes_module_state", False))
+                         getattr(plan.program, "takes_module_state", False), random)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:

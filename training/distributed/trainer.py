@@ -199,6 +199,8 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
     (``randomness_seed(run.seed, trial_index, rank)``, rank 0's that of the single process), so
     on k > 1 workers such a run matches the single process in distribution, not to the bit.
     Evaluations and the divergence reference run in eval mode, as in the reference loop."""
+    if not randomness.draws(model, dataset.x_train[:2]):
+        return _train_rank(model, dataset, dist_run, rank, device, mask)
     with randomness.preserved(device):
         randomness.set_state(randomness.seeded_state(
             randomness_seed(dist_run.run.seed, dist_run.trial_index, rank), device), device)

@@ -61,7 +61,7 @@ from training.config import ADAM_OPTIMIZERS
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
 from training.engine.per_trial import (
-    PerTrialProgram, batch_dependent, draws_random_numbers, has_conv2d,
+    PerTrialProgram, batch_dependent, has_conv2d,
 )
 
 PROGRAMS = ("fused", "per_trial", "batched", "func")
@@ -166,13 +166,14 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-              example: torch.Tensor | None = None) -> CellPlan:
+              random: bool | None = None) -> CellPlan:
     """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
     with ``optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules out
     ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
-    ``example``: an input batch (one example is enough) on which a model no rule sends to
-    ``fused`` is run once in train mode to see whether it draws random numbers in a way no layer
-    type declares (``training.randomness.random_operations``): such a model runs per_trial."""
+    ``random``: whether a training step of the model draws random numbers
+    (``training.randomness.draws``, which can also find randomness no layer type declares; None:
+    as its layer types declare): such a model runs per_trial, whole batches, with a generator per
+    trial."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape) if loss is None else None
@@ -184,11 +185,7 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         if fused is not None:
             return CellPlan("fused", stack, chunk, fused,
                             fused.supports(optimizer))
-    # a model with batch statistics runs per_trial on whole batches, NCHW, with its generators
-    # anyway (and cannot run a train-mode pass on one example)
-    random = draws_random_numbers(model) or (
-        example is not None and not batch_dependent(model)
-        and bool(randomness.random_operations(model, example)))
+    random = randomness.draws(model, None) if random is None else random
     if runs_per_trial(model) or random:
         limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
@@ -219,7 +216,7 @@ def runs_per_trial(model: nn.Module) -> bool:
     statistics or random draws (per-trial buffers and generators), recurrent layers (no
     batching rule over trials in ``torch.func``) or attention layers (``torch.func`` falls back
     to a slow loop over the fused attention kernel, with a warning per call)."""
-    return (has_conv2d(model) or batch_dependent(model) or draws_random_numbers(model)
+    return (has_conv2d(model) or batch_dependent(model) or randomness.draws(model, None)
             or any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
 
 

@@ -60,14 +60,6 @@ def batch_dependent(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
 
 
-def draws_random_numbers(model: nn.Module) -> bool:
-    """Whether ``model`` draws random numbers in train mode: a Dropout layer, or a layer with a
-    ``dropout`` probability above 0 (attention, recurrent layers, transformer layers)."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
-               or isinstance(getattr(m, "dropout", None), float) and m.dropout > 0
-               for m in model.modules())
-
-
 def has_conv2d(model: nn.Module) -> bool:
     """Whether ``model`` has a 2-D convolution (the models this path is for)."""
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
@@ -86,7 +78,8 @@ class PerTrialProgram:
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
-        model draws random numbers in train mode (None: as its layer types declare)."""
+        model draws random numbers in train mode (None: as its layer types declare); only then
+        does each trial step with its own generator."""
         # a copy: the program sets its train / eval mode, never the caller's module's
         self.model, self.task = copy.deepcopy(model), task
         self.examples_per_chunk = max(1, int(examples_per_chunk))
@@ -97,7 +90,8 @@ class PerTrialProgram:
         # op fills its tensor in memory order, so NHWC would give other Dropout masks than the
         # plain loop's NCHW; and BatchNorm's sums in another order, amplified by Adam's
         # 1 / sqrt(v) on the near-zero gradients of its shift, moved weights by 8e-10 in float64
-        random = draws_random_numbers(model) if random is None else random
+        random = randomness.draws(model, None) if random is None else random
+        self.random = random
         self.channels_last = not (random or batch_dependent(model))
         self.buffers = [b.detach() for _, b in model.named_buffers()]
         self.criterion = loss_fn(task, loss)
@@ -146,7 +140,7 @@ class PerTrialProgram:
         total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         buffers = self._buffers(module, i)
         self.model.train()
-        draws = (contextlib.nullcontext() if module is None
+        draws = (contextlib.nullcontext() if module is None or module.rng is None
                  else randomness.drawing(module.rng, i, params[0].device))
         with draws:
             for start in range(0, batch, self.examples_per_chunk):

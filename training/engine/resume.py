@@ -122,7 +122,7 @@ def load_stack(st: Any, start: TrainState, names: list[str], buffer_names: Seque
         if start.model_buffers:
             st.module.buffers = [_rows(start.model_buffers[name], ids, b)
                                  for name, b in zip(buffer_names, st.module.buffers)]
-        if start.rng_states:
+        if start.rng_states and st.module.rng is not None:
             st.module.rng = [start.rng_states[0 if len(start.rng_states) == 1 else i] for i in ids]
     losses = start.initial_loss
     st.init_loss = torch.tensor([losses[0] if len(losses) == 1 else losses[i] for i in ids],
@@ -149,5 +149,6 @@ def end_state(stacks: Sequence[Any], names: list[str], step: int, origin: DataOr
     state = TrainState(cat(lambda st: st.params), buffers, int(step), origin.position(step, batch_size, n),
                        tuple(float(v) for st in live for v in st.init_loss.tolist()), moments,
                        cat(lambda st: st.module.buffers, buffer_names) if module else {},
-                       tuple(s for st in live for s in st.module.rng) if module else ())
+                       tuple(s for st in live for s in st.module.rng)
+                       if module and live[0].module.rng is not None else ())
     return state, tuple(i for st in live for i in st.ids)

@@ -36,29 +36,33 @@ class ModuleState:
     :mod:`training.randomness`)."""
 
     buffers: list[Tensor]
-    rng: list[Tensor]
+    rng: list[Tensor] | None   # None: the model draws no random numbers
 
     def select(self, idx: Tensor) -> "ModuleState":
         rows = idx.tolist()
         return ModuleState([b.index_select(0, idx.to(b.device)) for b in self.buffers],
-                           [self.rng[r] for r in rows])
+                           None if self.rng is None else [self.rng[r] for r in rows])
 
     def clone(self) -> "ModuleState":
-        return ModuleState([b.clone() for b in self.buffers], list(self.rng))
+        return ModuleState([b.clone() for b in self.buffers],
+                           None if self.rng is None else list(self.rng))
 
     def rows(self, start: int, stop: int) -> "ModuleState":
         """Trials ``start`` .. ``stop - 1``: views of the buffers, the same generator states."""
-        return ModuleState([b[start:stop] for b in self.buffers], self.rng[start:stop])
+        return ModuleState([b[start:stop] for b in self.buffers],
+                           None if self.rng is None else self.rng[start:stop])
 
     @classmethod
-    def initial(cls, model: nn.Module, seeds: list[int], device: str, dtype: torch.dtype
-                ) -> "ModuleState":
-        """``model``'s buffers repeated for every trial (floating ones cast to ``dtype``), and
-        the generator states seeded by ``seeds`` (:func:`training.randomness.randomness_seed`)."""
+    def initial(cls, model: nn.Module, seeds: list[int], device: str, dtype: torch.dtype,
+                random: bool) -> "ModuleState":
+        """``model``'s buffers repeated for every trial (floating ones cast to ``dtype``), and,
+        for a ``random`` model, the generator states seeded by ``seeds``
+        (:func:`training.randomness.randomness_seed`)."""
         buffers = [b.detach().to(device=device, dtype=dtype if b.is_floating_point() else b.dtype)
                    .unsqueeze(0).expand(len(seeds), *b.shape).clone()
                    for _, b in model.named_buffers()]
-        return cls(buffers, [randomness.seeded_state(s, device) for s in seeds])
+        return cls(buffers, [randomness.seeded_state(s, device) for s in seeds] if random
+                   else None)
 
 
 @dataclass
@@ -119,11 +123,11 @@ class TrialStack:
 
 def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
-                module_state: bool = False) -> list[TrialStack]:
+                module_state: bool = False, random: bool = False) -> list[TrialStack]:
     """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
     with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``. With
-    ``module_state``, every stack also holds :class:`ModuleState` (trial i's generator seeded
-    by ``randomness_seed(seed, first_index + i)``)."""
+    ``module_state``, every stack also holds :class:`ModuleState` (for a ``random`` model,
+    trial i's generator seeded by ``randomness_seed(seed, first_index + i)``)."""
     names = [name for name, _ in model.named_parameters()]
     base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
     mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
@@ -155,5 +159,5 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
             seeds=[trial_seed(seed, first_index + i) for i in ids],
             module=ModuleState.initial(
                 model, [randomness.randomness_seed(seed, first_index + i) for i in ids], device,
-                dtype) if module_state else None))
+                dtype, random) if module_state else None))
     return stacks
