@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.device import PRECISIONS, resolve_device
 from training.errors import ConfigError
 from training.goal import Goal
 
@@ -215,7 +216,13 @@ class RunConfig:
       (one trial: as ``"first"``). ``"never"``: every trial trains the whole budget and its first
       hit is recorded;
     - ``seed``: the data order (trial i of a group reads ``trial_seed(seed, i)``'s batches);
-    - ``dtype``, ``device``: where and in which precision the run computes.
+    - ``dtype``, ``device``: where and in which floating-point type the run computes
+      (``"cpu"``, ``"cuda"``, ``"cuda:N"``; a CUDA device this machine lacks is a
+      :class:`training.device.DeviceError`);
+    - ``precision``: the arithmetic of forward passes and losses, ``"fp32"`` (default),
+      ``"tf32"`` (CUDA matmuls and convolutions in TF32; the same as fp32 on the CPU) or
+      ``"bf16"`` (bfloat16 autocast, float32 weights, gradients and optimizer state); see
+      :mod:`training.device`. Other than fp32 it needs ``dtype`` float32.
     """
 
     batch_size: int
@@ -227,6 +234,7 @@ class RunConfig:
     seed: int = 0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if not is_int(self.batch_size) or self.batch_size < 1:
@@ -253,6 +261,14 @@ class RunConfig:
         except (RuntimeError, TypeError):
             raise ConfigError(f"device {self.device!r} is not a torch device; allowed: cpu, "
                               f"cuda, cuda:N, ...") from None
+        if torch.device(self.device).type == "cuda":
+            resolve_device(self.device)   # one line when this machine has no such GPU
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if self.precision != "fp32" and self.dtype != torch.float32:
+            raise ConfigError(f"precision {self.precision!r} needs dtype torch.float32 (float32 "
+                              f"master weights), got {self.dtype}; use precision 'fp32' with "
+                              f"{self.dtype}")
         # numpy integers (from a plan or a data frame) become ints: one value, one type
         for name in ("batch_size", "max_steps", "seed"):
             object.__setattr__(self, name, int(getattr(self, name)))

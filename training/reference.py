@@ -13,6 +13,10 @@ index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``
 Mini-batches come from :class:`training.state.DataStream`, which for one constant batch size
 takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``train_trials`` and
 ``train_distributed``).
+
+``run.precision`` (:mod:`training.device`): the forward passes and losses run under
+``training.device.autocast`` (bfloat16 for ``bf16``), the backward pass and ``optimizer.step()``
+outside it, on float32 parameters, gradients and optimizer state: torch's own recipe.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_value
 from training.masks import apply_mask, mask_
 from training import randomness
+from training.device import autocast, precision as arithmetic
 from training.order import trial_seed
 from training.randomness import randomness_seed
 from training.results import Curve, ReferenceResult, ScheduleResult
@@ -67,15 +72,18 @@ def make_optimizer(params: Iterable[nn.Parameter], optimizer: str, trial: Trial
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: str, task: str,
-             chunk: int = 4096, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-             ) -> float:
+             chunk: int = 4096, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             precision: str = "fp32") -> float:
     """Goal metric of ``model`` on (x, y), computed in chunks (mean over all examples);
-    ``loss``: the data set's own per-example loss, if it has one."""
+    ``loss``: the data set's own per-example loss, if it has one; ``precision``: that of the
+    forward pass (the metric itself is computed in float32 or the model's dtype)."""
     was_training = model.training
     model.eval()
     total = 0.0
     for i in range(0, x.shape[0], chunk):
-        out = model(x[i:i + chunk])
+        with autocast(precision, x.device):
+            out = model(x[i:i + chunk])
+        out = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
         total += float(metric_value(metric, out, y[i:i + chunk], task, loss)) * out.shape[0]
     model.train(was_training)
     return total / x.shape[0]
@@ -136,7 +144,8 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     check_output(model, dataset, "train_schedule_reference")
     check_run(run, "train_schedule_reference")
     random = randomness.draws(model, dataset.x_train[:2])
-    with randomness.preserved(run.device) if random else contextlib.nullcontext():
+    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
+          arithmetic(run.precision, run.device)):
         return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
                                          trial_index, random)
 
@@ -193,7 +202,8 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
         with torch.no_grad():
             idx, _ = stream.batch(position, schedule.at(0).batch_size)
             net.eval()  # draws nothing, leaves the running statistics alone
-            initial_loss = float(criterion(net(data.x_train[idx]), data.y_train[idx]))
+            with autocast(run.precision, run.device):
+                initial_loss = float(criterion(net(data.x_train[idx]), data.y_train[idx]))
             net.train()
         losses: list[float] = [initial_loss]
     else:
@@ -202,7 +212,8 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     examples = 0
 
     def record(k: int) -> bool:
-        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task, loss=dataset.loss)
+        value = evaluate(net, data.x_val, data.y_val, metric, dataset.task, loss=dataset.loss,
+                         precision=run.precision)
         rows.append((k, float(np.mean(losses)), value))
         losses.clear()
         return bool(goal is not None and goal.met(value))
@@ -216,7 +227,8 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
             group["lr"] = (trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor)
                            * segment.lr_scale)
         opt.zero_grad(set_to_none=False)
-        loss = criterion(net(data.x_train[idx]), data.y_train[idx])
+        with autocast(run.precision, run.device):
+            loss = criterion(net(data.x_train[idx]), data.y_train[idx])
         value = float(loss.detach())
         if is_diverged(value, initial_loss):
             diverged_step = step

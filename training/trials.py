@@ -47,7 +47,7 @@ from training.engine.resume import DataOrigin, check_data_seeds, check_start, en
 from training.engine.batched import stacked_loss_and_grad
 from training.state import TrainState
 from training.engine.trial_stack import ModuleState, TrialStack, make_stacks
-from training import randomness
+from training import device, randomness
 
 Tensor = torch.Tensor
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
@@ -305,7 +305,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     check_output(model, dataset, "train_trials")
     random = randomness.draws(model, dataset.x_train[:2])
     # the process-wide generator is only ever touched (under its lock) for a model that draws
-    with randomness.preserved(run.device) if random else contextlib.nullcontext():
+    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
+          device.precision(run.precision, run.device)):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
                              start, data_seeds, return_state, random)
 
@@ -321,7 +322,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
     plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
                      run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss,
-                     random=random)
+                     random=random, precision=run.precision)
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     if chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")

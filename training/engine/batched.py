@@ -8,6 +8,11 @@ large kernels and builds no autograd graph. It is the eager fallback of the comp
 ``fused`` program (:mod:`training.engine.fused`), which runs the same layers.
 
 Losses are those of :mod:`training.goal`: mean cross-entropy, or 1/2 mean squared error.
+
+Precision (:mod:`training.device`): under ``bf16`` the forward and backward matmuls run in
+autocast's bfloat16 (there is no autograd graph: the hand-written backward's products are
+autocast's too, as autograd's would be), the loss and its gradient in float32, and the
+gradients come back in the parameters' dtype, so the update reads float32 gradients.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from training.device import autocast
 from training.models import Flatten1dOutput
 
 Tensor = torch.Tensor
@@ -30,6 +36,7 @@ def stacked_loss_and_grad(out: Tensor, y: Tensor, task: str) -> tuple[Tensor, Te
     Regression: l = 1/2 mean_b (f_b - y_b)^2, dl/df_b = (f_b - y_b) / B.
     """
     batch = out.shape[1]
+    out = widen(out)   # under bf16 autocast: the loss and its gradient in float32
     if task == "classification":
         # classes on dim 1, examples innermost: CPU softmax over a short innermost dim is ~10x
         # slower than over a middle one
@@ -41,6 +48,12 @@ def stacked_loss_and_grad(out: Tensor, y: Tensor, task: str) -> tuple[Tensor, Te
         return loss, dout.div_(batch).transpose(1, 2)
     diff = out - y
     return 0.5 * diff.square().mean(-1), diff.div_(batch)
+
+
+def widen(t: Tensor) -> Tensor:
+    """``t`` in float32 when autocast left it in a lower precision (bfloat16, float16); else
+    ``t`` itself (float32 and float64 outputs are never touched)."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,11 +211,12 @@ def _as_layer(m: nn.Module) -> _Layer | None:
 class BatchedProgram:
     """Hand-batched forward and backward of an ``nn.Sequential`` of supported layers."""
 
-    def __init__(self, layers: list[_Layer], task: str):
-        self.layers, self.task = layers, task
+    def __init__(self, layers: list[_Layer], task: str, precision: str = "fp32"):
+        self.layers, self.task, self.precision = layers, task, precision
 
     @classmethod
-    def try_build(cls, model: nn.Module, task: str) -> "BatchedProgram | None":
+    def try_build(cls, model: nn.Module, task: str, precision: str = "fp32"
+                  ) -> "BatchedProgram | None":
         """The program for ``model``, or None if it has a layer (or buffer) this path lacks."""
         if not isinstance(model, nn.Sequential) or any(True for _ in model.buffers()):
             return None
@@ -211,7 +225,7 @@ class BatchedProgram:
             return None
         if sum(layer.n_params for layer in layers) != len(list(model.parameters())):
             return None
-        return cls(layers, task)  # type: ignore[arg-type]
+        return cls(layers, task, precision)  # type: ignore[arg-type]
 
     def _split(self, params: Sequence[Tensor]) -> list[Sequence[Tensor]]:
         out, i = [], 0
@@ -223,13 +237,22 @@ class BatchedProgram:
     def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...]; an input shared by all trials is passed
         expanded (stride 0 on the trial dim) and then costs one GEMM in a Linear layer."""
-        for layer, p in zip(self.layers, self._split(params)):
-            x, _ = layer.forward(p, x)
-        return x
+        with autocast(self.precision, x.device):
+            for layer, p in zip(self.layers, self._split(params)):
+                x, _ = layer.forward(p, x)
+        return widen(x)
 
     def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
                        ) -> tuple[Tensor, list[Tensor]]:
         """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
+        with autocast(self.precision, x.device):
+            loss, grads = self._loss_and_grads(params, x, y)
+        if self.precision == "fp32":
+            return loss, grads
+        return loss, [g.to(p.dtype) for g, p in zip(grads, params)]
+
+    def _loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
+                        ) -> tuple[Tensor, list[Tensor]]:
         split = self._split(params)
         ctxs = []
         for layer, p in zip(self.layers, split):

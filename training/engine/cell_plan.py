@@ -26,6 +26,12 @@ The choice follows rules, each with the measurements behind it:
   ``func`` (:class:`training.engine.func.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
   floats (:func:`default_chunk`).
+- Precision and device (:mod:`training.device`): the compiled kernel computes float32 (or
+  float64) on the CPU only, so a CUDA cell, or a ``bf16`` cell on any device, never gets
+  ``fused``: the same model then runs ``batched`` (hand-batched matmuls, autocast under bf16).
+  The other programs take the precision and apply it to their forward passes and losses.
+  ``tf32`` is fp32 on the CPU and keeps ``fused`` there. (The rules' measurements are the
+  CPU's; on CUDA they choose by the same model features, not yet by measurement.)
 - Every program: a stack's parameters and optimizer state fit in SNAPSHOT_BUDGET bytes
   (:func:`snapshot_limit`), since a run with a goal keeps a copy of one stack per evaluation
   interval to find the exact step of a hit; the trials are then split into stacks of equal size.
@@ -58,6 +64,7 @@ from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
 from training import randomness
 from training.config import ADAM_OPTIMIZERS
+from training.device import lowers
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
 from training.engine.per_trial import (
@@ -166,18 +173,18 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-              random: bool | None = None) -> CellPlan:
+              random: bool | None = None, precision: str = "fp32") -> CellPlan:
     """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
     with ``optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules out
     ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
     ``random``: whether a training step of the model draws random numbers
     (``training.randomness.draws``, which can also find randomness no layer type declares; None:
     as its layer types declare): such a model runs per_trial, whole batches, with a generator per
-    trial."""
+    trial. ``precision`` (:data:`training.device.PRECISIONS`): ``bf16`` rules out ``fused``."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     stack = snapshot_limit(model, optimizer, itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape) if loss is None else None
-    if encoding is not None:
+    if encoding is not None and not lowers(precision):   # the kernel is float32 C++
         per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
         limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
         chunk = even_chunks(batch_size, limit)
@@ -191,11 +198,12 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
         whole = batch_dependent(model) or random
         chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss, random)
+        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
     stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
-    eager = build_program(model, task) if loss is None else FuncProgram(model, task, loss)
+    eager = (build_program(model, task, precision) if loss is None
+             else FuncProgram(model, task, loss, precision))
     program = "batched" if isinstance(eager, BatchedProgram) else "func"
     return CellPlan(program, stack, batch_size, eager)
 
@@ -220,9 +228,12 @@ def runs_per_trial(model: nn.Module) -> bool:
             or any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
 
 
-def build_program(model: nn.Module, task: str) -> BatchedProgram | FuncProgram:
-    """The fast hand-batched program when the model allows it, else the torch.func fallback."""
-    return BatchedProgram.try_build(model, task) or FuncProgram(model, task)
+def build_program(model: nn.Module, task: str, precision: str = "fp32"
+                  ) -> BatchedProgram | FuncProgram:
+    """The fast hand-batched program when the model allows it, else the torch.func fallback
+    (both computing in ``precision``)."""
+    return (BatchedProgram.try_build(model, task, precision)
+            or FuncProgram(model, task, precision=precision))
 
 
 # Activation floats (trials x examples x floats per example) one stack may hold: the trial

@@ -3,7 +3,9 @@
 the ``torch.func`` docs).
 
 Parameters are stacked along a leading trial dimension (``[N, *shape]``) and so are inputs
-(``[N, batch, ...]``); the loss is that of :mod:`training.goal`.
+(``[N, batch, ...]``); the loss is that of :mod:`training.goal`. Under ``bf16`` the forward pass
+and the loss run in autocast (:mod:`training.device`); the gradients of the float32 parameters
+come back in float32.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from training.device import autocast
+from training.engine.batched import widen
 from training.goal import loss_fn
 
 Tensor = torch.Tensor
@@ -22,8 +26,9 @@ class FuncProgram:
     """Any module through ``torch.func``: vmap of grad_and_value of ``functional_call``."""
 
     def __init__(self, model: nn.Module, task: str,
-                 loss: Callable[[Tensor, Tensor], Tensor] | None = None):
-        self.model, self.task = model, task
+                 loss: Callable[[Tensor, Tensor], Tensor] | None = None,
+                 precision: str = "fp32"):
+        self.model, self.task, self.precision = model, task, precision
         self.names = [name for name, _ in model.named_parameters()]
         self.buffers = dict(model.named_buffers())
         criterion = loss_fn(task, loss)
@@ -33,15 +38,19 @@ class FuncProgram:
                                                        **self.buffers}), (x,))
 
         def loss(params, x, y):
-            return criterion(call(params, x), y)
+            with autocast(precision, x.device):
+                return criterion(call(params, x), y)
 
         self._call = call
         self._grad = torch.func.vmap(torch.func.grad_and_value(loss))
 
     def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
-        if x.stride(0) == 0:  # one input expanded over the trials
-            return torch.func.vmap(self._call, in_dims=(0, None))(tuple(params), x[0])
-        return torch.func.vmap(self._call)(tuple(params), x)
+        with autocast(self.precision, x.device):
+            if x.stride(0) == 0:  # one input expanded over the trials
+                out = torch.func.vmap(self._call, in_dims=(0, None))(tuple(params), x[0])
+            else:
+                out = torch.func.vmap(self._call)(tuple(params), x)
+        return widen(out)
 
     def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
                        ) -> tuple[Tensor, list[Tensor]]:

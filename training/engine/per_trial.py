@@ -34,6 +34,14 @@ statistics and updates the trial's running statistics in place) and with the dev
 set to the trial's state (:mod:`training.randomness`); a forward pass for evaluation runs it in
 eval mode (running statistics, no Dropout), drawing nothing. This is what the plain loop does:
 ``model.train()`` for its steps, ``model.eval()`` to evaluate.
+
+Devices and precision (:mod:`training.device`): the same code runs on CUDA (cuDNN's
+convolutions in place of oneDNN's); the compiled kernel's one-pass update is CPU code, so on
+CUDA the update is torch's (:meth:`training.engine.updates.StackUpdate.apply_`, the same rules).
+Under ``bf16`` each forward pass and loss runs in autocast and the backward pass outside it, as
+``torch.autocast``'s documentation asks; the gradients of the float32 parameters are float32.
+The divergence check of a trial's loss is one host synchronization per trial-step: a diverged
+trial must not take its update, and the update of the next trial follows at once.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from torch import nn
 from training import randomness
 from training.engine import compiled_kernel as kernels
 from training.engine.trial_stack import ModuleState
+from training.device import autocast
+from training.engine.batched import widen
 from training.engine.updates import StackUpdate
 from training.goal import loss_fn
 
@@ -74,12 +84,14 @@ class PerTrialProgram:
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
                  eval_chunk: int | None = None,
                  loss: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 random: bool | None = None):
+                 random: bool | None = None, precision: str = "fp32"):
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
         model draws random numbers in train mode (None: as its layer types declare); only then
-        does each trial step with its own generator."""
+        does each trial step with its own generator. ``precision``: that of the forward passes
+        and losses (:data:`training.device.PRECISIONS`)."""
+        self.precision = precision
         # a copy: the program sets its train / eval mode, never the caller's module's
         self.model, self.task = copy.deepcopy(model), task
         self.examples_per_chunk = max(1, int(examples_per_chunk))
@@ -120,11 +132,12 @@ class PerTrialProgram:
         passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``, in eval mode."""
         step = self.eval_chunk
         self.model.eval()
-        return torch.stack([
-            torch.cat([self._call([p[i] for p in params], x[i, start:start + step],
-                                  self._buffers(module, i))
-                       for start in range(0, x.shape[1], step)])
-            for i in range(x.shape[0])])
+        with autocast(self.precision, x.device):
+            return widen(torch.stack([
+                torch.cat([widen(self._call([p[i] for p in params], x[i, start:start + step],
+                                            self._buffers(module, i)))
+                           for start in range(0, x.shape[1], step)])
+                for i in range(x.shape[0])]))
 
     def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
                grads: Sequence[Tensor] | None = None, module: ModuleState | None = None,
@@ -146,8 +159,9 @@ class PerTrialProgram:
             for start in range(0, batch, self.examples_per_chunk):
                 stop = min(batch, start + self.examples_per_chunk)
                 with torch.enable_grad():
-                    loss = self.criterion(self._call(leaves, x[start:stop], buffers),
-                                          y[start:stop])
+                    with autocast(self.precision, x.device):
+                        loss = self.criterion(widen(self._call(leaves, x[start:stop], buffers)),
+                                              y[start:stop])
                     loss = loss * ((stop - start) / batch)
                     loss.backward()
                 total += loss.detach()
@@ -182,7 +196,7 @@ class PerTrialProgram:
             losses.append(loss)
             if not bool(loss.double() <= limit[i]):
                 continue  # diverged: no update
-            if self.kernel is not None:
+            if self.kernel is not None and params[0].device.type == "cpu":
                 update.apply_trial_(self.kernel, i, params, grads)
                 continue
             one = slice(i, i + 1)
