@@ -11,7 +11,9 @@ Public API::
     training.train_trials(net, ds, [trial, training.Trial(lr=0.3, momentum=0.9)], run)
 """
 
-from training import config, data, distributed, goal, lr_schedule, masks, models, order, process
+from training import (
+    config, data, device, distributed, goal, lr_schedule, masks, models, order, process,
+)
 from training.config import EvalSchedule, RunConfig, Trial
 from training.data import DataError, DataIOError, Dataset
 from training.distributed import train_distributed
@@ -24,7 +26,7 @@ from training.results import Curve, ReferenceResult
 from training.trials import TrialsResult, train_trials
 
 __all__ = [
-    "config", "data", "distributed", "goal", "lr_schedule", "masks", "models", "order", "process",
+    "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order", "process",
     "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
     "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
     "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",

@@ -33,6 +33,7 @@ from training.process import setup_training_process
 
 from experiments.cli import bench, ddp
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
+from experiments.cli.options import add_device_argument, device_of
 from experiments.spec.study import SpecError
 
 DESCRIPTION = """\
@@ -51,7 +52,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     from experiments.run import runner
     from experiments.spec.study import load
 
-    spec = load(args.config)
+    spec = device_of(args, load(args.config))
     if args.dry_run:
         return _dry_run(spec, args.out)
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
@@ -144,8 +145,10 @@ def _cmd_branch(args: argparse.Namespace) -> int:
     target = Path(args.target)
     if (target / DB_NAME).exists():
         run_dir, spec = target, load_results(target).spec
+        if hasattr(spec, "device"):   # a stored spec does not keep its device: --device's
+            spec = device_of(args, spec)
     else:   # a spec: run (or complete) its sweep and probes first
-        spec = load(args.target)
+        spec = device_of(args, load(args.target))
         run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                    report=False)
     if spec is None or not hasattr(spec, "branching"):
@@ -218,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip this machine's DDP cost model (otherwise measured once per machine "
                         "and workload, cached, and copied into the run folder as cost_model.json "
                         "for the report's time-to-result section)")
+    add_device_argument(p)
     p.set_defaults(fn=_cmd_study)
 
     p = sub.add_parser("report", help="write the report of one or more run folders",
@@ -266,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-fraction", type=float,
                    help="window W as a fraction of the base run's examples to its goal")
     p.add_argument("--no-warmup", action="store_true", help="skip the warmup comparison")
+    add_device_argument(p, what="train and branch (a run folder's study: cpu unless given)")
     p.add_argument("--redo", action="store_true", help="measure again what the store holds")
     p.add_argument("--no-report", action="store_true", help="do not rewrite the report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -21,6 +21,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 import training
@@ -28,7 +29,7 @@ from theory.branching import branch_factors, critical_batch
 
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads
-from experiments.run.probes import PROBE_THREADS, best_trial, stored_trial
+from experiments.run.probes import PROBE_THREADS, best_trial, on_device, stored_trial
 from experiments.store.schema import BranchRow, WarmupRow
 from experiments.spec.study import Spec
 from experiments.spec.branching import Branching
@@ -82,20 +83,21 @@ def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
     """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
     its ``dataset``), with ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
-        dataset = task.workload.load_dataset() if dataset is None else dataset
-        return branch_level(task, dataset)
+        dataset, model = on_device(task.workload, task.spec.device, dataset, task.seed)
+        return branch_level(task, dataset, model)
 
 
-def branch_level(task: BranchTask, dataset: training.Dataset
+def branch_level(task: BranchTask, dataset: training.Dataset, model: torch.nn.Module
                  ) -> tuple[list[BranchRow], list[WarmupRow]]:
-    """The branching and warmup rows of one (sparsity, seed)."""
+    """The branching and warmup rows of one (sparsity, seed), of ``model`` (the seed's
+    initialization) on ``dataset``, both on the study's device."""
     spec, settings, group, sparsity, seed = task.spec, task.settings, task.group, task.sparsity, task.seed
     trial, index, b = stored_trial(task.trial), int(task.trial.trial), int(group.batch_size)
     mask = task.mask
-    model = task.workload.build_model(dataset, seed)
     run = training.RunConfig(b, spec.optimizer, max_steps=int(group.max_steps), seed=seed,
                              goal=training.Goal(spec.metric, spec.target, spec.strict),
-                             eval_schedule=spec.eval)
+                             eval_schedule=spec.eval, device=spec.device,
+                             precision=spec.precision)
     k_max = min(settings.k_max, 1 << int(math.log2(dataset.n_train // b)))
     res = branch_critical_batch(
         model, dataset, trial, run, mask=mask, trial_index=index, goal_step=int(group.steps_to_result),

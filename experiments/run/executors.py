@@ -8,6 +8,11 @@
 
 A worker computes with ONE torch thread (``torch_threads(1)``) wherever it runs, so a group's
 floating-point results do not depend on which executor ran it.
+
+On CUDA (a study's ``[workload] device = "cuda"``) the local pool runs one worker per visible GPU
+(:func:`default_workers`), and worker k makes GPU k modulo their count its current device as it
+starts (:func:`_init_worker`), so ``"cuda"`` in a group's run means that worker's own GPU and
+the workers never share one. ``"cuda:N"`` pins every worker to GPU N.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ class ExecutorIOError(SparsescaleIOError):
     """The executor's cluster cannot be reached (a Dask scheduler's address): names the address."""
 
 
-def _init_worker() -> None:
+def _init_worker(counter=None) -> None:
+    """A pool worker's setup. ``counter``: a shared integer (``multiprocessing.Value``) when
+    the workers train on ``"cuda"``: each takes the next value k and makes GPU k modulo the
+    visible count its current device."""
     import signal
 
     import torch
@@ -37,6 +45,8 @@ def _init_worker() -> None:
 
     torch.set_num_threads(1)
     setup_training_process()
+    if counter is not None:
+        torch.cuda.set_device(worker_gpu(counter))
     # Ctrl-C is the driver's business: it stops submitting and ends the pool (LocalPool.terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -67,19 +77,41 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def default_workers() -> int:
-    """CPUs this process may run on (its affinity set where the OS has one), at least 1."""
+def default_workers(device: str = "cpu") -> int:
+    """On the CPU: CPUs this process may run on (its affinity set where the OS has one); on
+    ``"cuda"``: the visible GPUs (one worker each); on ``"cuda:N"``: one. At least 1."""
+    if device == "cuda":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    if device.startswith("cuda:"):
+        return 1
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
                (os.cpu_count() or 1))
 
 
-def local_pool(workers: int | None = None) -> LocalPool:
-    """A process pool of ``workers`` (default: the usable CPU count) single-threaded workers."""
-    n = default_workers() if workers is None else int(workers)
+def worker_gpu(counter) -> int:
+    """The GPU of the next worker to start: the shared ``counter``'s value (then incremented)
+    modulo the visible GPUs."""
+    import torch
+
+    with counter.get_lock():
+        k = counter.value
+        counter.value += 1
+    return k % max(1, torch.cuda.device_count())
+
+
+def local_pool(workers: int | None = None, device: str = "cpu") -> LocalPool:
+    """A process pool of ``workers`` (default: :func:`default_workers` of ``device``)
+    single-threaded workers; on ``"cuda"`` each on its own GPU (module docstring)."""
+    n = default_workers(device) if workers is None else int(workers)
     if n < 1:
         raise ExecutorError(f"workers must be >= 1, got {workers}")
-    return LocalPool(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                     initializer=_init_worker)
+    context = multiprocessing.get_context("spawn")
+    # a plain "cuda" spreads the workers over the GPUs; "cuda:N" names one for all of them
+    counter = context.Value("i", 0) if device == "cuda" else None
+    return LocalPool(max_workers=n, mp_context=context, initializer=_init_worker,
+                     initargs=(counter,))
 
 
 class DaskExecutor(Executor):

@@ -102,7 +102,8 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
     p = spec.probes
     rows = theory.probe_trajectory(
         model, dataset, stored_trial(trial),
-        training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed)),
+        training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
+                           device=spec.device, precision=spec.precision),
         theory.probe_steps(horizon, p.points) if horizon > 0 else (0,), max(horizon, 1),
         mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
         average=p.average, examples=p.examples, curvature_examples=p.curvature_examples,
@@ -129,9 +130,22 @@ def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> 
     """Probe one run (worker side, or in the driver with its ``dataset``), with
     ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
-        dataset = task.workload.load_dataset() if dataset is None else dataset
-        model = task.workload.build_model(dataset, int(task.group.seed))
+        dataset, model = on_device(task.workload, task.spec.device, dataset, int(task.group.seed))
         return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
+
+
+def on_device(workload: Workload, device: str, dataset: training.Dataset | None, seed: int
+              ) -> tuple[training.Dataset, torch.nn.Module]:
+    """The data set on ``device`` (a worker's copy is made once per process; the driver's
+    ``dataset`` is copied) and the model of ``seed``, built on the CPU from the same seed as
+    everywhere, then moved there: the probes and the branching measurement run on the study's
+    device."""
+    cpu = workload.load_dataset() if dataset is None else dataset
+    model = workload.build_model(cpu, seed)
+    if device == "cpu":
+        return cpu, model
+    return (workload.load_dataset(device) if dataset is None else cpu.to(device),
+            model.to(device))
 
 
 def probe_tasks(spec: Spec, store: Store, sparsity: float,

@@ -45,13 +45,15 @@ from experiments.run.workload import Mask, Workload
 
 @dataclass(frozen=True)
 class GroupTask:
-    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask, and
-    whether the compiled kernel is usable (the driver built it or found it missing, once)."""
+    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask,
+    whether the compiled kernel is usable (the driver built it or found it missing, once), and
+    the device to train on (``"cuda"``: the worker's own GPU, :func:`executors.local_pool`)."""
 
     plan: GroupPlan
     workload: Workload
     mask: Mask | None
     kernels: bool = True
+    device: str = "cpu"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,13 +76,16 @@ def run_group(task: GroupTask) -> GroupRecord:
     start = time.perf_counter()
     try:
         with torch_threads(1), contextlib.nullcontext() if task.kernels else without_compiled_kernel():
-            ds = task.workload.load_dataset()
-            model = task.workload.build_model(ds, p.seed)
+            model = task.workload.build_model(task.workload.load_dataset(), p.seed)
+            ds = task.workload.load_dataset(task.device)   # on a GPU: copied once per worker
             goal = training.Goal(**cfg["goal"])
+            precision = cfg["workload"].get("precision", "fp32")
             run = training.RunConfig(
                 p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
-                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed)
+                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed,
+                device=task.device, precision=precision)
             res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask)
+            where = training.device.device_info(task.device)
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)
@@ -100,7 +105,9 @@ def run_group(task: GroupTask) -> GroupRecord:
         best_trial=None if res.best is None else int(res.best),
         max_steps=p.max_steps, wall_time=time.perf_counter() - start,
         trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
-        kernel=res.program)
+        kernel=res.program, device=where.device, device_name=where.name,
+        cuda_version=where.cuda_version, driver_version=where.driver_version,
+        precision=precision)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +241,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         timing.record(out, clock, quiet)
         return out
 
+    if dask is None:   # a Dask cluster's workers may have GPUs its driver lacks
+        training.device.resolve_device(spec.device, "workload.device")
     workload, dataset, model = load_workload(spec)
     groups = plan(spec)
     with open_store(out, study_info(spec)) as store:
@@ -246,21 +255,25 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         if todo or probe or branch:
             # build the compiled kernel here, once, before the workers start (or warn once
             # that it is missing, and tell them not to try)
-            use_kernels = compiled_kernel_ready(model, dataset.input_shape)
+            # (a CUDA study never runs it: the kernel is CPU code)
+            on_cpu = spec.device == "cpu"
+            use_kernels = on_cpu and compiled_kernel_ready(model, dataset.input_shape)
             own = executor is None
-            n_workers = workers or spec.workers or default_workers()
+            n_workers = workers or spec.workers or default_workers(spec.device)
             # a pool no larger than the work: one group or probed run per worker
             pool_size = n_workers if probe or branch else min(n_workers, len(todo))
-            ex = executor or (dask_executor(dask, n_workers) if dask else local_pool(pool_size))
+            ex = executor or (dask_executor(dask, n_workers) if dask
+                              else local_pool(pool_size, spec.device))
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
-            respawn = functools.partial(local_pool, pool_size) if own and not dask else None
+            respawn = (functools.partial(local_pool, pool_size, spec.device)
+                       if own and not dask else None)
             try:
                 if todo:
                     with clock.phase("masks"):
                         masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
                                                record=out)
-                    tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels)
-                             for g in todo]
+                    tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
+                                       spec.device) for g in todo]
                     with clock.phase("training"):
                         execute(tasks, ex, store, quiet, respawn)
                 if probe or branch:

@@ -4,7 +4,8 @@ The runner's workers, the driver (masks) and the probes all build the workload's
 the network a group trains, the network its mask was scored on and the network the probes
 measure are the same, bit for bit:
 
-- the data set is loaded once per process (every group of a study shares it);
+- the data set is loaded once per process (every group of a study shares it), and copied onto
+  a GPU once per process (:meth:`Workload.load_dataset` with ``device``);
 - the model is ``training.models.build(model, dataset, seed=seed, **model_options)``;
 - a data set or model named by import path (``"module:factory"``) is imported by each process
   itself, from its path and the spec's folders, and checked against the spec's digest of its
@@ -59,12 +60,14 @@ class Workload:
         return cls(spec.dataset, spec.model, dict(spec.dataset_options), dict(spec.model_options),
                    spec.pruning_method, spec.pruning_sanity, dict(spec.digests), spec.folders)
 
-    def load_dataset(self) -> training.Dataset:
-        """The data set (cached per process; a factory's by its digest too)."""
+    def load_dataset(self, device: str = "cpu") -> training.Dataset:
+        """The data set (cached per process; a factory's by its digest too), on ``device``: a
+        GPU's copy is made once per process and kept, so that no group copies it again (the
+        trainers' ``Dataset.to`` of a data set already there returns it as it is)."""
         factory = ({"digest": self.digests.get("dataset"), "folders": list(self.folders)}
                    if factories.is_path(self.dataset) else {})
-        return _dataset_cached(canonical_json(
-            {"dataset": self.dataset, "options": self.dataset_options, **factory}))
+        key = canonical_json({"dataset": self.dataset, "options": self.dataset_options, **factory})
+        return _dataset_cached(key) if device == "cpu" else _dataset_on(key, device)
 
     def build_model(self, dataset: training.Dataset, seed: int) -> torch.nn.Module:
         """The model initialized with ``seed``."""
@@ -103,6 +106,11 @@ class Workload:
 def _plain(mask: pruning.Mask | None) -> Mask | None:
     """A mask's entries as plain tensors (what is shipped to the workers); None stays None."""
     return None if mask is None else {k: v.detach().clone() for k, v in mask.items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _dataset_on(key: str, device: str) -> training.Dataset:
+    return _dataset_cached(key).to(training.device.resolve_device(device))
 
 
 @functools.lru_cache(maxsize=4)

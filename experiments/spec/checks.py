@@ -18,6 +18,7 @@ from typing import Any
 import pruning
 from training.config import ADAM_KEYS, ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule
 from training.data import list_datasets
+from training.device import PRECISIONS, DeviceError, check_device
 from training.errors import SparsescaleError
 from training.goal import unreachable
 from training.models import list_models
@@ -337,3 +338,27 @@ def eval_schedule(ck: Checker, table: Mapping[str, Any]) -> EvalSchedule | None:
     except (SparsescaleError, TypeError) as exc:
         ck.add("eval", str(exc))
         return None
+
+
+# The keys of ``[workload]`` that say where and in which arithmetic the groups train.
+DEVICE_KEYS = ("device", "precision")
+
+
+def device_keys(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, str]:
+    """``[workload] device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``; checked for its form
+    only: a spec stays valid on a machine without the GPU, and the runner checks the machine)
+    and ``[workload] precision`` (:data:`training.device.PRECISIONS`, ``"fp32"`` default)."""
+    wl = raw.get("workload")
+    wl = wl if isinstance(wl, Mapping) else {}
+    device, precision = wl.get("device", "cpu"), wl.get("precision", "fp32")
+    try:
+        device = check_device(device, "workload.device")
+    except DeviceError as exc:
+        ck.problems.append(str(exc))
+        device = "cpu"
+    if precision not in PRECISIONS:
+        ck.add("workload.precision", f"found {precision!r}"
+                                     f"{did_you_mean(str(precision), PRECISIONS)}; "
+                                     f"allowed: {', '.join(PRECISIONS)}")
+        precision = "fp32"
+    return device, precision

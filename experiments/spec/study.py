@@ -17,6 +17,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     dataset_options = {num_samples = 10000}
     model = "mlp"                       # training.models.list_models(), or "module:factory"
     model_options = {}                  # (experiments.spec.factories: your own, by import path)
+    device = "cpu"                      # cpu | cuda | cuda:N (not in the hash: results agree)
+    precision = "fp32"                  # fp32 | tf32 | bf16 (in the hash when not fp32)
 
     [goal]
     metric = "error"                    # error | loss
@@ -223,17 +225,25 @@ class Spec(SpecCore):
     branching: Branching = Branching()
     # by kind, the SHA-256 of each factory's source (experiments.spec.factories): in the hash
     digests: dict[str, str] = field(default_factory=dict)
+    # where the groups train (not in the hash: like the worker count, it does not decide what
+    # is measured; each group's row records its device) and in which arithmetic (in the hash,
+    # and every group key, when not fp32: it changes the results)
+    device: str = "cpu"
+    precision: str = "fp32"
     folders: tuple[str, ...] = field(default=(), compare=False)   # searched after sys.path
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
         A factory named by import path adds ``workload.<kind>_digest``; registered names add
-        nothing, so their hashes and group keys are those of every earlier version."""
+        nothing, so their hashes and group keys are those of every earlier version. A precision
+        other than fp32 adds ``workload.precision``; the device adds nothing."""
         overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
                                            for o, t in sorted(self.search_overrides.items())}}
                      if self.search_overrides else {})   # only a multi-optimizer spec has them
         core = self.core()
         core["workload"].update({f"{kind}_digest": d for kind, d in self.digests.items()})
+        if self.precision != "fp32":
+            core["workload"]["precision"] = self.precision
         return {
             **core,
             "pruning": {"method": self.pruning_method,
@@ -284,7 +294,8 @@ def canonical_json(obj: Any) -> str:
 def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     """The :class:`Spec` whose canonical form is ``canonical`` (a store's ``study.spec_json``),
     validated again: the canonical form is turned back into the TOML tables it stands for.
-    ``workers`` is not part of it (it does not change results) and comes back as None. A pruning
+    ``workers`` and ``device`` are not part of it (they do not change what is measured) and
+    come back as None and ``"cpu"``; a precision other than fp32 is, and comes back. A pruning
     series' sanity check and name (a variant's, :meth:`Spec.variants`) come back as they were."""
     c = canonical
     goal, budget = c["goal"], c["budget"]
@@ -341,6 +352,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     dataset, model, dataset_options, model_options, found = factories.workload_table(
         ck, raw, folders, digests)
+    device, precision = checks.device_keys(ck, raw)
     optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
     metric, target, comparison = checks.goal(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
@@ -442,7 +454,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         eval=eval_schedule, seeds=seeds,
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
-        digests=found, folders=folders)
+        digests=found, folders=folders, device=device, precision=precision)
 
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None

@@ -254,7 +254,8 @@ class Store:
                 (rec.key, float(rec.sparsity), int(rec.batch_size), int(rec.seed), rec.status,
                  rec.steps_to_result, rec.best_trial, int(rec.max_steps), len(rec.trials),
                  rec.n_reached, rec.n_diverged, float(rec.wall_time), int(rec.trial_steps),
-                 rec.error, rec.config_json, lv, tv, now_iso(), rec.kernel))
+                 rec.error, rec.config_json, lv, tv, now_iso(), rec.kernel, rec.device,
+                 rec.device_name, rec.cuda_version, rec.driver_version, rec.precision))
             c.executemany(
                 f"INSERT INTO trials ({', '.join(COLUMNS['trials'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['trials']))})",

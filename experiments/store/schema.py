@@ -17,7 +17,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
               "torch_version", "python_version"),
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
-               "error", "config_json", "lib_version", "torch_version", "finished", "kernel"),
+               "error", "config_json", "lib_version", "torch_version", "finished", "kernel",
+               "device", "device_name", "cuda_version", "driver_version", "precision"),
     "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
                "beta1", "beta2", "eps", "weight_decay"),
@@ -47,7 +48,8 @@ NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "exa
 # before them gains them when opened for writing (its rows read NULL); a read-only reader of
 # such a store reads NULL too.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "groups": (("kernel", "TEXT"),),
+    "groups": (("kernel", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
+               ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT")),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
 }
 
@@ -67,7 +69,10 @@ CREATE TABLE IF NOT EXISTS groups (
     n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
     wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
-    kernel TEXT);   -- the program that trained the group (training.engine.cell_plan.PROGRAMS, under the column name of the first stores)
+    kernel TEXT,    -- the program that trained the group (training.engine.cell_plan.PROGRAMS, under the column name of the first stores)
+    device TEXT, device_name TEXT,          -- training.device.device_info of the worker's device
+    cuda_version TEXT, driver_version TEXT, -- NULL on the CPU
+    precision TEXT);                        -- training.device.PRECISIONS
 CREATE TABLE IF NOT EXISTS trials (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL,
     sparsity REAL NOT NULL, batch_size INTEGER NOT NULL, seed INTEGER NOT NULL,
@@ -144,6 +149,12 @@ class GroupRecord:
     trials: tuple[TrialRow, ...] = ()
     error: str | None = None
     kernel: str | None = None   # training.TrialsResult.program (None: failed)
+    # where and in which arithmetic it trained (training.device.DeviceInfo; None: not known)
+    device: str | None = None
+    device_name: str | None = None
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    precision: str | None = None
 
     @property
     def n_reached(self) -> int:
