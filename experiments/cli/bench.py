@@ -12,9 +12,11 @@ import torch
 
 from training import models
 from training.bench.measure import CLOCKS, matmul_peak
+from training.bench import cuda as cuda_bench
 from training.bench import speed
 from training.bench.speed import MODELS, bench_dataset, format_table
 from training.config import OPTIMIZERS
+from training.device import device_info
 from training.distributed import costmodel
 from training.distributed.bench import BenchPlan, measure
 from training.distributed.trainer import backend_for
@@ -22,6 +24,7 @@ from training.errors import ConfigError
 from training.process import setup_training_process
 
 from experiments.cli.ddp import add_workload_arguments, build_workload
+from experiments.cli.options import add_device_argument, add_precision_argument, device_of
 
 
 def run_trainer_bench(args: argparse.Namespace) -> int:
@@ -32,20 +35,29 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; "
                           f"allowed: {', '.join(models.list_models())}")
+    device = device_of(args)   # before anything runs: no GPU is one line, exit 2
     if args.threads:
         torch.set_num_threads(args.threads)
     # both trainers run in a process set up for training, as a study's workers are
     setup_training_process()
-    peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
-    print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
-          f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}")
+    if device == "cpu":
+        peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
+        print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
+              f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}"
+              + (f", precision {args.precision}" if args.precision != "fp32" else ""))
+    else:
+        peak = cuda_bench.matmul_peak(device, args.precision, seconds=min(0.5, args.seconds))
+        info = device_info(device)
+        print(f"{info.device} {info.name} (CUDA {info.cuda_version}, driver "
+              f"{info.driver_version}), {args.precision} matmul peak {peak / 1e3:.1f} TFLOP/s "
+              f"({cuda_bench.PEAK_SIZE}^3), optimizer {args.optimizer}")
     rows = []
     for model in names:
         ds = bench_dataset(model, args.samples)
         print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
         for b in (int(s) for s in args.batch_sizes.split(",")):
             rows.append(speed.bench(model, b, args.trials, ds, peak, args.seconds, args.clock,
-                              args.optimizer))
+                                    args.optimizer, device, args.precision))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(format_table(rows))
     return 0
@@ -71,6 +83,8 @@ def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or process CPU time (robust on a shared machine "
                         "with --threads 1)")
+    add_device_argument(p, "cpu", "run both trainers")
+    add_precision_argument(p)
     p.set_defaults(fn=run_trainer_bench)
     return run_trainer_bench
 

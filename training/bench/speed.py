@@ -28,6 +28,14 @@ input gradient 2 MAC except for the first layer) against a measured fp32 GEMM pe
 names the program that ran (:mod:`training.engine.cell_plan`) and the peak resident memory of the process
 during the vectorized runs (``VmHWM``, reset before them): the memory a worker needs for that
 group.
+
+On a GPU (``device="cuda"``, ``sparsescale bench --device cuda``): both trainers run there, in
+the chosen ``precision`` (:mod:`training.device`). The plain loop is the usual GPU reference
+code: the ``DataLoader`` on the CPU, each batch copied to the GPU, ``torch.autocast`` around the
+forward pass and loss for bf16; the vectorized trainer holds the data set on the GPU. The peak
+is the GPU's own matmul peak in that precision (:func:`training.bench.cuda.matmul_peak`), and
+the memory column is the peak GPU memory of the vectorized runs
+(``torch.cuda.max_memory_allocated``, reset before them).
 """
 
 from __future__ import annotations
@@ -42,10 +50,12 @@ from torch import nn
 
 from training import data as data_mod
 from training import models
+from training.bench.cuda import peak_memory_mib, reset_peak_memory
 from training.bench.measure import (
     CLOCKS, marginal_rate, peak_rss_mib, reset_peak_rss, training_flops,
 )
 from training.config import ADAM_OPTIMIZERS, EvalSchedule, RunConfig, Trial
+from training.device import autocast, precision as arithmetic, synchronize
 from training.goal import Goal, loss_fn
 from training.reference import make_optimizer
 from training.trials import TrialsResult, train_trials
@@ -76,6 +86,9 @@ class Row:
     peak_rss_mib: float = math.nan
     optimizer: str = "momentum"
     momentum_trial_steps_per_s: float | None = None
+    device: str = "cpu"
+    precision: str = "fp32"
+    peak_gpu_mib: float = math.nan   # torch.cuda.max_memory_allocated (a GPU row's)
 
     @property
     def ratio(self) -> float:
@@ -116,11 +129,20 @@ def bench_trials(optimizer: str, n_trials: int) -> list[Trial]:
 
 
 def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int,
-               optimizer: str = "momentum") -> float:
+               optimizer: str = "momentum", device: str = "cpu", precision: str = "fp32"
+               ) -> float:
     """The plain loop: DataLoader(TensorDataset, shuffle) + nn.Module + the torch.optim optimizer
     of ``optimizer`` (SGD lr 0.01, momentum 0.9; Adam / AdamW lr 0.001), for ``steps`` updates of
-    a copy of ``net``; returns the last mini-batch loss."""
-    model = copy.deepcopy(net)
+    a copy of ``net``; returns the last mini-batch loss. On a GPU, each batch is copied there
+    and the forward pass and loss run under ``precision``'s autocast, as GPU reference code
+    trains."""
+    with arithmetic(precision, device):
+        return _plain_loop(net, ds, batch_size, steps, optimizer, device, precision)
+
+
+def _plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int,
+                optimizer: str, device: str, precision: str) -> float:
+    model = copy.deepcopy(net).to(device)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ds.x_train, ds.y_train),
                                          batch_size=batch_size, shuffle=True, drop_last=True)
     lr = 1e-3 if optimizer in ADAM_OPTIMIZERS else 0.01
@@ -129,8 +151,11 @@ def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int
     done, loss = 0, torch.tensor(math.nan)
     while done < steps:
         for x, y in loader:
+            if device != "cpu":
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
-            loss = criterion(model(x), y)
+            with autocast(precision, device):
+                loss = criterion(model(x), y)
             loss.backward()
             opt.step()
             done += 1
@@ -140,46 +165,63 @@ def plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: int
 
 
 def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: int,
-               steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum"
-               ) -> TrialsResult:
-    """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials`."""
+               steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum",
+               device: str = "cpu", precision: str = "fp32") -> TrialsResult:
+    """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials` (``ds`` on
+    ``device`` already, so no run copies it)."""
     run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps, goal=NEVER,
-                    eval_schedule=EvalSchedule(every=max(steps, 1)))
+                    eval_schedule=EvalSchedule(every=max(steps, 1)), device=device,
+                    precision=precision)
     return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
                         trials_per_chunk=trials_per_chunk)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
-          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum") -> Row:
+          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum",
+          device: str = "cpu", precision: str = "fp32") -> Row:
     """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
     CPU time, which a single-threaded run on a shared machine should be measured with). For an
     optimizer other than momentum, the vectorized trainer's rates with it and with momentum are
-    the best of ``ROUNDS`` alternating measurements."""
+    the best of ``ROUNDS`` alternating measurements. ``device``, ``precision``: where and how
+    both trainers compute (module docstring); each timed run ends with the device's queue
+    drained."""
     net = models.build(model, ds, seed=0)
     tick = CLOCKS[clock]
-    plain = marginal_rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
+    on_device = ds.to(device)
+
+    def plain_run(s: int) -> None:
+        plain_loop(net, ds, batch_size, s, optimizer, device, precision)
+        synchronize(device)
+
+    plain = marginal_rate(plain_run, seconds, tick)
     compared = [optimizer] if optimizer == "momentum" else [optimizer, "momentum"]
     rates = dict.fromkeys(compared, 0.0)
     program = {}
     reset_peak_rss()
+    reset_peak_memory(device)
     for _ in range(1 if optimizer == "momentum" else ROUNDS):
         for opt in compared:
             def run(steps: int, opt: str = opt) -> None:
-                program[opt] = vectorized(net, ds, batch_size, n_trials, steps,
-                                         optimizer=opt).program
+                program[opt] = vectorized(net, on_device, batch_size, n_trials, steps,
+                                          optimizer=opt, device=device,
+                                          precision=precision).program
+                synchronize(device)
 
             rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
-    rss = peak_rss_mib()
+    rss, gpu = peak_rss_mib(), peak_memory_mib(device)
     vec = rates[optimizer]
     flops = training_flops(net, ds.input_shape, batch_size)
     return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
                program[optimizer], rss, optimizer,
-               rates.get("momentum") if optimizer != "momentum" else None)
+               rates.get("momentum") if optimizer != "momentum" else None, device, precision,
+               gpu)
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table (ratio = vectorized / plain); rows compared with momentum
     add its rate and the slowdown (momentum rate / this optimizer's)."""
+    if any(r.device != "cpu" for r in rows):
+        return format_device_table(rows)
     compared = any(r.slowdown is not None for r in rows)
     head = ("| model | B | trials | program | plain loop steps/s | vectorized trial-steps/s | ratio "
             "| GFLOP/s | % of peak | peak RSS MiB |")
@@ -198,3 +240,18 @@ def format_table(rows: Sequence[Row]) -> str:
                      f" {r.momentum_trial_steps_per_s:.3g} | {r.slowdown:.2f}x |")
         lines.append(line)
     return "\n".join([head, rule, *lines])
+
+
+def format_device_table(rows: Sequence[Row]) -> str:
+    """GPU rows as a Markdown table: the ratio against the plain loop on the same GPU, achieved
+    TFLOP/s against the GPU's measured matmul peak in the row's precision, and peak GPU memory
+    (the optimizer comparison columns of :func:`format_table` are left out)."""
+    head = ("| model | B | trials | device | precision | program | plain loop steps/s "
+            "| vectorized trial-steps/s | ratio | TFLOP/s | % of peak | peak GPU MiB |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.batch_size} | {r.trials} | {r.device} | {r.precision} | "
+                     f"{r.program} | {r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | "
+                     f"{r.ratio:.1f}x | {r.gflops / 1e3:.2f} | "
+                     f"{100 * r.gflops / r.peak_gflops:.1f} % | {r.peak_gpu_mib:.0f} |")
+    return "\n".join(lines)
