@@ -1,0 +1,50 @@
+"""The groups' device columns (device, device_name, cuda_version, driver_version, precision):
+written from the record, NULL in a store written before they existed, which gains them when a
+study opens it for writing."""
+
+import sqlite3
+from dataclasses import replace
+
+import pandas as pd
+
+from experiments.store.database import DB_NAME, load_results, open_store
+from experiments.store.schema import ADDED_COLUMNS, COLUMNS
+
+from .test_database import STUDY, record
+
+DEVICE_COLUMNS = ("device", "device_name", "cuda_version", "driver_version", "precision")
+
+
+def test_device_columns_round_trip(tmp_path):
+    gpu = replace(record("gpu"), device="cuda:0", device_name="NVIDIA H100 80GB HBM3",
+                  cuda_version="13.0", driver_version="580.159.04", precision="bf16")
+    cpu = replace(record("cpu"), device="cpu", device_name="Some CPU", precision="fp32")
+    with open_store(tmp_path, STUDY) as store:
+        store.write_group(gpu)
+        store.write_group(cpu)
+    groups = load_results(tmp_path).groups.set_index("key")
+    assert tuple(groups.loc["gpu", list(DEVICE_COLUMNS)]) == (
+        "cuda:0", "NVIDIA H100 80GB HBM3", "13.0", "580.159.04", "bf16")
+    row = groups.loc["cpu", list(DEVICE_COLUMNS)]
+    assert (row.device, row.device_name, row.precision) == ("cpu", "Some CPU", "fp32")
+    assert pd.isna(row.cuda_version) and pd.isna(row.driver_version)
+
+
+def test_a_store_written_before_the_device_columns_reads_them_null_then_gains_them(tmp_path):
+    assert set(DEVICE_COLUMNS) <= {name for name, _ in ADDED_COLUMNS["groups"]}
+    with open_store(tmp_path, STUDY) as store:
+        store.write_group(record("old"))
+    db = tmp_path / DB_NAME
+    with sqlite3.connect(db) as conn:   # the store as an earlier version wrote it
+        for column in DEVICE_COLUMNS:
+            conn.execute(f"ALTER TABLE groups DROP COLUMN {column}")
+    with sqlite3.connect(db) as conn:
+        have = {r[1] for r in conn.execute("PRAGMA table_info(groups)")}
+    assert not have & set(DEVICE_COLUMNS)
+    groups = load_results(tmp_path).groups
+    assert list(groups.columns) == list(COLUMNS["groups"])
+    assert groups[list(DEVICE_COLUMNS)].isna().all().all()
+    with open_store(tmp_path, STUDY) as store:   # opened for writing: migrated
+        store.write_group(replace(record("new"), device="cpu", precision="fp32"))
+    groups = load_results(tmp_path).groups.set_index("key")
+    assert groups.loc["new", "precision"] == "fp32" and pd.isna(groups.loc["old", "device"])
