@@ -35,9 +35,11 @@ def test_a_store_written_before_the_device_columns_reads_them_null_then_gains_th
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record("old"))
     db = tmp_path / DB_NAME
-    with sqlite3.connect(db) as conn:   # the store as an earlier version wrote it
-        for column in DEVICE_COLUMNS:
-            conn.execute(f"ALTER TABLE groups DROP COLUMN {column}")
+    earlier = [c for c in COLUMNS["groups"] if c not in DEVICE_COLUMNS]
+    with sqlite3.connect(db) as conn:   # the groups table as an earlier version wrote it
+        conn.execute(f"CREATE TABLE earlier AS SELECT {', '.join(earlier)} FROM groups")
+        conn.execute("DROP TABLE groups")
+        conn.execute("ALTER TABLE earlier RENAME TO groups")
     with sqlite3.connect(db) as conn:
         have = {r[1] for r in conn.execute("PRAGMA table_info(groups)")}
     assert not have & set(DEVICE_COLUMNS)
