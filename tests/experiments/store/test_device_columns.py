@@ -35,11 +35,21 @@ def test_a_store_written_before_the_device_columns_reads_them_null_then_gains_th
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record("old"))
     db = tmp_path / DB_NAME
-    earlier = [c for c in COLUMNS["groups"] if c not in DEVICE_COLUMNS]
-    with sqlite3.connect(db) as conn:   # the groups table as an earlier version wrote it
-        conn.execute(f"CREATE TABLE earlier AS SELECT {', '.join(earlier)} FROM groups")
-        conn.execute("DROP TABLE groups")
-        conn.execute("ALTER TABLE earlier RENAME TO groups")
+    earlier = ", ".join(c for c in COLUMNS["groups"] if c not in DEVICE_COLUMNS)
+    with sqlite3.connect(db) as conn:   # the groups table as the version before them wrote it
+        conn.executescript(f"""
+            PRAGMA foreign_keys = OFF;
+            CREATE TABLE earlier (
+                key TEXT PRIMARY KEY, sparsity REAL NOT NULL, batch_size INTEGER NOT NULL,
+                seed INTEGER NOT NULL, status TEXT NOT NULL, steps_to_result INTEGER,
+                best_trial INTEGER, max_steps INTEGER NOT NULL, n_trials INTEGER NOT NULL,
+                n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL, wall_time REAL NOT NULL,
+                trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
+                lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
+                kernel TEXT);
+            INSERT INTO earlier SELECT {earlier} FROM groups;
+            DROP TABLE groups;
+            ALTER TABLE earlier RENAME TO groups;""")
     with sqlite3.connect(db) as conn:
         have = {r[1] for r in conn.execute("PRAGMA table_info(groups)")}
     assert not have & set(DEVICE_COLUMNS)
