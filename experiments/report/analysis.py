@@ -224,8 +224,8 @@ def missing_table(groups: pd.DataFrame, probes: pd.DataFrame, planned: pd.DataFr
 def cost_table(groups: pd.DataFrame, study: pd.DataFrame, planned: pd.DataFrame,
                missing: pd.DataFrame) -> pd.DataFrame:
     """Per run (``study`` rows, in order): groups planned / done / failed / missing, trials,
-    trial-steps (updates summed over trials), wall time summed over groups, and the versions
-    that produced the store."""
+    trial-steps (updates summed over trials), wall time summed over groups, the versions
+    that produced the store, and the device(s) and precision the groups trained on."""
     rows = []
     for s in study.itertuples(index=False):
         g = groups[groups["run"] == s.run]
@@ -238,8 +238,32 @@ def cost_table(groups: pd.DataFrame, study: pd.DataFrame, planned: pd.DataFrame,
                      "trials": int(g["n_trials"].sum()), "trial_steps": int(g["trial_steps"].sum()),
                      "wall_time_s": float(g["wall_time"].sum()),
                      "sparsescale": s.lib_version, "torch": s.torch_version,
-                     "python": s.python_version})
+                     "python": s.python_version, "device": devices(g),
+                     "precision": distinct(g, "precision")})
     return pd.DataFrame(rows)
+
+
+def distinct(groups: pd.DataFrame, column: str) -> str:
+    """The distinct values of ``column`` among ``groups`` (comma-separated), or "not recorded"
+    (a store written before the column existed, or no group stored)."""
+    values = sorted({str(v) for v in groups.get(column, pd.Series(dtype=object)) if pd.notna(v)})
+    return ", ".join(values) if values else "not recorded"
+
+
+def devices(groups: pd.DataFrame) -> str:
+    """Where the groups trained: each distinct device as "name (device[, CUDA c, driver d])",
+    from the store's device columns."""
+    if "device" not in groups:
+        return "not recorded"
+    seen = []
+    for r in groups[groups["device"].notna()].itertuples(index=False):
+        cuda = (f", CUDA {r.cuda_version}, driver {r.driver_version}"
+                if pd.notna(r.cuda_version) else "")
+        name = r.device_name if pd.notna(r.device_name) else "unknown"
+        label = f"{name} ({r.device}{cuda})"
+        if label not in seen:
+            seen.append(label)
+    return "; ".join(seen) if seen else "not recorded"
 
 
 # ---------------------------------------------------------------------------------------------

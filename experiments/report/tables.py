@@ -153,11 +153,12 @@ def missing_table(missing: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_table(cost: pd.DataFrame) -> pd.DataFrame:
-    """Per run: groups, trials, trial-steps, wall time and versions."""
+    """Per run: groups, trials, trial-steps, wall time, versions, device and precision."""
     df = fmt_frame(cost, {"run": "study", "planned": "groups planned", "done": "done", "failed": "failed",
                            "missing": "missing", "trials": "trials", "trial_steps": "trial-steps",
                            "wall_time_s": "wall time (s, summed over groups)", "created": "created",
-                           "sparsescale": "sparsescale", "torch": "torch", "python": "python"})
+                           "sparsescale": "sparsescale", "torch": "torch", "python": "python",
+                           "device": "device", "precision": "precision"})
     df["trial-steps"] = [f"{int(v):,}" for v in cost["trial_steps"]]
     df["wall time (s, summed over groups)"] = [f"{v:.1f}" for v in cost["wall_time_s"]]
     return df

@@ -139,7 +139,9 @@ class AdamState:
         if self._delta is None:
             self._delta = [torch.zeros_like(m) for m in self.exp_avg]
         delta = self._delta
-        t = torch.tensor(float(step + 1), device=params[0].device)
+        # a fill on the device, not torch.tensor(...): a copy from pageable host memory to a GPU
+        # waits for the device's queue, once per step
+        t = torch.full((), float(step + 1), device=params[0].device)
         for (b1, b2, eps), rows in self._classes.items():
             lists = [delta, grads, self.exp_avg, self.exp_avg_sq]
             if len(rows) < len(lr):

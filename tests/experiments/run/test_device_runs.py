@@ -33,6 +33,10 @@ def test_groups_record_device_versions_and_precision(tmp_path):
     assert (g.device, g.device_name, g.precision, g.kernel) == ("cpu", info.name, "bf16",
                                                                  "batched")
     assert pd.isna(g.cuda_version) and pd.isna(g.driver_version)
+    from experiments.report.write import write_report
+
+    text = (write_report([run_dir], run_dir).parent / "report.md").read_text()
+    assert "| bf16 |" in text and f"{info.name} (cpu)" in text
 
 
 def test_a_study_on_a_missing_gpu_is_refused_before_anything_is_written(tmp_path, monkeypatch):
