@@ -19,7 +19,8 @@ optimizer other than ``momentum``, the vectorized trainer is also timed with mom
 batch size, alternating the two (best of ``ROUNDS`` each), and the table adds the slowdown of the
 chosen optimizer against momentum.
 
-Data: MNIST-1D for ``mlp`` and ``cnn1d``; MNIST for ``simple_cnn`` and CIFAR-10 for ``resnet8``
+Data: MNIST-1D for ``mlp`` and ``cnn1d``; MNIST for ``simple_cnn``, Fashion-MNIST for
+``lee_cnn`` and CIFAR-10 for ``resnet8``
 when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the same shape
 (Gaussian images, uniform labels: the speed does not depend on the values).
 
@@ -62,7 +63,8 @@ from training.trials import TrialsResult, train_trials
 
 MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
 # Real data set and input shape of each model's workload (synthetic when the files are absent).
-IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32))}
+IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32)),
+              "lee_cnn": ("fashion_mnist", (1, 28, 28))}
 VAL_EXAMPLES = 256
 NEVER = Goal("error", 0.0, strict=True)
 # Alternating rounds when the vectorized trainer is compared with itself under momentum.
