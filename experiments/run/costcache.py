@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from training.device import cpu_name
 from training.distributed import costmodel
 from training.data import cache_dir
 from training.distributed.bench import BenchPlan, measure
@@ -38,13 +39,7 @@ QUICK_PLAN = BenchPlan(per_worker_batches=(32, 256), allreduce_sizes=(30_000, 3_
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name() or platform.machine()
 
 
 def machine_key(workload: Workload) -> dict[str, Any]:

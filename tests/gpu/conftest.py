@@ -24,19 +24,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def random_images(n_train: int, n_val: int, shape: tuple[int, ...], classes: int, seed: int,
+                  name: str) -> training.Dataset:
+    """Gaussian images with uniform labels (the speed and the equivalence do not depend on
+    the values)."""
+    g = torch.Generator().manual_seed(seed)
+    n = n_train + n_val
+    x, y = torch.randn(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
+    return training.Dataset(name, "classification", x[:n_train], y[:n_train], x[n_train:],
+                            y[n_train:], classes, shape)
+
+
 @pytest.fixture(scope="session")
 def tiny_images():
     """The CPU tests' 3-class set of 96 random 1 x 8 x 8 images (tests/training/conftest.py)."""
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(96, 1, 8, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
-    return training.Dataset("tiny-images", "classification", x[:64], y[:64], x[64:], y[64:], 3,
-                            (1, 8, 8))
+    return random_images(64, 32, (1, 8, 8), 3, 0, "tiny-images")
 
 
 @pytest.fixture(scope="session")
 def lee_images():
     """28 x 28 x 1 random images (lee_cnn's input), 48 train / 16 validation."""
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(64, 1, 28, 28, generator=g), torch.randint(0, 10, (64,), generator=g)
-    return training.Dataset("lee-images", "classification", x[:48], y[:48], x[48:], y[48:], 10,
-                            (1, 28, 28))
+    return random_images(48, 16, (1, 28, 28), 10, 1, "lee-images")

@@ -10,45 +10,13 @@ import torch
 
 import experiments
 from experiments.spec.study import loads
+from tests.experiments.conftest import TINY as CPU_TINY
 
-TINY = """\
-name = "tiny-cuda"
-optimizer = "momentum"
-batch_sizes = [8, 32, 128]
-sparsities = [0.0, 0.5]
-trials = 4
-seeds = [0]
-
-[workload]
-dataset = "teacher"
-dataset_options = {n = 600, dim = 8, num_classes = 3, hidden = 16}
-model = "mlp"
-model_options = {hidden = [16]}
-device = "cuda"
-
-[goal]
-metric = "error"
-target = 0.3
-
-[search]
-lr = {scale = "log", min = 0.01, max = 1.0}
-momentum = {scale = "reverse-log", min = 0.5, max = 0.99}
-
-[budget]
-examples = 8000
-min = 20
-max = 200
-
-[eval]
-every = 10
-
-[probes]
-enabled = true
-batch_sizes = ["smallest"]
-points = 3
-examples = 128
-curvature_examples = 128
-"""
+# the CPU tests' tiny study, on cuda, with its probes on
+TINY = (CPU_TINY.replace("model_options = {hidden = [16]}\n",
+                         'model_options = {hidden = [16]}\ndevice = "cuda"\n')
+        .replace("enabled = false", 'enabled = true\nbatch_sizes = ["smallest"]\npoints = 3\n'
+                                    "examples = 128\ncurvature_examples = 128"))
 
 
 def test_a_study_on_cuda_runs_records_its_device_and_agrees_with_the_cpu(tmp_path):

@@ -15,35 +15,11 @@ import training
 from training import EvalSchedule, RunConfig
 from training.engine.cell_plan import plan_cell
 
-F64 = torch.float64
-SGD_TRIALS = [
-    {"lr": 0.05, "momentum": 0.9},
-    {"lr": 0.1, "momentum": 0.5, "decay_steps": 40, "end_factor": 0.1},
-    {"lr": 0.02, "momentum": 0.99},
-]
-ADAM_TRIALS = [
-    {"lr": 0.003},
-    {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.1,
-     "decay_steps": 40, "end_factor": 0.1},
-    {"lr": 0.001, "weight_decay": 0.01},
-]
-OPTIMIZERS = pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam",
-                                                   "adamw"])
-# the CPU tests' tolerances (max |w - w_ref| / max |w_ref|): float64 on another device sums in
-# another order, which these bounds already allow for the CPU's programs
-TOL = {"sgd": 1e-12, "momentum": 1e-12, "nesterov": 1e-12, "adam": 1e-10, "adamw": 1e-10}
-
-
-def trials_for(optimizer):
-    return ADAM_TRIALS if optimizer in ("adam", "adamw") else SGD_TRIALS
-
-
-def masks_for(net, n, seed=0):
-    """A per-trial mask on the first weight, a shared mask on the second (if any)."""
-    g = torch.Generator().manual_seed(seed)
-    weights = [(name, p) for name, p in net.named_parameters() if p.dim() > 1][:2]
-    return {name: (torch.rand(*((n,) if k == 0 else ()), *p.shape, generator=g) > 0.3).double()
-            for k, (name, p) in enumerate(weights)}
+# the CPU tests' trials, masks and tolerances (max |w - w_ref| / max |w_ref|): float64 on another
+# device sums in another order, which these bounds already allow for the CPU's programs
+from tests.training.test_trials_models import (  # noqa: E402
+    F64, OPTIMIZERS, SGD_TRIALS, TOL, _Residual as Residual, masks_for, trials_for,
+)
 
 
 def check_on_cuda(net, ds, steps, batch_size, program, optimizer, reference_device="cpu"):
@@ -94,16 +70,6 @@ def test_image_models_on_cuda_match_the_cpu_reference(tiny_images, name, options
 def test_lee_cnn_on_cuda_matches_the_cpu_reference(lee_images, optimizer):
     net = training.models.build("lee_cnn", lee_images, seed=1)
     check_on_cuda(net, lee_images, 10, 16, "per_trial", optimizer)
-
-
-class Residual(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp, self.out = nn.Linear(40, 12), nn.Linear(12, 10)
-
-    def forward(self, x):
-        h = torch.tanh(self.inp(x))
-        return self.out(h + h.square())
 
 
 @OPTIMIZERS

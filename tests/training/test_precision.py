@@ -19,11 +19,12 @@ narrow on 8x8 images, resnet8 4-4-8):
 
 import pytest
 import torch
-from torch import nn
 
 import training
 from training import EvalSchedule, RunConfig
 from training.engine.cell_plan import plan_cell
+
+from .test_trials_models import _Residual as Residual   # only the torch.func program runs it
 
 F64 = torch.float64
 SGD_TRIALS = [{"lr": 0.05, "momentum": 0.9}, {"lr": 0.1, "momentum": 0.5},
@@ -32,18 +33,6 @@ ADAM_TRIALS = [{"lr": 0.003}, {"lr": 0.001, "weight_decay": 0.01}]
 STEPS = 20
 # (weights relative to the displacement, mean training loss relative) per precision
 TOL = {"fp32": (1e-4, 1e-5), "bf16": (0.5, 1e-2)}
-
-
-class Residual(nn.Module):
-    """A module only the torch.func program runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp, self.out = nn.Linear(40, 12), nn.Linear(12, 10)
-
-    def forward(self, x):
-        h = torch.tanh(self.inp(x))
-        return self.out(h + h.square())
 
 
 def deviation(net, ds, precision, optimizer="momentum", trials=SGD_TRIALS):
