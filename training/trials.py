@@ -20,6 +20,13 @@ evaluation where a trial meets it, that trial is replayed from the previous eval
 snapshot of its weights and momentum or Adam moments) with an evaluation after every step, so
 its hit step is exact to the step. A trial whose metric dips below the target and back up
 between two scheduled evaluations is not seen, as with any evaluation schedule.
+
+Device and precision (``run.device``, ``run.precision``; :mod:`training.device`): the stacks, the
+data set and every step live on ``run.device`` (a data set already there is not copied); the
+precision's TF32 flags hold for the whole call and each program autocasts its forward passes
+and losses (the compiled kernel, float32 C++ on the CPU, never gets a ``bf16`` or CUDA cell).
+The step loop reads values back to the host at evaluations and, for the eager programs, once a
+step to drop diverged trials before their update (docs/guide/gpu.md lists every such read).
 """
 
 from __future__ import annotations
