@@ -117,7 +117,8 @@ class Advice:
     ``recommended`` [``low``, ``high``]: CBS at fraction ``at`` of the base run (``level``
     bootstrap interval over branch seeds); ``lower_bound``: CBS reached k_max B_0 (the critical
     batch may be larger); ``at_base``: CBS stayed at B_0 (it may be smaller). ``trial`` /
-    ``lr_source``: the base run's metaparameters and where they came from; ``goal_step``: its H.
+    ``trial_index`` / ``lr_source``: the base run's metaparameters, its index in the search group
+    (its data order, ``training.order.trial_seed(seed, trial_index)``) and where they came from; ``goal_step``: its H.
     ``noise``: B_simple along the run (columns step, fraction, b_simple, b_simple_se, g_sq,
     g_sq_se, trace_sigma, trace_sigma_se, loss); ``critical``: CBS(t) (step, fraction,
     critical_batch, low, high); ``predicted``: per batch size the predicted steps (and range),
@@ -133,6 +134,7 @@ class Advice:
     sparsity: float
     base_batch: int
     trial: training.Trial
+    trial_index: int
     lr_source: str
     goal_step: int
     at: float
@@ -327,7 +329,7 @@ def advise(spec: Spec, *, sparsity: float = 0.0, seed: int | None = None,
     return Advice(
         name=spec.name, workload=f"{spec.model} on {spec.dataset}", goal=_goal(spec),
         optimizer=spec.optimizer, sparsity=float(sparsity), base_batch=b0, trial=trial,
-        lr_source=source, goal_step=h, at=float(at), recommended=rec, low=low, high=high,
+        trial_index=index, lr_source=source, goal_step=h, at=float(at), recommended=rec, low=low, high=high,
         level=float(level), lower_bound=bool(c.at_upper_end[i]), at_base=rec <= b0,
         noise=pd.DataFrame(noise), critical=critical, predicted=predicted,
         step_times=timing, branching=branched, cost=cost, seconds=time.perf_counter() - started)
@@ -343,6 +345,8 @@ def _goal(spec: Spec) -> str:
 
 
 def _fractions(fractions: Sequence[float], at: float) -> list[float]:
+    if isinstance(at, bool) or not (isinstance(at, (int, float)) and 0 < at <= 1):
+        raise AdviceError(f"at must be a fraction of the base run's steps to the goal in (0, 1], got {at!r}")
     fr = [float(f) for f in fractions]
     if not fr or any(not 0 < f <= 1 for f in fr) or fr != sorted(set(fr)):
         raise AdviceError(f"fractions must be increasing numbers in (0, 1], got {list(fractions)}")
