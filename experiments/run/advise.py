@@ -168,7 +168,7 @@ class Advice:
             f"{self.goal_step} steps to the goal; B_simple there {noise.b_simple:.4g} "
             f"+- {noise.b_simple_se:.2g}",
             f"cost: {self.cost.total:,} trial-steps, {self.cost.fraction:.1%} of the equivalent "
-            f"sweep's {self.cost.sweep:,} ({self.cost.sweep_definition})",
+            f"sweep's {self.cost.sweep:,} ({self.cost.sweep_definition}); {self.seconds:.0f} s",
         ])
 
 
