@@ -21,9 +21,17 @@ Registered data sets (``list_datasets()``):
 
 - ``mnist1d``: generated offline with the ``mnist1d`` package (Greydanus 2020), cached as ``.npz``
   under ``$SPARSESCALE_CACHE`` (else ``$XDG_CACHE_HOME/sparsescale`` or ``~/.cache/sparsescale``).
-- ``mnist``, ``fashion_mnist``: IDX files (gzipped or raw) in a folder given as ``root=`` or
-  ``$SPARSESCALE_DATA`` (a sub-folder named after the data set is also searched).
-- ``cifar10``: the python pickle batches (``data_batch_1..5``, ``test_batch``), same lookup.
+- ``mnist``, ``fashion_mnist``: IDX files (gzipped or raw). Looked for in ``root=`` or
+  ``$SPARSESCALE_DATA``, in a sub-folder named after the data set first (``fashion_mnist`` or
+  ``fashion-mnist`` for Fashion-MNIST), then the folder itself; without ``root=``,
+  Fashion-MNIST is also found where Debian's package ``dataset-fashion-mnist`` installs it
+  (``/usr/share/datasets/fashion-mnist``), with no configuration.
+- ``cifar10``: the python pickle batches (``data_batch_1..5``, ``test_batch``), same lookup
+  (sub-folders ``cifar10`` or ``cifar-10-batches-py``).
+
+A data set found nowhere is one ``DataError`` naming every folder looked in and the files to put
+there (and, for Fashion-MNIST, the one-line install). ``DATA_FOLDERS`` and ``SYSTEM_FOLDERS``
+hold the search order.
 - ``teacher``: labels from a random teacher MLP (synthetic classification).
 - ``linreg``: Gaussian linear regression y = x . w* + noise with known noise (theory ground truth).
 """
@@ -107,15 +115,58 @@ def cache_dir() -> Path:
     return Path(base) / "sparsescale"
 
 
-def _data_root(name: str, root: str | os.PathLike | None) -> Path:
-    base = root if root is not None else os.environ.get("SPARSESCALE_DATA")
-    if base is None:
-        raise DataError(
-            f"data set {name!r} is read from local files: pass root=FOLDER or set SPARSESCALE_DATA "
-            f"(no download code); expected files are listed in the README")
-    base = Path(base)
-    sub = base / name
-    return sub if sub.is_dir() else base
+# Where each local-file data set is looked for, in order, when no ``root=`` is given:
+# ``$SPARSESCALE_DATA/<folder>`` for each folder name, ``$SPARSESCALE_DATA`` itself, then the
+# system folders an operating-system package installs (Debian's ``dataset-fashion-mnist`` puts
+# the four gzipped IDX files in /usr/share/datasets/fashion-mnist).
+DATA_FOLDERS: dict[str, tuple[str, ...]] = {
+    "mnist": ("mnist",),
+    "fashion_mnist": ("fashion_mnist", "fashion-mnist"),
+    "cifar10": ("cifar10", "cifar10/cifar-10-batches-py", "cifar-10-batches-py"),
+}
+SYSTEM_FOLDERS: dict[str, tuple[Path, ...]] = {
+    "fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),),
+}
+INSTALL_HINTS: dict[str, str] = {
+    "fashion_mnist": "install it with `apt-get install dataset-fashion-mnist` (Debian, Ubuntu)",
+}
+FORMAT_NOTES: dict[str, str] = {
+    "mnist": " (the IDX files, gzipped or raw)",
+    "fashion_mnist": " (the IDX files, gzipped or raw)",
+    "cifar10": " (the python version: cifar-10-python.tar.gz extracted)",
+}
+
+
+def _candidates(name: str, root: str | os.PathLike | None) -> list[Path]:
+    """The folders :func:`_data_root` looks in for data set ``name``, in order."""
+    subs = DATA_FOLDERS.get(name, (name,))
+    bases = [Path(root)] if root is not None else (
+        [Path(os.environ["SPARSESCALE_DATA"])] if os.environ.get("SPARSESCALE_DATA") else [])
+    found = [b / s for b in bases for s in subs] + bases
+    if root is None:
+        found += list(SYSTEM_FOLDERS.get(name, ()))
+    return found
+
+
+def _data_root(name: str, root: str | os.PathLike | None, files: tuple[str, ...],
+               has: Callable[[Path], bool]) -> Path:
+    """The first folder of :func:`_candidates` that holds any of data set ``name``'s files
+    (``has(folder)``; a missing one is then named by the reader),
+    else one DataError naming every folder looked in, the files expected (``files``) and where
+    to put them."""
+    looked = _candidates(name, root)
+    for folder in looked:
+        if folder.is_dir() and has(folder):
+            return folder
+    subs = DATA_FOLDERS.get(name, (name,))
+    where = (", ".join(str(p) for p in looked) if looked else
+             "no folder (SPARSESCALE_DATA is not set and no root= was given)")
+    hint = INSTALL_HINTS.get(name)
+    put = (f"put {', '.join(files)}{FORMAT_NOTES.get(name, '')} in $SPARSESCALE_DATA/{subs[0]} "
+           f"(or in a folder given as "
+           f"root=FOLDER); nothing is downloaded")
+    raise DataError(f"data set {name!r} not found; looked in {where}; "
+                    f"{hint + ', or ' if hint else ''}{put}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,8 +277,14 @@ def _find(folder: Path, stem: str) -> Path:
                     f"(gzipped or raw) in {folder}")
 
 
+def _has_file(folder: Path, stem: str) -> bool:
+    return (folder / stem).exists() or (folder / (stem + ".gz")).exists()
+
+
 def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool) -> Dataset:
-    folder = _data_root(name, root)
+    stems = [stem for pair in _IDX_FILES.values() for stem in pair]
+    folder = _data_root(name, root, tuple(f"{stem}[.gz]" for stem in stems),
+                        lambda f: any(_has_file(f, stem) for stem in stems))
     arrays = {}
     for split, (img, lab) in _IDX_FILES.items():
         if split == "test" and not test:
@@ -262,6 +319,9 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, seed: int = 0,
 # CIFAR-10
 
 
+CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+
+
 def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR-10 python batch: pickle (encoding="bytes") with b"data" (n x 3072 uint8,
     R, G, B planes) and b"labels"."""
@@ -286,11 +346,10 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
                  test: bool = False) -> Dataset:
     """CIFAR-10 from local python batches (``data_batch_1..5``, ``test_batch``; a
-    ``cifar-10-batches-py`` sub-folder is searched too). Pixels / 255, then standardized per
+    ``cifar-10-batches-py`` sub-folder is searched too, see ``DATA_FOLDERS``). Pixels / 255, then standardized per
     channel with the training-pool mean and std."""
-    folder = _data_root("cifar10", root)
-    if (folder / "cifar-10-batches-py").is_dir():
-        folder = folder / "cifar-10-batches-py"
+    folder = _data_root("cifar10", root, CIFAR_FILES,
+                        lambda f: any((f / stem).exists() for stem in CIFAR_FILES))
     parts = [read_cifar_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
     x = torch.tensor(np.concatenate([p[0] for p in parts]), dtype=torch.float32).div_(255.0)
     y = torch.tensor(np.concatenate([p[1] for p in parts]), dtype=torch.long)

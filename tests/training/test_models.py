@@ -28,6 +28,9 @@ MNIST1D = Dataset("fake1d", "classification", torch.randn(6, 40), torch.zeros(6,
     ("simple_cnn", image_dataset((1, 28, 28)), {"width": "wide"},
      (25 * 64 + 64) + (64 * 25 * 128 + 128) + (128 * 7 * 7 * 2048 + 2048) + (2048 * 10 + 10)),
     ("resnet8", image_dataset((3, 32, 32)), {}, 77706),
+    # Lee et al. (2021)'s Simple-CNN: 5x5 convs without padding, 28 -> 24 -> 12 -> 8 -> 4
+    ("lee_cnn", image_dataset((1, 28, 28)), {},
+     (25 * 32 + 32) + (32 * 25 * 64 + 64) + (64 * 4 * 4 * 10 + 10)),                    # 62346
 ])
 def test_parameter_counts_and_output_shapes(name, ds, options, params):
     net = build(name, ds, **options)
@@ -42,6 +45,36 @@ def test_resnet8_parameter_count_by_layer():
                 + conv(32, 64, 3) + conv(64, 64, 3) + conv(32, 64, 1) + 64 * 10 + 10)
     assert count_parameters(net) == expected == 77706
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+
+
+def test_simple_cnn_widths_are_shallues():
+    """Shallue et al. (2019)'s Simple CNN widths: (conv 1, conv 2, dense) channels/units."""
+    assert training.models.SIMPLE_CNN_WIDTHS == {
+        "narrow": (16, 32, 512), "base": (32, 64, 1024), "wide": (64, 128, 2048)}
+    assert count_parameters(build("simple_cnn", image_dataset((1, 28, 28)))) == 3_274_634
+
+
+def test_lee_cnn_is_lees_layer_list():
+    """62,346 weights on 28x28x1 with 10 classes, and the forward pass of a hand-built
+    nn.Sequential of Lee et al.'s layer list holding the same weights."""
+    from torch import nn
+
+    ds = image_dataset((1, 28, 28), n=5)
+    net = build("lee_cnn", ds, seed=3)
+    assert count_parameters(net) == 62_346
+    ref = nn.Sequential(
+        nn.Conv2d(1, 32, kernel_size=5, padding=0), nn.ReLU(), nn.MaxPool2d(kernel_size=2),
+        nn.Conv2d(32, 64, kernel_size=5, padding=0), nn.ReLU(), nn.MaxPool2d(kernel_size=2),
+        nn.Flatten(), nn.Linear(1024, 10))
+    with torch.no_grad():
+        for mine, theirs in zip((net[0], net[3], net[7]), (ref[0], ref[3], ref[7])):
+            theirs.weight.copy_(mine.weight)
+            theirs.bias.copy_(mine.bias)
+    assert [type(m) for m in net] == [type(m) for m in ref]
+    x = torch.randn(5, 1, 28, 28, dtype=torch.float64)
+    torch.testing.assert_close(net.double()(x), ref.double()(x), rtol=0, atol=0)
+    with pytest.raises(ModelError, match="lee_cnn needs images of at least 16x16"):
+        build("lee_cnn", image_dataset((1, 12, 12)))
 
 
 def test_regression_output_is_flat():
@@ -72,7 +105,7 @@ def test_default_init_bounds():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: build("vgg", MNIST1D), "unknown model 'vgg'; allowed: cnn1d, linear, mlp, resnet8, simple_cnn"),
+    (lambda: build("vgg", MNIST1D), "unknown model 'vgg'; allowed: cnn1d, lee_cnn, linear, mlp, resnet8, simple_cnn"),
     (lambda: build("simple_cnn", MNIST1D), r"simple_cnn needs image inputs"),
     (lambda: build("cnn1d", image_dataset((1, 28, 28))), r"cnn1d needs 1-D inputs"),
     (lambda: build("simple_cnn", image_dataset((1, 28, 28)), width="huge"), "width 'huge'; allowed"),
@@ -84,4 +117,4 @@ def test_bad_models(call, message):
 
 
 def test_list_models():
-    assert list_models() == ["cnn1d", "linear", "mlp", "resnet8", "simple_cnn"]
+    assert list_models() == ["cnn1d", "lee_cnn", "linear", "mlp", "resnet8", "simple_cnn"]
