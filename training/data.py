@@ -32,6 +32,8 @@ Registered data sets (``list_datasets()``):
 A data set found nowhere is one ``DataError`` naming every folder looked in and the files to put
 there (and, for Fashion-MNIST, the one-line install). ``DATA_FOLDERS`` and ``SYSTEM_FOLDERS``
 hold the search order.
+- ``python_source``: the running Python's standard-library ``.py`` files as next-byte windows
+  for a language model (:mod:`training.text`): labels ``[n, context]``, 256 classes.
 - ``teacher``: labels from a random teacher MLP (synthetic classification).
 - ``linreg``: Gaussian linear regression y = x . w* + noise with known noise (theory ground truth).
 """
@@ -45,6 +47,7 @@ import pickle
 import random
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +284,8 @@ def _has_file(folder: Path, stem: str) -> bool:
     return (folder / stem).exists() or (folder / (stem + ".gz")).exists()
 
 
-def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool) -> Dataset:
+def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool,
+                      train_examples: int | None = None, standardize: bool = False) -> Dataset:
     stems = [stem for pair in _IDX_FILES.values() for stem in pair]
     folder = _data_root(name, root, tuple(f"{stem}[.gz]" for stem in stems),
                         lambda f: any(_has_file(f, stem) for stem in stems))
@@ -297,22 +301,55 @@ def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: boo
                          torch.tensor(y, dtype=torch.long))
     x, y = arrays["train"]
     xt, yt = arrays.get("test", (None, None))
-    return split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
-                   {"folder": str(folder), "format": "idx", "scaling": "pixels / 255"})
+    scaling = "pixels / 255"
+    if standardize:
+        # one mean and std over every pixel of the training pool, as Lee et al.'s released code
+        mean, std = x.mean(), x.std()
+        x = (x - mean) / std
+        xt = (xt - mean) / std if xt is not None else None
+        scaling += f", standardized with the pool's mean {float(mean):.6f} and std {float(std):.6f}"
+    ds = split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+                       {"folder": str(folder), "format": "idx", "scaling": scaling})
+    return _first_examples(ds, train_examples)
+
+
+def _first_examples(ds: Dataset, train_examples: int | None) -> Dataset:
+    """``ds`` with its training split cut to its first ``train_examples`` (the split's order is
+    the seeded permutation, so these are a random sample); the validation and test splits are
+    unchanged. None: the whole split."""
+    if train_examples is None:
+        return ds
+    if isinstance(train_examples, bool) or not isinstance(train_examples, int) \
+            or not 1 <= train_examples <= ds.n_train:
+        raise DataError(f"{ds.name}: train_examples must be an integer in [1, {ds.n_train}] "
+                        f"(the training split), got {train_examples!r}")
+    return replace(ds, x_train=ds.x_train[:train_examples].clone(),
+                   y_train=ds.y_train[:train_examples].clone(),
+                   provenance={**ds.provenance, "n_train": train_examples,
+                               "train_examples": train_examples})
 
 
 @register("mnist")
 def load_mnist(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
-               test: bool = False) -> Dataset:
-    """MNIST from local IDX files (``train-images-idx3-ubyte[.gz]`` and friends), pixels / 255."""
-    return _load_idx_dataset("mnist", root, seed, val_fraction, test)
+               test: bool = False, train_examples: int | None = None,
+               standardize: bool = False) -> Dataset:
+    """MNIST from local IDX files (``train-images-idx3-ubyte[.gz]`` and friends), pixels / 255.
+
+    ``standardize``: then minus the training pool's mean pixel and divided by its standard
+    deviation (one number each, as Lee et al. 2021's released code). ``train_examples``: keep
+    only the first that many of the training split (a seeded random sample; validation and
+    test unchanged), for studies sized to a small machine."""
+    return _load_idx_dataset("mnist", root, seed, val_fraction, test, train_examples, standardize)
 
 
 @register("fashion_mnist")
 def load_fashion_mnist(root: str | os.PathLike | None = None, seed: int = 0,
-                       val_fraction: float = 0.1, test: bool = False) -> Dataset:
-    """Fashion-MNIST from local IDX files (same names as MNIST), pixels / 255."""
-    return _load_idx_dataset("fashion_mnist", root, seed, val_fraction, test)
+                       val_fraction: float = 0.1, test: bool = False,
+                       train_examples: int | None = None, standardize: bool = False) -> Dataset:
+    """Fashion-MNIST (Xiao et al. 2017) from local IDX files (same names as MNIST), pixels /
+    255; ``standardize`` and ``train_examples`` as :func:`load_mnist`."""
+    return _load_idx_dataset("fashion_mnist", root, seed, val_fraction, test, train_examples,
+                             standardize)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,3 +440,21 @@ def load_linreg(n: int = 1000, dim: int = 10, noise: float = 0.5, seed: int = 0,
     return split_dataset("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
                    {"generator": "linreg", "n": n, "dim": dim, "noise": noise, "seed": seed,
                     "w_star": w.tolist()})
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+
+@register("python_source")
+def load_python_source(context: int = 64, stride: int | None = None, seed: int = 0,
+                       val_fraction: float = 0.1, max_train_windows: int | None = None,
+                       max_val_windows: int | None = None, root: str | None = None,
+                       test: bool = False) -> Dataset:
+    """The running Python's standard-library source as next-byte windows
+    (:func:`training.text.load_python_source`)."""
+    from training.text import load_python_source as load
+
+    return load(context=context, stride=stride, seed=seed, val_fraction=val_fraction,
+                max_train_windows=max_train_windows, max_val_windows=max_val_windows,
+                root=root, test=test)

@@ -105,7 +105,7 @@ def test_default_init_bounds():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: build("vgg", MNIST1D), "unknown model 'vgg'; allowed: cnn1d, lee_cnn, linear, mlp, resnet8, simple_cnn"),
+    (lambda: build("vgg", MNIST1D), "unknown model 'vgg'; allowed: cnn1d, lee_cnn, linear, mlp, resnet8, simple_cnn, transformer_lm"),
     (lambda: build("simple_cnn", MNIST1D), r"simple_cnn needs image inputs"),
     (lambda: build("cnn1d", image_dataset((1, 28, 28))), r"cnn1d needs 1-D inputs"),
     (lambda: build("simple_cnn", image_dataset((1, 28, 28)), width="huge"), "width 'huge'; allowed"),
@@ -117,4 +117,4 @@ def test_bad_models(call, message):
 
 
 def test_list_models():
-    assert list_models() == ["cnn1d", "lee_cnn", "linear", "mlp", "resnet8", "simple_cnn"]
+    assert list_models() == ["cnn1d", "lee_cnn", "linear", "mlp", "resnet8", "simple_cnn", "transformer_lm"]
