@@ -143,7 +143,8 @@ def load_python_source(context: int = 64, stride: int | None = None, seed: int =
 
     def stream(indices: list[int]) -> torch.Tensor:
         data = b"".join(contents[i] for i in indices)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+                else torch.zeros(0, dtype=torch.uint8))   # only empty files (__init__.py)
 
     train, val = stream(train_files), stream(val_files)
     x_tr, y_tr = windows(train, context, stride, max_train_windows)

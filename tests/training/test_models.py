@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -118,3 +120,80 @@ def test_bad_models(call, message):
 
 def test_list_models():
     assert list_models() == ["cnn1d", "lee_cnn", "linear", "mlp", "resnet8", "simple_cnn", "transformer_lm"]
+
+
+# ---------------------------------------------------------------------------------------------
+# transformer_lm
+
+
+def token_dataset(n=6, t=10, vocab=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, vocab, (n, t), generator=g)
+    return Dataset("tokens", "classification", x.float(), x.roll(-1, 1), x.float(),
+                   x.roll(-1, 1), vocab, (t,))
+
+
+def test_transformer_lm_shape_and_parameter_count():
+    ds = token_dataset(t=64)
+    net = build("transformer_lm", ds)          # 2 layers, width 64, 4 heads, MLP ratio 4
+    block = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
+    assert count_parameters(net) == 256 * 64 + 64 * 64 + 2 * block + 2 * 64 + (64 * 256 + 256) \
+        == 137_216
+    assert net(ds.x_train).shape == (6, 64, 256)
+    wide = build("transformer_lm", ds, layers=3, width=32, heads=2, mlp_ratio=2, context=128)
+    assert wide(ds.x_train[:2, :20]).shape == (2, 20, 256)   # shorter windows than the context
+    assert len(wide.blocks) == 3 and wide.position.weight.shape == (128, 32)
+    training.models.check_output(net, ds, "test")
+
+
+def test_transformer_lm_is_causal():
+    """Changing a later token never changes the logits at earlier positions (and does change
+    those at and after it)."""
+    ds = token_dataset()
+    net = build("transformer_lm", ds, layers=2, width=16, heads=2).double()
+    x = ds.x_train[:3].double()
+    base = net(x)
+    for j in (0, 4, 9):
+        changed = x.clone()
+        changed[:, j] = (changed[:, j] + 17) % 256
+        out = net(changed)
+        torch.testing.assert_close(out[:, :j], base[:, :j], rtol=0, atol=0)
+        assert not torch.allclose(out[:, j:], base[:, j:])
+
+
+def test_transformer_lm_attention_equals_torch_sdpa():
+    """The written-out attention is torch's causal scaled dot-product attention."""
+    ds = token_dataset()
+    net = build("transformer_lm", ds, layers=1, width=16, heads=4).double()
+    attn = net.blocks[0].attn
+    h = torch.randn(3, 10, 16, dtype=torch.float64)
+    q, k, v = attn.qkv(h).split(16, -1)
+    q, k, v = (z.reshape(3, 10, 4, 4).transpose(1, 2) for z in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attn(h), attn.proj(ref.transpose(1, 2).reshape(3, 10, 16)))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: build("transformer_lm", image_dataset((1, 28, 28))), "needs per-token classification"),
+    (lambda: build("transformer_lm", token_dataset(), width=30, heads=4),
+     "width 30 is not a multiple of heads 4"),
+    (lambda: build("transformer_lm", token_dataset(t=10), context=8),
+     "context 8 is shorter than the data set's windows of 10 tokens"),
+    (lambda: build("transformer_lm", token_dataset(), layers=0), "layers must be an integer >= 1"),
+])
+def test_transformer_lm_bad_options(call, message):
+    with pytest.raises(ModelError, match=message):
+        call()
+
+
+def test_transformer_lm_learns_python_source():
+    """A few AdamW steps on a slice of the standard library lower the validation loss (mean
+    per-byte cross-entropy) well below its initial value, ln 256 = 5.55 nats."""
+    ds = training.data.load("python_source", context=16, max_train_windows=512,
+                            max_val_windows=128)
+    net = build("transformer_lm", ds, layers=1, width=32, heads=2)
+    run = training.RunConfig(32, "adamw", max_steps=60, goal=training.Goal("loss", 0.0),
+                             eval_schedule=training.EvalSchedule(every=60), stop="never")
+    res = training.train_trials(net, ds, [training.Trial(lr=1e-2, weight_decay=0.01)], run)
+    first, last = res.curves[0].metric[0], res.curves[0].metric[-1]
+    assert abs(first - math.log(256)) < 0.1 and last < 3.6

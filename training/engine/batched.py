@@ -33,7 +33,7 @@ def stacked_loss_and_grad(out: Tensor, y: Tensor, task: str) -> tuple[Tensor, Te
     """
     if task == "classification" and out.dim() > 3:
         loss, dout = stacked_loss_and_grad(out.reshape(out.shape[0], -1, out.shape[-1]),
-                                           y.flatten(-(out.dim() - 2)), task)
+                                           y.expand(out.shape[:-1]).flatten(1), task)
         return loss, dout.reshape(out.shape)
     batch = out.shape[1]
     if task == "classification":
