@@ -56,6 +56,7 @@ from experiments.report.sections import (
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
 )
+from experiments.spec.study import reductions
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
 )
@@ -138,7 +139,7 @@ def build(runs: RunSet) -> Report:
     critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
     warm = warmup_table(runs.warmup)
     sections = (
-        Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
+        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs))),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
             points, fits.table, ratios, missing, order, labels) + theory_words
             + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
@@ -180,6 +181,13 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()))
+
+
+def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
+    """Each run's ``reductions`` text (how its design is reduced from the paper's), once per
+    distinct text, as a note under the overview."""
+    texts = dict.fromkeys(t for r in runs.runs if (t := reductions(r.spec)))
+    return (Paragraphs(tuple(texts), "note"),) if texts else ()
 
 
 def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section:
