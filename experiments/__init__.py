@@ -8,8 +8,10 @@ Public API::
     # your own model and data set: factories by import path, or the functions themselves
     run_dir = experiments.run_study("my/spec.toml", model="mymodels:mlp", dataset=mymodels.blobs)
     cbs = experiments.branch_critical_batch(net, ds, trial, run)   # CBS(t) by branching
+    advice = experiments.advise(experiments.load_spec("quickstart"))  # a batch size, no sweep
 """
 
+from experiments.run.advise import Advice, AdviceError, advise, write_advice
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.spec.factories import FactoryError
 from experiments.spec.plan import plan
@@ -21,6 +23,6 @@ from experiments.store.database import (
     Results, StoreContentError, StoreError, StoreIOError, load_results,
 )
 
-__all__ = ["branch_critical_batch", "warmup_comparison", "FactoryError", "plan", "run_study", "Spec",
+__all__ = ["advise", "Advice", "AdviceError", "write_advice", "branch_critical_batch", "warmup_comparison", "FactoryError", "plan", "run_study", "Spec",
            "SpecError", "SpecIOError", "load_spec", "loads_spec", "Results", "StoreError",
            "StoreContentError", "StoreIOError", "load_results"]

@@ -21,9 +21,19 @@ Registered data sets (``list_datasets()``):
 
 - ``mnist1d``: generated offline with the ``mnist1d`` package (Greydanus 2020), cached as ``.npz``
   under ``$SPARSESCALE_CACHE`` (else ``$XDG_CACHE_HOME/sparsescale`` or ``~/.cache/sparsescale``).
-- ``mnist``, ``fashion_mnist``: IDX files (gzipped or raw) in a folder given as ``root=`` or
-  ``$SPARSESCALE_DATA`` (a sub-folder named after the data set is also searched).
-- ``cifar10``: the python pickle batches (``data_batch_1..5``, ``test_batch``), same lookup.
+- ``mnist``, ``fashion_mnist``: IDX files (gzipped or raw). Looked for in ``root=`` or
+  ``$SPARSESCALE_DATA``, in a sub-folder named after the data set first (``fashion_mnist`` or
+  ``fashion-mnist`` for Fashion-MNIST), then the folder itself; without ``root=``,
+  Fashion-MNIST is also found where Debian's package ``dataset-fashion-mnist`` installs it
+  (``/usr/share/datasets/fashion-mnist``), with no configuration.
+- ``cifar10``: the python pickle batches (``data_batch_1..5``, ``test_batch``), same lookup
+  (sub-folders ``cifar10`` or ``cifar-10-batches-py``).
+
+A data set found nowhere is one ``DataError`` naming every folder looked in and the files to put
+there (and, for Fashion-MNIST, the one-line install). ``DATA_FOLDERS`` and ``SYSTEM_FOLDERS``
+hold the search order.
+- ``python_source``: the running Python's standard-library ``.py`` files as next-byte windows
+  for a language model (:mod:`training.text`): labels ``[n, context]``, 256 classes.
 - ``teacher``: labels from a random teacher MLP (synthetic classification).
 - ``linreg``: Gaussian linear regression y = x . w* + noise with known noise (theory ground truth).
 """
@@ -37,6 +47,7 @@ import pickle
 import random
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +118,58 @@ def cache_dir() -> Path:
     return Path(base) / "sparsescale"
 
 
-def _data_root(name: str, root: str | os.PathLike | None) -> Path:
-    base = root if root is not None else os.environ.get("SPARSESCALE_DATA")
-    if base is None:
-        raise DataError(
-            f"data set {name!r} is read from local files: pass root=FOLDER or set SPARSESCALE_DATA "
-            f"(no download code); expected files are listed in the README")
-    base = Path(base)
-    sub = base / name
-    return sub if sub.is_dir() else base
+# Where each local-file data set is looked for, in order, when no ``root=`` is given:
+# ``$SPARSESCALE_DATA/<folder>`` for each folder name, ``$SPARSESCALE_DATA`` itself, then the
+# system folders an operating-system package installs (Debian's ``dataset-fashion-mnist`` puts
+# the four gzipped IDX files in /usr/share/datasets/fashion-mnist).
+DATA_FOLDERS: dict[str, tuple[str, ...]] = {
+    "mnist": ("mnist",),
+    "fashion_mnist": ("fashion_mnist", "fashion-mnist"),
+    "cifar10": ("cifar10", "cifar10/cifar-10-batches-py", "cifar-10-batches-py"),
+}
+SYSTEM_FOLDERS: dict[str, tuple[Path, ...]] = {
+    "fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),),
+}
+INSTALL_HINTS: dict[str, str] = {
+    "fashion_mnist": "install it with `apt-get install dataset-fashion-mnist` (Debian, Ubuntu)",
+}
+FORMAT_NOTES: dict[str, str] = {
+    "mnist": " (the IDX files, gzipped or raw)",
+    "fashion_mnist": " (the IDX files, gzipped or raw)",
+    "cifar10": " (the python version: cifar-10-python.tar.gz extracted)",
+}
+
+
+def _candidates(name: str, root: str | os.PathLike | None) -> list[Path]:
+    """The folders :func:`_data_root` looks in for data set ``name``, in order."""
+    subs = DATA_FOLDERS.get(name, (name,))
+    bases = [Path(root)] if root is not None else (
+        [Path(os.environ["SPARSESCALE_DATA"])] if os.environ.get("SPARSESCALE_DATA") else [])
+    found = [b / s for b in bases for s in subs] + bases
+    if root is None:
+        found += list(SYSTEM_FOLDERS.get(name, ()))
+    return found
+
+
+def _data_root(name: str, root: str | os.PathLike | None, files: tuple[str, ...],
+               has: Callable[[Path], bool]) -> Path:
+    """The first folder of :func:`_candidates` that holds any of data set ``name``'s files
+    (``has(folder)``; a missing one is then named by the reader),
+    else one DataError naming every folder looked in, the files expected (``files``) and where
+    to put them."""
+    looked = _candidates(name, root)
+    for folder in looked:
+        if folder.is_dir() and has(folder):
+            return folder
+    subs = DATA_FOLDERS.get(name, (name,))
+    where = (", ".join(str(p) for p in looked) if looked else
+             "no folder (SPARSESCALE_DATA is not set and no root= was given)")
+    hint = INSTALL_HINTS.get(name)
+    put = (f"put {', '.join(files)}{FORMAT_NOTES.get(name, '')} in $SPARSESCALE_DATA/{subs[0]} "
+           f"(or in a folder given as "
+           f"root=FOLDER); nothing is downloaded")
+    raise DataError(f"data set {name!r} not found; looked in {where}; "
+                    f"{hint + ', or ' if hint else ''}{put}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,8 +280,15 @@ def _find(folder: Path, stem: str) -> Path:
                     f"(gzipped or raw) in {folder}")
 
 
-def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool) -> Dataset:
-    folder = _data_root(name, root)
+def _has_file(folder: Path, stem: str) -> bool:
+    return (folder / stem).exists() or (folder / (stem + ".gz")).exists()
+
+
+def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: bool,
+                      train_examples: int | None = None, standardize: bool = False) -> Dataset:
+    stems = [stem for pair in _IDX_FILES.values() for stem in pair]
+    folder = _data_root(name, root, tuple(f"{stem}[.gz]" for stem in stems),
+                        lambda f: any(_has_file(f, stem) for stem in stems))
     arrays = {}
     for split, (img, lab) in _IDX_FILES.items():
         if split == "test" and not test:
@@ -240,26 +301,62 @@ def _load_idx_dataset(name: str, root, seed: int, val_fraction: float, test: boo
                          torch.tensor(y, dtype=torch.long))
     x, y = arrays["train"]
     xt, yt = arrays.get("test", (None, None))
-    return split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
-                   {"folder": str(folder), "format": "idx", "scaling": "pixels / 255"})
+    scaling = "pixels / 255"
+    if standardize:
+        # one mean and std over every pixel of the training pool, as Lee et al.'s released code
+        mean, std = x.mean(), x.std()
+        x = (x - mean) / std
+        xt = (xt - mean) / std if xt is not None else None
+        scaling += f", standardized with the pool's mean {float(mean):.6f} and std {float(std):.6f}"
+    ds = split_dataset(name, "classification", x, y, 10, seed, val_fraction, test, xt, yt,
+                       {"folder": str(folder), "format": "idx", "scaling": scaling})
+    return _first_examples(ds, train_examples)
+
+
+def _first_examples(ds: Dataset, train_examples: int | None) -> Dataset:
+    """``ds`` with its training split cut to its first ``train_examples`` (the split's order is
+    the seeded permutation, so these are a random sample); the validation and test splits are
+    unchanged. None: the whole split."""
+    if train_examples is None:
+        return ds
+    if isinstance(train_examples, bool) or not isinstance(train_examples, int) \
+            or not 1 <= train_examples <= ds.n_train:
+        raise DataError(f"{ds.name}: train_examples must be an integer in [1, {ds.n_train}] "
+                        f"(the training split), got {train_examples!r}")
+    return replace(ds, x_train=ds.x_train[:train_examples].clone(),
+                   y_train=ds.y_train[:train_examples].clone(),
+                   provenance={**ds.provenance, "n_train": train_examples,
+                               "train_examples": train_examples})
 
 
 @register("mnist")
 def load_mnist(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
-               test: bool = False) -> Dataset:
-    """MNIST from local IDX files (``train-images-idx3-ubyte[.gz]`` and friends), pixels / 255."""
-    return _load_idx_dataset("mnist", root, seed, val_fraction, test)
+               test: bool = False, train_examples: int | None = None,
+               standardize: bool = False) -> Dataset:
+    """MNIST from local IDX files (``train-images-idx3-ubyte[.gz]`` and friends), pixels / 255.
+
+    ``standardize``: then minus the training pool's mean pixel and divided by its standard
+    deviation (one number each, as Lee et al. 2021's released code). ``train_examples``: keep
+    only the first that many of the training split (a seeded random sample; validation and
+    test unchanged), for studies sized to a small machine."""
+    return _load_idx_dataset("mnist", root, seed, val_fraction, test, train_examples, standardize)
 
 
 @register("fashion_mnist")
 def load_fashion_mnist(root: str | os.PathLike | None = None, seed: int = 0,
-                       val_fraction: float = 0.1, test: bool = False) -> Dataset:
-    """Fashion-MNIST from local IDX files (same names as MNIST), pixels / 255."""
-    return _load_idx_dataset("fashion_mnist", root, seed, val_fraction, test)
+                       val_fraction: float = 0.1, test: bool = False,
+                       train_examples: int | None = None, standardize: bool = False) -> Dataset:
+    """Fashion-MNIST (Xiao et al. 2017) from local IDX files (same names as MNIST), pixels /
+    255; ``standardize`` and ``train_examples`` as :func:`load_mnist`."""
+    return _load_idx_dataset("fashion_mnist", root, seed, val_fraction, test, train_examples,
+                             standardize)
 
 
 # ---------------------------------------------------------------------------------------------
 # CIFAR-10
+
+
+CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 
 
 def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -286,11 +383,10 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(root: str | os.PathLike | None = None, seed: int = 0, val_fraction: float = 0.1,
                  test: bool = False) -> Dataset:
     """CIFAR-10 from local python batches (``data_batch_1..5``, ``test_batch``; a
-    ``cifar-10-batches-py`` sub-folder is searched too). Pixels / 255, then standardized per
+    ``cifar-10-batches-py`` sub-folder is searched too, see ``DATA_FOLDERS``). Pixels / 255, then standardized per
     channel with the training-pool mean and std."""
-    folder = _data_root("cifar10", root)
-    if (folder / "cifar-10-batches-py").is_dir():
-        folder = folder / "cifar-10-batches-py"
+    folder = _data_root("cifar10", root, CIFAR_FILES,
+                        lambda f: any((f / stem).exists() for stem in CIFAR_FILES))
     parts = [read_cifar_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
     x = torch.tensor(np.concatenate([p[0] for p in parts]), dtype=torch.float32).div_(255.0)
     y = torch.tensor(np.concatenate([p[1] for p in parts]), dtype=torch.long)
@@ -344,3 +440,21 @@ def load_linreg(n: int = 1000, dim: int = 10, noise: float = 0.5, seed: int = 0,
     return split_dataset("linreg", "regression", x[:n], y[:n], 0, seed, val_fraction, test, x[n:], y[n:],
                    {"generator": "linreg", "n": n, "dim": dim, "noise": noise, "seed": seed,
                     "w_star": w.tolist()})
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+
+@register("python_source")
+def load_python_source(context: int = 64, stride: int | None = None, seed: int = 0,
+                       val_fraction: float = 0.1, max_train_windows: int | None = None,
+                       max_val_windows: int | None = None, root: str | None = None,
+                       test: bool = False) -> Dataset:
+    """The running Python's standard-library source as next-byte windows
+    (:func:`training.text.load_python_source`)."""
+    from training.text import load_python_source as load
+
+    return load(context=context, stride=stride, seed=seed, val_fraction=val_fraction,
+                max_train_windows=max_train_windows, max_val_windows=max_val_windows,
+                root=root, test=test)

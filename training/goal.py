@@ -1,6 +1,10 @@
 """Losses, goal metrics and divergence: one definition shared by every trainer and probe.
 
 Classification: mean cross-entropy loss, goal metric ``error`` (fraction misclassified).
+Per-token classification (labels ``[n, T]``, outputs ``[n, T, classes]``, e.g. next-byte
+prediction): an example's loss is the mean over its T positions of the cross-entropy, the batch
+loss the mean over examples (the mean over every position, all examples having T), and
+``error`` the fraction of positions misclassified.
 Regression: loss 1/2 mean (f(x) - y)^2, goal metric ``loss``.
 A goal is met when ``metric < target`` (``strict=True``, Shallue et al. 2019) or ``<=``
 (``strict=False``, Lee et al. 2021).
@@ -31,10 +35,19 @@ def loss_fn(task: str, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     if loss is not None:
         return lambda out, y: loss(out, y).mean()
     if task == "classification":
-        return F.cross_entropy
+        return classification_loss
     if task == "regression":
         return lambda out, y: 0.5 * (out - y).pow(2).mean()
     raise ConfigError(f"unknown task {task!r}; allowed: classification, regression")
+
+
+def classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits ``out`` ``[B, ..., classes]`` against labels ``y``
+    ``[B, ...]``: over examples, and over positions for per-token labels (an example's loss is
+    the mean over its positions)."""
+    if out.dim() == 2:
+        return F.cross_entropy(out, y)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -88,17 +101,19 @@ def metric_value(metric: str, out: torch.Tensor, y: torch.Tensor, task: str,
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
                  ) -> torch.Tensor:
     """Goal metric of outputs ``out`` against labels ``y`` (leading dims are kept for batched
-    outputs of shape [..., n, classes]). With a per-example ``loss`` of the user's, ``out``
-    holds one trial's outputs (no leading dims) and the metric ``loss`` is its mean."""
+    outputs of shape [..., n, classes], or [..., n, T, classes] for per-token labels [n, T]:
+    the mean runs over the labels' dimensions). With a per-example ``loss`` of the user's,
+    ``out`` holds one trial's outputs (no leading dims) and the metric ``loss`` is its mean."""
     if metric == "loss" and loss is not None:
         return loss(out, y).mean()
+    dims = tuple(range(-y.dim(), 0))   # the examples' (and positions') dimensions
     if metric == "error":
         if task != "classification":
             raise ConfigError("goal metric 'error' needs a classification data set; use 'loss'")
-        return (out.argmax(-1) != y).to(out.dtype).mean(-1)
+        return (out.argmax(-1) != y).to(out.dtype).mean(dims)
     if task == "classification":
         logp = out.log_softmax(-1)
-        return -logp.gather(-1, y.expand(out.shape[:-1]).unsqueeze(-1)).squeeze(-1).mean(-1)
+        return -logp.gather(-1, y.expand(out.shape[:-1]).unsqueeze(-1)).squeeze(-1).mean(dims)
     return 0.5 * (out - y).pow(2).mean(-1)
 
 

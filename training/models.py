@@ -19,6 +19,12 @@ touching the caller's global RNG state.
   three stages of one basic block (16, 32, 64 channels, stride 1, 2, 2, 1x1 projection shortcuts
   where the shape changes), global average pool, Linear. Images only.
 - ``linear``: one Linear layer (logistic regression, or linear regression with one output).
+- ``transformer_lm``: a decoder-only, pre-LayerNorm transformer over byte (token) indices
+  (Radford et al. 2019's GPT-2 layout): token and learned position embeddings, ``layers``
+  blocks of causal self-attention and a GELU MLP, a final LayerNorm and a Linear to one logit per
+  token value at every position, outputs ``[B, T, num_classes]`` for per-token labels
+  ``[B, T]`` (the ``python_source`` data set). Its initialization is GPT-2's, not PyTorch's
+  default (below).
 
 Any ``nn.Module`` of your own works too: :func:`check_output` is the check every trainer, probe
 and ``pruning.prune`` makes of a model against its data set before anything is trained.
@@ -349,6 +355,105 @@ def lee_cnn(dataset: Dataset) -> nn.Module:
         nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
         nn.Flatten(), nn.Linear(64 * oh * ow, output_size(dataset)),
     ], dataset)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention written with plain tensor operations (no fused kernel),
+    so that ``torch.func.vmap`` over trials or examples and double backward (the probes'
+    Hessian-vector products) apply to it: softmax(q k^T / sqrt(d) masked to j <= i) v per head,
+    then an output projection. The causal mask is built per call (no buffer: the trainers keep
+    buffers per trial)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm residual block: x + attn(LN(x)), then + MLP(LN(x)) with a GELU."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(),
+                                 nn.Linear(mlp_ratio * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only pre-LayerNorm transformer over token indices given as float values (a data
+    set's inputs are float32): ``[B, T]`` -> logits ``[B, T, vocab]``, position i seeing
+    tokens 0..i only."""
+
+    def __init__(self, vocab: int, context: int, width: int, layers: int, heads: int,
+                 mlp_ratio: int):
+        super().__init__()
+        self.token = nn.Embedding(vocab, width)
+        self.position = nn.Embedding(context, width)
+        self.blocks = nn.Sequential(*(TransformerBlock(width, heads, mlp_ratio)
+                                      for _ in range(layers)))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+        # GPT-2's initialization (Radford et al. 2019): N(0, 0.02) weights and embeddings, zero
+        # biases, the residual projections scaled by 1 / sqrt(2 layers)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "mlp.2.weight")) \
+                    else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = x.long()
+        h = self.token(idx) + self.position.weight[: idx.shape[-1]]
+        return self.head(self.norm(self.blocks(h)))
+
+
+@register("transformer_lm")
+def transformer_lm(dataset: Dataset, layers: int = 2, width: int = 64, heads: int = 4,
+                   context: int | None = None, mlp_ratio: int = 4) -> nn.Module:
+    """A byte-level (token-level) language model, :class:`TransformerLM`: ``layers`` blocks of
+    ``heads``-head causal self-attention over ``width`` channels and a ``mlp_ratio * width``
+    GELU MLP; learned positions for up to ``context`` tokens (default: the data set's window
+    length). Needs per-token classification data: inputs ``[n, T]`` of token values in
+    [0, num_classes), labels ``[n, T]`` (``python_source``). With the defaults on
+    ``python_source`` (context 64): embeddings 16,384 + 4,096, two blocks of 49,984, final LayerNorm 128 and output
+    16,640: 137,216 weights."""
+    if dataset.task != "classification" or len(dataset.input_shape) != 1 \
+            or tuple(dataset.y_train.shape[1:]) != tuple(dataset.input_shape):
+        raise ModelError(f"transformer_lm needs per-token classification data (inputs [n, T] of "
+                         f"token values, labels [n, T], e.g. python_source), got a "
+                         f"{dataset.task} set with inputs {list(dataset.input_shape)} and labels "
+                         f"{list(dataset.y_train.shape[1:])} per example")
+    length = dataset.input_shape[0]
+    context = length if context is None else context
+    for key, value in (("layers", layers), ("width", width), ("heads", heads),
+                       ("context", context), ("mlp_ratio", mlp_ratio)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"transformer_lm {key} must be an integer >= 1, got {value!r}")
+    if width % heads:
+        raise ModelError(f"transformer_lm width {width} is not a multiple of heads {heads}")
+    if context < length:
+        raise ModelError(f"transformer_lm context {context} is shorter than the data set's "
+                         f"windows of {length} tokens")
+    return TransformerLM(dataset.num_classes, context, width, layers, heads, mlp_ratio)
 
 
 class BasicBlock(nn.Module):

@@ -149,11 +149,12 @@ class _Runner:
         return {"module": st.module if rows is None else st.module.rows(rows.start, rows.stop)}
 
     def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """Inputs [n, B, ...] and targets [n, B] of the rows ``idx`` [n, B] of the training split
-        (``index_select``: 5x faster than advanced indexing for this gather)."""
+        """Inputs [n, B, ...] and targets [n, B] (per-token: [n, B, T]) of the rows ``idx``
+        [n, B] of the training split (``index_select``: 5x faster than advanced indexing for
+        this gather)."""
         flat = idx.reshape(-1)
         return (self.x_train.index_select(0, flat).view(*idx.shape, *self.x_train.shape[1:]),
-                self.y_train.index_select(0, flat).view(idx.shape))
+                self.y_train.index_select(0, flat).view(*idx.shape, *self.y_train.shape[1:]))
 
     def batch(self, st: TrialStack, step: int) -> tuple[Tensor, Tensor]:
         """Inputs [n, B, ...] and targets [n, B] of batch ``step`` of every trial."""

@@ -3,6 +3,8 @@
 - ``study``, ``report``, ``probe``, ``list``: studies, reports, probes and names (here);
 - ``branch``: the critical batch by branching (and its warmup) for a stored study or a spec
   (:mod:`experiments.run.branching_study`);
+- ``advise``: a recommended batch size from one short run with branches, without a sweep
+  (:mod:`experiments.cli.advise`);
 - ``bench`` (the vectorized trainer against the plain loop, :mod:`training.bench.speed`) and
   ``bench ddp`` (DDP step times and the wall-clock cost model, :mod:`training.distributed.bench`);
 - ``ddp``: one DistributedDataParallel trial on the workers ``torchrun`` started
@@ -32,6 +34,7 @@ from training.errors import SparsescaleError
 from training.process import setup_training_process
 
 from experiments.cli import bench, ddp
+from experiments.cli.advise import add_advise_parser
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
 from experiments.cli.options import add_device_argument, device_of
 from experiments.spec.study import SpecError
@@ -276,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=_cmd_branch)
 
+    add_advise_parser(sub)
     add_exchange_parsers(sub)
 
     p = sub.add_parser("list", help="list data sets, models, pruning methods and bundled configs",

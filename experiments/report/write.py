@@ -56,11 +56,12 @@ from experiments.report.sections import (
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
 )
+from experiments.spec.study import reductions
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
 )
 
-__all__ = ["write_report", "build", "ReportError", "ReportIOError"]
+__all__ = ["write_report", "write_document", "build", "ReportError", "ReportIOError"]
 
 HARDWARE_HEADING = "Time to result on real hardware"
 CSV_FORMAT = {"index": False, "float_format": "%.6g", "lineterminator": "\n"}
@@ -86,18 +87,29 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     runs = load_runs([Path(d) for d in run_dirs] if not isinstance(run_dirs, (str, Path)) else run_dirs)
     out = Path(out) if out is not None else Path(run_dirs[0])
     report = build(runs)
+    # no time-to-result rows: remove the file an earlier report with a cost model left
+    return write_document(report.document, out, {
+        "summary": report.summary,
+        "time_to_result": report.time_to_result if len(report.time_to_result) else None})
+
+
+def write_document(document: Document, out: str | Path, tables: dict[str, pd.DataFrame | None]
+                   ) -> Path:
+    """Write ``document`` into ``out`` as report.html, report.md and figures/*.png, and each
+    table as ``<name>.csv`` (None removes that file); return report.html's path.
+    :class:`ReportIOError` when ``out`` cannot be written."""
+    out = Path(out)
     try:
         (out / "figures").mkdir(parents=True, exist_ok=True)
-        for fig in report.document.figures():
+        for fig in document.figures():
             (out / "figures" / f"{fig.name}.png").write_bytes(fig.png)
-        _write_text(out / "report.md", render(report.document, "markdown"))
-        _write_text(out / "report.html", render(report.document, "html"))
-        _write_text(out / "summary.csv", report.summary.to_csv(**CSV_FORMAT))
-        timing = out / "time_to_result.csv"
-        if len(report.time_to_result):
-            _write_text(timing, report.time_to_result.to_csv(**CSV_FORMAT))
-        else:
-            timing.unlink(missing_ok=True)   # left by an earlier report whose cost model is gone
+        _write_text(out / "report.md", render(document, "markdown"))
+        _write_text(out / "report.html", render(document, "html"))
+        for name, frame in tables.items():
+            if frame is None:
+                (out / f"{name}.csv").unlink(missing_ok=True)
+            else:
+                _write_text(out / f"{name}.csv", frame.to_csv(**CSV_FORMAT))
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         raise ReportIOError(f"cannot write the report into {out}: {where}"
@@ -127,7 +139,7 @@ def build(runs: RunSet) -> Report:
     critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
     warm = warmup_table(runs.warmup)
     sections = (
-        Section("Studies", 2, (Table(T.overview_table(runs.runs)),)),
+        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs))),
         Section("Findings", 2, (Paragraphs(tuple(findings_text(
             points, fits.table, ratios, missing, order, labels) + theory_words
             + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
@@ -169,6 +181,13 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()))
+
+
+def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
+    """Each run's ``reductions`` text (how its design is reduced from the paper's), once per
+    distinct text, as a note under the overview."""
+    texts = dict.fromkeys(t for r in runs.runs if (t := reductions(r.spec)))
+    return (Paragraphs(tuple(texts), "note"),) if texts else ()
 
 
 def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section:

@@ -36,7 +36,7 @@ reached the goal in every replicate).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -52,6 +52,7 @@ from theory.branching import (
 from training.batch_schedule import BatchSchedule
 from training.order import trial_seed
 from training.schedule_trials import train_schedule_trials
+from training.state import TrainState
 
 DEFAULT_K_MAX = 64
 DEFAULT_SEEDS = 3
@@ -93,11 +94,21 @@ def branch_critical_batch(model: torch.nn.Module, dataset: training.Dataset,
                           window_fraction: float = DEFAULT_WINDOW_FRACTION,
                           eps: float = DEFAULT_EPS, seeds: int = DEFAULT_SEEDS,
                           multipliers: Sequence[float] = DEFAULT_MULTIPLIERS,
-                          level: float = 0.9) -> BranchResult:
+                          level: float = 0.9, steps: Sequence[int] | None = None,
+                          base_only_at_k1: bool = False,
+                          on_checkpoint: Callable[[int, TrainState], None] | None = None,
+                          ) -> BranchResult:
     """CBS(t) along the base run ``trial`` / ``run`` (module docstring). ``goal_step``: the base
     run's steps-to-result H (None: run it to its goal within ``run.max_steps``); ``window``: W in
     examples (a multiple of ``k_max * run.batch_size``; None: ``window_fraction`` of H B);
-    ``seeds``: branch seeds (1, or >= 3 for intervals); ``multipliers`` must include 1."""
+    ``seeds``: branch seeds (1, or >= 3 for intervals); ``multipliers`` must include 1.
+
+    ``steps``: the checkpoint steps themselves (increasing, in [0, H]) instead of ``checkpoints``
+    evenly spaced ones. ``base_only_at_k1``: at k = 1 run only multiplier 1 (the base run's
+    continuation, which the rule compares with): the other multipliers at k = 1 cannot change
+    CBS, since k = 1 always passes, so this saves their cost; their entries stay inf.
+    ``on_checkpoint(step, state)``: called with the base run's state at each checkpoint (e.g. to
+    probe the weights there)."""
     trial = training.Trial.from_dict(trial)
     base_batch = run.batch_size
     ks = branch_factors(k_max)
@@ -119,7 +130,8 @@ def branch_critical_batch(model: torch.nn.Module, dataset: training.Dataset,
             raise BranchingError(f"the base run (lr {trial.lr}, batch {base_batch}) does not reach the goal "
                                  f"within {run.max_steps} steps; give goal_step or a trial that does")
         goal_step, found = int(res.steps_to_result), int(res.steps_run)
-    steps = checkpoint_steps(int(goal_step), checkpoints)
+    steps = checkpoint_steps(int(goal_step), checkpoints) if steps is None else \
+        _given_steps(steps, int(goal_step))
     window = default_window(int(goal_step) * base_batch, base_batch, int(k_max), window_fraction) \
         if window is None else window
     if isinstance(window, bool) or not isinstance(window, int) or window < 1 or window % (k_max * base_batch):
@@ -132,20 +144,23 @@ def branch_critical_batch(model: torch.nn.Module, dataset: training.Dataset,
     for i, t in enumerate(steps):
         state = training.train_trials(model, dataset, [trial], replace(quiet, max_steps=int(t)), masks=mask,
                                       first_index=trial_index, start=state, return_state=True).end_state
+        if on_checkpoint is not None:
+            on_checkpoint(int(t), state)
         for j, k in enumerate(ks):
             b = int(k) * base_batch
-            lrs = branch_lrs(trial.lr, int(k), run.optimizer, mults)
+            tried = [1.0] if base_only_at_k1 and k == 1 else mults
+            lrs = branch_lrs(trial.lr, int(k), run.optimizer, tried)
             group = [replace(trial, lr=float(lr)) for _ in range(seeds) for lr in lrs]
             res = training.train_trials(
                 model, dataset, group,
                 replace(run, batch_size=b, goal=_LOSS, stop="never", max_steps=int(t) + window // b,
                         eval_schedule=training.EvalSchedule(every=10**9)),
-                masks=mask, start=state, data_seeds=[s for s in data_seeds for _ in mults])
+                masks=mask, start=state, data_seeds=[s for s in data_seeds for _ in tried])
             branch_cost += sum(res.steps_taken) - int(t) * len(group)
             for r, (curve, status) in enumerate(zip(res.curves, res.status)):
-                s, m = divmod(r, len(mults))
+                s, m = divmod(r, len(tried))
                 if status != "diverged" and len(curve) and math.isfinite(curve.metric[-1]):
-                    branch[i, j, m, s] = float(curve.metric[-1])
+                    branch[i, j, mults.index(tried[m]), s] = float(curve.metric[-1])
     base = branch[:, 0, mults.index(1.0), :]
     if not np.all(np.isfinite(base)):
         raise BranchingError("the base run's continuation (k = 1, multiplier 1) diverged at a checkpoint")
@@ -153,6 +168,16 @@ def branch_critical_batch(model: torch.nn.Module, dataset: training.Dataset,
     return BranchResult(critical=result, goal_step=int(goal_step), window=int(window), base_loss=base,
                         branch_loss=branch, base_trial_steps=found + int(steps[-1]),
                         branch_trial_steps=int(branch_cost))
+
+
+def _given_steps(steps: Sequence[int], goal_step: int) -> np.ndarray:
+    """Checkpoint steps given by the caller: distinct, increasing integers in [0, goal_step]."""
+    t = np.asarray(steps)
+    if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer) or np.any(np.diff(t) <= 0) \
+            or t[0] < 0 or t[-1] > goal_step:
+        raise BranchingError(f"steps must be increasing integers in [0, goal_step={goal_step}], "
+                             f"got {list(steps)}")
+    return t.astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)

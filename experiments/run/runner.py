@@ -190,10 +190,13 @@ def _result(fut: Future, p: GroupPlan, attempts: int = 1) -> GroupRecord:
         return failed_record(p, f"{type(exc).__name__}: {exc}", 0.0)
 
 
-def study_info(spec: Spec) -> StudyInfo:
-    """The store's study row for ``spec`` (its hash keeps other studies out of the folder)."""
+def study_info(spec: Spec, dataset: training.Dataset | None = None) -> StudyInfo:
+    """The store's study row for ``spec`` (its hash keeps other studies out of the folder) and
+    ``dataset``'s provenance (its content digest keeps results on other data out)."""
     return StudyInfo(name=spec.name, spec_toml=spec.toml, spec_hash=spec.hash,
-                     spec_json=spec.to_json())
+                     spec_json=spec.to_json(),
+                     dataset_json=None if dataset is None else json.dumps(
+                         dataset.provenance, sort_keys=True, default=str))
 
 
 def run_study(config: str | Path | Spec, out: str | Path | None = None,
@@ -245,7 +248,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
         training.device.resolve_device(spec.device, "workload.device")
     workload, dataset, model = load_workload(spec)
     groups = plan(spec)
-    with open_store(out, study_info(spec)) as store:
+    with open_store(out, study_info(spec, dataset)) as store:
         done = store.done_keys()
         todo = run_order([g for g in groups if g.key not in done])
         probed, branched = store.probed_sparsities(), store.branched()

@@ -333,7 +333,7 @@ MAX_TRIALS = 2**16
 
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
 
-TOP_KEYS = ("name", "description", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
+TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "workload", "goal", "pruning", "search", "budget", "eval", "probes", "branching",
             "executor")
 
@@ -431,6 +431,10 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     branch = branching(ck, raw, batch_sizes)
 
+    if not isinstance(raw.get("reductions", ""), str):
+        ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
+                             f"reduced from the paper's, printed by the report)")
+
     # executor
     ex_t = ck.table(raw, "executor", "executor") or {}
     ck.keys(ex_t, "executor", ("workers",))
@@ -455,6 +459,17 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, folders=folders, device=device, precision=precision)
+
+
+def reductions(spec: Spec) -> str:
+    """The spec's ``reductions`` text (how a bundled study's design is reduced from the
+    paper's), read from its TOML text: like ``description``, not part of the hash, so a store
+    keeps it in ``spec_toml`` and the report prints it. Empty when there is none."""
+    try:
+        value = tomllib.loads(spec.toml).get("reductions", "") if spec.toml else ""
+    except tomllib.TOMLDecodeError:
+        return ""
+    return value.strip() if isinstance(value, str) else ""
 
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None

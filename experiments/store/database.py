@@ -225,12 +225,15 @@ class Store:
         if existing is not None:
             if existing.spec_hash != info.spec_hash:
                 raise StoreContentError(other_study(self.path, existing, info))
+            stored = self.conn.execute("SELECT dataset_json FROM study WHERE id = 1").fetchone()[0]
+            if (why := other_data(self.path, stored, info.dataset_json)) is not None:
+                raise StoreContentError(why)
             return
         self._write(lambda c: c.execute(
             "INSERT INTO study (id, name, spec_toml, spec_hash, spec_json, created, lib_version, "
-            "torch_version, python_version) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "torch_version, python_version, dataset_json) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (info.name, info.spec_toml, info.spec_hash, info.spec_json, now_iso(), lib_version(),
-             torch_version(), sys.version.split()[0])))
+             torch_version(), sys.version.split()[0], info.dataset_json)))
 
     # -- groups --------------------------------------------------------------------------------
 
@@ -329,6 +332,29 @@ class Store:
 
     def frame(self, table: str) -> pd.DataFrame:
         return _read_frame(self.conn, table)
+
+
+# provenance keys that identify a data set's content (a data set made from the running
+# interpreter's files differs between Python versions)
+CONTENT_KEYS = ("corpus_digest", "digest")
+
+
+def other_data(path: Path, stored: str | None, given: str | None) -> str | None:
+    """Why the store at ``path`` refuses to add to its study with data whose provenance is
+    ``given``: the content digest it recorded (``stored``) differs. None when they agree or
+    either is unknown."""
+    try:
+        old, new = json.loads(stored or "{}"), json.loads(given or "{}")
+    except json.JSONDecodeError:
+        return None
+    for key in CONTENT_KEYS:
+        if key in old and key in new and old[key] != new[key]:
+            versions = (f" (written with Python {old.get('python_version')}, this is "
+                        f"{new.get('python_version')})" if "python_version" in old else "")
+            return (f"{path} holds results on other data: its data set's {key} is {old[key]}, "
+                    f"this one's {new[key]}{versions}; results on other data are never mixed: "
+                    f"choose another --out folder")
+    return None
 
 
 def other_study(path: Path, existing: StudyInfo, info: StudyInfo) -> str:

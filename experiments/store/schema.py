@@ -9,12 +9,12 @@ probes produce :class:`ProbeRow` s, the branching measurement :class:`BranchRow`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Column order is the contract with the report (experiments/report/write.py); add, never rename.
 COLUMNS: dict[str, tuple[str, ...]] = {
     "study": ("name", "spec_toml", "spec_hash", "spec_json", "created", "lib_version",
-              "torch_version", "python_version"),
+              "torch_version", "python_version", "dataset_json"),
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
                "error", "config_json", "lib_version", "torch_version", "finished", "kernel",
@@ -48,6 +48,7 @@ NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "exa
 # before them gains them when opened for writing (its rows read NULL); a read-only reader of
 # such a store reads NULL too.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "study": (("dataset_json", "TEXT"),),
     "groups": (("kernel", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
                ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT")),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
@@ -61,7 +62,8 @@ CREATE TABLE IF NOT EXISTS study (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     name TEXT NOT NULL, spec_toml TEXT NOT NULL, spec_hash TEXT NOT NULL, spec_json TEXT NOT NULL,
     created TEXT NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    python_version TEXT NOT NULL);
+    python_version TEXT NOT NULL,
+    dataset_json TEXT);   -- the data set's provenance (e.g. python_source's Python version and corpus digest)
 CREATE TABLE IF NOT EXISTS groups (
     key TEXT PRIMARY KEY, sparsity REAL NOT NULL, batch_size INTEGER NOT NULL,
     seed INTEGER NOT NULL, status TEXT NOT NULL CHECK (status IN ('done', 'failed')),
@@ -182,10 +184,15 @@ class ProbeRow:
 
 @dataclass(frozen=True)
 class StudyInfo:
+    """The study's row. ``dataset_json``: the data set's ``provenance`` as key-sorted JSON
+    (how it was made: files, generator, sizes, and the digests that tell data sets apart, such
+    as ``python_source``'s ``python_version`` and ``corpus_digest``), None when not known."""
+
     name: str
     spec_toml: str
     spec_hash: str
     spec_json: str
+    dataset_json: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -422,3 +422,99 @@ def test_from_torch_refuses_bad_data_in_one_line(dataset, message):
     assert "\n" not in str(info.value)
     with pytest.raises(DataError, match="progress must be True, False or None"):
         training.Dataset.from_torch([(0.0, 1)], progress="yes")
+
+
+# ---------------------------------------------------------------------------------------------
+# where the local-file data sets are found
+
+
+@pytest.fixture
+def no_system_folders(monkeypatch):
+    """No operating-system folder is searched (the real Fashion-MNIST package may be installed)."""
+    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {})
+    monkeypatch.delenv("SPARSESCALE_DATA", raising=False)
+
+
+def test_fashion_mnist_found_in_a_system_folder_with_no_configuration(tmp_path, monkeypatch,
+                                                                        no_system_folders):
+    folder = tmp_path / "usr" / "share" / "datasets" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    make_idx_folder(folder, gz=True)   # Debian's package ships the four files gzipped
+    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (folder,)})
+    ds = training.data.load("fashion_mnist", test=True)
+    assert ds.n_train + ds.n_val == 30 and ds.x_test.shape == (10, 1, 28, 28)
+    assert ds.provenance["folder"] == str(folder)
+    # MNIST has no system folder: the same files do not make it found
+    with pytest.raises(DataError, match="data set 'mnist' not found"):
+        training.data.load("mnist")
+
+
+@pytest.mark.parametrize("sub", ["fashion_mnist", "fashion-mnist"])
+def test_fashion_mnist_found_under_sparsescale_data(tmp_path, monkeypatch, no_system_folders, sub):
+    (tmp_path / sub).mkdir()
+    make_idx_folder(tmp_path / sub, n_train=20)
+    system = tmp_path / "system"
+    system.mkdir()
+    make_idx_folder(system, n_train=40)
+    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
+    monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path))
+    ds = training.data.load("fashion_mnist")
+    # $SPARSESCALE_DATA comes before the system folder
+    assert ds.n_train + ds.n_val == 20 and ds.provenance["folder"] == str(tmp_path / sub)
+    # an explicit root= is the only place looked: not the environment, not the system folder
+    with pytest.raises(DataError, match="not found"):
+        training.data.load("fashion_mnist", root=tmp_path / "empty")
+
+
+def test_fashion_mnist_not_found_names_every_place_and_the_install(tmp_path, monkeypatch,
+                                                                   no_system_folders):
+    system = tmp_path / "system"
+    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
+    monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path / "data"))
+    with pytest.raises(DataError) as err:
+        training.data.load("fashion_mnist")
+    msg = str(err.value)
+    assert "\n" not in msg
+    for place in (tmp_path / "data" / "fashion_mnist", tmp_path / "data" / "fashion-mnist",
+                  tmp_path / "data", system):
+        assert str(place) in msg
+    assert "apt-get install dataset-fashion-mnist" in msg
+    assert "train-images-idx3-ubyte[.gz]" in msg and "t10k-labels-idx1-ubyte[.gz]" in msg
+
+
+@pytest.mark.parametrize("name, files", [
+    ("mnist", ["train-images-idx3-ubyte[.gz]", "train-labels-idx1-ubyte[.gz]",
+               "t10k-images-idx3-ubyte[.gz]", "t10k-labels-idx1-ubyte[.gz]"]),
+    ("cifar10", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]),
+])
+def test_local_file_data_sets_say_which_files_go_where(tmp_path, monkeypatch, no_system_folders,
+                                                        name, files):
+    with pytest.raises(DataError) as err:
+        training.data.load(name)
+    msg = str(err.value)
+    assert "SPARSESCALE_DATA is not set" in msg and f"$SPARSESCALE_DATA/{name}" in msg
+    assert all(f in msg for f in files) and "apt-get" not in msg
+    monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path))
+    with pytest.raises(DataError, match=rf"looked in {tmp_path / name}, "):
+        training.data.load(name)
+
+
+def test_cifar10_in_the_extracted_archive_folder(tmp_path, monkeypatch, no_system_folders):
+    sub = tmp_path / "cifar10" / "cifar-10-batches-py"
+    sub.mkdir(parents=True)
+    write_cifar(sub)
+    monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path))
+    assert training.data.load("cifar10", val_fraction=0.25).n_train == 30
+
+
+def test_real_fashion_mnist_from_the_debian_package(monkeypatch):
+    folder = training.data.SYSTEM_FOLDERS["fashion_mnist"][0]
+    if not (folder / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"the Debian package dataset-fashion-mnist is not installed ({folder})")
+    monkeypatch.delenv("SPARSESCALE_DATA", raising=False)
+    ds = training.data.load("fashion_mnist", test=True)
+    assert (ds.n_train, ds.n_val, ds.x_test.shape[0]) == (54_000, 6_000, 10_000)
+    assert ds.input_shape == (1, 28, 28) and ds.num_classes == 10
+    # balanced classes: 6,000 training and 1,000 test images of each
+    assert torch.bincount(torch.cat([ds.y_train, ds.y_val])).tolist() == [6000] * 10
+    assert torch.bincount(ds.y_test).tolist() == [1000] * 10

@@ -33,8 +33,14 @@ def stacked_loss_and_grad(out: Tensor, y: Tensor, task: str) -> tuple[Tensor, Te
     """Per-trial mean loss [N] and its gradient with respect to ``out`` [N, B, ...].
 
     Cross-entropy: l = mean_b(logsumexp(z_b) - z_b[y_b]), dl/dz_b = (softmax(z_b) - e_{y_b}) / B.
+    Per-token labels (``out`` [N, B, T, classes]): the same over the B * T positions, the mean
+    over examples of each example's mean over its positions.
     Regression: l = 1/2 mean_b (f_b - y_b)^2, dl/df_b = (f_b - y_b) / B.
     """
+    if task == "classification" and out.dim() > 3:
+        loss, dout = stacked_loss_and_grad(out.reshape(out.shape[0], -1, out.shape[-1]),
+                                           y.expand(out.shape[:-1]).flatten(1), task)
+        return loss, dout.reshape(out.shape)
     batch = out.shape[1]
     out = widen(out)   # under bf16 autocast: the loss and its gradient in float32
     if task == "classification":

@@ -165,3 +165,25 @@ def test_branching_runs_on_models_with_state_randomness_or_recurrence(teacher, l
                                 k_max=2, window=32, seeds=1)
     assert np.isfinite(got.base_loss).all() and np.isfinite(got.branch_loss).all()
     assert len(got.critical.critical_batch) == 2
+
+
+def test_given_steps_base_only_at_k1_and_the_checkpoint_hook(teacher, net, measured):
+    seen = []
+    got = branch_critical_batch(net, teacher, TRIAL, run_config(), trial_index=2, goal_step=70, k_max=8,
+                                window=128, seeds=3, steps=[30, 70], base_only_at_k1=True,
+                                on_checkpoint=lambda t, state: seen.append((t, state.step)))
+    assert seen == [(30, 30), (70, 70)]
+    assert got.critical.steps.tolist() == [30, 70]
+    # k >= 2 and the k = 1, multiplier 1 branches are those of the full measurement at the same steps
+    rows = [3, 7]
+    np.testing.assert_array_equal(got.branch_loss[:, 1:], measured.branch_loss[rows, 1:])
+    np.testing.assert_array_equal(got.base_loss, measured.base_loss[rows])
+    assert np.isinf(got.branch_loss[:, 0, [0, 2]]).all()
+    # ... so CBS is the same: k = 1 passes through its multiplier 1 whatever the others do
+    np.testing.assert_array_equal(got.critical.critical_batch, measured.critical.critical_batch[rows])
+    # cost: per checkpoint and seed, one k = 1 branch (16 steps) and 3 multipliers at k = 2, 4, 8
+    assert got.branch_trial_steps == 2 * 3 * (16 + 3 * (8 + 4 + 2)) and got.base_trial_steps == 70
+    with pytest.raises(BranchingError, match=r"steps must be increasing integers in \[0, goal_step=70\]"):
+        branch_critical_batch(net, teacher, TRIAL, run_config(), goal_step=70, k_max=2, steps=[30, 20])
+    with pytest.raises(BranchingError, match=r"steps must be increasing integers"):
+        branch_critical_batch(net, teacher, TRIAL, run_config(), goal_step=70, k_max=2, steps=[30, 80])
