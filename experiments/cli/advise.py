@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from experiments.cli.options import add_device_argument, device_of
 from experiments.run.advise import (
     DEFAULT_FRACTIONS, DEFAULT_K_MAX, DEFAULT_LR_TRIALS, DEFAULT_PROBE_EXAMPLES, DEFAULT_SEEDS,
 )
@@ -15,7 +16,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     from experiments.run.advise import advise, write_advice
     from experiments.spec.study import load
 
-    spec = load(args.config, model=args.model, dataset=args.dataset)
+    spec = device_of(args, load(args.config, model=args.model, dataset=args.dataset))
     advice = advise(spec, sparsity=args.sparsity, seed=args.seed, batch_size=args.batch_size,
                     lr=args.lr, lr_trials=args.lr_trials, at=args.at, k_max=args.k_max,
                     seeds=args.seeds, probe_examples=args.probe_examples, quiet=args.quiet,
@@ -65,4 +66,5 @@ def add_advise_parser(sub: argparse._SubParsersAction, name: str = "advise") -> 
                    help=f"training examples per noise probe (default {DEFAULT_PROBE_EXAMPLES})")
     p.add_argument("--out", help="report folder (default runs/advise/<study name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_argument(p, what="run, branch and probe")
     p.set_defaults(fn=_cmd_advise)

@@ -269,9 +269,13 @@ def advise(spec: Spec, *, sparsity: float = 0.0, seed: int | None = None,
     k_max = min(k_max, 1 << int(math.log2(n // b0)))
     model = workload.build_model(dataset, seed)
     mask = workload.mask(dataset, sparsity, seed)
+    if spec.device != "cpu":   # runs and probes on the spec's device (training.device)
+        device = training.device.resolve_device(spec.device, "workload.device")
+        dataset, model = dataset.to(device), model.to(device)
     goal = training.Goal(spec.metric, spec.target, spec.strict)
     run = training.RunConfig(b0, spec.optimizer, max_steps=spec.budget.steps(b0), seed=seed,
-                             goal=goal, eval_schedule=spec.eval, stop="first")
+                             goal=goal, eval_schedule=spec.eval, stop="first",
+                             device=spec.device, precision=spec.precision)
     points = search.sample(spec.search, lr_trials, spec.search_seed, run.max_steps,
                            momentum_used=spec.optimizer != "sgd")
     bar = tqdm(total=len(fr) + 2, disable=quiet, desc="advise", unit="stage", dynamic_ncols=True)

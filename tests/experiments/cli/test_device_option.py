@@ -1,4 +1,4 @@
-"""``--device`` on ``study``, ``branch`` and ``bench``: without a CUDA device, ``cuda`` is one
+"""``--device`` on ``study``, ``branch``, ``bench`` and ``advise``: without a CUDA device, ``cuda`` is one
 line and exit status 2 (bad input), before anything is trained or written."""
 
 import pytest
@@ -21,7 +21,7 @@ def one_error_line(capsys) -> str:
     return err.removeprefix("error: ").strip()
 
 
-@pytest.mark.parametrize("command", ["study", "study-dry-run", "branch", "bench"])
+@pytest.mark.parametrize("command", ["study", "study-dry-run", "branch", "bench", "advise"])
 def test_cuda_without_a_gpu_is_one_line_and_exit_2(command, no_cuda, tiny_toml, tmp_path,
                                                    capsys):
     out = tmp_path / "run"
@@ -29,6 +29,7 @@ def test_cuda_without_a_gpu_is_one_line_and_exit_2(command, no_cuda, tiny_toml, 
             "study-dry-run": ["study", str(tiny_toml), "--dry-run"],
             "branch": ["branch", str(tiny_toml), "--out", str(out), "--quiet"],
             "bench": ["bench", "--models", "mlp", "--batch-sizes", "8", "--trials", "2"],
+            "advise": ["advise", str(tiny_toml), "--out", str(out), "--quiet"],
             }[command]
     assert cli.main([*argv, "--device", "cuda"]) == 2
     assert one_error_line(capsys) == NO_CUDA
