@@ -245,8 +245,8 @@ class NoiseScaleMonitor:
         self._pass: _Pass | None = None
         self._backwards: list[_Backward] = []
         self._forwards: list[int] = []
-        self._first_grad_checked = False
         self._stale_grad = False
+        self._fresh_checks: list[Any] = []
         self.layers, self.blockers = self._layers()
         if self.ddp:
             self._attach_ddp(model, comm_hook, comm_state)
@@ -288,6 +288,13 @@ class NoiseScaleMonitor:
                 self._hooks.append(module.register_forward_hook(partial(self._on_layer, name)))
         self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
             self.params, self._on_backward, mode="all"))
+        # the micro-batch estimator reads the accumulated .grad, which must start at zero: checked
+        # on the first backward, just before each parameter's gradient is accumulated
+        self._fresh_checks = [p.register_hook(partial(self._check_fresh, p)) for p in self.params]
+
+    def _check_fresh(self, param: nn.Parameter, grad: torch.Tensor) -> None:
+        if param.grad is not None and bool(param.grad.ne(0).any()):
+            self._stale_grad = True
 
     def _attach_ddp(self, ddp: DistributedDataParallel, hook: Callable | None, state: Any) -> None:
         import torch.distributed as dist
@@ -305,7 +312,10 @@ class NoiseScaleMonitor:
     # -- hooks -------------------------------------------------------------------------------
 
     def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if not torch.is_grad_enabled():
+        # evaluations without gradients and torch.func calls (vmap, grad: not the loop's
+        # backward) are not the loop's batches
+        if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            self._pass = None
             return
         x = _first_tensor(args, kwargs)
         batch = int(x.shape[0]) if x is not None and x.dim() > 0 else None
@@ -350,11 +360,9 @@ class NoiseScaleMonitor:
 
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
         present = [g for g in grads if g is not None]
-        if not self._first_grad_checked:
-            # the micro-batch estimator reads the accumulated .grad: it must start at zero
-            self._first_grad_checked = True
-            self._stale_grad = any(p.grad is not None and bool(p.grad.ne(0).any())
-                                   for p in self.params)
+        for handle in self._fresh_checks:
+            handle.remove()
+        self._fresh_checks = []
         run, self._pass = self._pass, None
         if run is None:
             self._backwards.append(_Backward(None, _total_sq(present), None,
@@ -511,9 +519,9 @@ class NoiseScaleMonitor:
     def close(self) -> None:
         """Remove the hooks (a DDP communication hook stays: DDP cannot unregister it) and close
         the logs."""
-        for h in self._hooks:
+        for h in self._hooks + self._fresh_checks:
             h.remove()
-        self._hooks = []
+        self._hooks, self._fresh_checks = [], []
         self.log.close()
 
     def __enter__(self) -> "NoiseScaleMonitor":
