@@ -378,7 +378,7 @@ class NoiseScaleMonitor:
         self._backwards.append(_Backward(run.batch, _total_sq(present),
                                          None if problem else run.sq, problem))
 
-    def _comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future:
+    def _comm_hook(self, state, bucket):   # DDP checks the annotations: none given
         # the local gradient, before the inner hook averages the buffer in place
         self._local.append(bucket.buffer().detach().double().square().sum())
         hook, inner_state = self._inner
