@@ -76,12 +76,22 @@ def outer_sq(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 def _linear(module: nn.Linear, calls: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     b = calls[0][0].shape[0]
     dt = _compute_dtype(calls[0][1])
+    weight = module.weight.requires_grad
+    bias = module.bias is not None and module.bias.requires_grad
+    if len(calls) == 1 and calls[0][0].dim() == 2:
+        # one position: |d|^2 |a|^2 (+ |d|^2 for the bias), three kernels in all
+        a, d = calls[0][0].to(dt), calls[0][1].to(dt)
+        dd = torch.linalg.vecdot(d, d)
+        if not weight:
+            return dd
+        aa = torch.linalg.vecdot(a, a)
+        return torch.addcmul(dd, dd, aa) if bias else dd * aa
     a = torch.cat([x.reshape(b, -1, module.in_features) for x, _ in calls], 1).to(dt)
     d = torch.cat([g.reshape(b, -1, module.out_features) for _, g in calls], 1).to(dt)
     out = d.new_zeros(b)
-    if module.weight.requires_grad:
+    if weight:
         out = out + outer_sq(d, a)
-    if module.bias is not None and module.bias.requires_grad:
+    if bias:
         out = out + d.sum(1).square().sum(1)
     return out
 

@@ -67,7 +67,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -119,12 +118,13 @@ def solve_two_sizes(u_small: float, c_small: float, u_big: float, c_big: float
 
 
 class _Smoother:
-    """Per-step (|G|^2, tr Sigma) estimates averaged over a window or by a bias-corrected EMA."""
+    """Per-step (|G|^2, tr Sigma) estimates averaged over a window or by a bias-corrected EMA
+    (plain floats: it runs every step)."""
 
     def __init__(self, window: int | None, ema: float | None) -> None:
         self.window, self.ema = window, ema
         self.recent: deque[tuple[float, float]] = deque(maxlen=window)
-        self.sums = np.zeros(7)   # weight, weight^2, g, t, gg, tt, gt
+        self.sums = [0.0] * 7   # weight, weight^2, g, t, gg, tt, gt
         self.count = 0
 
     @property
@@ -134,21 +134,25 @@ class _Smoother:
     def add(self, g: float, t: float) -> tuple[float, float, float, float, float, float]:
         """Add one step; the smoothed (g, t, b_simple) and their standard errors."""
         self.count += 1
-        term = np.array([1.0, 1.0, g, t, g * g, t * t, g * t])
+        term = (1.0, 1.0, g, t, g * g, t * t, g * t)
         if self.window:
+            if len(self.recent) == self.window:     # the oldest step leaves the window
+                og, ot = self.recent[0]
+                old = (1.0, 1.0, og, ot, og * og, ot * ot, og * ot)
+                self.sums = [s - o for s, o in zip(self.sums, old)]
             self.recent.append((g, t))
-            x = np.array(self.recent)
-            gs, ts = x[:, 0], x[:, 1]
-            n = float(len(x))
-            sums = (n, n, gs.sum(), ts.sum(), gs @ gs, ts @ ts, gs @ ts)
+            self.sums = [s + x for s, x in zip(self.sums, term)]
+            if self.count % self.window == 0:       # bound the rounding of the running sums
+                self.sums = [float(len(self.recent)), float(len(self.recent)),
+                             *map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
+                                                   for a, b in self.recent)))]
         else:
-            decay = np.array([self.ema, self.ema ** 2, *[self.ema] * 5])
-            self.sums = self.sums * decay + term
-            sums = tuple(self.sums)
-        (g_mean, t_mean), cov = weighted_mean_cov(*sums)
-        return (float(g_mean), float(t_mean), float(noise_scale(t_mean, g_mean)),
-                float(math.sqrt(cov[0, 0])), float(math.sqrt(cov[1, 1])),
-                ratio_se(g_mean, t_mean, cov))
+            decay = self.ema
+            self.sums = [s * d + x for s, d, x in
+                         zip(self.sums, (decay, decay * decay, *[decay] * 5), term)]
+        (g_mean, t_mean), cov = weighted_mean_cov(*self.sums)
+        return (g_mean, t_mean, noise_scale(t_mean, g_mean), math.sqrt(max(cov[0], 0.0)),
+                math.sqrt(max(cov[1], 0.0)), ratio_se(g_mean, t_mean, cov))
 
     @property
     def steps(self) -> int:
@@ -157,24 +161,27 @@ class _Smoother:
 
 @dataclass
 class _Pass:
-    """What one grad-enabled forward of the model captured for its backward."""
+    """What one grad-enabled forward of the model captured, and what its backward added: the
+    per-example squared norms ``sq`` (``[B]``, summed over layers, of the gradients as the hooks
+    saw them)."""
 
     batch: int | None
     inputs: dict[str, list[torch.Tensor]]
     grads: dict[str, list[torch.Tensor | None]]
     sq: torch.Tensor | None = None
+    got_grad: bool = False
     problem: str | None = None
 
 
 @dataclass(frozen=True)
 class _Backward:
-    """One backward pass: its examples, this pass's squared gradient norm and the sum of the
-    squared norms of its examples' gradients (None when they were not available, ``problem``
-    says why)."""
+    """One backward pass: its examples, the sum over them of their squared gradient norms as the
+    hooks saw them (per-example estimator; None with ``problem`` saying why), and the pass's own
+    squared gradient norm (micro-batch estimator; else None)."""
 
     batch: int | None
-    grad_sq: torch.Tensor
     example_sq: torch.Tensor | None
+    grad_sq: torch.Tensor | None
     problem: str | None
 
 
@@ -186,11 +193,12 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 def _total_sq(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """sum |g|^2 over tensors (sparse ones by their coalesced values), in float64 on their
-    device, without a host synchronization."""
-    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
-    return torch.stack([g.detach().double().square().sum() for g in dense]).sum() if dense \
-        else torch.zeros((), dtype=torch.float64)
+    """sum |g|^2 over tensors (sparse ones by their coalesced values), float64, on their device
+    and without a host synchronization: one fused norm kernel per dtype and device."""
+    dense = [(g.coalesce().values() if g.is_sparse else g).detach() for g in grads]
+    if not dense:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(dense)).double().square().sum()
 
 
 class NoiseScaleMonitor:
@@ -209,7 +217,7 @@ class NoiseScaleMonitor:
     """
 
     def __init__(self, model: nn.Module, *, window: int | None = None, ema: float | None = None,
-                 population: int | None = None, method: str = "auto",
+                 population: int | None = None, method: str = "auto", every: int = 1,
                  csv: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
                  comm_hook: Callable | None = None, comm_state: Any = None) -> None:
         if not isinstance(model, nn.Module):
@@ -226,6 +234,7 @@ class NoiseScaleMonitor:
             raise TheoryError(f"ema must be a decay in (0, 1), got {ema!r}")
         if population is not None:
             check_int(population, "population", minimum=2)
+        self.every = check_int(every, "every")
         self.ddp = isinstance(model, DistributedDataParallel)
         if method == "ddp" and not self.ddp:
             raise TheoryError("method='ddp' needs a DistributedDataParallel model")
@@ -239,19 +248,28 @@ class NoiseScaleMonitor:
                               f"parameters that require gradients")
         self.method, self.population = method, population
         self.smoother = _Smoother(window, ema)
-        self.count = 0
+        self.calls = 0
+        self.last: NoiseReading | None = None
         self.rank = 0
+        self._active = True
+        self._closed = False
         self._hooks: list[Any] = []
+        self._fresh_checks: list[Any] = []
+        self._stale_grad = False
         self._pass: _Pass | None = None
         self._backwards: list[_Backward] = []
-        self._forwards: list[int] = []
-        self._stale_grad = False
-        self._fresh_checks: list[Any] = []
+        self._forwards: list[int | None] = []
         self.layers, self.blockers = self._layers()
+        # the micro-batch estimator reads each backward's gradient norm
+        self.per_pass_norms = not self.ddp and (
+            method == "micro_batch" or (method == "auto" and bool(self.blockers)))
         if self.ddp:
             self._attach_ddp(model, comm_hook, comm_state)
         else:
             self._attach()
+        # the estimators read the accumulated .grad at step(), which must start at zero: checked
+        # until the first step, just before each parameter's gradient is accumulated
+        self._fresh_checks = [p.register_hook(partial(self._check_fresh, p)) for p in self.params]
         self.log = ReadingLog(csv, log_dir) if self.rank == 0 else ReadingLog(None, None)
 
     # -- attaching ---------------------------------------------------------------------------
@@ -286,14 +304,18 @@ class NoiseScaleMonitor:
         if not self.blockers and self.method in ("auto", "per_example"):
             for name, module in self.layers.items():
                 self._hooks.append(module.register_forward_hook(partial(self._on_layer, name)))
-        self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
-            self.params, self._on_backward, mode="all"))
-        # the micro-batch estimator reads the accumulated .grad, which must start at zero: checked
-        # on the first backward, just before each parameter's gradient is accumulated
-        self._fresh_checks = [p.register_hook(partial(self._check_fresh, p)) for p in self.params]
+        if self.per_pass_norms:
+            self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
+                self.params, self._on_backward, mode="all"))
+
+    def _detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._pass = [], None
 
     def _check_fresh(self, param: nn.Parameter, grad: torch.Tensor) -> None:
-        if param.grad is not None and bool(param.grad.ne(0).any()):
+        # during the step's first backward, before this parameter's gradient is added
+        if not self._backwards and param.grad is not None and bool(param.grad.ne(0).any()):
             self._stale_grad = True
 
     def _attach_ddp(self, ddp: DistributedDataParallel, hook: Callable | None, state: Any) -> None:
@@ -303,8 +325,10 @@ class NoiseScaleMonitor:
         self.method = "ddp"
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._inner = (hook, state) if hook is not None else (default_hooks.allreduce_hook, None)
+        self._dist = dist
         self._local: list[torch.Tensor] = []
-        self._reduced: list[torch.Tensor] = []
+        self._work: Any = None
+        self._shared: torch.Tensor | None = None
         self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
                                                                   with_kwargs=True))
         ddp.register_comm_hook(None, self._comm_hook)
@@ -312,16 +336,14 @@ class NoiseScaleMonitor:
     # -- hooks -------------------------------------------------------------------------------
 
     def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._close_pass()
         # evaluations without gradients and torch.func calls (vmap, grad: not the loop's
         # backward) are not the loop's batches
         if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
-            self._pass = None
             return
         x = _first_tensor(args, kwargs)
         batch = int(x.shape[0]) if x is not None and x.dim() > 0 else None
         self._forwards.append(batch)
-        # a forward whose graph gets no backward (e.g. a validation loss with gradients on) is
-        # dropped when the next forward starts
         self._pass = _Pass(batch, {n: [] for n in self.layers}, {n: [] for n in self.layers})
         if batch is None:
             self._pass.problem = ("the model's forward got no tensor argument with a batch "
@@ -346,51 +368,59 @@ class NoiseScaleMonitor:
     def _on_output_grad(self, run: _Pass, name: str, k: int, grad: torch.Tensor) -> None:
         if run is not self._pass:
             run.problem = "a backward pass reached a forward pass after a newer one started"
+            self._backwards.append(_Backward(run.batch, None, None, run.problem))
             return
-        run.grads[name][k] = grad.detach()
-        if all(g is not None for g in run.grads[name]):
+        run.got_grad = True
+        grads = run.grads[name]
+        grads[k] = grad.detach()
+        if all(g is not None for g in grads):
             self._layer_done(run, name)
 
     def _layer_done(self, run: _Pass, name: str) -> None:
         sq = layer_sq_norms(self.layers[name], run.inputs[name], run.grads[name])
         run.inputs[name], run.grads[name] = [], []
         if sq is not None:
-            total = sq.double().sum()
-            run.sq = total if run.sq is None else run.sq + total
+            run.sq = sq if run.sq is None else run.sq + sq
 
-    def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
-        present = [g for g in grads if g is not None]
-        for handle in self._fresh_checks:
-            handle.remove()
-        self._fresh_checks = []
+    def _close_pass(self) -> None:
+        """Record the pass whose backward ran (layers whose calls did not all get a gradient are
+        summed now); a forward whose graph got no backward is dropped."""
         run, self._pass = self._pass, None
-        if run is None:
-            self._backwards.append(_Backward(None, _total_sq(present), None,
-                                             "a backward pass without a forward pass"))
+        if run is None or not run.got_grad:
             return
         for name, calls in run.grads.items():
-            if calls:                      # calls whose outputs got no gradient
+            if calls:
                 self._layer_done(run, name)
-        problem = run.problem or ("per-example norms are off" if self.blockers or
-                                  self.method == "micro_batch" else None)
-        if problem is None and run.sq is None:
-            problem = "no supported layer got a gradient"
-        self._backwards.append(_Backward(run.batch, _total_sq(present),
-                                         None if problem else run.sq, problem))
+        problem = run.problem or (None if run.sq is not None else
+                                  "no supported layer got a gradient")
+        self._backwards.append(_Backward(run.batch, None if problem else run.sq.sum(), None,
+                                         problem))
+
+    def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
+        run, self._pass = self._pass, None
+        batch = run.batch if run is not None else None
+        self._backwards.append(_Backward(batch, None, _total_sq([g for g in grads if g is not None]),
+                                         None if run else "a backward pass without a forward"))
 
     def _comm_hook(self, state, bucket):   # DDP checks the annotations: none given
-        # the local gradient, before the inner hook averages the buffer in place
-        self._local.append(bucket.buffer().detach().double().square().sum())
         hook, inner_state = self._inner
-        fut = hook(inner_state, bucket)
-
-        def reduced(f: torch.futures.Future) -> torch.Tensor:
-            value = f.value()
-            tensor = value[0] if isinstance(value, (list, tuple)) else value
-            self._reduced.append(tensor.detach().double().square().sum())
-            return tensor
-
-        return fut.then(reduced)
+        if not self._active:
+            return hook(inner_state, bucket)
+        # the local gradient, before the inner hook averages the buffer in place
+        buf = bucket.buffer()
+        self._local.append(torch.linalg.vector_norm(
+            buf.detach(), dtype=torch.promote_types(buf.dtype, torch.float32)))
+        if bucket.is_last():
+            # buckets are reduced in order: every local norm is in; one small all-reduce of
+            # (sum of local |g|^2, the rank's x), overlapping the last bucket's
+            k = len(self._forwards)
+            x_local = sum(1.0 / (k * k * b) for b in self._forwards) if k and \
+                all(self._forwards) else math.nan
+            self._shared = torch.stack([torch.stack(self._local).double().square().sum(),
+                                        torch.tensor(x_local, dtype=torch.float64,
+                                                     device=buf.device)])
+            self._work = self._dist.all_reduce(self._shared, async_op=True)
+        return hook(inner_state, bucket)
 
     # -- estimates -----------------------------------------------------------------------------
 
@@ -401,98 +431,120 @@ class NoiseScaleMonitor:
         n = self.population
         return n / (n - 1) * (x - 1.0 / n)
 
-    def _check_population(self, batch: int) -> None:
+    def _sizes(self, sizes: Sequence[int | None]) -> int:
+        """The step's examples; checks them against ``population``."""
+        if any(b is None for b in sizes):
+            raise TheoryError("the batch size is unknown: the model's forward got no tensor "
+                              "argument with a batch dimension")
+        batch = sum(sizes)
+        if batch < 2:
+            raise TheoryError(f"a step needs at least 2 examples to estimate the noise, got {batch}")
         if self.population is not None and batch > self.population:
             raise TheoryError(f"a step saw {batch} examples, more than population="
                               f"{self.population} (examples drawn without replacement)")
+        return batch
 
-    def _per_example(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
-        values = torch.stack([torch.stack([b.grad_sq, b.example_sq]) for b in passes]).tolist()
-        g_total = t_total = 0.0
-        examples = 0
-        for b, (grad_sq, example_sq) in zip(passes, values):
-            n = b.batch
-            if n < 2:
-                raise TheoryError("per-example estimates need at least 2 examples per batch, "
-                                  f"got {n}")
-            self._check_population(n)
-            # the hooks saw (scale / n) g_i: undo the mean and the loss scale
-            u_small = example_sq * n / scale ** 2
-            g, t = solve_two_sizes(u_small, self._coef(1.0), grad_sq / scale ** 2,
-                                   self._coef(1.0 / n))
-            g_total, t_total, examples = g_total + n * g, t_total + n * t, examples + n
-        return g_total / examples, t_total / examples, examples
-
-    def _micro_batch(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
+    def _accumulated_sq(self) -> torch.Tensor:
         if self._stale_grad:
             raise TheoryError("the parameters' .grad held a gradient before the first backward: "
-                              "zero the gradients before each step's first micro-batch (the "
-                              "micro-batch estimator reads the accumulated .grad)")
+                              "zero the gradients before each step's first backward (the monitor "
+                              "reads the accumulated .grad)")
+        return _total_sq([p.grad for p in self.params if p.grad is not None])
+
+    def _per_example(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
+        """Examples i of pass j (b_j of them) were seen as (scale / b_j) g_i; the mean gradient
+        v = .grad / (scale k) weighs the k passes' means 1/k each."""
         sizes = [b.batch for b in passes]
-        if any(b is None for b in sizes):
-            raise TheoryError("a micro-batch's size is unknown: the model's forward got no "
-                              "tensor argument with a batch dimension")
-        k = len(passes)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        values = torch.stack([*(b.grad_sq for b in passes), _total_sq(grads)]).tolist()
-        self._check_population(sum(sizes))
-        u_small = float(np.mean(values[:k])) / scale ** 2
-        c_small = float(np.mean([self._coef(1.0 / b) for b in sizes]))
+        batch, k = self._sizes(sizes), len(passes)
+        values = torch.stack([*(b.example_sq.double() for b in passes),
+                              self._accumulated_sq()]).tolist()
+        u_small = sum(b * b * v for b, v in zip(sizes, values)) / (scale * scale * batch)
         u_big = values[k] / (scale * k) ** 2
-        c_big = self._coef(sum(1.0 / (k * k * b) for b in sizes))
-        g, t = solve_two_sizes(u_small, c_small, u_big, c_big)
-        return g, t, sum(sizes)
+        g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
+                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        return g, t, batch
+
+    def _micro_batch(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
+        sizes = [b.batch for b in passes]
+        batch, k = self._sizes(sizes), len(passes)
+        values = torch.stack([*(b.grad_sq for b in passes), self._accumulated_sq()]).tolist()
+        u_small = sum(values[:k]) / (k * scale * scale)
+        c_small = sum(self._coef(1.0 / b) for b in sizes) / k
+        u_big = values[k] / (scale * k) ** 2
+        g, t = solve_two_sizes(u_small, c_small, u_big,
+                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        return g, t, batch
 
     def _ddp(self, scale: float) -> tuple[float, float, int]:
-        import torch.distributed as dist
-
-        if not self._local or len(self._reduced) != len(self._local):
+        """Rank r's local gradient (scale sum_j g_j over its k micro-batches) seen as
+        v_r = local / (scale k), x_r = sum_j 1/(k^2 b_j); the averaged gradient in .grad is
+        (scale k) times the mean of the v_r, with x = sum_r x_r / W^2."""
+        if self._work is None:
             raise TheoryError("NoiseScaleMonitor.step() found no synchronized backward pass since "
                               "the last step: call it after the step's last loss.backward() "
                               "(outside no_sync)")
         sizes = self._forwards
-        if not sizes or any(b is None for b in sizes):
-            raise TheoryError("the batch size is unknown: the model's forward got no tensor "
-                              "argument with a batch dimension")
+        self._sizes(sizes)
         k = len(sizes)
-        x_local = sum(1.0 / (k * k * b) for b in sizes)
-        local = torch.stack(self._local).sum() / (scale * k) ** 2
-        shared = torch.stack([local, local.new_tensor(x_local)])
-        dist.all_reduce(shared)
-        u_small, x_mean = (shared / self.world).tolist()
-        # c is affine in x: the mean of the ranks' c is c of their mean x; the averaged gradient
-        # weighs each rank 1/W, so its x is the ranks' sum over W^2
-        u_big = float(torch.stack(self._reduced).sum()) / (scale * k) ** 2
+        self._work.wait()
+        values = torch.stack([*(self._shared / self.world), self._accumulated_sq()]).tolist()
+        u_small, x_mean = values[0] / (scale * k) ** 2, values[1]
+        u_big = values[2] / (scale * k) ** 2
+        # c is affine in x: the mean of the ranks' c is c of their mean x
         g, t = solve_two_sizes(u_small, self._coef(x_mean), u_big, self._coef(x_mean / self.world))
-        batch = sum(sizes) * self.world
-        self._check_population(batch)
-        return g, t, batch
+        return g, t, self._sizes([sum(sizes) * self.world])
 
-    def step(self, loss_scale: float = 1.0) -> NoiseReading:
+    def step(self, loss_scale: float = 1.0) -> NoiseReading | None:
         """Read this step's batch: call after the step's last ``loss.backward()`` (and before
         the optimizer clears the gradients). ``loss_scale``: the constant the backward's loss
-        carries beyond the batch mean (module docstring). Returns the :class:`NoiseReading`."""
+        carries beyond the batch mean (module docstring). Returns the :class:`NoiseReading` of
+        this step, or with ``every`` > 1 between measured steps the last one (its ``step`` says
+        which)."""
+        if self._closed:
+            raise TheoryError("NoiseScaleMonitor.step() after close()")
         if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale)
                 and loss_scale > 0):
             raise TheoryError(f"loss_scale must be a positive number, got {loss_scale!r}")
+        self._close_pass()
+        if self._active:
+            reading = self._measure(float(loss_scale))
+        else:
+            reading = self.last
+            self._reset()
+        self.calls += 1
+        active = self.calls % self.every == 0
+        if not self.ddp and active != self._active:
+            # between measured steps the model runs without the monitor's hooks
+            self._attach() if active else self._detach()
+        self._active = active
+        return reading
+
+    def _reset(self) -> None:
+        """Forget the step's passes (the fresh-gradient check ends with the first step)."""
+        self._backwards, self._forwards = [], []
+        if self.ddp:
+            self._local, self._work, self._shared = [], None, None
+        for handle in self._fresh_checks:
+            handle.remove()
+        self._fresh_checks, self._stale_grad = [], False
+
+    def _measure(self, scale: float) -> NoiseReading:
         try:
             if self.ddp:
                 method = "ddp"
-                g, t, batch = self._ddp(float(loss_scale))
+                g, t, batch = self._ddp(scale)
             else:
-                method, (g, t, batch) = self._estimate(float(loss_scale))
+                method, (g, t, batch) = self._estimate(scale)
         finally:
-            self._backwards, self._forwards, self._pass = [], [], None
-            if self.ddp:
-                self._local, self._reduced = [], []
-        self.count += 1
+            self._reset()
         g_s, t_s, b_s, g_se, t_se, b_se = self.smoother.add(g, t)
-        reading = NoiseReading(step=self.count, method=method, batch_size=batch, b_simple=b_s,
-                               g_sq=g_s, trace_sigma=t_s, b_simple_se=b_se, g_sq_se=g_se,
-                               trace_sigma_se=t_se, step_b_simple=float(noise_scale(t, g)),
+        reading = NoiseReading(step=self.calls + 1, method=method, batch_size=batch,
+                               b_simple=b_s, g_sq=g_s, trace_sigma=t_s, b_simple_se=b_se,
+                               g_sq_se=g_se, trace_sigma_se=t_se, step_b_simple=noise_scale(t, g),
                                step_g_sq=g, step_trace_sigma=t, smoothing=self.smoother.label,
                                steps=self.smoother.steps)
         self.log.write(reading)
+        self.last = reading
         return reading
 
     def _estimate(self, scale: float) -> tuple[str, tuple[float, float, int]]:
@@ -500,28 +552,30 @@ class NoiseScaleMonitor:
         if not passes:
             raise TheoryError("NoiseScaleMonitor.step() called before any backward pass since "
                               "the last step: call it after loss.backward()")
+        if self.per_pass_norms:
+            if len(passes) < 2:
+                why = "; ".join(self.blockers) or "method='micro_batch'"
+                raise TheoryError(
+                    f"NoiseScaleMonitor: no per-example gradient norms here: {why}; accumulate "
+                    f"at least 2 micro-batches per step (several backward passes before step()),"
+                    f" or train under DistributedDataParallel")
+            return "micro_batch", self._micro_batch(passes, scale)
         problems = [b.problem for b in passes if b.problem]
-        if self.method in ("auto", "per_example") and not problems:
-            return "per_example", self._per_example(passes, scale)
-        if self.method == "per_example" or (len(passes) < 2 and self.method == "auto"):
-            why = ("; ".join(self.blockers) if self.blockers else problems[0])
-            raise TheoryError(
-                f"NoiseScaleMonitor: no per-example gradient norms here: {why}; accumulate at "
-                f"least 2 micro-batches per step (several backward passes before step()), or "
-                f"train under DistributedDataParallel")
-        if len(passes) < 2:
-            raise TheoryError("method='micro_batch' needs at least 2 backward passes (micro-"
-                              "batches) before step()")
-        return "micro_batch", self._micro_batch(passes, scale)
+        if problems:
+            raise TheoryError(f"NoiseScaleMonitor: no per-example gradient norms: {problems[0]};"
+                              f" or use method='micro_batch' with at least 2 micro-batches per "
+                              f"step")
+        return "per_example", self._per_example(passes, scale)
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Remove the hooks (a DDP communication hook stays: DDP cannot unregister it) and close
         the logs."""
-        for h in self._hooks + self._fresh_checks:
+        self._detach()
+        for h in self._fresh_checks:
             h.remove()
-        self._hooks, self._fresh_checks = [], []
+        self._fresh_checks, self._closed = [], True
         self.log.close()
 
     def __enter__(self) -> "NoiseScaleMonitor":

@@ -51,6 +51,8 @@ class ReadingLog:
                                          f"({exc.strerror or exc})") from None
 
     def write(self, reading: Any) -> None:
+        if self._file is None and self._writer is None:
+            return
         row = asdict(reading)
         if self._file is not None:
             if self._rows is None:

@@ -257,26 +257,27 @@ def two_batch_estimates(g_small_sq: ArrayLike, g_big_sq: ArrayLike, b_small: int
 
 def weighted_mean_cov(weight: float, weight_sq: float, g_sum: float, t_sum: float,
                       gg_sum: float, tt_sum: float, gt_sum: float
-                      ) -> tuple[np.ndarray, np.ndarray]:
+                      ) -> tuple[tuple[float, float], tuple[float, float, float]]:
     """Weighted means of a stream of (g, t) estimates from its weighted sums (weights w: ``weight``
-    = sum w, ``weight_sq`` = sum w^2, ``gg_sum`` = sum w g^2, ...) and the covariance matrix of
-    those means (nan with one draw): the reliability-weighted sample covariance times
-    sum w^2 / (sum w)^2."""
+    = sum w, ``weight_sq`` = sum w^2, ``gg_sum`` = sum w g^2, ...) and the covariance of those
+    means as (Var g, Var t, Cov(g, t)) (nan with one draw): the reliability-weighted sample
+    covariance times sum w^2 / (sum w)^2. Plain floats: a training loop calls it every step."""
     w, w2 = weight, weight_sq
-    mean = np.array([g_sum, t_sum]) / w
-    second = np.array([[gg_sum, gt_sum], [gt_sum, tt_sum]]) / w
+    g, t = g_sum / w, t_sum / w
     dof = 1.0 - w2 / w**2
-    cov = (second - np.outer(mean, mean)) / dof * (w2 / w**2) if dof > 0 else np.full((2, 2), np.nan)
-    return mean, cov
+    if not dof > 0:
+        return (g, t), (math.nan,) * 3
+    f = w2 / w**2 / dof
+    return (g, t), ((gg_sum / w - g * g) * f, (tt_sum / w - t * t) * f, (gt_sum / w - g * t) * f)
 
 
-def ratio_se(g: float, t: float, cov: np.ndarray) -> float:
-    """Standard error of B_simple = t / g by the delta method, from the covariance ``cov`` of
-    (g, t): Var(t/g) ~ (Var t + R^2 Var g - 2 R Cov(g, t)) / g^2, R = t/g (nan when g <= 0)."""
+def ratio_se(g: float, t: float, cov: tuple[float, float, float]) -> float:
+    """Standard error of B_simple = t / g by the delta method, from (Var g, Var t, Cov(g, t)):
+    Var(t/g) ~ (Var t + R^2 Var g - 2 R Cov(g, t)) / g^2, R = t/g (nan when g <= 0)."""
     if not g > 0:
         return math.nan
     r = t / g
-    return float(math.sqrt(max(cov[1, 1] + r * r * cov[0, 0] - 2 * r * cov[0, 1], 0.0)) / g)
+    return math.sqrt(max(cov[1] + r * r * cov[0] - 2 * r * cov[2], 0.0)) / g
 
 
 @dataclass(frozen=True)
@@ -339,8 +340,9 @@ class NoiseStream:
     def _finite(self) -> tuple[np.ndarray, np.ndarray]:
         if self.weight == 0:
             raise TheoryError("NoiseStream has no updates yet")
-        return weighted_mean_cov(self.weight, self.weight_sq, self.g_sum, self.t_sum,
-                                 self.gg_sum, self.tt_sum, self.gt_sum)
+        mean, (vg, vt, cgt) = weighted_mean_cov(self.weight, self.weight_sq, self.g_sum,
+                                                self.t_sum, self.gg_sum, self.tt_sum, self.gt_sum)
+        return np.array(mean), np.array([[vg, cgt], [cgt, vt]])
 
     def _split(self) -> tuple[np.ndarray, np.ndarray]:
         mean, cov = self._finite()
@@ -383,7 +385,7 @@ class NoiseStream:
     @property
     def b_simple_se(self) -> float:
         (g, t), cov = self._split()
-        return ratio_se(g, t, cov)
+        return ratio_se(g, t, (cov[0, 0], cov[1, 1], cov[0, 1]))
 
 
 def batch_gradient_norms(fl: FlatLoss, batches: torch.Tensor, chunk: int | None = None) -> torch.Tensor:

@@ -99,7 +99,9 @@ def test_per_example_step_equals_the_sample_estimate(population):
         assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
 
 
-def test_per_example_under_accumulation_averages_the_micro_batches():
+def test_per_example_under_accumulation_pools_the_micro_batches():
+    """Micro-batches of 8 and 12 (loss halved each): every example's gradient against the
+    accumulated gradient, v = (m_1 + m_2) / 2, with E|v|^2 = |G|^2 + (1/8 + 1/12) / 4 tr."""
     torch.manual_seed(0)
     net = Mixed().double()
     monitor = NoiseScaleMonitor(net, window=5)
@@ -108,11 +110,14 @@ def test_per_example_under_accumulation_averages_the_micro_batches():
     for x, y in parts:
         (F.cross_entropy(net(x), y) / 2).backward()
     r = monitor.step(loss_scale=0.5)
-    refs = np.array([sample_estimate(net, x, y) for x, y in parts])
-    expected = (8 * refs[0] + 12 * refs[1]) / 20        # weighted by examples
+    grads = [example_gradients(net, x, y) for x, y in parts]
+    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
+    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
+    c_big = (1 / 8 + 1 / 12) / 4
+    trace = (u_small - u_big) / (1 - c_big)
     assert r.method == "per_example" and r.batch_size == 20
-    assert r.step_g_sq == pytest.approx(expected[0], rel=1e-10)
-    assert r.step_trace_sigma == pytest.approx(expected[1], rel=1e-10)
+    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
+    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
 
 
 def test_a_summed_loss_with_its_scale_reads_as_the_mean():
@@ -334,8 +339,9 @@ def test_bad_batches():
     net(torch.randn(8, 3)).sum().backward()
     with pytest.raises(TheoryError, match="a step saw 8 examples, more than population=6"):
         monitor.step()
+    net.zero_grad()
     net(torch.randn(1, 3)).sum().backward()
-    with pytest.raises(TheoryError, match="at least 2 examples per batch, got 1"):
+    with pytest.raises(TheoryError, match="a step needs at least 2 examples to estimate the noise, got 1"):
         monitor.step()
 
 
