@@ -42,6 +42,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Up to this many token slots per example, an Embedding's norms come from the Gram matrix of its
+# output gradients (P^2 D per example, a few kernels); beyond it, from summing the rows of equal
+# tokens (P D, with a sort of the batch's tokens).
+EMBEDDING_GRAM_POSITIONS = 64
+
 SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
 
 
@@ -61,16 +66,32 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def outer_sq(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+def _flat_sq(t: torch.Tensor) -> torch.Tensor:
+    """Squared norm of each row of ``t`` (all but the first dimension flattened)."""
+    t = t.reshape(t.shape[0], -1)
+    return torch.linalg.vecdot(t, t)
+
+
+def _positions(parts: list[torch.Tensor], dt: torch.dtype, dim: int = 1) -> torch.Tensor:
+    """The calls' tensors concatenated along the positions, in ``dt`` (no copy for one call in
+    ``dt``)."""
+    t = parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+    return t if t.dtype == dt else t.to(dt)
+
+
+def outer_sq(d: torch.Tensor, a: torch.Tensor, bias: bool = False) -> torch.Tensor:
     """|sum_p d_np a_np^T|_F^2 for each n: ``d`` ``[N, P, O]``, ``a`` ``[N, P, K]`` -> ``[N]``,
-    by the Gram form when P (O + K) < O K, else by materializing the ``[N, O, K]`` sums."""
+    by the Gram form when P (O + K) < O K, else by materializing the ``[N, O, K]`` sums. With
+    ``bias``, plus |sum_p d_np|^2 (the bias's gradient: a column of ones appended to a)."""
     n, p, o = d.shape
     k = a.shape[2]
-    if p == 1:
-        return d.square().sum((1, 2)) * a.square().sum((1, 2))
     if p * (o + k) < o * k:
-        return (torch.bmm(d, d.transpose(1, 2)) * torch.bmm(a, a.transpose(1, 2))).sum((1, 2))
-    return torch.bmm(d.transpose(1, 2), a).square().sum((1, 2))
+        gram_d = torch.bmm(d, d.transpose(1, 2))
+        gram_a = (torch.baddbmm(a.new_ones(()).expand(n, p, p), a, a.transpose(1, 2)) if bias
+                  else torch.bmm(a, a.transpose(1, 2)))
+        return torch.linalg.vecdot(gram_d.reshape(n, -1), gram_a.reshape(n, -1))
+    out = _flat_sq(torch.bmm(d.transpose(1, 2), a))
+    return out + _flat_sq(d.sum(1)) if bias else out
 
 
 def _linear(module: nn.Linear, calls: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -80,20 +101,19 @@ def _linear(module: nn.Linear, calls: list[tuple[torch.Tensor, torch.Tensor]]) -
     bias = module.bias is not None and module.bias.requires_grad
     if len(calls) == 1 and calls[0][0].dim() == 2:
         # one position: |d|^2 |a|^2 (+ |d|^2 for the bias), three kernels in all
-        a, d = calls[0][0].to(dt), calls[0][1].to(dt)
+        a, d = calls[0]
+        if d.dtype != dt or a.dtype != dt:
+            a, d = a.to(dt), d.to(dt)
         dd = torch.linalg.vecdot(d, d)
         if not weight:
             return dd
         aa = torch.linalg.vecdot(a, a)
         return torch.addcmul(dd, dd, aa) if bias else dd * aa
-    a = torch.cat([x.reshape(b, -1, module.in_features) for x, _ in calls], 1).to(dt)
-    d = torch.cat([g.reshape(b, -1, module.out_features) for _, g in calls], 1).to(dt)
-    out = d.new_zeros(b)
-    if weight:
-        out = out + outer_sq(d, a)
-    if bias:
-        out = out + d.sum(1).square().sum(1)
-    return out
+    a = _positions([x.reshape(b, -1, module.in_features) for x, _ in calls], dt)
+    d = _positions([g.reshape(b, -1, module.out_features) for _, g in calls], dt)
+    if weight and bias:
+        return outer_sq(d, a, bias=True)
+    return outer_sq(d, a) if weight else _flat_sq(d.sum(1))
 
 
 def _windows(conv: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -127,7 +147,7 @@ def _conv(module: nn.Conv1d | nn.Conv2d, calls: list[tuple[torch.Tensor, torch.T
         d_g = d.view(b, groups, -1, positions).transpose(2, 3).reshape(b * groups, positions, -1)
         out = out + outer_sq(d_g, a_g).view(b, groups).sum(1)
     if module.bias is not None and module.bias.requires_grad:
-        out = out + d.sum(2).square().sum(1)
+        out = out + _flat_sq(d.sum(2))
     return out
 
 
@@ -141,6 +161,14 @@ def _embedding(module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tenso
         return d.new_zeros(b)
     if module.padding_idx is not None:
         d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
+    positions = idx.shape[1]
+    if positions == 1:
+        return _flat_sq(d)
+    if positions <= EMBEDDING_GRAM_POSITIONS:
+        # sum over position pairs holding the same token of d_p . d_q
+        same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(dt)
+        gram = torch.bmm(d, d.transpose(1, 2))
+        return torch.linalg.vecdot(gram.reshape(b, -1), same.reshape(b, -1))
     # one row per (example, token): the gradient rows of equal tokens within an example add up
     example = torch.arange(b, device=idx.device).unsqueeze(1).expand_as(idx)
     keys = (example * module.num_embeddings + idx).reshape(-1)
@@ -154,26 +182,23 @@ def _norm(module: nn.LayerNorm | nn.RMSNorm, calls: list[tuple[torch.Tensor, tor
           ) -> torch.Tensor:
     b = calls[0][0].shape[0]
     dt = _compute_dtype(calls[0][1])
-    dims = tuple(range(-len(module.normalized_shape), 0))
-    width = math.prod(module.normalized_shape)
-    weight_g, bias_g = 0, 0
-    for x, g in calls:
-        x, g = x.to(dt), g.to(dt)
-        if isinstance(module, nn.LayerNorm):
-            var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
-            xhat = (x - mean) * torch.rsqrt(var + module.eps)
-        else:
-            eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
-            xhat = x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
-        weight_g = weight_g + (g * xhat).reshape(b, -1, width).sum(1)
-        bias_g = bias_g + g.reshape(b, -1, width).sum(1)
-    out = calls[0][1].new_zeros(b, dtype=dt)
+    shape = module.normalized_shape
+    width = math.prod(shape)
+    x = _positions([x.reshape(b, -1, *shape) for x, _ in calls], dt)
+    g = _positions([g.reshape(b, -1, *shape) for _, g in calls], dt)
+    # the normalized input, by the layer's own kernel without its affine parameters
+    if isinstance(module, nn.LayerNorm):
+        xhat = F.layer_norm(x, shape, eps=module.eps)
+    else:
+        xhat = F.rms_norm(x, shape, eps=module.eps)
+    out = None
     if module.weight is not None and module.weight.requires_grad:
-        out = out + weight_g.square().sum(1)
+        out = _flat_sq((g * xhat).reshape(b, -1, width).sum(1))
     bias = getattr(module, "bias", None)
     if bias is not None and bias.requires_grad:
-        out = out + bias_g.square().sum(1)
-    return out
+        sq = _flat_sq(g.reshape(b, -1, width).sum(1))
+        out = sq if out is None else out + sq
+    return out if out is not None else g.new_zeros(b)
 
 
 def layer_sq_norms(module: nn.Module, inputs: Sequence[torch.Tensor],

@@ -63,7 +63,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -163,12 +163,12 @@ class _Smoother:
 class _Pass:
     """What one grad-enabled forward of the model captured, and what its backward added: the
     per-example squared norms ``sq`` (``[B]``, summed over layers, of the gradients as the hooks
-    saw them)."""
+    saw them), one tensor per layer."""
 
     batch: int | None
     inputs: dict[str, list[torch.Tensor]]
     grads: dict[str, list[torch.Tensor | None]]
-    sq: torch.Tensor | None = None
+    sq: list[torch.Tensor] = field(default_factory=list)
     got_grad: bool = False
     problem: str | None = None
 
@@ -192,13 +192,28 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
+def _norms(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """|g| of each tensor (sparse ones by their coalesced values), on their device and without a
+    host synchronization: one fused kernel per dtype and device."""
+    if any(g.is_sparse for g in grads):
+        grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    return list(torch._foreach_norm(grads)) if grads else []
+
+
 def _total_sq(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """sum |g|^2 over tensors (sparse ones by their coalesced values), float64, on their device
-    and without a host synchronization: one fused norm kernel per dtype and device."""
-    dense = [(g.coalesce().values() if g.is_sparse else g).detach() for g in grads]
-    if not dense:
+    """sum |g|^2 over tensors, float64, without a host synchronization."""
+    norms = _norms(grads)
+    if not norms:
         return torch.zeros((), dtype=torch.float64)
-    return torch.stack(torch._foreach_norm(dense)).double().square().sum()
+    return torch.stack([n.double() for n in norms]).square().sum()
+
+
+def _host(scalars: Sequence[torch.Tensor], norms: Sequence[torch.Tensor]
+          ) -> tuple[list[float], float]:
+    """Scalars and the sum of the squares of norms as floats, in one transfer (stack promotes
+    to the widest dtype; the squares are summed in double precision)."""
+    values = torch.stack([*scalars, *norms]).tolist()
+    return values[:len(scalars)], math.fsum(v * v for v in values[len(scalars):])
 
 
 class NoiseScaleMonitor:
@@ -380,7 +395,7 @@ class NoiseScaleMonitor:
         sq = layer_sq_norms(self.layers[name], run.inputs[name], run.grads[name])
         run.inputs[name], run.grads[name] = [], []
         if sq is not None:
-            run.sq = sq if run.sq is None else run.sq + sq
+            run.sq.append(sq)
 
     def _close_pass(self) -> None:
         """Record the pass whose backward ran (layers whose calls did not all get a gradient are
@@ -391,10 +406,9 @@ class NoiseScaleMonitor:
         for name, calls in run.grads.items():
             if calls:
                 self._layer_done(run, name)
-        problem = run.problem or (None if run.sq is not None else
-                                  "no supported layer got a gradient")
-        self._backwards.append(_Backward(run.batch, None if problem else run.sq.sum(), None,
-                                         problem))
+        problem = run.problem or (None if run.sq else "no supported layer got a gradient")
+        total = None if problem else (run.sq[0] if len(run.sq) == 1 else torch.stack(run.sq)).sum()
+        self._backwards.append(_Backward(run.batch, total, None, problem))
 
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
         run, self._pass = self._pass, None
@@ -444,22 +458,22 @@ class NoiseScaleMonitor:
                               f"{self.population} (examples drawn without replacement)")
         return batch
 
-    def _accumulated_sq(self) -> torch.Tensor:
+    def _grad_norms(self) -> list[torch.Tensor]:
+        """|.grad| of each parameter: the step's accumulated gradient."""
         if self._stale_grad:
             raise TheoryError("the parameters' .grad held a gradient before the first backward: "
                               "zero the gradients before each step's first backward (the monitor "
                               "reads the accumulated .grad)")
-        return _total_sq([p.grad for p in self.params if p.grad is not None])
+        return _norms([p.grad for p in self.params if p.grad is not None])
 
     def _per_example(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
         """Examples i of pass j (b_j of them) were seen as (scale / b_j) g_i; the mean gradient
         v = .grad / (scale k) weighs the k passes' means 1/k each."""
         sizes = [b.batch for b in passes]
         batch, k = self._sizes(sizes), len(passes)
-        values = torch.stack([*(b.example_sq.double() for b in passes),
-                              self._accumulated_sq()]).tolist()
+        values, grad_sq = _host([b.example_sq for b in passes], self._grad_norms())
         u_small = sum(b * b * v for b, v in zip(sizes, values)) / (scale * scale * batch)
-        u_big = values[k] / (scale * k) ** 2
+        u_big = grad_sq / (scale * k) ** 2
         g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
                                self._coef(sum(1.0 / (k * k * b) for b in sizes)))
         return g, t, batch
@@ -467,10 +481,10 @@ class NoiseScaleMonitor:
     def _micro_batch(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
         sizes = [b.batch for b in passes]
         batch, k = self._sizes(sizes), len(passes)
-        values = torch.stack([*(b.grad_sq for b in passes), self._accumulated_sq()]).tolist()
-        u_small = sum(values[:k]) / (k * scale * scale)
+        values, grad_sq = _host([b.grad_sq for b in passes], self._grad_norms())
+        u_small = sum(values) / (k * scale * scale)
         c_small = sum(self._coef(1.0 / b) for b in sizes) / k
-        u_big = values[k] / (scale * k) ** 2
+        u_big = grad_sq / (scale * k) ** 2
         g, t = solve_two_sizes(u_small, c_small, u_big,
                                self._coef(sum(1.0 / (k * k * b) for b in sizes)))
         return g, t, batch
@@ -487,9 +501,9 @@ class NoiseScaleMonitor:
         self._sizes(sizes)
         k = len(sizes)
         self._work.wait()
-        values = torch.stack([*(self._shared / self.world), self._accumulated_sq()]).tolist()
-        u_small, x_mean = values[0] / (scale * k) ** 2, values[1]
-        u_big = values[2] / (scale * k) ** 2
+        (local_sq, x_sum), grad_sq = _host(list(self._shared), self._grad_norms())
+        u_small, x_mean = local_sq / self.world / (scale * k) ** 2, x_sum / self.world
+        u_big = grad_sq / (scale * k) ** 2
         # c is affine in x: the mean of the ranks' c is c of their mean x
         g, t = solve_two_sizes(u_small, self._coef(x_mean), u_big, self._coef(x_mean / self.world))
         return g, t, self._sizes([sum(sizes) * self.world])

@@ -61,12 +61,20 @@ def floats(*shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
 
 
+def _bias_only():
+    layer = nn.Linear(5, 4)
+    layer.weight.requires_grad_(False)
+    return layer
+
+
 CASES = {
     "linear 2-d": (lambda: nn.Linear(5, 4), lambda: floats(B, 5), 1),
     "linear 3-d, materialized": (lambda: nn.Linear(5, 4), lambda: floats(B, 3, 5), 1),
     "linear 3-d, Gram": (lambda: nn.Linear(8, 8), lambda: floats(B, 2, 8), 1),
     "linear 4-d": (lambda: nn.Linear(5, 4), lambda: floats(B, 2, 3, 5), 1),
     "linear without bias": (lambda: nn.Linear(5, 4, bias=False), lambda: floats(B, 3, 5), 1),
+    "linear without bias, Gram": (lambda: nn.Linear(8, 8, bias=False), lambda: floats(B, 2, 8), 1),
+    "linear 2-d, only the bias trains": (_bias_only, lambda: floats(B, 5), 1),
     "linear called twice": (lambda: nn.Linear(4, 4), lambda: floats(B, 3, 4), 2),
     "conv1d": (lambda: nn.Conv1d(3, 4, 3), lambda: floats(B, 3, 9), 1),
     "conv1d stride, padding, dilation": (
@@ -85,6 +93,8 @@ CASES = {
     "embedding, repeated tokens": (lambda: nn.Embedding(5, 4), lambda: tokens(B, 7), 1),
     "embedding, one token": (lambda: nn.Embedding(5, 4), lambda: tokens(B), 1),
     "embedding, padding_idx": (lambda: nn.Embedding(5, 4, padding_idx=0), lambda: tokens(B, 7), 1),
+    "embedding, long sequences": (lambda: nn.Embedding(9, 3, padding_idx=2),
+                                  lambda: tokens(B, 70, vocab=9), 1),
     "layernorm 3-d": (lambda: nn.LayerNorm(4), lambda: floats(B, 3, 4), 1),
     "layernorm 2 normalized dims, no bias": (lambda: nn.LayerNorm((3, 4), bias=False),
                                              lambda: floats(B, 2, 3, 4), 1),
@@ -110,7 +120,7 @@ def test_hook_norms_equal_per_example_gradients(case):
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=0)
 
 
-def test_frozen_parameters_do_not_count():
+def test_frozen_weight_of_a_3d_linear_does_not_count():
     torch.manual_seed(0)
     module = nn.Linear(5, 4).double()
     module.weight.requires_grad_(False)
