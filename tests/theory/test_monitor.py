@@ -379,3 +379,22 @@ def test_readings_are_frozen():
     assert isinstance(reading, NoiseReading)
     with pytest.raises(AttributeError):
         reading.b_simple = 1.0
+
+
+def test_every_measures_one_step_in_n_without_hooks_in_between():
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    monitor = NoiseScaleMonitor(net, window=10, every=3)
+    steps, hooked = [], []
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(7):
+        hooked.append(bool(net._forward_pre_hooks))
+        net.zero_grad()
+        F.cross_entropy(net(torch.randn(8, 3, generator=gen)),
+                        torch.randint(2, (8,), generator=gen)).backward()
+        steps.append(monitor.step().step)
+    assert steps == [1, 1, 1, 4, 4, 4, 7]               # the last measured step's reading
+    assert hooked == [True, False, False, True, False, False, True]
+    assert monitor.last.steps == 3
+    monitor.close()
+    with pytest.raises(TheoryError, match=r"step\(\) after close\(\)"):
+        monitor.step()
