@@ -40,7 +40,7 @@ def sample_estimate(model, x, y, population=None):
     n = g.shape[0]
     mean = g.mean(0)
     t_n = float((g - mean).pow(2).sum()) / n
-    return to_split(float(mean.pow(2).sum()), t_n, n, population or 10**30) if population \
+    return to_split(float(mean.pow(2).sum()), t_n, n, population) if population \
         else (float(mean.pow(2).sum()) - t_n / (n - 1), t_n * n / (n - 1))
 
 
