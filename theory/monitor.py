@@ -592,7 +592,7 @@ class NoiseScaleMonitor:
         self._fresh_checks, self._closed = [], True
         self.log.close()
 
-    def __enter__(self) -> "NoiseScaleMonitor":
+    def __enter__(self) -> NoiseScaleMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,9 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from training.errors import SparsescaleIOError
-
 from theory.errors import TheoryError
+from training.errors import SparsescaleIOError
 
 # the numeric fields drawn as TensorBoard curves
 SCALARS = ("b_simple", "g_sq", "trace_sigma", "b_simple_se", "g_sq_se", "trace_sigma_se",

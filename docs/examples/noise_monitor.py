@@ -2,6 +2,7 @@
 SGD with momentum at batch size 64, per-example gradient norms from the loop's own backward."""
 import torch
 import torch.nn.functional as F
+
 import theory
 import training
 

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:                 # run as a script
     sys.path.insert(0, str(ROOT))
 
-import training  # noqa: E402
-from theory import NoiseScaleMonitor  # noqa: E402
-from tests.theory.monitor_models import TinyTransformer, token_dataset  # noqa: E402
+import training
+from tests.theory.monitor_models import TinyTransformer, token_dataset
+from theory import NoiseScaleMonitor
 
 BATCH = 64
 

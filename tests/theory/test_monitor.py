@@ -20,7 +20,6 @@ from theory.sampling import to_split
 
 from .monitor_models import TinyTransformer, token_dataset
 
-
 # -- ground truth ------------------------------------------------------------------------------
 
 def example_gradients(model, x, y):
