@@ -17,3 +17,5 @@ from theory.probe_plan import probe_batch_sizes, probe_steps
 from theory.sampling import SplitEstimate
 from theory.summaries import Summary, summarize
 from theory.trajectory import probe_trajectory
+from theory import layer_norms, monitor
+from theory.monitor import NoiseReading, NoiseScaleMonitor

@@ -255,6 +255,31 @@ def two_batch_estimates(g_small_sq: ArrayLike, g_big_sq: ArrayLike, b_small: int
     return TwoBatchEstimate(g_sq, trace)
 
 
+def weighted_mean_cov(weight: float, weight_sq: float, g_sum: float, t_sum: float,
+                      gg_sum: float, tt_sum: float, gt_sum: float
+                      ) -> tuple[tuple[float, float], tuple[float, float, float]]:
+    """Weighted means of a stream of (g, t) estimates from its weighted sums (weights w: ``weight``
+    = sum w, ``weight_sq`` = sum w^2, ``gg_sum`` = sum w g^2, ...) and the covariance of those
+    means as (Var g, Var t, Cov(g, t)) (nan with one draw): the reliability-weighted sample
+    covariance times sum w^2 / (sum w)^2. Plain floats: a training loop calls it every step."""
+    w, w2 = weight, weight_sq
+    g, t = g_sum / w, t_sum / w
+    dof = 1.0 - w2 / w**2
+    if not dof > 0:
+        return (g, t), (math.nan,) * 3
+    f = w2 / w**2 / dof
+    return (g, t), ((gg_sum / w - g * g) * f, (tt_sum / w - t * t) * f, (gt_sum / w - g * t) * f)
+
+
+def ratio_se(g: float, t: float, cov: tuple[float, float, float]) -> float:
+    """Standard error of B_simple = t / g by the delta method, from (Var g, Var t, Cov(g, t)):
+    Var(t/g) ~ (Var t + R^2 Var g - 2 R Cov(g, t)) / g^2, R = t/g (nan when g <= 0)."""
+    if not g > 0:
+        return math.nan
+    r = t / g
+    return math.sqrt(max(cov[1] + r * r * cov[0] - 2 * r * cov[2], 0.0)) / g
+
+
 @dataclass(frozen=True)
 class NoiseStream:
     """Running average of two-batch estimates; B_simple as the ratio of the averages
@@ -313,16 +338,11 @@ class NoiseStream:
                        gt_sum=old * self.gt_sum + float(w @ (g * t)))
 
     def _finite(self) -> tuple[np.ndarray, np.ndarray]:
-        """Weighted means of (g, t) and the covariance matrix of those means (nan with one draw):
-        reliability-weighted sample covariance times sum w^2 / (sum w)^2."""
         if self.weight == 0:
             raise TheoryError("NoiseStream has no updates yet")
-        w, w2 = self.weight, self.weight_sq
-        mean = np.array([self.g_sum, self.t_sum]) / w
-        second = np.array([[self.gg_sum, self.gt_sum], [self.gt_sum, self.tt_sum]]) / w
-        dof = 1.0 - w2 / w**2
-        cov = (second - np.outer(mean, mean)) / dof * (w2 / w**2) if dof > 0 else np.full((2, 2), np.nan)
-        return mean, cov
+        mean, (vg, vt, cgt) = weighted_mean_cov(self.weight, self.weight_sq, self.g_sum,
+                                                self.t_sum, self.gg_sum, self.tt_sum, self.gt_sum)
+        return np.array(mean), np.array([[vg, cgt], [cgt, vt]])
 
     def _split(self) -> tuple[np.ndarray, np.ndarray]:
         mean, cov = self._finite()
@@ -364,12 +384,8 @@ class NoiseStream:
 
     @property
     def b_simple_se(self) -> float:
-        """Delta method: Var(t/g) ~ (Var t + R^2 Var g - 2 R Cov(g, t)) / g^2, R = t/g."""
         (g, t), cov = self._split()
-        if not g > 0:
-            return math.nan
-        r = t / g
-        return float(math.sqrt(max(cov[1, 1] + r * r * cov[0, 0] - 2 * r * cov[0, 1], 0.0)) / g)
+        return ratio_se(g, t, (cov[0, 0], cov[1, 1], cov[0, 1]))
 
 
 def batch_gradient_norms(fl: FlatLoss, batches: torch.Tensor, chunk: int | None = None) -> torch.Tensor:

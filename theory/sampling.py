@@ -69,6 +69,8 @@ def noise_scale(trace_sigma: ArrayLike, g_sq: ArrayLike) -> float | np.ndarray:
     """B_simple = tr(Sigma) / |G|^2; inf where the |G|^2 estimate is <= 0 (an unbiased estimate
     dips below zero when the noise swamps the mean gradient: B_simple beyond what the sample
     resolves), nan where both are 0."""
+    if isinstance(trace_sigma, float) and isinstance(g_sq, float):    # fast path (monitor)
+        return trace_sigma / g_sq if g_sq > 0 else math.inf if trace_sigma > 0 else math.nan
     t, g = np.asarray(trace_sigma, dtype=float), np.asarray(g_sq, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(g > 0, t / np.where(g > 0, g, 1.0), np.where(t > 0, np.inf, np.nan))

@@ -100,6 +100,16 @@ def check_own_data(out):
     assert out["mlp program with own loss"] == "func"
 
 
+def check_noise_monitor(out):
+    assert out["method"] == "per_example" and out["smoothing"] == "window 100"
+    assert int(out["csv rows"]) == 300                      # one row per step
+    b_simple, se = (float(v) for v in out["b_simple"].split(" +- "))
+    g_sq, trace = float(out["g_sq"]), float(out["trace_sigma"])
+    assert g_sq > 0 and 0 < se < b_simple
+    assert b_simple == pytest.approx(trace / g_sq, rel=1e-3)   # ratio of the window's averages
+    assert b_simple == pytest.approx(210.6, rel=0.02)          # the value the page quotes
+
+
 CHECKS = {
     "train_trials.py": check_train_trials,
     "prune_and_train.py": check_prune_and_train,
@@ -107,6 +117,7 @@ CHECKS = {
     "fit_scaling.py": check_fit_scaling,
     "own_model.py": check_own_model,
     "own_data.py": check_own_data,
+    "noise_monitor.py": check_noise_monitor,
 }
 
 

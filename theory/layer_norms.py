@@ -1,0 +1,219 @@
+"""Per-example squared gradient norms of one layer, from its inputs and output gradients.
+
+A backward pass of a batch's loss computes, for every layer, the gradient of the loss with respect
+to the layer's output, ``d`` (one row per example). For the layers below the gradient of example
+i's loss with respect to the layer's parameters is a sum over positions p (sequence positions,
+convolution windows, token slots; one position for a 2-d input) of simple terms, so its squared
+norm follows from ``d`` and the layer's input without the batch's per-example gradients ever being
+stored (Goodfellow 2015, "Efficient per-example gradient computations"):
+
+- ``nn.Linear``, z_p = W a_p + b: g_i(W) = sum_p d_ip a_ip^T, g_i(b) = sum_p d_ip, and
+
+      |g_i(W)|^2 = sum_pq (d_ip . d_iq)(a_ip . a_iq)          (the Gram form, P^2 (in + out))
+                 = |D_i^T A_i|_F^2                             (materialized, P in out)
+
+  whichever costs less (one position: |d_i|^2 |a_i|^2). The Gram form is the "ghost norm" of
+  Li, Tramer, Liang and Hashimoto (2022, "Large language models can be strong differentially
+  private learners").
+- ``nn.Conv1d`` / ``nn.Conv2d``: a Linear layer applied to every unfolded input window, one group
+  at a time (Rochette, Manoel and Tramel 2019, "Efficient per-example gradient computations in
+  convolutional neural networks"); any padding mode, stride, dilation and groups.
+- ``nn.Embedding``: g_i = sum_p e_{k_ip} d_ip^T (one-hot rows), so |g_i|^2 = sum over the distinct
+  tokens k of example i of |sum_{p: k_ip = k} d_ip|^2 (repeated tokens add up before squaring);
+  ``padding_idx`` positions get no gradient.
+- ``nn.LayerNorm`` / ``nn.RMSNorm``: g_i(weight) = sum_p d_ip o xhat_ip with xhat the normalized
+  input, g_i(bias) = sum_p d_ip, materialized (they have one weight per feature).
+
+A layer called several times in one forward (weight sharing inside the layer) has the sum of its
+calls' terms as its per-example gradient: its calls are concatenated along the positions before
+squaring, so the cross terms count. Norms are computed in at least float32 (float64 stays float64).
+
+:func:`layer_sq_norms` takes a layer, its calls' inputs and the gradients of their outputs (None
+for a call whose output got no gradient) and returns ``[B]`` squared norms over the layer's own
+parameters that require gradients. :func:`unsupported` says why a layer is not one of these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Up to this many token slots per example, an Embedding's norms come from the Gram matrix of its
+# output gradients (P^2 D per example, a few kernels); beyond it, from summing the rows of equal
+# tokens (P D, with a sort of the batch's tokens).
+EMBEDDING_GRAM_POSITIONS = 64
+
+SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+
+
+def unsupported(module: nn.Module) -> str | None:
+    """Why ``module``'s own parameters have no per-example norms here (None when they do): a type
+    outside :data:`SUPPORTED` (exact types: a subclass may compute something else), or an option
+    that couples examples or that the formulas above do not cover."""
+    kind = type(module)
+    if kind not in SUPPORTED:
+        return kind.__name__
+    if kind is nn.Embedding and module.scale_grad_by_freq:
+        return "Embedding(scale_grad_by_freq=True) (scales by counts over the whole batch)"
+    return None
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _flat_sq(t: torch.Tensor) -> torch.Tensor:
+    """Squared norm of each row of ``t`` (all but the first dimension flattened)."""
+    t = t.reshape(t.shape[0], -1)
+    return torch.linalg.vecdot(t, t)
+
+
+def _positions(parts: list[torch.Tensor], dt: torch.dtype, dim: int = 1) -> torch.Tensor:
+    """The calls' tensors concatenated along the positions, in ``dt`` (no copy for one call in
+    ``dt``)."""
+    t = parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+    return t if t.dtype == dt else t.to(dt)
+
+
+def outer_sq(d: torch.Tensor, a: torch.Tensor, bias: bool = False) -> torch.Tensor:
+    """|sum_p d_np a_np^T|_F^2 for each n: ``d`` ``[N, P, O]``, ``a`` ``[N, P, K]`` -> ``[N]``,
+    by the Gram form when P (O + K) < O K, else by materializing the ``[N, O, K]`` sums. With
+    ``bias``, plus |sum_p d_np|^2 (the bias's gradient: a column of ones appended to a)."""
+    n, p, o = d.shape
+    k = a.shape[2]
+    if p * (o + k) < o * k:
+        gram_d = torch.bmm(d, d.transpose(1, 2))
+        gram_a = (torch.baddbmm(a.new_ones(()).expand(n, p, p), a, a.transpose(1, 2)) if bias
+                  else torch.bmm(a, a.transpose(1, 2)))
+        return torch.linalg.vecdot(gram_d.reshape(n, -1), gram_a.reshape(n, -1))
+    out = _flat_sq(torch.bmm(d.transpose(1, 2), a))
+    return out + _flat_sq(d.sum(1)) if bias else out
+
+
+def _linear(module: nn.Linear, calls: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    b = calls[0][0].shape[0]
+    dt = _compute_dtype(calls[0][1])
+    weight = module.weight.requires_grad
+    bias = module.bias is not None and module.bias.requires_grad
+    if len(calls) == 1 and calls[0][0].dim() == 2:
+        # one position: |d|^2 |a|^2 (+ |d|^2 for the bias), three kernels in all
+        a, d = calls[0]
+        if d.dtype != dt or a.dtype != dt:
+            a, d = a.to(dt), d.to(dt)
+        dd = torch.linalg.vecdot(d, d)
+        if not weight:
+            return dd
+        aa = torch.linalg.vecdot(a, a)
+        return torch.addcmul(dd, dd, aa) if bias else dd * aa
+    a = _positions([x.reshape(b, -1, module.in_features) for x, _ in calls], dt)
+    d = _positions([g.reshape(b, -1, module.out_features) for _, g in calls], dt)
+    if weight and bias:
+        return outer_sq(d, a, bias=True)
+    return outer_sq(d, a) if weight else _flat_sq(d.sum(1))
+
+
+def _windows(conv: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The input windows of each output position, ``[B, in_channels x kernel, positions]`` in
+    the order of ``conv.weight``'s flattened (in_channel, kernel...) axes."""
+    two_d = isinstance(conv, nn.Conv2d)
+    padding = conv.padding
+    if isinstance(padding, str) or conv.padding_mode != "zeros":
+        # as the layer's own forward: pad first (any mode; 'same' may be asymmetric)
+        mode = "constant" if conv.padding_mode == "zeros" else conv.padding_mode
+        x = F.pad(x, conv._reversed_padding_repeated_twice, mode=mode)
+        padding = (0, 0) if two_d else (0,)
+    if two_d:
+        return F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding,
+                        stride=conv.stride)
+    return F.unfold(x.unsqueeze(2), (1, conv.kernel_size[0]), dilation=(1, conv.dilation[0]),
+                    padding=(0, padding[0]), stride=(1, conv.stride[0]))
+
+
+def _conv(module: nn.Conv1d | nn.Conv2d, calls: list[tuple[torch.Tensor, torch.Tensor]]
+          ) -> torch.Tensor:
+    b, groups = calls[0][0].shape[0], module.groups
+    dt = _compute_dtype(calls[0][1])
+    # [B, channels, positions] per call, concatenated along the positions
+    a = torch.cat([_windows(module, x.to(dt)) for x, _ in calls], 2)
+    d = torch.cat([g.reshape(b, module.out_channels, -1).to(dt) for _, g in calls], 2)
+    out = d.new_zeros(b)
+    if module.weight.requires_grad:
+        positions = a.shape[2]
+        a_g = a.view(b, groups, -1, positions).transpose(2, 3).reshape(b * groups, positions, -1)
+        d_g = d.view(b, groups, -1, positions).transpose(2, 3).reshape(b * groups, positions, -1)
+        out = out + outer_sq(d_g, a_g).view(b, groups).sum(1)
+    if module.bias is not None and module.bias.requires_grad:
+        out = out + _flat_sq(d.sum(2))
+    return out
+
+
+def _embedding(module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
+               ) -> torch.Tensor:
+    b = calls[0][0].shape[0]
+    dt = _compute_dtype(calls[0][1])
+    idx = torch.cat([x.reshape(b, -1) for x, _ in calls], 1)
+    d = torch.cat([g.reshape(b, -1, module.embedding_dim) for _, g in calls], 1).to(dt)
+    if not module.weight.requires_grad:
+        return d.new_zeros(b)
+    if module.padding_idx is not None:
+        d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
+    positions = idx.shape[1]
+    if positions == 1:
+        return _flat_sq(d)
+    if positions <= EMBEDDING_GRAM_POSITIONS:
+        # sum over position pairs holding the same token of d_p . d_q
+        same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(dt)
+        gram = torch.bmm(d, d.transpose(1, 2))
+        return torch.linalg.vecdot(gram.reshape(b, -1), same.reshape(b, -1))
+    # one row per (example, token): the gradient rows of equal tokens within an example add up
+    example = torch.arange(b, device=idx.device).unsqueeze(1).expand_as(idx)
+    keys = (example * module.num_embeddings + idx).reshape(-1)
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    rows = d.new_zeros(uniq.numel(), module.embedding_dim).index_add_(0, inverse,
+                                                                      d.reshape(-1, d.shape[2]))
+    return d.new_zeros(b).index_add_(0, uniq // module.num_embeddings, rows.square().sum(1))
+
+
+def _norm(module: nn.LayerNorm | nn.RMSNorm, calls: list[tuple[torch.Tensor, torch.Tensor]]
+          ) -> torch.Tensor:
+    b = calls[0][0].shape[0]
+    dt = _compute_dtype(calls[0][1])
+    shape = module.normalized_shape
+    width = math.prod(shape)
+    x = _positions([x.reshape(b, -1, *shape) for x, _ in calls], dt)
+    g = _positions([g.reshape(b, -1, *shape) for _, g in calls], dt)
+    # the normalized input, by the layer's own kernel without its affine parameters
+    if isinstance(module, nn.LayerNorm):
+        xhat = F.layer_norm(x, shape, eps=module.eps)
+    else:
+        xhat = F.rms_norm(x, shape, eps=module.eps)
+    out = None
+    if module.weight is not None and module.weight.requires_grad:
+        out = _flat_sq((g * xhat).reshape(b, -1, width).sum(1))
+    bias = getattr(module, "bias", None)
+    if bias is not None and bias.requires_grad:
+        sq = _flat_sq(g.reshape(b, -1, width).sum(1))
+        out = sq if out is None else out + sq
+    return out if out is not None else g.new_zeros(b)
+
+
+def layer_sq_norms(module: nn.Module, inputs: Sequence[torch.Tensor],
+                   grads: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """``[B]`` squared norms of each example's gradient with respect to ``module``'s own
+    parameters, from the inputs of its calls in one forward pass and the gradients of their
+    outputs (module docstring); calls whose output got no gradient contribute nothing, and None
+    is returned when none did. ``module`` must pass :func:`unsupported`."""
+    calls = [(x, g) for x, g in zip(inputs, grads) if g is not None]
+    if not calls:
+        return None
+    if isinstance(module, nn.Linear):
+        return _linear(module, calls)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return _conv(module, calls)
+    if isinstance(module, nn.Embedding):
+        return _embedding(module, calls)
+    return _norm(module, calls)

@@ -1,0 +1,599 @@
+"""The gradient noise scale inside any PyTorch training loop.
+
+``NoiseScaleMonitor(model)`` attaches hooks to an ``nn.Module``; after the loop's own backward
+pass(es) of a step, ``monitor.step()`` returns a :class:`NoiseReading`: unbiased estimates of
+|G|^2 and tr(Sigma) from this step's batch, their smoothed values, B_simple = tr(Sigma) / |G|^2
+(McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training") and
+standard errors; it can log them to CSV and TensorBoard. Nothing is recomputed: every estimator
+reads quantities the loop's backward already produced.
+
+The estimators all rest on one identity (McCandlish et al. 2018, appendix A): for v, a weighted
+mean of the mean gradients of disjoint micro-batches j of b_j examples (weights w_j, sum 1),
+
+    E |v|^2 = |G|^2 + c tr(Sigma),    c = sum_j w_j^2 / b_j                    (examples i.i.d.)
+                                      c = N/(N-1) (sum_j w_j^2 / b_j - 1/N)    (distinct examples
+                                                                                of a split of N)
+
+(the second with ``population=N``: a batch drawn without replacement, Cochran 1977, thm. 2.2, as
+:mod:`theory.sampling`). Two such averages u_small (coefficient c_small) and u_big (c_big) with
+c_small > c_big give the unbiased pair
+
+    tr(Sigma) ~ (u_small - u_big) / (c_small - c_big),    |G|^2 ~ u_big - c_big tr(Sigma),
+
+which is McCandlish et al.'s two-batch estimator (their appendix A.1, :func:`theory.noise.
+two_batch_estimates` for b_small, b_big) and, with single examples as the small batches, the
+sample-covariance estimator (:func:`theory.sampling.to_split`). The three ways to get them, in
+order of preference (``method="auto"`` picks the first that applies):
+
+1. ``per_example``: squared norms of every example's gradient from the backward pass the loop
+   already does (:mod:`theory.layer_norms`: Linear on any number of leading dimensions, Conv1d,
+   Conv2d, Embedding, LayerNorm, RMSNorm). u_small = mean_i |g_i|^2 (c = 1), u_big = |mean
+   gradient|^2 (c = 1/B). It applies when every module that owns trainable parameters is one of
+   those, no parameter is shared between modules, no batch normalization mixes the examples, and
+   each forward's inputs have the batch as their first dimension.
+2. ``micro_batch``: under gradient accumulation (several backward passes before ``step()``), the
+   gradients of the k micro-batches (u_small = mean_j |g_j|^2, c = mean_j 1/b_j) against their
+   accumulated sum in ``.grad`` (u_big, c = sum_j 1/(k^2 b_j)): any layers. ``.grad`` must be
+   zero before the step's first backward (checked on the first step) and is read at ``step()``,
+   so call it before clipping or rescaling gradients.
+3. ``ddp``: under ``DistributedDataParallel``, a communication hook reads each rank's local
+   gradient before the all-reduce (u_small = mean over ranks, c = 1/b_local) and the averaged
+   one after it (u_big, c = 1/(W b_local)): any layers, and one extra all-reduce of a 2-element
+   tensor per step.
+
+The loop's loss must be the *mean* over the batch's examples (``reduction="mean"``) times a
+constant ``loss_scale`` passed to ``step()``: 1 for a plain mean, 1/k for a loss divided over k
+accumulated micro-batches, the batch size for ``reduction="sum"``, the gradient scaler's scale
+under mixed precision. The scale cannot be read from gradients; B_simple does not depend on it,
+|G|^2 and tr(Sigma) scale with its square. What is measured is the loss the loop differentiates,
+in the mode the model is in (dropout included).
+
+Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
+exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
+averages, never an average of ratios (McCandlish et al. 2018, appendix A.1). Standard errors come
+from the spread of the per-step estimates in the window (the weighted variance of the mean,
+B_simple's by the delta method; :func:`theory.noise.weighted_mean_cov`): at fixed weights the
+steps' batches are independent and they are honest; while training, the drift of the weights
+across the window adds to them. ``NoiseReading.smoothing`` states the window.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel
+
+from theory.errors import TheoryError, check_int
+from theory.layer_norms import layer_sq_norms, unsupported
+from theory.monitor_log import ReadingLog
+from theory.noise import ratio_se, weighted_mean_cov
+from theory.sampling import noise_scale
+
+METHODS = ("auto", "per_example", "micro_batch", "ddp")
+DEFAULT_EMA = 0.99
+
+
+@dataclass(frozen=True)
+class NoiseReading:
+    """One step's reading of :class:`NoiseScaleMonitor`.
+
+    ``g_sq`` ~ |G|^2, ``trace_sigma`` ~ tr(Sigma) smoothed as ``smoothing`` says, ``b_simple``
+    their ratio, ``*_se`` standard errors from the spread of the per-step estimates (nan until
+    two steps); ``step_g_sq`` / ``step_trace_sigma`` / ``step_b_simple`` this step's own unbiased
+    estimates; ``batch_size`` the examples this step saw (all micro-batches and ranks),
+    ``method`` the estimator that ran, ``steps`` how many steps the smoothing holds.
+    """
+
+    step: int
+    method: str
+    batch_size: int
+    b_simple: float
+    g_sq: float
+    trace_sigma: float
+    b_simple_se: float
+    g_sq_se: float
+    trace_sigma_se: float
+    step_b_simple: float
+    step_g_sq: float
+    step_trace_sigma: float
+    smoothing: str
+    steps: int
+
+
+def solve_two_sizes(u_small: float, c_small: float, u_big: float, c_big: float
+                    ) -> tuple[float, float]:
+    """Unbiased (|G|^2, tr(Sigma)) from two averages with E u = |G|^2 + c tr(Sigma) (module
+    docstring): tr = (u_small - u_big) / (c_small - c_big), |G|^2 = u_big - c_big tr."""
+    trace = (u_small - u_big) / (c_small - c_big)
+    return u_big - c_big * trace, trace
+
+
+class _Smoother:
+    """Per-step (|G|^2, tr Sigma) estimates averaged over a window or by a bias-corrected EMA
+    (plain floats: it runs every step)."""
+
+    def __init__(self, window: int | None, ema: float | None) -> None:
+        self.window, self.ema = window, ema
+        self.recent: deque[tuple[float, float]] = deque(maxlen=window)
+        self.sums = [0.0] * 7   # weight, weight^2, g, t, gg, tt, gt
+        self.count = 0
+
+    @property
+    def label(self) -> str:
+        return f"window {self.window}" if self.window else f"ema {self.ema:g}"
+
+    def add(self, g: float, t: float) -> tuple[float, float, float, float, float, float]:
+        """Add one step; the smoothed (g, t, b_simple) and their standard errors."""
+        self.count += 1
+        term = (1.0, 1.0, g, t, g * g, t * t, g * t)
+        if self.window:
+            if len(self.recent) == self.window:     # the oldest step leaves the window
+                og, ot = self.recent[0]
+                old = (1.0, 1.0, og, ot, og * og, ot * ot, og * ot)
+                self.sums = [s - o for s, o in zip(self.sums, old)]
+            self.recent.append((g, t))
+            self.sums = [s + x for s, x in zip(self.sums, term)]
+            if self.count % self.window == 0:       # bound the rounding of the running sums
+                self.sums = [float(len(self.recent)), float(len(self.recent)),
+                             *map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
+                                                   for a, b in self.recent)))]
+        else:
+            decay = self.ema
+            self.sums = [s * d + x for s, d, x in
+                         zip(self.sums, (decay, decay * decay, *[decay] * 5), term)]
+        (g_mean, t_mean), cov = weighted_mean_cov(*self.sums)
+        return (g_mean, t_mean, noise_scale(t_mean, g_mean), math.sqrt(max(cov[0], 0.0)),
+                math.sqrt(max(cov[1], 0.0)), ratio_se(g_mean, t_mean, cov))
+
+    @property
+    def steps(self) -> int:
+        return len(self.recent) if self.window else self.count
+
+
+@dataclass
+class _Pass:
+    """What one grad-enabled forward of the model captured, and what its backward added: the
+    per-example squared norms ``sq`` (``[B]``, summed over layers, of the gradients as the hooks
+    saw them), one tensor per layer."""
+
+    batch: int | None
+    inputs: dict[str, list[torch.Tensor]]
+    grads: dict[str, list[torch.Tensor | None]]
+    sq: list[torch.Tensor] = field(default_factory=list)
+    got_grad: bool = False
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class _Backward:
+    """One backward pass: its examples, the sum over them of their squared gradient norms as the
+    hooks saw them (per-example estimator; None with ``problem`` saying why), and the pass's own
+    squared gradient norm (micro-batch estimator; else None)."""
+
+    batch: int | None
+    example_sq: torch.Tensor | None
+    grad_sq: torch.Tensor | None
+    problem: str | None
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _norms(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """|g| of each tensor (sparse ones by their coalesced values), on their device and without a
+    host synchronization: one fused kernel per dtype and device."""
+    if any(g.is_sparse for g in grads):
+        grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    return list(torch._foreach_norm(grads)) if grads else []
+
+
+def _total_sq(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """sum |g|^2 over tensors, float64, without a host synchronization."""
+    norms = _norms(grads)
+    if not norms:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([n.double() for n in norms]).square().sum()
+
+
+def _host(scalars: Sequence[torch.Tensor], norms: Sequence[torch.Tensor]
+          ) -> tuple[list[float], float]:
+    """Scalars and the sum of the squares of norms as floats, in one transfer (stack promotes
+    to the widest dtype; the squares are summed in double precision)."""
+    values = torch.stack([*scalars, *norms]).tolist()
+    return values[:len(scalars)], math.fsum(v * v for v in values[len(scalars):])
+
+
+class NoiseScaleMonitor:
+    """Gradient noise scale of the loop's own batches (module docstring).
+
+    ``model``: the ``nn.Module`` the loop trains, or its ``DistributedDataParallel`` wrapper
+    (then ``method="ddp"``; build the monitor before the first backward). ``window`` steps or an
+    ``ema`` decay (default ``ema=0.99``; not both); ``population``: the size of the split the
+    batches are drawn from without replacement (finite-population correction), or None for
+    i.i.d. examples. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
+    run (under DDP only rank 0 writes). ``comm_hook`` / ``comm_state``: a DDP communication hook
+    of yours that the monitor's wraps (default: DDP's own all-reduce mean).
+
+    Use: ``loss.backward()`` (one or more times), then ``reading = monitor.step()``, then the
+    optimizer step. ``close()`` (or ``with``) removes the hooks and closes the logs.
+    """
+
+    def __init__(self, model: nn.Module, *, window: int | None = None, ema: float | None = None,
+                 population: int | None = None, method: str = "auto", every: int = 1,
+                 csv: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
+                 comm_hook: Callable | None = None, comm_state: Any = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TheoryError(f"NoiseScaleMonitor needs an nn.Module, got {type(model).__name__}")
+        if method not in METHODS:
+            raise TheoryError(f"method {method!r}; allowed: {', '.join(METHODS)}")
+        if window is not None and ema is not None:
+            raise TheoryError("give window or ema, not both")
+        if window is not None:
+            check_int(window, "window")
+        elif ema is None:
+            ema = DEFAULT_EMA
+        if ema is not None and not (isinstance(ema, (int, float)) and 0.0 < ema < 1.0):
+            raise TheoryError(f"ema must be a decay in (0, 1), got {ema!r}")
+        if population is not None:
+            check_int(population, "population", minimum=2)
+        self.every = check_int(every, "every")
+        self.ddp = isinstance(model, DistributedDataParallel)
+        if method == "ddp" and not self.ddp:
+            raise TheoryError("method='ddp' needs a DistributedDataParallel model")
+        if self.ddp and method in ("per_example", "micro_batch"):
+            raise TheoryError(f"method={method!r} is not available under DistributedDataParallel:"
+                              f" use method='ddp' (or 'auto')")
+        self.module = model.module if self.ddp else model
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        if not self.params:
+            raise TheoryError(f"NoiseScaleMonitor: the model ({type(self.module).__name__}) has no "
+                              f"parameters that require gradients")
+        self.method, self.population = method, population
+        self.smoother = _Smoother(window, ema)
+        self.calls = 0
+        self.last: NoiseReading | None = None
+        self.rank = 0
+        self._active = True
+        self._closed = False
+        self._hooks: list[Any] = []
+        self._fresh_checks: list[Any] = []
+        self._stale_grad = False
+        self._pass: _Pass | None = None
+        self._backwards: list[_Backward] = []
+        self._forwards: list[int | None] = []
+        self.layers, self.blockers = self._layers()
+        # the micro-batch estimator reads each backward's gradient norm
+        self.per_pass_norms = not self.ddp and (
+            method == "micro_batch" or (method == "auto" and bool(self.blockers)))
+        if self.ddp:
+            self._attach_ddp(model, comm_hook, comm_state)
+        else:
+            self._attach()
+        # the estimators read the accumulated .grad at step(), which must start at zero: checked
+        # until the first step, just before each parameter's gradient is accumulated
+        self._fresh_checks = [p.register_hook(partial(self._check_fresh, p)) for p in self.params]
+        self.log = ReadingLog(csv, log_dir) if self.rank == 0 else ReadingLog(None, None)
+
+    # -- attaching ---------------------------------------------------------------------------
+
+    def _layers(self) -> tuple[dict[str, nn.Module], list[str]]:
+        """The modules that own trainable parameters, by name, and why per-example norms do not
+        apply (empty when they do)."""
+        layers: dict[str, nn.Module] = {}
+        blockers: list[str] = []
+        owners: dict[int, str] = {}
+        for name, module in self.module.named_modules():
+            if isinstance(module, _BatchNorm):
+                blockers.append(f"{name or 'model'} ({type(module).__name__}: normalizes over "
+                                f"the batch)")
+            own = [p for p in module._parameters.values() if p is not None and p.requires_grad]
+            if not own:
+                continue
+            for p in own:
+                if id(p) in owners:
+                    blockers.append(f"{name} (shares a parameter with {owners[id(p)] or 'model'})")
+                owners[id(p)] = name
+            why = unsupported(module)
+            if why is None:
+                layers[name] = module
+            elif not isinstance(module, _BatchNorm):
+                blockers.append(f"{name or 'model'} ({why})")
+        return layers, blockers
+
+    def _attach(self) -> None:
+        self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
+                                                                  with_kwargs=True))
+        if not self.blockers and self.method in ("auto", "per_example"):
+            for name, module in self.layers.items():
+                self._hooks.append(module.register_forward_hook(partial(self._on_layer, name)))
+        if self.per_pass_norms:
+            self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
+                self.params, self._on_backward, mode="all"))
+
+    def _detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._pass = [], None
+
+    def _check_fresh(self, param: nn.Parameter, grad: torch.Tensor) -> None:
+        # during the step's first backward, before this parameter's gradient is added
+        if not self._backwards and param.grad is not None and bool(param.grad.ne(0).any()):
+            self._stale_grad = True
+
+    def _attach_ddp(self, ddp: DistributedDataParallel, hook: Callable | None, state: Any) -> None:
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.method = "ddp"
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._inner = (hook, state) if hook is not None else (default_hooks.allreduce_hook, None)
+        self._dist = dist
+        self._local: list[torch.Tensor] = []
+        self._work: Any = None
+        self._shared: torch.Tensor | None = None
+        self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
+                                                                  with_kwargs=True))
+        ddp.register_comm_hook(None, self._comm_hook)
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._close_pass()
+        # evaluations without gradients and torch.func calls (vmap, grad: not the loop's
+        # backward) are not the loop's batches
+        if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return
+        x = _first_tensor(args, kwargs)
+        batch = int(x.shape[0]) if x is not None and x.dim() > 0 else None
+        self._forwards.append(batch)
+        self._pass = _Pass(batch, {n: [] for n in self.layers}, {n: [] for n in self.layers})
+        if batch is None:
+            self._pass.problem = ("the model's forward got no tensor argument with a batch "
+                                  "dimension")
+
+    def _on_layer(self, name: str, module: nn.Module, args: tuple, out: Any) -> None:
+        run = self._pass
+        if run is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != run.batch:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            run.problem = (f"layer {name} ({type(module).__name__}) got an input of shape {shape}"
+                           f" whose first dimension is not the batch ({run.batch}); per-example "
+                           f"norms need batch-first inputs (e.g. batch_first=True)")
+            return
+        k = len(run.inputs[name])
+        run.inputs[name].append(x.detach())
+        run.grads[name].append(None)
+        out.register_hook(partial(self._on_output_grad, run, name, k))
+
+    def _on_output_grad(self, run: _Pass, name: str, k: int, grad: torch.Tensor) -> None:
+        if run is not self._pass:
+            run.problem = "a backward pass reached a forward pass after a newer one started"
+            self._backwards.append(_Backward(run.batch, None, None, run.problem))
+            return
+        run.got_grad = True
+        grads = run.grads[name]
+        grads[k] = grad.detach()
+        if all(g is not None for g in grads):
+            self._layer_done(run, name)
+
+    def _layer_done(self, run: _Pass, name: str) -> None:
+        sq = layer_sq_norms(self.layers[name], run.inputs[name], run.grads[name])
+        run.inputs[name], run.grads[name] = [], []
+        if sq is not None:
+            run.sq.append(sq)
+
+    def _close_pass(self) -> None:
+        """Record the pass whose backward ran (layers whose calls did not all get a gradient are
+        summed now); a forward whose graph got no backward is dropped."""
+        run, self._pass = self._pass, None
+        if run is None or not run.got_grad:
+            return
+        for name, calls in run.grads.items():
+            if calls:
+                self._layer_done(run, name)
+        problem = run.problem or (None if run.sq else "no supported layer got a gradient")
+        total = None if problem else (run.sq[0] if len(run.sq) == 1 else torch.stack(run.sq)).sum()
+        self._backwards.append(_Backward(run.batch, total, None, problem))
+
+    def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
+        run, self._pass = self._pass, None
+        batch = run.batch if run is not None else None
+        self._backwards.append(_Backward(batch, None, _total_sq([g for g in grads if g is not None]),
+                                         None if run else "a backward pass without a forward"))
+
+    def _comm_hook(self, state, bucket):   # DDP checks the annotations: none given
+        hook, inner_state = self._inner
+        if not self._active:
+            return hook(inner_state, bucket)
+        # the local gradient, before the inner hook averages the buffer in place
+        buf = bucket.buffer()
+        self._local.append(torch.linalg.vector_norm(
+            buf.detach(), dtype=torch.promote_types(buf.dtype, torch.float32)))
+        if bucket.is_last():
+            # buckets are reduced in order: every local norm is in; one small all-reduce of
+            # (sum of local |g|^2, the rank's x), overlapping the last bucket's
+            k = len(self._forwards)
+            x_local = sum(1.0 / (k * k * b) for b in self._forwards) if k and \
+                all(self._forwards) else math.nan
+            self._shared = torch.stack([torch.stack(self._local).double().square().sum(),
+                                        torch.tensor(x_local, dtype=torch.float64,
+                                                     device=buf.device)])
+            self._work = self._dist.all_reduce(self._shared, async_op=True)
+        return hook(inner_state, bucket)
+
+    # -- estimates -----------------------------------------------------------------------------
+
+    def _coef(self, x: float) -> float:
+        """c from x = sum_j w_j^2 / b_j (module docstring)."""
+        if self.population is None:
+            return x
+        n = self.population
+        return n / (n - 1) * (x - 1.0 / n)
+
+    def _sizes(self, sizes: Sequence[int | None]) -> int:
+        """The step's examples; checks them against ``population``."""
+        if any(b is None for b in sizes):
+            raise TheoryError("the batch size is unknown: the model's forward got no tensor "
+                              "argument with a batch dimension")
+        batch = sum(sizes)
+        if batch < 2:
+            raise TheoryError(f"a step needs at least 2 examples to estimate the noise, got {batch}")
+        if self.population is not None and batch > self.population:
+            raise TheoryError(f"a step saw {batch} examples, more than population="
+                              f"{self.population} (examples drawn without replacement)")
+        return batch
+
+    def _grad_norms(self) -> list[torch.Tensor]:
+        """|.grad| of each parameter: the step's accumulated gradient."""
+        if self._stale_grad:
+            raise TheoryError("the parameters' .grad held a gradient before the first backward: "
+                              "zero the gradients before each step's first backward (the monitor "
+                              "reads the accumulated .grad)")
+        return _norms([p.grad for p in self.params if p.grad is not None])
+
+    def _per_example(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
+        """Examples i of pass j (b_j of them) were seen as (scale / b_j) g_i; the mean gradient
+        v = .grad / (scale k) weighs the k passes' means 1/k each."""
+        sizes = [b.batch for b in passes]
+        batch, k = self._sizes(sizes), len(passes)
+        values, grad_sq = _host([b.example_sq for b in passes], self._grad_norms())
+        u_small = sum(b * b * v for b, v in zip(sizes, values)) / (scale * scale * batch)
+        u_big = grad_sq / (scale * k) ** 2
+        g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
+                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        return g, t, batch
+
+    def _micro_batch(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
+        sizes = [b.batch for b in passes]
+        batch, k = self._sizes(sizes), len(passes)
+        values, grad_sq = _host([b.grad_sq for b in passes], self._grad_norms())
+        u_small = sum(values) / (k * scale * scale)
+        c_small = sum(self._coef(1.0 / b) for b in sizes) / k
+        u_big = grad_sq / (scale * k) ** 2
+        g, t = solve_two_sizes(u_small, c_small, u_big,
+                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        return g, t, batch
+
+    def _ddp(self, scale: float) -> tuple[float, float, int]:
+        """Rank r's local gradient (scale sum_j g_j over its k micro-batches) seen as
+        v_r = local / (scale k), x_r = sum_j 1/(k^2 b_j); the averaged gradient in .grad is
+        (scale k) times the mean of the v_r, with x = sum_r x_r / W^2."""
+        if self._work is None:
+            raise TheoryError("NoiseScaleMonitor.step() found no synchronized backward pass since "
+                              "the last step: call it after the step's last loss.backward() "
+                              "(outside no_sync)")
+        sizes = self._forwards
+        self._sizes(sizes)
+        k = len(sizes)
+        self._work.wait()
+        (local_sq, x_sum), grad_sq = _host(list(self._shared), self._grad_norms())
+        u_small, x_mean = local_sq / self.world / (scale * k) ** 2, x_sum / self.world
+        u_big = grad_sq / (scale * k) ** 2
+        # c is affine in x: the mean of the ranks' c is c of their mean x
+        g, t = solve_two_sizes(u_small, self._coef(x_mean), u_big, self._coef(x_mean / self.world))
+        return g, t, self._sizes([sum(sizes) * self.world])
+
+    def step(self, loss_scale: float = 1.0) -> NoiseReading | None:
+        """Read this step's batch: call after the step's last ``loss.backward()`` (and before
+        the optimizer clears the gradients). ``loss_scale``: the constant the backward's loss
+        carries beyond the batch mean (module docstring). Returns the :class:`NoiseReading` of
+        this step, or with ``every`` > 1 between measured steps the last one (its ``step`` says
+        which)."""
+        if self._closed:
+            raise TheoryError("NoiseScaleMonitor.step() after close()")
+        if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale)
+                and loss_scale > 0):
+            raise TheoryError(f"loss_scale must be a positive number, got {loss_scale!r}")
+        self._close_pass()
+        if self._active:
+            reading = self._measure(float(loss_scale))
+        else:
+            reading = self.last
+            self._reset()
+        self.calls += 1
+        active = self.calls % self.every == 0
+        if not self.ddp and active != self._active:
+            # between measured steps the model runs without the monitor's hooks
+            self._attach() if active else self._detach()
+        self._active = active
+        return reading
+
+    def _reset(self) -> None:
+        """Forget the step's passes (the fresh-gradient check ends with the first step)."""
+        self._backwards, self._forwards = [], []
+        if self.ddp:
+            self._local, self._work, self._shared = [], None, None
+        for handle in self._fresh_checks:
+            handle.remove()
+        self._fresh_checks, self._stale_grad = [], False
+
+    def _measure(self, scale: float) -> NoiseReading:
+        try:
+            if self.ddp:
+                method = "ddp"
+                g, t, batch = self._ddp(scale)
+            else:
+                method, (g, t, batch) = self._estimate(scale)
+        finally:
+            self._reset()
+        g_s, t_s, b_s, g_se, t_se, b_se = self.smoother.add(g, t)
+        reading = NoiseReading(step=self.calls + 1, method=method, batch_size=batch,
+                               b_simple=b_s, g_sq=g_s, trace_sigma=t_s, b_simple_se=b_se,
+                               g_sq_se=g_se, trace_sigma_se=t_se, step_b_simple=noise_scale(t, g),
+                               step_g_sq=g, step_trace_sigma=t, smoothing=self.smoother.label,
+                               steps=self.smoother.steps)
+        self.log.write(reading)
+        self.last = reading
+        return reading
+
+    def _estimate(self, scale: float) -> tuple[str, tuple[float, float, int]]:
+        passes = self._backwards
+        if not passes:
+            raise TheoryError("NoiseScaleMonitor.step() called before any backward pass since "
+                              "the last step: call it after loss.backward()")
+        if self.per_pass_norms:
+            if len(passes) < 2:
+                why = "; ".join(self.blockers) or "method='micro_batch'"
+                raise TheoryError(
+                    f"NoiseScaleMonitor: no per-example gradient norms here: {why}; accumulate "
+                    f"at least 2 micro-batches per step (several backward passes before step()),"
+                    f" or train under DistributedDataParallel")
+            return "micro_batch", self._micro_batch(passes, scale)
+        problems = [b.problem for b in passes if b.problem]
+        if problems:
+            raise TheoryError(f"NoiseScaleMonitor: no per-example gradient norms: {problems[0]};"
+                              f" or use method='micro_batch' with at least 2 micro-batches per "
+                              f"step")
+        return "per_example", self._per_example(passes, scale)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove the hooks (a DDP communication hook stays: DDP cannot unregister it) and close
+        the logs."""
+        self._detach()
+        for h in self._fresh_checks:
+            h.remove()
+        self._fresh_checks, self._closed = [], True
+        self.log.close()
+
+    def __enter__(self) -> NoiseScaleMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
