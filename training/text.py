@@ -43,6 +43,8 @@ from training.errors import DataError
 # path components that mark a file as not part of the corpus (besides any starting with "test")
 EXCLUDED_PARTS = ("site-packages", "dist-packages", "__pycache__", "idle_test")
 BYTE_VALUES = 256
+# registered data sets whose examples are bytes: their loss is nats per byte
+BYTE_LEVEL = ("python_source",)
 
 
 def stdlib_root() -> Path:

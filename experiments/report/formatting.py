@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from training.text import BYTE_LEVEL, bits_per_byte
+
 from experiments.spec.external import ExternalSpec
 from experiments.spec.study import Budget, Spec
 
@@ -52,9 +54,15 @@ def series_label(run: str, sparsity: float, combined: bool) -> str:
 
 def goal_text(spec: Spec | ExternalSpec) -> str:
     """'validation error < 0.3' (``<=`` for a non-strict goal, Lee et al. 2021); an imported
-    workload's metric is a column name that says its split ('val/classification_error < 0.1')."""
+    workload's metric is a column name that says its split ('val/classification_error < 0.1');
+    a byte-level language model's loss goal also in bits per byte ('validation loss < 1.5
+    (2.164 bits per byte)')."""
     metric = spec.metric if "/" in spec.metric else f"validation {spec.metric}"
-    return f"{metric} {'<' if spec.strict else '<='} {spec.target:g}"
+    text = f"{metric} {'<' if spec.strict else '<='} {spec.target:g}"
+    if spec.metric == "loss" and spec.dataset in BYTE_LEVEL:
+        # a byte-level language model's loss is nats per byte: also say it in bits per byte
+        text += f" ({fmt_num(bits_per_byte(spec.target), 4)} bits per byte)"
+    return text
 
 
 def eval_text(spec: Spec | ExternalSpec) -> str:

@@ -68,8 +68,10 @@ def _along_the_run(ax, ylabel: str, title: str) -> None:
 
 def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, tuple]):
     """Lee et al. (2021)'s local Lipschitz constant L(t) on the run's own update and the top
-    Hessian eigenvalue lambda_max(t) along the run, dense beside sparse (median over seeds and
-    probed batch sizes at each fraction of H)."""
+    Hessian eigenvalue lambda_max(t) along the run, dense beside sparse: one line per series
+    (colour) and probed batch size (line style by batch size rank, as Figure 5), the median
+    over seeds at each fraction of H. The batch sizes are not pooled: runs at different batch
+    sizes share fractions of H, and a median over them jumps between runs."""
     with style():
         fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.4), layout="constrained")
         for ax, (q, label) in zip(axes, (("local_lipschitz", "local Lipschitz constant L"),
@@ -79,9 +81,10 @@ def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, t
                 empty_panel(ax, f"{label}:\nnot measured")
                 continue
             for name in series:
-                m = d[d["series"] == name].groupby("fraction")["value"].median()
-                if len(m):
-                    ax.plot(m.index, m.to_numpy(), "o-", ms=3, color=cmap[name], lw=1.2, label=name)
+                for k, (b, g) in enumerate(d[d["series"] == name].groupby("batch_size")):
+                    m = g.groupby("fraction")["value"].median()
+                    ax.plot(m.index, m.to_numpy(), ["-", "--", ":", "-."][k % 4], marker="o",
+                            ms=3, color=cmap[name], lw=1.2, label=f"{name}, B = {int(b)}")
             log10_axis(ax.yaxis)
             ax.set_xlabel("fraction of the run (step / H)")
             ax.set_ylabel(label)

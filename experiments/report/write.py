@@ -217,7 +217,8 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
         Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
                "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
                "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "
-               "median over seeds and probed batch sizes at each point of the run.",
+               "one line per series (colour) and probed batch size (line style), median over "
+               "seeds at each point of the run.",
                F.png_bytes(TF.smoothness_figure(runs.probes, order, cmap))),
     ))
 

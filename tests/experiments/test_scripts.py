@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from experiments.scripts import fit_scaling_curve, noise_across_sparsity
 
 
@@ -22,3 +24,33 @@ def test_noise_across_sparsity_tiny(capsys):
         assert r["b_simple"] == r["trace_sigma"] / r["g_sq"]
         assert r["hessian_top"] > 0 and r["loss"] > 0
     assert "L / L_dense" in capsys.readouterr().out
+
+
+def test_best_trial_test_accuracy_trains_the_best_trial_on_the_whole_split(tmp_path, capsys):
+    """On a synthetic store (teacher data, MLP): the best trial of the smallest batch size that
+    met the goal trains on the whole training split and is scored on the test split."""
+    from experiments.scripts import best_trial_test_accuracy as acc
+    from experiments.store.database import load_results
+
+    from .synthetic import make_store
+
+    run = make_store(tmp_path / "run")
+    b, trial = acc.best_trial(run)
+    res = load_results(run)
+    g = res.groups[(res.groups.sparsity == 0) & (res.groups.batch_size == b)].iloc[0]
+    t = res.trials[(res.trials.group_key == g.key) & (res.trials.trial == g.best_trial)].iloc[0]
+    assert b == 8 and trial.lr == t.lr and trial.momentum == t.momentum
+    out = acc.main(run, epochs=1)
+    import torch
+    import training
+
+    ds = training.data.load("teacher", test=True)
+    assert out.steps == math.ceil(ds.n_train / 8) and "test accuracy" in capsys.readouterr().out
+    # the plain reference trainer, the same trial and budget, scored by hand
+    net = training.models.build("mlp", ds, seed=0)
+    ref = training.train_reference(net, ds, out.trial, training.RunConfig(8, "sgd",
+                                                                          max_steps=out.steps))
+    net.load_state_dict(ref.state)
+    with torch.no_grad():
+        want = float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
+    assert out.test_accuracy == pytest.approx(want, abs=1.5 / len(ds.y_test))

@@ -31,12 +31,21 @@ def test_b_simple_figure_draws_each_batch_size_against_the_fitted_band(full):
 
 
 def test_smoothness_figure_sets_dense_beside_sparse(full):
-    """L(t) and lambda_max(t), one line per series, medians over seeds and batch sizes."""
+    """L(t) and lambda_max(t): one line per series and probed batch size (the median over
+    seeds), never a median over batch sizes: with values that differ by batch size, each
+    line holds its own batch size's values."""
     runs = load_runs([full])
     order = list(runs.order)
-    fig = TF.smoothness_figure(runs.probes, order, F.colors(order))
+    probes = runs.probes.copy()
+    probes["value"] = probes["value"] * probes["batch_size"]   # tell the batch sizes apart
+    fig = TF.smoothness_figure(probes, order, F.colors(order))
     lipschitz, top = fig.axes
-    for s, line in zip((0.0, 0.9), lipschitz.lines):
-        np.testing.assert_allclose(line.get_ydata(), PROBES[s]["local_lipschitz"] * WOBBLE, rtol=1e-12)
-    for s, line in zip((0.0, 0.9), top.lines):
-        np.testing.assert_allclose(line.get_ydata(), 1.5 * PROBES[s]["local_lipschitz"], rtol=1e-12)
+    for ax, quantity in ((lipschitz, "local_lipschitz"), (top, "hessian_top")):
+        assert len(ax.lines) == len(order) * len(PROBED_BATCHES)
+        labels = [f"{name}, B = {b}" for name in order for b in PROBED_BATCHES]
+        assert [line.get_label() for line in ax.lines] == labels
+        for line, (s, b) in zip(ax.lines, [(s, b) for s in (0.0, 0.9) for b in PROBED_BATCHES]):
+            base = PROBES[s]["local_lipschitz"]
+            want = base * WOBBLE if quantity == "local_lipschitz" else np.full(10, 1.5 * base)
+            np.testing.assert_allclose(line.get_xdata(), FRACTIONS, rtol=1e-12)
+            np.testing.assert_allclose(line.get_ydata(), want * b, rtol=1e-12)
