@@ -50,9 +50,12 @@ from training.goal import Goal, loss_fn
 from training.reference import make_optimizer
 from training.trials import TrialsResult, train_trials
 
-MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
+# the bundled models, Lee et al. (2021)'s Simple-CNN and two models written only for the
+# benchmark (training.bench.models.BENCH_ONLY)
+MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8", "lee_cnn", "transformer", "gru")
 # Real data set and input shape of each model's workload (synthetic when the files are absent).
-IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32))}
+IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32)),
+              "lee_cnn": ("fashion_mnist", (1, 28, 28))}
 VAL_EXAMPLES = 256
 NEVER = Goal("error", 0.0, strict=True)
 # Alternating rounds when the vectorized trainer is compared with itself under momentum.
@@ -76,6 +79,7 @@ class Row:
     peak_rss_mib: float = math.nan
     optimizer: str = "momentum"
     momentum_trial_steps_per_s: float | None = None
+    choice: str = ""   # how the program was chosen: "ruled" or "measured" (cell_plan.CHOICES)
 
     @property
     def ratio(self) -> float:
@@ -150,12 +154,14 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
-          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum") -> Row:
+          seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum",
+          net: nn.Module | None = None) -> Row:
     """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
     CPU time, which a single-threaded run on a shared machine should be measured with). For an
     optimizer other than momentum, the vectorized trainer's rates with it and with momentum are
-    the best of ``ROUNDS`` alternating measurements."""
-    net = models.build(model, ds, seed=0)
+    the best of ``ROUNDS`` alternating measurements. ``net``: the module to time (default the
+    registered ``model`` built for ``ds``); ``model`` labels the row."""
+    net = models.build(model, ds, seed=0) if net is None else net
     tick = CLOCKS[clock]
     plain = marginal_rate(lambda s: plain_loop(net, ds, batch_size, s, optimizer), seconds, tick)
     compared = [optimizer] if optimizer == "momentum" else [optimizer, "momentum"]
@@ -165,31 +171,31 @@ def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak
     for _ in range(1 if optimizer == "momentum" else ROUNDS):
         for opt in compared:
             def run(steps: int, opt: str = opt) -> None:
-                program[opt] = vectorized(net, ds, batch_size, n_trials, steps,
-                                         optimizer=opt).program
+                res = vectorized(net, ds, batch_size, n_trials, steps, optimizer=opt)
+                program[opt] = (res.program, res.program_choice)
 
             rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
     rss = peak_rss_mib()
     vec = rates[optimizer]
     flops = training_flops(net, ds.input_shape, batch_size)
     return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
-               program[optimizer], rss, optimizer,
-               rates.get("momentum") if optimizer != "momentum" else None)
+               program[optimizer][0], rss, optimizer,
+               rates.get("momentum") if optimizer != "momentum" else None, program[optimizer][1])
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table (ratio = vectorized / plain); rows compared with momentum
     add its rate and the slowdown (momentum rate / this optimizer's)."""
     compared = any(r.slowdown is not None for r in rows)
-    head = ("| model | B | trials | program | plain loop steps/s | vectorized trial-steps/s | ratio "
-            "| GFLOP/s | % of peak | peak RSS MiB |")
-    rule = "|---|---|---|---|---|---|---|---|---|---|"
+    head = ("| model | B | trials | program | chosen | plain loop steps/s | vectorized "
+            "trial-steps/s | ratio | GFLOP/s | % of peak | peak RSS MiB |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     if compared:
         head += " vectorized momentum trial-steps/s | slowdown vs momentum |"
         rule += "---|---|"
     lines = []
     for r in rows:
-        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.program} | "
+        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.program} | {r.choice} | "
                 f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
                 f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | "
                 f"{r.peak_rss_mib:.0f} |")
