@@ -57,6 +57,7 @@ from torch import nn
 from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
 from training import randomness
+from training.models import activation_floats
 from training.config import ADAM_OPTIMIZERS
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
@@ -280,35 +281,6 @@ def build_program(model: nn.Module, task: str) -> BatchedProgram | FuncProgram:
 # Activation floats (trials x examples x floats per example) one stack may hold: the trial
 # count per stack is the largest power of two from 8 to 128 within it.
 ACTIVATION_BUDGET = 1 << 22
-
-
-def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output (all tensors of a
-    tuple, e.g. a recurrent layer's), plus the im2col patches of convolutions. The pass runs in
-    eval mode, so it neither updates running statistics nor draws random numbers."""
-    total = 0
-
-    def hook(module, inputs, output):
-        nonlocal total
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        total += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
-        if isinstance(module, nn.modules.conv._ConvNd):
-            total += output.numel() // module.out_channels * (
-                module.in_channels // module.groups) * math.prod(module.kernel_size)
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            p = next(model.parameters())
-            model.eval()
-            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    return total
 
 
 def default_chunk(batch_size: int, floats_per_example: int) -> int:
