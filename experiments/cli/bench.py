@@ -138,6 +138,8 @@ def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
     p.add_argument("--dataset", default=None,
                    help="data set of every model: a registered name or package.module:factory "
                         "(default: each model's benchmark data; required for models by path)")
+    p.add_argument("--first-call", dest="first_call", action="store_true", default=True,
+                   help="time each model's first call in a fresh process (the default)")
     p.add_argument("--no-first-call", dest="first_call", action="store_false",
                    help="skip timing each model's first call in a fresh process")
     p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
