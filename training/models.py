@@ -496,3 +496,32 @@ def resnet8(dataset: Dataset, widths: tuple[int, int, int] | list[int] = (16, 32
     if dataset.task != "classification":
         raise ModelError("resnet8 supports classification data sets only")
     return ResNet8(c, dataset.num_classes, tuple(int(w) for w in widths))
+
+
+def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Floats one example's forward pass writes: every leaf module's output (all tensors of a
+    tuple, e.g. a recurrent layer's), plus the im2col patches of convolutions. The pass runs in
+    eval mode, so it neither updates running statistics nor draws random numbers."""
+    total = 0
+
+    def hook(module, inputs, output):
+        nonlocal total
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        total += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
+        if isinstance(module, nn.modules.conv._ConvNd):
+            total += output.numel() // module.out_channels * (
+                module.in_channels // module.groups) * math.prod(module.kernel_size)
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            p = next(model.parameters())
+            model.eval()
+            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return total

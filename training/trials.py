@@ -39,7 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.engine.cell_plan import Program, plan_cell
+from training.engine import choice
+from training.engine.cell_plan import CellPlan, Program, candidate_plans, plan_cell
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
@@ -85,7 +86,9 @@ class TrialsResult:
     comma-separated). ``params``: final parameters stacked by name,
     ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
     stacked the same way (BatchNorm's running statistics; empty for the programs that run
-    modules without state).
+    modules without state). ``program_choice``: how the program was chosen, "ruled" (the cell
+    plan's rules) or "measured" (the fastest candidate on this machine,
+    :mod:`training.engine.choice`).
     ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
     ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
     not stopped at their own hit), to resume or branch from; else None.
@@ -106,6 +109,7 @@ class TrialsResult:
     end_state: TrainState | None = field(default=None, repr=False)
     end_trials: tuple[int, ...] = ()
     buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    program_choice: str = "ruled"
 
     def state(self, i: int) -> dict[str, Tensor]:
         """Final parameters of trial ``i`` by name."""
@@ -328,11 +332,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
-    plan = plan_cell(model, dataset.task, dataset.input_shape, batch_size, len(trial_list),
-                     run.dtype, run.device, optimizer=run.optimizer, loss=dataset.loss,
-                     random=random, precision=run.precision)
-    chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
-    if chunk < 1:
+    if trials_per_chunk is not None and trials_per_chunk < 1:
         raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
     n = len(trial_list)
     mask_map = check_mask(masks, model, trials=n)
@@ -343,9 +343,13 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     seeds = check_data_seeds(data_seeds, n)
     origin = DataOrigin.of(start)
     data = dataset.to(run.device, run.dtype)
-    runner = _Runner(plan.program, plan.update_in_step, data.x_train, data.y_train, data.x_val,
+    runner = _Runner(None, False, data.x_train, data.y_train, data.x_val,
                      data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
                      origin, dataset.loss)
+    plan = _plan(model, dataset, trial_list, run, batch_size, random, mask_map, first_index,
+                 runner)
+    runner.program, runner.update_in_step = plan.program, plan.update_in_step
+    chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
                          chunk, run.device, run.dtype,
                          getattr(plan.program, "takes_module_state", False), random)
@@ -412,13 +416,54 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
             finish(st, r, steps_run, copy=False)
         if not return_state:  # nor are the optimizer states needed: free them before that copy
             st.bufs = st.adam = None
-    result = _result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
-                     plan.name)
+    result = replace(_result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
+                             plan.name), program_choice=plan.choice)
     if not return_state:
         return result
     state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train,
                            buffer_names)
     return replace(result, end_state=state, end_trials=ids)
+
+
+def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
+          batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
+          runner: _Runner) -> CellPlan:
+    """The cell's plan: the rules' where they cover it, else the fastest candidate measured on
+    a scratch copy of the first trials (:mod:`training.engine.choice`)."""
+    args = (model, dataset.task, dataset.input_shape, batch_size, len(trials), run.dtype,
+            run.device)
+    options = dict(optimizer=run.optimizer, loss=dataset.loss, random=random,
+                   precision=run.precision)
+    setting = choice.setting()
+    candidates = [] if setting == "rules" else candidate_plans(*args, **options)
+    if not candidates:
+        return plan_cell(*args, **options)
+    if setting != "measure":
+        return next((replace(c, choice="forced") for c in candidates if c.name == setting),
+                    candidates[0])
+    key = choice.cell_key(model, dataset.input_shape, batch_size, run.optimizer, dataset.task,
+                          run.dtype, run.device, dataset.loss is not None, random, run.precision)
+
+    def time_step(plan: CellPlan) -> Callable[[], int]:
+        # a scratch stack: new tensors made from the model, as the real ones are, with the
+        # real trials' metaparameters and masks; the step counter is the scratch stack's own
+        trial_count = plan.trials_per_stack if plan.name == "func" else max(
+            2, 2 * torch.get_num_threads())
+        k = max(1, min(len(trials), trial_count))
+        st = make_stacks(model, trials[:k], masks, run.seed, first_index, run.optimizer, k, run.device, run.dtype,
+                         getattr(plan.program, "takes_module_state", False), random)[0]
+        st.init_loss = torch.full_like(st.init_loss, float("inf"))  # no trial "diverges"
+        scratch = replace(runner, program=plan.program, update_in_step=plan.update_in_step)
+        done = [0]
+
+        def step() -> int:
+            scratch.step(st, done[0])
+            done[0] += 1
+            return k
+
+        return step
+
+    return choice.choose(candidates, key, time_step)[0]
 
 
 def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record

@@ -5,16 +5,23 @@ cost model, :mod:`training.distributed.bench`)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from training import data as data_mod
 from training import models
+from training.bench import first_call
 from training.bench.measure import CLOCKS, matmul_peak
 from training.bench import cuda as cuda_bench
 from training.bench import speed
-from training.bench.speed import MODELS, bench_dataset, format_table
+from training.bench.models import BENCH_ONLY
+from training.bench.speed import MODELS, VAL_EXAMPLES, bench_dataset, format_table
+from training.dataset import Dataset
 from training.config import OPTIMIZERS
 from training.device import device_info
 from training.distributed import costmodel
@@ -25,17 +32,78 @@ from training.process import setup_training_process
 
 from experiments.cli.ddp import add_workload_arguments, build_workload
 from experiments.cli.options import add_device_argument, add_precision_argument, device_of
+from experiments.spec import factories
+
+
+def bench_workloads(model_names: str, dataset: str | None, samples: int
+                    ) -> list[tuple[str, Callable[[Dataset], nn.Module], Dataset]]:
+    """(label, model factory, data set) of each ``--models`` entry: a registered model (on its
+    benchmark data, :func:`training.bench.speed.bench_dataset`), a bench-only one
+    (``transformer``, ``gru``: :data:`training.bench.models.BENCH_ONLY`), or a factory by
+    import path ``package.module:factory`` (as a study's ``[workload] model``,
+    :mod:`experiments.spec.factories`), which needs ``--dataset``. ``dataset``: a registered
+    data set or a factory by import path, for every model. Raises ConfigError / FactoryError
+    (one line) for a name or path that does not resolve."""
+    allowed = [*models.list_models(), *BENCH_ONLY]
+    entries = [m.strip() for m in model_names.split(",") if m.strip()]
+    if not entries:
+        raise ConfigError(f"bench --models: empty; allowed: {', '.join(allowed)}, or "
+                          f"package.module:factory")
+    unknown = [m for m in entries if not factories.is_path(m) and m not in allowed]
+    if unknown:
+        raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; allowed: "
+                          f"{', '.join(allowed)}, or package.module:factory")
+    try:
+        shared = None if dataset is None else _bench_data(dataset)
+    except factories.FactoryError as exc:
+        raise ConfigError(f"bench --dataset: {exc.detail}") from None
+    workloads = []
+    for entry in entries:
+        path, data_path = BENCH_ONLY.get(entry, (entry, None))
+        if factories.is_path(path):
+            try:
+                factory = factories.resolve("model", path)
+            except factories.FactoryError as exc:   # one line naming the option
+                raise ConfigError(f"bench --models: {exc.detail}") from None
+            if shared is None and data_path is None:
+                raise ConfigError(f"bench --models {entry}: a model given by import path needs "
+                                  f"--dataset NAME|package.module:factory")
+            ds = shared if shared is not None else _bench_data(data_path)
+
+            def build(ds: Dataset, path: str = path) -> nn.Module:
+                try:
+                    return factories.build_model(path, ds, 0, {})
+                except factories.FactoryError as exc:
+                    raise ConfigError(f"bench --models: {exc.detail}") from None
+
+            label = entry if entry in BENCH_ONLY else factory.path.rpartition(":")[2]
+            workloads.append((label, build, ds))
+        else:
+            ds = shared if shared is not None else bench_dataset(entry, samples)
+            workloads.append((entry, lambda ds, name=entry: models.build(name, ds, seed=0), ds))
+    return workloads
+
+
+def _bench_data(name: str) -> Dataset:
+    """A registered data set or a data-set factory by import path, validation cut to
+    VAL_EXAMPLES."""
+    if factories.is_path(name):
+        ds = factories.load_dataset(name, {})
+    elif name in data_mod.list_datasets():
+        ds = data_mod.load(name)
+    else:
+        raise ConfigError(f"bench --dataset: unknown data set {name!r}; allowed: "
+                          f"{', '.join(data_mod.list_datasets())}, or package.module:factory")
+    return replace(ds, x_val=ds.x_val[:VAL_EXAMPLES], y_val=ds.y_val[:VAL_EXAMPLES])
 
 
 def run_trainer_bench(args: argparse.Namespace) -> int:
     """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
-    sizes and optimizer. Returns 0."""
-    names = [m.strip() for m in args.models.split(",")]
-    unknown = sorted(set(names) - set(models.list_models()))
-    if unknown:
-        raise ConfigError(f"bench --models: unknown model(s) {', '.join(unknown)}; "
-                          f"allowed: {', '.join(models.list_models())}")
+    sizes and optimizer, and each model's first-call cost in a fresh process. Returns 0."""
     device = device_of(args)   # before anything runs: no GPU is one line, exit 2
+    # every model built before anything is timed: a bad factory fails at once
+    workloads = [(label, build(ds), ds)
+                 for label, build, ds in bench_workloads(args.models, args.dataset, args.samples)]
     if args.threads:
         torch.set_num_threads(args.threads)
     # both trainers run in a process set up for training, as a study's workers are
@@ -51,15 +119,23 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
         print(f"{info.device} {info.name} (CUDA {info.cuda_version}, driver "
               f"{info.driver_version}), {args.precision} matmul peak {peak / 1e3:.1f} TFLOP/s "
               f"({cuda_bench.PEAK_SIZE}^3), optimizer {args.optimizer}")
-    rows = []
-    for model in names:
-        ds = bench_dataset(model, args.samples)
-        print(f"{model}: {ds.name}, {ds.n_train} training examples", flush=True)
-        for b in (int(s) for s in args.batch_sizes.split(",")):
-            rows.append(speed.bench(model, b, args.trials, ds, peak, args.seconds, args.clock,
-                                    args.optimizer, device, args.precision))
+    rows, first_calls = [], []
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    for label, net, ds in workloads:
+        print(f"{label}: {ds.name}, {ds.n_train} training examples", flush=True)
+        for b in sizes:
+            rows.append(speed.bench(label, b, args.trials, ds, peak, args.seconds, args.clock,
+                                    args.optimizer, device, args.precision, net=net))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+        if args.first_call:
+            first, second = first_call.measure(net, ds, sizes[0], args.trials, args.optimizer,
+                                               torch.get_num_threads())
+            first_calls.append(f"{label}: first call in a fresh process {first:.2f} s, the "
+                               f"next {second:.2f} s (one step of {args.trials} trials at "
+                               f"B = {sizes[0]}): one-time cost {first - second:.2f} s")
+            print(first_calls[-1], flush=True)
     print(format_table(rows))
+    print("\n".join(first_calls))
     return 0
 
 
@@ -69,7 +145,15 @@ def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
     p = subparsers.add_parser(name, help="the vectorized trainer against the plain torch.optim "
                                          "loop", description=speed.__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS),
-                   help=f"comma-separated (default {','.join(MODELS)})")
+                   help=f"comma-separated registered or bench-only names, or factories by "
+                        f"import path package.module:factory (default {','.join(MODELS)})")
+    p.add_argument("--dataset", default=None,
+                   help="data set of every model: a registered name or package.module:factory "
+                        "(default: each model's benchmark data; required for models by path)")
+    p.add_argument("--first-call", dest="first_call", action="store_true", default=True,
+                   help="time each model's first call in a fresh process (the default)")
+    p.add_argument("--no-first-call", dest="first_call", action="store_false",
+                   help="skip timing each model's first call in a fresh process")
     p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
     p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
     p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 import training
 from training.bench import speed as bench_mod
@@ -71,7 +72,7 @@ def run_bench(monkeypatch, *options):
     handler = add_bench_parser(parser.add_subparsers(required=True))
     args = parser.parse_args(["bench", "--models", "mlp", "--batch-sizes", "8", "--trials", "2",
                               "--seconds", "0.01", "--samples", "1000", "--threads", "1",
-                              *options])
+                              "--no-first-call", *options])
     assert args.fn is handler
     try:
         assert args.fn(args) == 0
@@ -93,8 +94,9 @@ def test_bench_command_prints_ratio_table(capsys, monkeypatch):
     assert format_table([row]).splitlines()[-1] in out.splitlines()
     cells = printed_row(out)
     assert cells[3] == row.program and row.program in ("fused", "batched")
+    assert cells[4] == row.choice == "ruled"   # the compiled kernel's rule covers the MLP
     assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
-    assert cells[6] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
+    assert cells[7] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
     assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
 
 
@@ -103,8 +105,8 @@ def test_bench_command_compares_adam_with_momentum(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "optimizer adam" in out and "| slowdown vs momentum |" in out
     cells = printed_row(out)
-    assert len(cells) == 12 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
-    assert cells[11] == f"{row.momentum_trial_steps_per_s / row.trial_steps_per_s:.2f}x"
+    assert len(cells) == 13 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
+    assert cells[12] == f"{row.momentum_trial_steps_per_s / row.trial_steps_per_s:.2f}x"
 
 
 def test_bench_command_refuses_unknown_models(monkeypatch):
@@ -112,10 +114,61 @@ def test_bench_command_refuses_unknown_models(monkeypatch):
         run_bench(monkeypatch, "--models", "mlp,mpl")
 
 
+def test_bench_command_takes_models_and_data_by_import_path(capsys, monkeypatch, tmp_path):
+    """A model and a data set of the user's by import path: the row names the factory and the
+    program chosen by measurement (no rule covers a GRU); the first call in a fresh process is
+    timed and printed."""
+    monkeypatch.setenv("SPARSESCALE_CACHE", str(tmp_path))
+    (tmp_path / "benchmodels.py").write_text(
+        "import torch\n"
+        "import training\n"
+        "from training.bench.models import GRUClassifier\n"
+        "def gru(ds):\n    return GRUClassifier(ds.input_shape[-1], ds.num_classes, hidden=4)\n"
+        "def data():\n"
+        "    x, y = torch.randn(200, 5, 3), torch.randint(0, 3, (200,))\n"
+        "    return training.Dataset('seq', 'classification', x[:150], y[:150], x[150:], "
+        "y[150:], 3, (5, 3))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = run_bench(monkeypatch, "--models", "benchmodels:gru", "--dataset", "benchmodels:data",
+                     "--first-call")
+    out = capsys.readouterr().out
+    [row] = rows
+    assert (row.model, row.choice) == ("gru", "measured")
+    assert row.program in ("per_trial", "plain")
+    assert row.gflops > 0   # the GRU's gates are counted
+    assert "gru: first call in a fresh process" in out and "one-time cost" in out
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--models", "nosuch.module:f"], "bench --models: nosuch.module:f: no module named"),
+    (["--models", "training.bench.models:gru_classifier"], "needs --dataset"),
+    (["--models", "mlp", "--dataset", "nope"], "bench --dataset: unknown data set 'nope'"),
+    (["--models", "os:getcwd", "--dataset", "training.bench.models:sequences"],
+     "bench --models: os:getcwd raised TypeError"),
+])
+def test_bench_command_bad_paths_are_one_line_and_status_2(capsys, options, message):
+    from experiments.cli import main as cli
+    assert cli.main(["bench", *options, "--batch-sizes", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_training_flops_of_recurrent_and_attention_layers():
+    gru = nn.GRU(3, 4, batch_first=True)
+    macs = 3 * 4 * (3 + 4) * 5   # three gates, input and hidden products, five steps
+    assert training_flops(gru, (5, 3), 2) == 2 * (6 * macs - 2 * macs)
+    mha = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    tokens = 5
+    attention = 4 * 8 * 8 * tokens + 2 * tokens * 8 * tokens
+    feed_forward = 2 * 8 * 16 * tokens
+    assert training_flops(mha, (tokens, 8), 1) == 6 * (attention + feed_forward) - 2 * attention
+
+
 def test_format_table_rows():
-    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4)])
-    assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | 1e+03 | 2.5e+04 | 25.0x | 50.0 "
-                                      "| 25 % | 512 |")
+    table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4,
+                              choice="ruled")])
+    assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | ruled | 1e+03 | 2.5e+04 | 25.0x "
+                                      "| 50.0 | 25 % | 512 |")
     table = format_table([Row("mlp", 8, 32, 1000.0, 20000.0, 50.0, 200.0, "fused", 512.4,
                               "adam", 25000.0)])
     assert table.splitlines()[0].endswith("| % of peak | peak RSS MiB | vectorized momentum "

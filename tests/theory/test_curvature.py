@@ -10,6 +10,7 @@ import training
 from theory import (
     TheoryError, hessian_top_eigenvalues, hessian_trace, lanczos_top, local_lipschitz,
 )
+from theory.curvature import LEE_GAMMAS
 from theory.curvature import dense_hessian as flat_dense_hessian
 from theory.functional import flat_loss, parameter_vector
 
@@ -205,3 +206,63 @@ def test_lanczos_top_converges_to_the_dense_top_eigenvalue():
     assert lanczos_top(fl, iterations=fl.dim) == pytest.approx(exact, rel=1e-9)
     few = lanczos_top(fl, iterations=5)
     assert few <= exact * (1 + 1e-12) and few == pytest.approx(exact, rel=0.2)
+
+
+def _old_local_lipschitz(net, ds, w_prev, w_next, gammas, dtype):
+    """The implementation before the gammas were batched: one full-split gradient at a time."""
+    fl = flat_loss(net, ds, dtype=dtype, weights=w_prev)
+    step = fl.restrict(w_next.to(dtype)) - fl.theta
+    g_prev = fl.gradient(fl.theta)
+    return [float((fl.gradient(fl.theta + g * step) - g_prev).norm()) / (g * float(step.norm()))
+            for g in gammas]
+
+
+class _BatchNormCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3)
+        self.fc = torch.nn.Linear(3 * 3 * 3, 3)
+
+    def forward(self, x):
+        return self.fc(torch.max_pool2d(torch.relu(self.bn(self.conv(x))), 2).flatten(1))
+
+
+class _GRU(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru, self.fc = torch.nn.GRU(3, 5, batch_first=True), torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc(self.gru(x)[0][:, -1])
+
+
+def _user_data(shape, n=120):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, *shape, generator=g), torch.randint(0, 3, (n,), generator=g)
+    return training.Dataset("user", "classification", x[:90], y[:90], x[90:], y[90:], 3, shape)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("kind", ["mlp", "batchnorm_cnn", "gru"])
+def test_batched_gammas_give_the_values_of_one_gradient_at_a_time(tiny, kind, dtype, rtol):
+    """Lee's L with every gamma's gradient in one pass (FlatLoss.gradients) equals the loop of
+    single gradients it replaced, within float32 rounding (BatchNorm in eval mode; a recurrent
+    network takes the loop)."""
+    if kind == "mlp":
+        ds, net = tiny
+    else:
+        torch.manual_seed(0)
+        ds = _user_data((1, 8, 8) if kind == "batchnorm_cnn" else (6, 3))
+        net = _BatchNormCNN() if kind == "batchnorm_cnn" else _GRU()
+        net.train()(ds.x_train[:16])   # running statistics away from their initial values
+    w_prev = parameter_vector(net).double()
+    w_next = w_prev + 0.05 * torch.randn(w_prev.shape, generator=torch.Generator().manual_seed(1),
+                                         dtype=torch.float64)
+    want = _old_local_lipschitz(net, ds, w_prev, w_next, LEE_GAMMAS, dtype)
+    got = local_lipschitz(net, ds, w_prev, w_next, dtype=dtype)
+    np.testing.assert_allclose(got.ratios, want, rtol=rtol)
+    assert got.gammas == LEE_GAMMAS and min(want) > 0
+    fl = flat_loss(net, ds, dtype=dtype, chunk=32)
+    points = torch.stack([fl.theta * s for s in (1.0, 0.5, 2.0)])
+    for row, point in zip(fl.gradients(points), points):
+        torch.testing.assert_close(row, fl.gradient(point), rtol=rtol * 10, atol=rtol * 1e-3)

@@ -44,9 +44,13 @@ def masks_for(net, n, seed=0):
             for k, (name, p) in enumerate(weights)}
 
 
-def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monkeypatch):
+def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monkeypatch,
+                            program=None):
+    """``kernel``: the rules' program (plan_cell); ``program``: the candidate the trainer is
+    made to run (training.engine.choice; default the rules')."""
     if kernel == "batched":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
+    monkeypatch.setenv("SPARSESCALE_CHOICE", program or "rules")
     trials = trials_for(optimizer)
     plan = plan_cell(net, ds.task, ds.input_shape, batch_size, len(trials), F64,
                      optimizer=optimizer)
@@ -55,7 +59,7 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
     run = RunConfig(batch_size, optimizer, max_steps=steps, seed=3, dtype=F64,
                     eval_schedule=EvalSchedule(every=steps // 2))
     res = training.train_trials(net, ds, trials, run, masks=masks)
-    assert res.program == kernel
+    assert res.program == (program or kernel)
     for i, t in enumerate(trials):
         mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
         ref = training.train_reference(net, ds, t, run, mask=mask, trial_index=i)
@@ -94,8 +98,9 @@ def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, option
 @pytest.mark.parametrize("name, options", [("simple_cnn", {"width": "narrow"}),
                                            ("resnet8", {"widths": [4, 4, 8]})])
 @pytest.mark.parametrize("update", ["kernel", "torch"])
+@pytest.mark.parametrize("candidate", ["per_trial", "plain", "func"])
 def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer,
-                                      update, kernel_or_skip):
+                                      update, candidate, kernel_or_skip):
     """The per-trial program with the compiled kernel's one-pass update, and without it."""
     if update == "torch":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
@@ -104,7 +109,8 @@ def test_image_models_match_reference(tiny_images, monkeypatch, name, options, o
     net = training.models.build(name, tiny_images, seed=1, **options)
     program = plan_cell(net, "classification", tiny_images.input_shape, 16, 3, F64).program
     assert (program.kernel is None) == (update == "torch")
-    check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch)
+    check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch,
+                            candidate)
 
 
 class _Residual(nn.Module):
@@ -120,6 +126,8 @@ class _Residual(nn.Module):
 
 
 @OPTIMIZERS
-def test_other_modules_match_reference(mnist1d_small, monkeypatch, optimizer):
+@pytest.mark.parametrize("candidate", ["func", "per_trial", "plain"])
+def test_other_modules_match_reference(mnist1d_small, monkeypatch, optimizer, candidate):
     torch.manual_seed(1)
-    check_against_reference(_Residual(), mnist1d_small, 40, 16, "func", optimizer, monkeypatch)
+    check_against_reference(_Residual(), mnist1d_small, 40, 16, "func", optimizer, monkeypatch,
+                            candidate)

@@ -151,9 +151,13 @@ def noise_only(name, p):
     return torch.arange(p.shape[0]).ge(d) & torch.arange(p.shape[0]).lt(2 * d)
 
 
+@pytest.mark.parametrize("program", ["per_trial", "plain"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_trials_match_the_reference_and_the_plain_loop(name, optimizer):
+def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program, monkeypatch):
+    """Whichever candidate the measured choice picks (training.engine.choice) trains each trial
+    as the plain loop does."""
+    monkeypatch.setenv("SPARSESCALE_CHOICE", program)
     net, ds = build(name)
     trials = TRIALS[optimizer]
     masks = masks_for(net, len(trials))
@@ -162,7 +166,7 @@ def test_trials_match_the_reference_and_the_plain_loop(name, optimizer):
     before = torch.get_rng_state()
     res = training.train_trials(net, ds, trials, run, masks=masks)
     assert torch.equal(torch.get_rng_state(), before)  # the caller's generator is untouched
-    assert res.program == "per_trial"
+    assert (res.program, res.program_choice) == (program, "forced")
     for i, trial in enumerate(trials):
         mask = trial_mask(masks, net, i)
         ref = training.train_reference(net, ds, trial, run, mask=mask, trial_index=i)
@@ -311,7 +315,8 @@ class FunctionalDropoutAttention(nn.Module):
         return self.out(nn.functional.dropout(h.mean(1), p, self.training))
 
 
-def test_randomness_no_layer_declares_is_found_and_trained_per_trial():
+def test_randomness_no_layer_declares_is_found_and_trained_per_trial(monkeypatch):
+    monkeypatch.setenv("SPARSESCALE_CHOICE", "per_trial")
     torch.manual_seed(3)
     net, ds = FunctionalDropoutAttention(), dataset(SEQUENCES)
     run = RunConfig(BATCH, max_steps=STEPS, dtype=F64, eval_schedule=EvalSchedule(every=STEPS))

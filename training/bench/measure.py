@@ -16,22 +16,43 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 
 def training_flops(model: nn.Module, input_shape: Sequence[int], batch_size: int) -> float:
-    """FLOPs of one training step on one trial: 6 per multiply-accumulate and example in Linear /
-    Conv layers, 4 in the first one (its input gradient is not needed)."""
+    """FLOPs of one training step on one trial: 6 per multiply-accumulate and example (forward,
+    weight and input gradients), 4 in the first layer (its input gradient is not needed).
+    Counted: Linear and Conv layers (once per position they are applied at, e.g. every token),
+    recurrent layers (the gates' input and hidden products at every step) and multi-head
+    attention (the projections, scores and weighted sums); element-wise work is not counted."""
     macs: list[float] = []
 
     def hook(module, inputs, output):
+        out = output[0] if isinstance(output, tuple) else output
         if isinstance(module, nn.Linear):
-            macs.append(module.in_features * module.out_features)
+            macs.append(module.in_features * out.numel())
         elif isinstance(module, nn.modules.conv._ConvNd):
             k = math.prod(module.kernel_size) * module.in_channels // module.groups
-            macs.append(k * output[0].numel())
+            macs.append(k * out[0].numel())
+        elif isinstance(module, nn.RNNBase):
+            gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1)
+            steps = out.numel() // (module.hidden_size * (2 if module.bidirectional else 1))
+            # layer 0 reads the input, later layers the previous one's hidden state
+            inner = (module.input_size + module.hidden_size
+                     + 2 * module.hidden_size * (module.num_layers - 1))
+            macs.append(gates * module.hidden_size * inner * steps)
+        elif isinstance(module, nn.MultiheadAttention):
+            e = module.embed_dim
+            tokens = out.numel() // e
+            length = out.shape[-2] if out.dim() > 2 else out.shape[0]
+            macs.append(4 * e * e * tokens + 2 * length * e * tokens)
 
+    counted = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.MultiheadAttention)
+    # a layer inside multi-head attention (its output projection) is counted with it
+    inside = {id(m) for a in model.modules() if isinstance(a, nn.MultiheadAttention)
+              for m in a.modules() if m is not a}
     handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
+               if isinstance(m, counted) and id(m) not in inside]
+    p = next(model.parameters(), None)
     try:
         with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
+            model(torch.zeros(1, *input_shape, dtype=p.dtype if p is not None else None))
     finally:
         for h in handles:
             h.remove()

@@ -61,7 +61,9 @@ from training.goal import Goal, loss_fn
 from training.reference import make_optimizer
 from training.trials import TrialsResult, train_trials
 
-MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8")
+# the bundled models, Lee et al. (2021)'s Simple-CNN and two models written only for the
+# benchmark (training.bench.models.BENCH_ONLY)
+MODELS = ("mlp", "cnn1d", "simple_cnn", "resnet8", "lee_cnn", "transformer", "gru")
 # Real data set and input shape of each model's workload (synthetic when the files are absent).
 IMAGE_DATA = {"simple_cnn": ("mnist", (1, 28, 28)), "resnet8": ("cifar10", (3, 32, 32)),
               "lee_cnn": ("fashion_mnist", (1, 28, 28))}
@@ -91,6 +93,7 @@ class Row:
     device: str = "cpu"
     precision: str = "fp32"
     peak_gpu_mib: float = math.nan   # torch.cuda.max_memory_allocated (a GPU row's)
+    choice: str = ""   # how the program was chosen: "ruled" or "measured" (cell_plan.CHOICES)
 
     @property
     def ratio(self) -> float:
@@ -180,14 +183,15 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
           seconds: float = 1.0, clock: str = "wall", optimizer: str = "momentum",
-          device: str = "cpu", precision: str = "fp32") -> Row:
+          device: str = "cpu", precision: str = "fp32", net: nn.Module | None = None) -> Row:
     """One table row: both trainers timed back to back on ``clock`` ("wall" or "cpu": process
     CPU time, which a single-threaded run on a shared machine should be measured with). For an
     optimizer other than momentum, the vectorized trainer's rates with it and with momentum are
     the best of ``ROUNDS`` alternating measurements. ``device``, ``precision``: where and how
     both trainers compute (module docstring); each timed run ends with the device's queue
-    drained."""
-    net = models.build(model, ds, seed=0)
+    drained. ``net``: the module to time (default the registered ``model`` built for ``ds``);
+    ``model`` labels the row."""
+    net = models.build(model, ds, seed=0) if net is None else net
     tick = CLOCKS[clock]
     on_device = ds.to(device)
 
@@ -204,9 +208,9 @@ def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak
     for _ in range(1 if optimizer == "momentum" else ROUNDS):
         for opt in compared:
             def run(steps: int, opt: str = opt) -> None:
-                program[opt] = vectorized(net, on_device, batch_size, n_trials, steps,
-                                          optimizer=opt, device=device,
-                                          precision=precision).program
+                res = vectorized(net, on_device, batch_size, n_trials, steps, optimizer=opt,
+                                 device=device, precision=precision)
+                program[opt] = (res.program, res.program_choice)
                 synchronize(device)
 
             rates[opt] = max(rates[opt], marginal_rate(run, seconds, tick) * n_trials)
@@ -214,9 +218,9 @@ def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak
     vec = rates[optimizer]
     flops = training_flops(net, ds.input_shape, batch_size)
     return Row(model, batch_size, n_trials, plain, vec, vec * flops / 1e9, peak,
-               program[optimizer], rss, optimizer,
+               program[optimizer][0], rss, optimizer,
                rates.get("momentum") if optimizer != "momentum" else None, device, precision,
-               gpu)
+               gpu, program[optimizer][1])
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -225,15 +229,15 @@ def format_table(rows: Sequence[Row]) -> str:
     if any(r.device != "cpu" for r in rows):
         return format_device_table(rows)
     compared = any(r.slowdown is not None for r in rows)
-    head = ("| model | B | trials | program | plain loop steps/s | vectorized trial-steps/s | ratio "
-            "| GFLOP/s | % of peak | peak RSS MiB |")
-    rule = "|---|---|---|---|---|---|---|---|---|---|"
+    head = ("| model | B | trials | program | chosen | plain loop steps/s | vectorized "
+            "trial-steps/s | ratio | GFLOP/s | % of peak | peak RSS MiB |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     if compared:
         head += " vectorized momentum trial-steps/s | slowdown vs momentum |"
         rule += "---|---|"
     lines = []
     for r in rows:
-        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.program} | "
+        line = (f"| {r.model} | {r.batch_size} | {r.trials} | {r.program} | {r.choice} | "
                 f"{r.plain_steps_per_s:.3g} | {r.trial_steps_per_s:.3g} | {r.ratio:.1f}x | "
                 f"{r.gflops:.1f} | {100 * r.gflops / r.peak_gflops:.0f} % | "
                 f"{r.peak_rss_mib:.0f} |")

@@ -63,6 +63,7 @@ from torch import nn
 from training.engine import compiled_kernel as kernels
 from training.engine import fused as stacked_fused
 from training import randomness
+from training.models import activation_floats
 from training.config import ADAM_OPTIMIZERS
 from training.device import lowers
 from training.engine.batched import BatchedProgram
@@ -71,7 +72,11 @@ from training.engine.per_trial import (
     PerTrialProgram, batch_dependent, has_conv2d,
 )
 
-PROGRAMS = ("fused", "per_trial", "batched", "func")
+PROGRAMS = ("fused", "per_trial", "batched", "func", "plain")
+# How a cell's program was chosen: by the rules below, or by timing the candidates
+# (:mod:`training.engine.choice`; a cached measurement is "measured" too), or forced by
+# SPARSESCALE_CHOICE=<program>.
+CHOICES = ("ruled", "measured", "forced")
 MAX_STACK = 128
 # Share of the per-core L2 cache a chunk of the fused kernel may fill: the rest holds the
 # weights and BLAS's packed panels. Measured (1 thread, 32 trials, GFLOP/s by examples per chunk
@@ -120,6 +125,7 @@ class CellPlan:
     examples_per_chunk: int
     program: Program = field(repr=False, compare=False)
     update_in_step: bool = False  # the program's train_step applies the update (module doc)
+    choice: str = "ruled"         # one of CHOICES
 
 
 @functools.cache
@@ -208,6 +214,54 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
     return CellPlan(program, stack, batch_size, eager)
 
 
+def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+                    n_trials: int, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu", optimizer: str = "momentum",
+                    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                    random: bool | None = None, precision: str = "fp32") -> list[CellPlan]:
+    """The programs that can run a cell no rule covers, to be timed
+    (:mod:`training.engine.choice`); empty where the compiled kernel's rule (``fused``) covers
+    it. First the rules' plan (:func:`plan_cell`), then, where they are not it:
+
+    - ``per_trial``: trials side by side on torch's threads, channels-last, in chunks;
+    - ``plain``: the plain loop's program, always a candidate: one trial after another on all
+      threads, inputs as given (NCHW), the whole mini-batch at once (with the update in one
+      pass of the compiled kernel, or torch's);
+    - ``func`` (vmap over the trials) for a model ``torch.func`` can batch (no batch statistics,
+      random draws, recurrent or attention layers), in stacks whose activations fit in
+      ACTIVATION_BUDGET floats (down to one trial).
+    """
+    ruled = plan_cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer,
+                      loss, random, precision)
+    if ruled.name == "fused":
+        return []
+    random = randomness.draws(model, None) if random is None else random
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    floats = activation_floats(model, input_shape)
+    limit = max(1, CHUNK_BUDGET // max(floats * itemsize, 1))
+    whole = batch_dependent(model) or random
+    resident = min(snapshot_limit(model, optimizer, itemsize, n_trials),
+                   resident_limit(model, optimizer, itemsize, n_trials))
+    plans = [ruled]
+    if ruled.name != "per_trial":
+        chunk = batch_size if whole else even_chunks(batch_size, limit)
+        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
+        plans.append(CellPlan("per_trial", resident, chunk, program, True))
+    plain = PerTrialProgram(model, task, batch_size, limit, loss, random, precision,
+                            layout="nchw", spread=False)
+    plans.append(CellPlan("plain", resident, batch_size, plain, True))
+    batchable = not (batch_dependent(model) or random or any(
+        isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
+    if batchable and ruled.name not in ("func", "batched"):
+        stack = 128
+        while stack > 1 and stack * batch_size * floats > ACTIVATION_BUDGET:
+            stack //= 2
+        stack = min(stack, snapshot_limit(model, optimizer, itemsize, n_trials))
+        plans.append(CellPlan("func", stack, batch_size,
+                              FuncProgram(model, task, loss, precision)))
+    return plans
+
+
 def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
     """Whether the compiled kernel ``model`` would run on is usable, built now if need be (once
     per process, with the one warning of a failed build); True for a model that needs none. A
@@ -239,35 +293,6 @@ def build_program(model: nn.Module, task: str, precision: str = "fp32"
 # Activation floats (trials x examples x floats per example) one stack may hold: the trial
 # count per stack is the largest power of two from 8 to 128 within it.
 ACTIVATION_BUDGET = 1 << 22
-
-
-def activation_floats(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """Floats one example's forward pass writes: every leaf module's output (all tensors of a
-    tuple, e.g. a recurrent layer's), plus the im2col patches of convolutions. The pass runs in
-    eval mode, so it neither updates running statistics nor draws random numbers."""
-    total = 0
-
-    def hook(module, inputs, output):
-        nonlocal total
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        total += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
-        if isinstance(module, nn.modules.conv._ConvNd):
-            total += output.numel() // module.out_channels * (
-                module.in_channels // module.groups) * math.prod(module.kernel_size)
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            p = next(model.parameters())
-            model.eval()
-            model(torch.zeros(1, *input_shape, dtype=p.dtype, device=p.device))
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    return total
 
 
 def default_chunk(batch_size: int, floats_per_example: int) -> int:

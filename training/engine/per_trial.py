@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,6 +56,7 @@ from torch import nn
 
 from training import randomness
 from training.engine import compiled_kernel as kernels
+from training.engine import threads
 from training.engine.trial_stack import ModuleState
 from training.device import autocast
 from training.engine.batched import widen
@@ -84,16 +86,23 @@ class PerTrialProgram:
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
                  eval_chunk: int | None = None,
                  loss: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 random: bool | None = None, precision: str = "fp32"):
+                 random: bool | None = None, precision: str = "fp32", layout: str = "auto",
+                 spread: bool = True):
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
         model draws random numbers in train mode (None: as its layer types declare); only then
         does each trial step with its own generator. ``precision``: that of the forward passes
-        and losses (:data:`training.device.PRECISIONS`)."""
+        and losses (:data:`training.device.PRECISIONS`). ``layout``: "auto" (4-D inputs
+        channels-last where that was measured, see below) or "nchw" (as given, the plain
+        loop's). ``spread``: trials side by side on torch's threads, one intra-op thread each
+        (:mod:`training.engine.threads`; never for a model that draws random numbers), else
+        one after another on all threads, as the plain loop runs its one model."""
         self.precision = precision
         # a copy: the program sets its train / eval mode, never the caller's module's
         self.model, self.task = copy.deepcopy(model), task
+        self._local = threading.local()   # each worker thread's own copy (functional_call
+        # swaps the parameters into the module it calls, so threads cannot share one)
         self.examples_per_chunk = max(1, int(examples_per_chunk))
         self.eval_chunk = max(1, int(eval_chunk or examples_per_chunk))
         self.names = [name for name, _ in model.named_parameters()]
@@ -104,7 +113,8 @@ class PerTrialProgram:
         # 1 / sqrt(v) on the near-zero gradients of its shift, moved weights by 8e-10 in float64
         random = randomness.draws(model, None) if random is None else random
         self.random = random
-        self.channels_last = not (random or batch_dependent(model))
+        self.channels_last = layout == "auto" and not (random or batch_dependent(model))
+        self.spread = spread and not random
         self.buffers = [b.detach() for _, b in model.named_buffers()]
         self.criterion = loss_fn(task, loss)
         # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
@@ -114,6 +124,19 @@ class PerTrialProgram:
         """Trial ``i``'s buffers: rows of the stacked ones (updated in place), or the module's."""
         return self.buffers if module is None else [b[i] for b in module.buffers]
 
+    def _module(self) -> nn.Module:
+        """The module this thread calls: the program's own, or a worker thread's copy."""
+        if not threads.in_worker():
+            return self.model
+        module = getattr(self._local, "model", None)
+        if module is None:
+            module = self._local.model = copy.deepcopy(self.model)
+        return module
+
+    def workers(self, n_trials: int) -> int:
+        """Threads the ``n_trials`` trials of a call are spread over (1: one after another)."""
+        return min(n_trials, torch.get_num_threads()) if self.spread else 1
+
     def _call(self, params: Sequence[Tensor], x: Tensor, buffers: Sequence[Tensor]) -> Tensor:
         if x.dim() == 4 and self.channels_last:
             # explicit NHWC strides: with one channel, NCHW data also passes as channels-last
@@ -122,7 +145,7 @@ class PerTrialProgram:
             x = torch.empty(x.shape, dtype=x.dtype, device=x.device,
                             memory_format=torch.channels_last).copy_(x)
         return torch.func.functional_call(
-            self.model, {**dict(zip(self.names, params)), **dict(zip(self.buffer_names, buffers))},
+            self._module(), {**dict(zip(self.names, params)), **dict(zip(self.buffer_names, buffers))},
             (x,))
 
     @torch.no_grad()
@@ -131,13 +154,16 @@ class PerTrialProgram:
         """Outputs [N, B, ...] for inputs [N, B, ...] (an input shared by all trials may be
         passed expanded, stride 0 on the trial dim), in chunks of ``eval_chunk``, in eval mode."""
         step = self.eval_chunk
-        self.model.eval()
-        with autocast(self.precision, x.device):
-            return widen(torch.stack([
-                torch.cat([widen(self._call([p[i] for p in params], x[i, start:start + step],
-                                            self._buffers(module, i)))
-                           for start in range(0, x.shape[1], step)])
-                for i in range(x.shape[0])]))
+
+        def trial(i: int) -> Tensor:
+            self._module().eval()
+            # autocast is thread-local: entered in the thread that runs the trial
+            with autocast(self.precision, x.device):
+                return torch.cat([widen(self._call([p[i] for p in params], x[i, start:start + step],
+                                                   self._buffers(module, i)))
+                                  for start in range(0, x.shape[1], step)])
+
+        return torch.stack(threads.spread(trial, range(x.shape[0]), self.workers(x.shape[0])))
 
     def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
                grads: Sequence[Tensor] | None = None, module: ModuleState | None = None,
@@ -152,7 +178,7 @@ class PerTrialProgram:
             leaf.grad = g  # autograd accumulates into it in place
         total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         buffers = self._buffers(module, i)
-        self.model.train()
+        self._module().train()
         draws = (contextlib.nullcontext() if module is None or module.rng is None
                  else randomness.drawing(module.rng, i, params[0].device))
         with draws:
@@ -171,9 +197,10 @@ class PerTrialProgram:
                        module: ModuleState | None = None) -> tuple[Tensor, list[Tensor]]:
         """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
         grads = [torch.zeros_like(p) for p in params]
-        losses = torch.stack([self._trial([p[i] for p in params], x[i], y[i],
-                                          [g[i] for g in grads], module, i)[0]
-                              for i in range(x.shape[0])])
+        losses = torch.stack(threads.spread(
+            lambda i: self._trial([p[i] for p in params], x[i], y[i], [g[i] for g in grads],
+                                  module, i)[0],
+            range(x.shape[0]), self.workers(x.shape[0])))
         return losses, grads
 
     def supports(self, optimizer: str) -> bool:
@@ -188,18 +215,18 @@ class PerTrialProgram:
         every trial whose loss is at most ``limit`` (float64 [N]). Trial by trial, so that only
         one trial's gradients are alive (``simple_cnn``'s are 13 MB a trial), never a stack of
         them."""
-        losses = []
-        for i in range(idx.shape[0]):
+        def trial(i: int) -> Tensor:
             rows = idx[i]
             loss, grads = self._trial([p[i] for p in params], x_train.index_select(0, rows),
                                       y_train.index_select(0, rows), module=module, i=i)
-            losses.append(loss)
             if not bool(loss.double() <= limit[i]):
-                continue  # diverged: no update
+                return loss  # diverged: no update
             if self.kernel is not None and params[0].device.type == "cpu":
                 update.apply_trial_(self.kernel, i, params, grads)
-                continue
-            one = slice(i, i + 1)
+                return loss
+            one = slice(i, i + 1)  # a trial's own rows: trials never write each other's
             update.rows(one, params).apply_([p[one] for p in params],
                                             [g.unsqueeze(0) for g in grads])
-        return torch.stack(losses)
+            return loss
+
+        return torch.stack(threads.spread(trial, range(idx.shape[0]), self.workers(idx.shape[0])))
