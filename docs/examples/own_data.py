@@ -27,7 +27,7 @@ run = training.RunConfig(batch_size=32, max_steps=200, goal=0.1, dtype=torch.flo
                          eval_schedule=training.EvalSchedule(every=20), stop="all")
 trials = [training.Trial(lr=0.02, momentum=0.9), training.Trial(lr=0.1, momentum=0.9)]
 res = training.train_trials(net, ds, trials, run)
-print("program:", res.program)                         # per_trial: batch statistics, random draws
+print("program:", res.program)     # per_trial or plain (measured): batch statistics, random draws
 print("hit steps:", " ".join(str(h) for h in res.hit_step))   # exact to the step
 print("running statistics:", tuple(res.buffers["1.running_mean"].shape))   # one row per trial
 
@@ -47,7 +47,8 @@ print("b_simple:", f"{noise.b_simple:.4g}")
 print("definition:", theory.functional.probe_definition(trained))
 
 # A per-example loss of your own (here label smoothing) replaces cross-entropy everywhere; the
-# compiled kernel knows only the task's losses, so a sequential ReLU network runs on func.
+# compiled kernel knows only the task's losses, so a sequential ReLU network runs on an eager
+# program (func, per_trial or plain: the fastest measured here).
 smooth = training.Dataset.from_tensors(
     x, y, val_fraction=0.2, seed=0,
     loss=lambda out, t: nn.functional.cross_entropy(out, t, reduction="none",

@@ -72,7 +72,8 @@ def check_fit_scaling(out):
 
 def check_own_model(out):
     assert out["tiny_mlp program"] in ("fused", "batched")
-    assert out["residual program"] == "func"
+    # no rule covers it: the fastest candidate measured on this machine
+    assert out["residual program"] in ("func", "per_trial", "plain")
     for name in ("tiny_mlp", "residual"):
         assert int(out[f"{name} steps to result"]) > 0
     rows = {k: v for k, v in out.items() if k.startswith("study sparsity")}
@@ -85,9 +86,10 @@ def check_own_data(out):
     assert out["task"] == "classification" and out["classes"] == "3"
     assert out["split"] == "480 120"
     assert re.fullmatch(r"[0-9a-f]{16}", out["digest"])
-    # BatchNorm and Dropout run on per_trial, each trial with its own running statistics, and
-    # the plain loop with the trial's random draws hits the goal at the same steps
-    assert out["program"] == "per_trial"
+    # BatchNorm and Dropout run a trial at a time (per_trial or plain, whichever was measured
+    # faster), each trial with its own running statistics, and the plain loop with the trial's
+    # random draws hits the goal at the same steps
+    assert out["program"] in ("per_trial", "plain")
     assert out["running statistics"] == "(2, 32)"
     hits = out["hit steps"].split()
     assert "None" not in hits and hits == out["reference hit steps"].split()
@@ -97,7 +99,7 @@ def check_own_data(out):
     assert "1 dropout layer is the identity" in out["definition"]
     # an own loss rules out the compiled kernel's program and its eager fallback
     assert out["mlp program"] in ("fused", "batched")
-    assert out["mlp program with own loss"] == "func"
+    assert out["mlp program with own loss"] in ("func", "per_trial", "plain")
 
 
 def check_noise_monitor(out):
