@@ -18,7 +18,8 @@ from training.engine.cell_plan import plan_cell
 # the CPU tests' trials, masks and tolerances (max |w - w_ref| / max |w_ref|): float64 on another
 # device sums in another order, which these bounds already allow for the CPU's programs
 from tests.training.test_trials_models import (  # noqa: E402
-    F64, OPTIMIZERS, SGD_TRIALS, TOL, _Residual as Residual, masks_for, trials_for,
+    F64, OPTIMIZERS, SGD_TRIALS, TOL, _Residual as Residual, masks_for, match_reference,
+    trials_for,
 )
 
 
@@ -35,18 +36,8 @@ def check_on_cuda(net, ds, steps, batch_size, program, optimizer, reference_devi
     assert res.program == program
     assert {p.device.type for p in res.params.values()} == {"cuda"}
     ref_run = replace(run, device=reference_device)
-    for i, t in enumerate(trials):
-        mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
-        ref = training.train_reference(net, ds, t, ref_run, mask=mask, trial_index=i)
-        assert res.curves[i].step.tolist() == ref.curve.step.tolist()
-        torch.testing.assert_close(torch.as_tensor(res.curves[i].metric),
-                                   torch.as_tensor(ref.curve.metric), rtol=TOL[optimizer],
-                                   atol=0)
-        for name, v in ref.state.items():
-            got, v = res.state(i)[name].cpu(), v.cpu()
-            assert float((got - v).abs().max() / v.abs().max()) <= TOL[optimizer], (i, name)
-            if name in mask:
-                assert torch.all(got[mask[name] == 0] == 0)
+    for _ in match_reference(res, net, ds, trials, masks, ref_run, TOL[optimizer]):
+        pass
 
 
 @OPTIMIZERS

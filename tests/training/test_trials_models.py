@@ -44,6 +44,25 @@ def masks_for(net, n, seed=0):
             for k, (name, p) in enumerate(weights)}
 
 
+def match_reference(res, net, ds, trials, masks, run, tol):
+    """Each trial of ``res`` against the plain loop (``train_reference`` under ``run``, on the
+    CPU or another device) with the trial's mask: the same evaluation steps, the metric and
+    every weight within ``tol`` (relative), pruned weights exactly zero. Yields each trial's
+    reference result."""
+    for i, t in enumerate(trials):
+        mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
+        ref = training.train_reference(net, ds, t, run, mask=mask, trial_index=i)
+        assert res.curves[i].step.tolist() == ref.curve.step.tolist()
+        torch.testing.assert_close(torch.as_tensor(res.curves[i].metric),
+                                   torch.as_tensor(ref.curve.metric), rtol=tol, atol=0)
+        for name, v in ref.state.items():
+            got, v = res.state(i)[name].cpu(), v.cpu()
+            assert float((got - v).abs().max() / v.abs().max()) <= tol, (i, name)
+            if name in mask:
+                assert torch.all(got[mask[name] == 0] == 0)
+        yield ref
+
+
 def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monkeypatch,
                             program=None):
     """``kernel``: the rules' program (plan_cell); ``program``: the candidate the trainer is
@@ -60,18 +79,7 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
                     eval_schedule=EvalSchedule(every=steps // 2))
     res = training.train_trials(net, ds, trials, run, masks=masks)
     assert res.program == (program or kernel)
-    for i, t in enumerate(trials):
-        mask = {k: m[i] if m.dim() > net.get_parameter(k).dim() else m for k, m in masks.items()}
-        ref = training.train_reference(net, ds, t, run, mask=mask, trial_index=i)
-        assert res.curves[i].step.tolist() == ref.curve.step.tolist()
-        torch.testing.assert_close(torch.as_tensor(res.curves[i].metric),
-                                   torch.as_tensor(ref.curve.metric), rtol=TOL[optimizer],
-                                   atol=0)
-        for name, v in ref.state.items():
-            got = res.state(i)[name]
-            assert float((got - v).abs().max() / v.abs().max()) <= TOL[optimizer], (i, name)
-            if name in mask:
-                assert torch.all(got[mask[name] == 0] == 0)
+    for ref in match_reference(res, net, ds, trials, masks, run, TOL[optimizer]):
         # the weights moved far beyond the tolerance
         start = {k: p.detach() for k, p in net.named_parameters()}
         assert max(float((v - start[k].double()).abs().max() / v.abs().max())
