@@ -10,7 +10,13 @@ dropped: a study sized to a small machine trains on a sample) and the test split
 network is built with the study's model, options and seed 0, and trained with
 ``training.train_trials`` (one trial) for ``--epochs`` passes over the training split.
 
+``--decay-to F`` (a diagnostic, not the study's trial): decay the learning rate linearly over the
+whole run to F times its start, where the study's trial kept it constant. A search that tunes for
+the fewest steps to a loose goal picks a large constant learning rate; whether the network can
+do better with the same start and a decay tells the network's capacity from the search's aim.
+
     python -m experiments.scripts.best_trial_test_accuracy runs/lee_fashion_mnist --epochs 10
+    python -m experiments.scripts.best_trial_test_accuracy runs/lee_fashion_mnist --decay-to 0.01
 """
 
 from __future__ import annotations
@@ -63,10 +69,14 @@ def best_trial(run_dir: str | Path, batch_size: int | None = None) -> tuple[int,
 
 
 def main(run_dir: str | Path, batch_size: int | None = None, epochs: float = 10.0,
-         eval_chunk: int = 2048) -> Accuracy:
+         eval_chunk: int = 2048, decay_to: float | None = None) -> Accuracy:
     """Train and measure (module docstring); prints one line and returns the numbers."""
     spec = load_results(run_dir).spec
     b, trial = best_trial(run_dir, batch_size)
+    if decay_to is not None:
+        if not 0 < decay_to <= 1:
+            raise SystemExit(f"--decay-to must be in (0, 1], got {decay_to}")
+        trial = training.Trial(**{**trial.__dict__, "decay_steps": 1, "end_factor": decay_to})
     options = {k: v for k, v in spec.dataset_options.items() if k != "train_examples"}
     ds = training.data.load(spec.dataset, **options, test=True)
     if ds.x_test is None:
@@ -89,8 +99,10 @@ def main(run_dir: str | Path, batch_size: int | None = None, epochs: float = 10.
     with torch.no_grad():
         out = Accuracy(accuracy(ds.x_test, ds.y_test), accuracy(ds.x_val, ds.y_val), b, steps,
                        trial, seconds)
+    schedule = ("constant" if trial.decay_steps is None
+                else f"linear decay to {trial.end_factor:.3g} x")
     print(f"{spec.model} on {spec.dataset} ({ds.n_train} training examples), {spec.optimizer} "
-          f"lr {trial.lr:.4g} momentum {trial.momentum:.4g}, B = {b}, {steps} steps "
+          f"lr {trial.lr:.4g} ({schedule}) momentum {trial.momentum:.4g}, B = {b}, {steps} steps "
           f"({epochs:g} epochs) in {seconds:.0f} s: test accuracy {out.test_accuracy:.4f}, "
           f"validation accuracy {out.val_accuracy:.4f}")
     return out
@@ -101,7 +113,8 @@ def _option(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv[:-1] else None
 
 
-if __name__ == "__main__":   # RUN_DIR [--batch-size B] [--epochs E]
+if __name__ == "__main__":   # RUN_DIR [--batch-size B] [--epochs E] [--decay-to F]
     argv = sys.argv[1:]
-    b, e = _option(argv, "--batch-size"), _option(argv, "--epochs")
-    main(argv[0], int(b) if b else None, float(e) if e else 10.0)
+    b, e, d = (_option(argv, k) for k in ("--batch-size", "--epochs", "--decay-to"))
+    main(argv[0], int(b) if b else None, float(e) if e else 10.0,
+         decay_to=float(d) if d else None)

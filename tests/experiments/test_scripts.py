@@ -54,3 +54,29 @@ def test_best_trial_test_accuracy_trains_the_best_trial_on_the_whole_split(tmp_p
     with torch.no_grad():
         want = float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
     assert out.test_accuracy == pytest.approx(want, abs=1.5 / len(ds.y_test))
+
+
+def test_best_trial_test_accuracy_decay_to_decays_linearly_over_the_run(tmp_path, capsys):
+    """``decay_to``: the same trial with a linear decay over the whole run to that factor, as
+    the plain reference trainer runs it; a factor outside (0, 1] is refused."""
+    from experiments.scripts import best_trial_test_accuracy as acc
+
+    from .synthetic import make_store
+
+    run = make_store(tmp_path / "run")
+    out = acc.main(run, epochs=1, decay_to=0.01)
+    assert out.trial.decay_steps == out.steps and out.trial.end_factor == 0.01
+    assert "linear decay to 0.01 x" in capsys.readouterr().out
+    import torch
+    import training
+
+    ds = training.data.load("teacher", test=True)
+    net = training.models.build("mlp", ds, seed=0)
+    ref = training.train_reference(net, ds, out.trial, training.RunConfig(8, "sgd",
+                                                                          max_steps=out.steps))
+    net.load_state_dict(ref.state)
+    with torch.no_grad():
+        want = float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
+    assert out.test_accuracy == pytest.approx(want, abs=1.5 / len(ds.y_test))
+    with pytest.raises(SystemExit, match="decay-to"):
+        acc.main(run, epochs=1, decay_to=1.5)
