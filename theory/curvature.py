@@ -18,7 +18,7 @@ through the math backend of ``scaled_dot_product_attention``, whose second deriv
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,14 +105,16 @@ def hessian_top_eigenvalues(model: nn.Module, dataset: Dataset, k: int = 1, mask
     return values[order]
 
 
-def lanczos_top(fl: FlatLoss, iterations: int = 20, seed: int = 0) -> float:
+def lanczos_top(fl: FlatLoss, iterations: int = 20, seed: int = 0,
+                hessian: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
     """Largest Ritz value of ``iterations`` Lanczos steps on the Hessian of ``fl`` (Lanczos 1950;
     full reorthogonalization, Golub and Van Loan 2013, sec. 10.1): a fixed, small cost of
     ``iterations`` Hessian-vector products. The Ritz value is a lower bound of lambda_max that
     converges fastest for the extreme eigenvalue; ``iterations`` >= the kept dimension gives it
-    exactly (up to round-off). Start vector seeded by ``seed``."""
+    exactly (up to round-off). Start vector seeded by ``seed``. ``hessian``: ``fl.hessian()``
+    when the caller already built it (the probes share it with B_noise's products)."""
     iterations = min(check_int(iterations, "iterations"), fl.dim)
-    hess = fl.hessian()
+    hess = hessian or fl.hessian()
     gen = torch.Generator().manual_seed(int(seed))
     q = torch.randn(fl.dim, generator=gen, dtype=torch.float64).to(fl.theta)
     basis = [q / q.norm()]

@@ -67,11 +67,13 @@ def weighted_layers(model: nn.Module) -> dict[str, nn.Module] | None:
     return layers or None
 
 
-def chunk_moments(fl: FlatLoss, x: torch.Tensor, y: torch.Tensor
-                  ) -> tuple[int, torch.Tensor, float] | None:
+def chunk_moments(fl: FlatLoss, x: torch.Tensor, y: torch.Tensor,
+                  losses: list[float] | None = None) -> tuple[int, torch.Tensor, float] | None:
     """(count, mean gradient over kept coordinates, sum of squared deviations of the per-example
     gradients from it) of the examples ``x, y`` under ``fl``'s loss at its ``theta``, from one
-    backward pass (module docstring); None when the network is not one this applies to."""
+    backward pass (module docstring); None when the network is not one this applies to.
+    ``losses``: a list that gets the chunk's summed loss appended (the forward pass computes it
+    anyway: a caller that needs the mean loss saves a pass over the examples)."""
     layers = weighted_layers(fl.model)
     if layers is None:
         return None
@@ -108,6 +110,8 @@ def chunk_moments(fl: FlatLoss, x: torch.Tensor, y: torch.Tensor
         if prefix + "bias" in keep:
             sq += (d.square() @ keep[prefix + "bias"].to(d.dtype)).double()
     count = x.shape[0]
+    if losses is not None:
+        losses.append(float(total.detach()))
     mean = summed.detach() / count
     return count, mean, float(sq.sum()) - count * float(mean.double().square().sum())
 

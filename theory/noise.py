@@ -110,19 +110,24 @@ def _ratio(num: float, den: float) -> float:
 
 
 def gradient_group_moments(fl: FlatLoss, chunk: int | None = None,
-                           groups: int = JACKKNIFE_GROUPS) -> GroupMoments:
+                           groups: int = JACKKNIFE_GROUPS,
+                           losses: list[float] | None = None) -> GroupMoments:
     """Per-example gradient moments of ``fl``'s set in ``groups`` contiguous groups (for the
     jackknife of :mod:`theory.sampling`), in one pass: from per-example gradient norms
     (:mod:`theory.example_norms`) for Linear and Conv1d networks, else from chunked per-example
-    gradients."""
+    gradients. ``losses``: a list that gets the summed loss of every chunk of the set when the
+    pass computes them (the per-example-norm path), left empty otherwise."""
     bounds = np.linspace(0, fl.n, min(groups, fl.n) + 1).round().astype(int)
     spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
     # the closed-form per-example gradients are those of the task's own losses
     if fl.own_loss is None and weighted_layers(fl.model) is not None:
         size = chunk or fl.chunk
-        parts = [[chunk_moments(fl, fl.x[i:min(i + size, hi)], fl.y[i:min(i + size, hi)])
+        seen: list[float] = []
+        parts = [[chunk_moments(fl, fl.x[i:min(i + size, hi)], fl.y[i:min(i + size, hi)], seen)
                   for i in range(lo, hi, size)] for lo, hi in spans]
         if all(p is not None for group in parts for p in group):
+            if losses is not None:
+                losses += seen
             return GroupMoments.of_parts(parts)
     return GroupMoments.of_chunks([
         list(fl.per_example_gradients(chunk=chunk, x=fl.x[lo:hi], y=fl.y[lo:hi]))
@@ -176,26 +181,59 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
                    dtype=dtype)
     population = split_size(dataset, split)
     # the whole split is exact: no jackknife groups needed
-    moments = gradient_group_moments(fl, chunk, groups=1 if fl.n == population else JACKKNIFE_GROUPS)
+    losses: list[float] = []
+    moments = gradient_group_moments(fl, chunk, groups=1 if fl.n == population else JACKKNIFE_GROUPS,
+                                     losses=losses)
     est = split_estimate(moments, population)
     mean = moments.total()[1]
+    curved = curvature_noise(fl, mean, population, hessian_examples, seed, chunk)
+    finite = FiniteSetNoise(g_sq=est.finite_g_sq, trace_sigma=est.finite_trace_sigma,
+                            b_simple=_ratio(est.finite_trace_sigma, est.finite_g_sq),
+                            trace_h_sigma=curved.set_trace_h_sigma, g_h_g=curved.set_g_h_g,
+                            b_noise=_ratio(curved.set_trace_h_sigma, curved.set_g_h_g))
+    # the moments' pass computed every chunk's loss: no second pass for the mean loss
+    loss = sum(losses) / fl.n if losses else float(fl.loss())
+    return NoiseEstimate(g_sq=est.g_sq, trace_sigma=est.trace_sigma, b_simple=est.b_simple,
+                         b_noise=curved.b_noise, n=fl.n, n_params=fl.dim,
+                         loss=loss, trace_h_sigma=curved.trace_h_sigma, g_h_g=curved.g_h_g,
+                         hessian_examples=curved.hessian_examples, population=population,
+                         g_sq_se=est.g_sq_se, trace_sigma_se=est.trace_sigma_se,
+                         b_simple_se=est.b_simple_se, finite=finite, gradient=mean)
+
+
+@dataclass(frozen=True)
+class CurvatureNoise:
+    """The Hessian-weighted half of :class:`NoiseEstimate`: the sample's own tr(H Sigma) and
+    m^T H m (``set_*``), both corrected to the split (``trace_h_sigma``, ``g_h_g``), their ratio
+    ``b_noise`` (nan when ``hessian_examples`` is 0) and the examples tr(H Sigma) averaged."""
+
+    set_trace_h_sigma: float
+    set_g_h_g: float
+    trace_h_sigma: float
+    g_h_g: float
+    b_noise: float
+    hessian_examples: int
+
+
+def curvature_noise(fl: FlatLoss, mean: torch.Tensor, population: int,
+                    hessian_examples: int | None = DEFAULT_HESSIAN_EXAMPLES, seed: int = 0,
+                    chunk: int | None = None,
+                    hessian: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    ) -> CurvatureNoise:
+    """B_noise = tr(H Sigma) / (G^T H G) of ``fl``'s set, a sample of a split of ``population``
+    examples, from its mean gradient ``mean`` (McCandlish et al. 2018): as
+    :func:`gradient_noise` computes it (``hessian_examples`` sampled examples, seeded by
+    ``seed``; 0: skipped), with ``hessian`` = ``fl.hessian()`` when the caller already built it
+    (a Lanczos run on the same set shares it)."""
     m = fl.n if hessian_examples is None else min(hessian_examples, fl.n)
     set_h_sigma = set_g_h_g = math.nan
     if m > 0:
-        hess = fl.hessian()
+        hess = hessian or fl.hessian()
         set_g_h_g = float(mean @ hess(mean))
         set_h_sigma = _trace_h_sigma(fl, hess, mean, m, seed, chunk)
     g_h_g, trace_h_sigma = to_split(set_g_h_g, set_h_sigma, fl.n, population)
-    finite = FiniteSetNoise(g_sq=est.finite_g_sq, trace_sigma=est.finite_trace_sigma,
-                            b_simple=_ratio(est.finite_trace_sigma, est.finite_g_sq),
-                            trace_h_sigma=set_h_sigma, g_h_g=set_g_h_g,
-                            b_noise=_ratio(set_h_sigma, set_g_h_g))
-    return NoiseEstimate(g_sq=est.g_sq, trace_sigma=est.trace_sigma, b_simple=est.b_simple,
-                         b_noise=_ratio(trace_h_sigma, g_h_g), n=fl.n, n_params=fl.dim,
-                         loss=float(fl.loss()), trace_h_sigma=trace_h_sigma, g_h_g=g_h_g,
-                         hessian_examples=m, population=population, g_sq_se=est.g_sq_se,
-                         trace_sigma_se=est.trace_sigma_se, b_simple_se=est.b_simple_se,
-                         finite=finite, gradient=mean)
+    return CurvatureNoise(set_h_sigma, set_g_h_g, trace_h_sigma, g_h_g,
+                          _ratio(trace_h_sigma, g_h_g), m)
 
 
 def _trace_h_sigma(fl: FlatLoss, hess: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor,

@@ -48,8 +48,8 @@ from training.reference import train_schedule_reference
 
 from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
 from theory.errors import TheoryError, check_int
-from theory.functional import flat_loss
-from theory.noise import gradient_noise
+from theory.functional import flat_loss, split_size
+from theory.noise import curvature_noise, gradient_noise
 from theory.sampling import noise_scale
 from theory.summaries import PROBE_COLUMNS
 
@@ -130,13 +130,17 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
         g_sq = sum(n.g_sq for n in noise) / len(noise)
         trace = sum(n.trace_sigma for n in noise) / len(noise)
         first = noise[0]
-        curved = first if same else gradient_noise(nets[0], dataset, examples=curvature_examples,
-                                                   hessian_examples=hessian_examples, **common)
+        # lambda_max and B_noise on the same set share its loss and Hessian graph; B_noise needs
+        # only that set's mean gradient, not the noise pass's moments, jackknife and loss
+        sample = flat_loss(nets[0], dataset, examples=curvature_examples, **common)
+        hess = sample.hessian()
+        curved = first if same else curvature_noise(
+            sample, sample.gradient(), split_size(dataset), hessian_examples, sample_seed,
+            hessian=hess)
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
             "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
-            "hessian_top": lanczos_top(flat_loss(nets[0], dataset, examples=curvature_examples,
-                                                 **common), lanczos, seed=sample_seed),
+            "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed, hessian=hess),
             "local_lipschitz": local_lipschitz(
                 nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
                 grad_prev=first.gradient if examples is None else None, **common).value,

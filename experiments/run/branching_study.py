@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
@@ -81,10 +82,14 @@ def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask
 def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
                     ) -> tuple[list[BranchRow], list[WarmupRow]]:
     """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
-    its ``dataset``), with ``PROBE_THREADS`` torch threads."""
+    its ``dataset``), with ``PROBE_THREADS`` torch threads; each branching row carries the
+    measurement's wall time (``seconds``, as the probes' rows do: the study's timing sums it)."""
     with torch_threads(PROBE_THREADS):
         dataset, model = on_device(task.workload, task.spec.device, dataset, task.seed)
-        return branch_level(task, dataset, model)
+        start = time.perf_counter()
+        rows, warm = branch_level(task, dataset, model)
+        seconds = time.perf_counter() - start
+        return [replace(r, seconds=seconds) for r in rows], warm
 
 
 def branch_level(task: BranchTask, dataset: training.Dataset, model: torch.nn.Module

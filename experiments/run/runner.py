@@ -225,8 +225,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     model into ``out`` for the report's time-to-result section (:mod:`experiments.run.costcache`:
     measured once per machine and workload, then cached; ``sparsescale study`` does this unless
     given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
-    time per batch size go to ``timing.json`` (:mod:`experiments.run.timing`), printed unless
-    ``quiet``.
+    time per batch size and the summed seconds of the training, probe and branching tasks go to
+    ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
     """
     spec = (with_workload(config, model, dataset) if isinstance(config, Spec)
             else load_spec(config, model, dataset))
@@ -299,6 +299,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
         trained = timing.training_by_batch_size(store.frame("groups"))
+        tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
+                                    store.frame("branching"))
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 
@@ -307,7 +309,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     if report:
         with clock.phase("report"):
             _write_report([out], out, quiet)
-    timing.record(out, clock, quiet, trained)
+    timing.record(out, clock, quiet, trained, tasks)
     return out
 
 

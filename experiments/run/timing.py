@@ -1,11 +1,16 @@
-"""Where a study's wall time goes: masks, training (per batch size), probes, report.
+"""Where a study's wall time goes: masks, training (per batch size), probes, branching, report.
 
 ``run_study`` times each phase it runs with a :class:`PhaseClock` and reads from its store every
 finished group's own training time and trial-steps, summed per batch size, and the kernels that
-trained them (:mod:`training.engine.cell_plan`); :func:`record` writes them to ``timing.json`` in the
-run folder and prints the breakdown. Phase times are wall clock of this invocation (a rerun that skips stored groups shows a short training phase); the
-per-batch-size group seconds are summed over groups, so with several workers they add up to
-more than the training phase's wall time.
+trained them (:mod:`training.engine.cell_plan`), and the summed seconds of each kind of task
+(:func:`task_seconds`: training groups, probed runs, branching measurements); :func:`record`
+writes them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
+clock of this invocation (a rerun that skips stored groups shows a short training phase); the
+probes and the branching share one phase, "probes and branching", because they run together in
+one pool. Task seconds are each task's own time summed over tasks (from the store, so a rerun
+reports what the stored work cost), so with several workers they add up to more than their
+phase's wall time; the probes' share of training compares like with like, summed task seconds
+against summed group seconds.
 """
 
 from __future__ import annotations
@@ -51,11 +56,54 @@ def training_by_batch_size(groups: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def _summed(values: pd.Series) -> float | None:
+    """Sum of the known values (None when none is known: a store written before the column)."""
+    known = values.dropna()
+    return float(known.sum()) if len(known) else None
+
+
+def task_seconds(groups: pd.DataFrame, probes: pd.DataFrame,
+                 branching: pd.DataFrame) -> dict[str, Any]:
+    """Summed seconds per kind of task of a store: ``training`` (finished groups, their
+    ``wall_time``), ``probes`` (probed runs: one per (sparsity, seed, batch size), the
+    ``seconds`` of its replay and measurements) and ``branching`` (one per (sparsity, seed),
+    the ``seconds`` of its measurement, warmup included), each ``{"tasks", "seconds"}``
+    (``seconds`` None where the store does not hold them), and ``probe_share`` = probe seconds
+    / training seconds (None when either is unknown or training is 0)."""
+    done = groups[groups.status == "done"]
+    runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
+    levels = branching.drop_duplicates(["sparsity", "seed"])
+    out: dict[str, Any] = {
+        "training": {"tasks": len(done), "seconds": _summed(done.wall_time) if len(done) else 0.0},
+        "probes": {"tasks": len(runs), "seconds": _summed(runs.seconds) if len(runs) else 0.0},
+        "branching": {"tasks": len(levels),
+                      "seconds": _summed(levels.seconds) if len(levels) else 0.0},
+    }
+    train, probe = out["training"]["seconds"], out["probes"]["seconds"]
+    out["probe_share"] = probe / train if train and probe is not None else None
+    return out
+
+
+def _format_tasks(tasks: dict[str, Any]) -> str:
+    def one(kind: str, unit: str) -> str:
+        t = tasks[kind]
+        seconds = "? s" if t["seconds"] is None else f"{t['seconds']:.1f} s"
+        return f"{kind} {seconds} in {t['tasks']} {unit}{'' if t['tasks'] == 1 else 's'}"
+
+    share = tasks["probe_share"]
+    return ("task seconds (each task's own, summed over workers): "
+            + one("training", "group") + ", " + one("probes", "run")
+            + ("" if share is None else f" ({100 * share:.0f} % of training)")
+            + ", " + one("branching", "measurement"))
+
+
 def format_timing(timing: dict[str, Any]) -> str:
-    """The breakdown as text: phases, then training per batch size."""
+    """The breakdown as text: phases, summed task seconds, then training per batch size."""
     phases = timing["phases"]
     lines = ["wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
              + f" (total {sum(phases.values()):.1f} s)"]
+    if timing.get("tasks"):
+        lines.append(_format_tasks(timing["tasks"]))
     if timing["training"]:
         lines.append(f"{'batch':>6} {'groups':>6} {'group s':>9} {'trial-steps':>12} "
                      f"{'trial-steps/s':>13}  kernel")
@@ -67,12 +115,14 @@ def format_timing(timing: dict[str, Any]) -> str:
 
 
 def record(run_dir: Path, clock: PhaseClock, quiet: bool = False,
-           training: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           training: list[dict[str, Any]] | None = None,
+           tasks: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``timing.json`` (phases of this invocation, ``training`` per batch size from
-    :func:`training_by_batch_size`, empty for a study of sub-studies) into ``run_dir``, print
-    the breakdown unless ``quiet``; return what was written."""
+    :func:`training_by_batch_size`, ``tasks`` from :func:`task_seconds`; both empty for a study
+    of sub-studies) into ``run_dir``, print the breakdown unless ``quiet``; return what was
+    written."""
     timing = {"phases": {k: round(v, 3) for k, v in clock.phases.items()},
-              "training": training or []}
+              "tasks": tasks or {}, "training": training or []}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / TIMING_FILE).write_text(json.dumps(timing, indent=2) + "\n")
     if not quiet:

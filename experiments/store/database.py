@@ -319,7 +319,7 @@ class Store:
                 f"({', '.join('?' * len(COLUMNS['branching']))})",
                 [(*key, int(r.step), float(r.critical_batch), float(r.low), float(r.high), int(r.examples),
                   int(r.batch_size), int(r.goal_step), int(r.window), int(r.k_max), int(r.n_seeds),
-                  float(r.eps), int(r.trial_steps), lv, tv) for r in rows])
+                  float(r.eps), int(r.trial_steps), lv, tv, r.seconds) for r in rows])
             c.executemany(
                 f"INSERT INTO warmup ({', '.join(COLUMNS['warmup'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['warmup']))})",

@@ -27,7 +27,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                "seconds", "lib_version", "torch_version"),
     "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
                   "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
-                  "lib_version", "torch_version"),
+                  "lib_version", "torch_version", "seconds"),
     "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
                "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
 }
@@ -52,6 +52,7 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "groups": (("kernel", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
                ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT")),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
+    "branching": (("seconds", "REAL"),),
 }
 
 # Columns that legitimately differ between two runs of the same spec.
@@ -99,6 +100,7 @@ CREATE TABLE IF NOT EXISTS branching (
     examples INTEGER NOT NULL, batch_size INTEGER NOT NULL, goal_step INTEGER NOT NULL,
     window INTEGER NOT NULL, k_max INTEGER NOT NULL, n_seeds INTEGER NOT NULL, eps REAL NOT NULL,
     trial_steps INTEGER NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    seconds REAL,   -- wall time of the whole (sparsity, seed) measurement, warmup included
     PRIMARY KEY (sparsity, seed, step));
 CREATE TABLE IF NOT EXISTS warmup (
     sparsity REAL NOT NULL, seed INTEGER NOT NULL,
@@ -199,7 +201,8 @@ class StudyInfo:
 class BranchRow:
     """CBS(t) at one checkpoint of one (sparsity, seed)'s base run (batch ``batch_size``, goal
     step ``goal_step``, ``examples`` = step x batch_size), with its interval; ``trial_steps``:
-    the whole measurement's cost (the same on each of its rows)."""
+    the whole measurement's cost and ``seconds`` its wall time, warmup included (the same on
+    each of its rows; None: not known)."""
 
     sparsity: float
     seed: int
@@ -215,6 +218,7 @@ class BranchRow:
     n_seeds: int
     eps: float
     trial_steps: int
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 loops, a dense autograd Hessian, Lee et al.'s formula written out, and the vectorized trainer's
 own weights for the replay."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -152,3 +154,38 @@ def test_replayed_states_carry_the_running_statistics():
     assert torch.equal(states[7]["1.running_mean"], ref.buffers["1.running_mean"])
     assert int(states[3]["1.num_batches_tracked"]) == 3
     assert not torch.equal(states[3]["1.running_var"], torch.ones(16))
+
+
+def test_float32_probes_on_a_curvature_sample_match_float64_loops(tiny):
+    """The study's protocol (float32 measurements, lambda_max and B_noise on a sample of the
+    split, Lee's L and the noise on all of it) against float64 loops written out here: the
+    probes' shared passes (the noise pass's loss, B_noise and Lanczos on one Hessian graph of
+    the sample) change no value beyond float32 rounding (1e-5 relative)."""
+    ds, net = tiny
+    sample, horizon, steps = 40, 12, [0, 6, 12]
+    rows = probe_trajectory(net, ds, TRIAL, RUN, steps=steps, horizon=horizon, average=3,
+                            curvature_examples=sample, hessian_examples=None, lanczos=100,
+                            trial_index=1, sample_seed=5)
+    table = rows.set_index(["step", "quantity"]).value
+    states = replay_states(net, ds, TRIAL, RUN, range(horizon + 1), trial_index=1)
+    n = ds.x_train.shape[0]
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(5))[:sample]
+    part = dataclasses.replace(ds, x_train=ds.x_train[idx], y_train=ds.y_train[idx])
+    everything = slice(None)
+    for t in steps:
+        w = window(t, horizon, 3)
+        full = [direct(ds, states[s], everything) for s in w]
+        g_sq, trace = np.mean([e["g_sq"] for e in full]), np.mean([e["trace_sigma"] for e in full])
+        on_sample = direct(part, states[w[0]], everything)
+        # the sample's own statistics corrected to the split (without replacement, n of N):
+        # G^T H G ~ m^T H m - (1 - n/N) / (n - 1) T, tr(H Sigma) ~ (N - 1)/N n/(n - 1) T
+        trace_h = on_sample["b_noise"] * on_sample["g_h_g"]
+        g_h_g = on_sample["g_h_g"] - (1 - sample / n) / (sample - 1) * trace_h
+        trace_h_split = (n - 1) / n * sample / (sample - 1) * trace_h
+        expected = {"g_sq": g_sq, "trace_sigma": trace, "b_simple": trace / g_sq,
+                    "loss": full[0]["loss"], "hessian_top": on_sample["hessian_top"],
+                    "g_h_g": g_h_g, "b_noise": trace_h_split / g_h_g,
+                    "local_lipschitz": lee_direct(ds, parameter_vector_of(states[w[0]]),
+                                                  parameter_vector_of(states[w[1]]), everything)}
+        for q, value in expected.items():
+            assert table[(t, q)] == pytest.approx(value, rel=1e-5), (t, q)

@@ -2,6 +2,8 @@
 smallest batch size that reached the goal, replayed from the study's own model, mask and data
 order; reruns skip what is stored; ``sparsescale branch`` measures a stored study with overrides."""
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -11,6 +13,7 @@ from experiments.run.branching import branch_critical_batch
 from experiments.run.branching_study import base_group
 from experiments.run.probes import best_trial, stored_trial
 from experiments.run.runner import run_study
+from experiments.run.timing import TIMING_FILE
 from experiments.spec.study import loads
 from experiments.store.database import load_results, open_store
 from experiments.run.workload import Workload
@@ -55,6 +58,16 @@ def test_stored_rows_are_the_measurement_of_the_base_run(study):
     w = res.warmup
     assert set(w.kind) == {"warmup", "fixed"} and (w.examples_budget == 3000).all()
     assert w.groupby(["sparsity", "kind", "batch_size"]).size().eq(3).all()
+
+
+def test_each_level_stores_its_seconds_and_timing_sums_them(study):
+    b = load_results(study).branching
+    levels = b.drop_duplicates(["sparsity", "seed"])
+    assert len(levels) == 2 and (levels.seconds > 0).all()
+    assert b.groupby(["sparsity", "seed"]).seconds.nunique().eq(1).all()
+    tasks = json.loads((study / TIMING_FILE).read_text())["tasks"]
+    assert tasks["branching"] == {"tasks": 2, "seconds": pytest.approx(levels.seconds.sum())}
+    assert tasks["probes"] == {"tasks": 0, "seconds": 0.0}   # the tiny study does not probe
 
 
 def test_a_rerun_keeps_what_is_stored(study):

@@ -1,5 +1,6 @@
 """Probes stored by a study equal the theory functions applied to independently rebuilt networks."""
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,6 +13,7 @@ import pruning
 import theory
 import training
 from experiments.run.probes import probe_cost, probe_network
+from experiments.run.timing import TIMING_FILE
 
 from ...probe_models import build, loop_gradients, moments
 from ..conftest import TINY
@@ -53,6 +55,11 @@ def test_probes_cover_three_batch_sizes_and_ten_points_per_level_and_seed(probed
     seconds, training_seconds = probe_cost(g, p)
     runs = p.drop_duplicates(["sparsity", "seed", "batch_size"])
     assert seconds == pytest.approx(runs.seconds.sum()) and training_seconds == g.wall_time.sum()
+    # timing.json reports the probes apart from training and branching (none here)
+    tasks = json.loads((probed.run_dir / TIMING_FILE).read_text())["tasks"]
+    assert tasks["probes"] == {"tasks": len(runs), "seconds": pytest.approx(seconds)}
+    assert tasks["branching"] == {"tasks": 0, "seconds": 0.0}
+    assert tasks["probe_share"] == pytest.approx(seconds / g[g.status == "done"].wall_time.sum())
 
 
 def test_stored_probes_equal_the_theory_functions_on_a_rebuilt_run(probed):

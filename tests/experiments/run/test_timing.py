@@ -1,12 +1,14 @@
-"""The study's timing breakdown: phases of the invocation, training per batch size."""
+"""The study's timing breakdown: phases of the invocation, summed task seconds per kind, training
+per batch size."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import pandas as pd
 import pytest
 
 import experiments
-from experiments.run.timing import TIMING_FILE, PhaseClock, format_timing
+from experiments.run.timing import TIMING_FILE, PhaseClock, format_timing, task_seconds
 
 
 def test_phase_clock_accumulates_wall_time(monkeypatch):
@@ -37,10 +39,38 @@ def test_study_records_and_prints_its_breakdown(tiny_toml, tmp_path, capsys):
         assert r["trial_steps_per_s"] == pytest.approx(r["trial_steps"] / r["seconds"])
         assert r["kernels"] == sorted(set(mine.kernel))
         assert set(mine.kernel) <= {"fused", "batched"}   # the tiny study's MLP
-    assert format_timing(timing) in printed
+    assert timing["tasks"]["training"] == {"tasks": 6,
+                                           "seconds": pytest.approx(float(groups.wall_time.sum()))}
+    assert timing["tasks"]["probes"] == timing["tasks"]["branching"] == {"tasks": 0, "seconds": 0.0}
+    assert timing["tasks"]["probe_share"] == 0.0
+    assert format_timing(timing) in printed and "task seconds" in printed
     # a rerun trains nothing: no training phase, the same groups per batch size
     experiments.run_study(tiny_toml, out=out, executor=ThreadPoolExecutor(1), report=False,
                           quiet=True)
     again = json.loads((out / TIMING_FILE).read_text())
     assert "training" not in again["phases"] and again["training"] == timing["training"]
     assert capsys.readouterr().out == ""
+
+
+def test_task_seconds_sum_each_kind_of_task_apart():
+    nan = float("nan")
+    groups = pd.DataFrame({"status": ["done", "done", "failed"], "wall_time": [2.0, 3.0, 7.0]})
+    # two probed runs (one row per quantity and step, the run's seconds on each)
+    probes = pd.DataFrame({"sparsity": [0.0, 0.0, 0.0, 0.9], "seed": [0, 0, 0, 0],
+                           "batch_size": [8, 8, 64, 8], "seconds": [1.5, 1.5, 0.25, 0.5]})
+    branching = pd.DataFrame({"sparsity": [0.0, 0.0, 0.9], "seed": [0, 0, 0],
+                              "seconds": [4.0, 4.0, nan]})   # 0.9: written before the column
+    tasks = task_seconds(groups, probes, branching)
+    assert tasks["training"] == {"tasks": 2, "seconds": 5.0}   # failed groups left out
+    assert tasks["probes"] == {"tasks": 3, "seconds": 2.25}
+    assert tasks["branching"] == {"tasks": 2, "seconds": 4.0}
+    assert tasks["probe_share"] == pytest.approx(2.25 / 5.0)
+    text = format_timing({"phases": {"training": 1.0}, "tasks": tasks, "training": []})
+    assert ("training 5.0 s in 2 groups, probes 2.2 s in 3 runs (45 % of training), "
+            "branching 4.0 s in 2 measurements") in text
+    # a store whose probes predate their seconds: unknown, not zero, and no share
+    old = task_seconds(groups, probes.assign(seconds=nan), branching.iloc[:0])
+    assert old["probes"] == {"tasks": 3, "seconds": None} and old["probe_share"] is None
+    assert old["branching"] == {"tasks": 0, "seconds": 0.0}
+    assert "probes ? s in 3 runs, branching 0.0 s in 0 measurements" in format_timing(
+        {"phases": {}, "tasks": old, "training": []})
