@@ -280,6 +280,7 @@ class NoiseScaleMonitor:
         self._forwards: list[int | None] = []
         self.layers, self.blockers = self._layers()
         self._layer_list = list(self.layers.items())
+        self._layer_hooks = [partial(self._on_layer, i) for i in range(len(self._layer_list))]
         # the micro-batch estimator reads each backward's gradient norm
         self.per_pass_norms = not self.ddp and (
             method == "micro_batch" or (method == "auto" and bool(self.blockers)))
@@ -324,8 +325,8 @@ class NoiseScaleMonitor:
         self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
                                                                   with_kwargs=True))
         if self.per_example_hooks:
-            for index, (_, module) in enumerate(self._layer_list):
-                self._hooks.append(module.register_forward_hook(partial(self._on_layer, index)))
+            self._hooks += [module.register_forward_hook(hook) for (_, module), hook in
+                            zip(self._layer_list, self._layer_hooks)]
         if self.per_pass_norms:
             self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
                 self.params, self._on_backward, mode="all"))

@@ -119,6 +119,31 @@ def test_per_example_under_accumulation_pools_the_micro_batches():
     assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
 
 
+def test_interleaved_forwards_and_an_in_place_activation_are_read_exactly():
+    """Two micro-batches whose forwards both run before either backward, through a network
+    whose Linear outputs are modified in place (ReLU(inplace=True)): the hooks see each call's
+    own output gradient, so the step equals the ground truth on the pooled examples."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)).double()
+    monitor = NoiseScaleMonitor(net, window=5)
+    gen = torch.Generator().manual_seed(7)
+    parts = [(torch.randn(n, 5, generator=gen, dtype=torch.float64),
+              torch.randint(3, (n,), generator=gen)) for n in (8, 12)]
+    net.zero_grad()
+    losses = [F.cross_entropy(net(x), y) / 2 for x, y in parts]
+    for loss in reversed(losses):
+        loss.backward()
+    r = monitor.step(loss_scale=0.5)
+    grads = [example_gradients(net, x, y) for x, y in parts]
+    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
+    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
+    c_big = (1 / 8 + 1 / 12) / 4
+    trace = (u_small - u_big) / (1 - c_big)
+    assert r.method == "per_example" and r.batch_size == 20
+    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
+    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+
+
 def test_a_summed_loss_with_its_scale_reads_as_the_mean():
     torch.manual_seed(0)
     net = Mixed().double()
