@@ -48,6 +48,16 @@ under mixed precision. The scale cannot be read from gradients; B_simple does no
 |G|^2 and tr(Sigma) scale with its square. What is measured is the loss the loop differentiates,
 in the mode the model is in (dropout included).
 
+Cost (per-example estimator): during the forward, one hook per supported layer keeps its input
+and registers a hook on its output whose callable is a dict's own ``__setitem__``, so the
+backward stores each output gradient without running a Python frame; nothing else happens until
+``step()``. There, every layer adds a few kernels (:class:`theory.layer_norms.Terms`: e.g. two
+for a Linear layer on 2-d inputs), and all the squared norms of the step, per-example terms and
+the parameters' ``.grad`` alike, are taken in one ``torch._foreach_norm`` and read to the host in
+one transfer. What remains per measured step is a fixed count of hook calls and small kernels,
+which weighs most on small, dispatch-bound steps: ``every=N`` measures one step in N and removes
+all hooks in between (docs/guide/noise-monitor.md has the measured overhead).
+
 Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
 exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
 averages, never an average of ratios (McCandlish et al. 2018, appendix A.1). Standard errors come
@@ -134,23 +144,25 @@ class _Smoother:
     def add(self, g: float, t: float) -> tuple[float, float, float, float, float, float]:
         """Add one step; the smoothed (g, t, b_simple) and their standard errors."""
         self.count += 1
-        term = (1.0, 1.0, g, t, g * g, t * t, g * t)
+        w, w2, sg, st, sgg, stt, sgt = self.sums
         if self.window:
             if len(self.recent) == self.window:     # the oldest step leaves the window
                 og, ot = self.recent[0]
-                old = (1.0, 1.0, og, ot, og * og, ot * ot, og * ot)
-                self.sums = [s - o for s, o in zip(self.sums, old)]
+                w, w2, sg, st = w - 1.0, w2 - 1.0, sg - og, st - ot
+                sgg, stt, sgt = sgg - og * og, stt - ot * ot, sgt - og * ot
             self.recent.append((g, t))
-            self.sums = [s + x for s, x in zip(self.sums, term)]
+            w, w2, sg, st = w + 1.0, w2 + 1.0, sg + g, st + t
+            sgg, stt, sgt = sgg + g * g, stt + t * t, sgt + g * t
             if self.count % self.window == 0:       # bound the rounding of the running sums
-                self.sums = [float(len(self.recent)), float(len(self.recent)),
-                             *map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
-                                                   for a, b in self.recent)))]
+                w = w2 = float(len(self.recent))
+                sg, st, sgg, stt, sgt = map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
+                                                             for a, b in self.recent)))
         else:
-            decay = self.ema
-            self.sums = [s * d + x for s, d, x in
-                         zip(self.sums, (decay, decay * decay, *[decay] * 5), term)]
-        (g_mean, t_mean), cov = weighted_mean_cov(*self.sums)
+            d = self.ema
+            w, w2, sg, st = w * d + 1.0, w2 * (d * d) + 1.0, sg * d + g, st * d + t
+            sgg, stt, sgt = sgg * d + g * g, stt * d + t * t, sgt * d + g * t
+        self.sums = [w, w2, sg, st, sgg, stt, sgt]
+        (g_mean, t_mean), cov = weighted_mean_cov(w, w2, sg, st, sgg, stt, sgt)
         return (g_mean, t_mean, noise_scale(t_mean, g_mean), math.sqrt(max(cov[0], 0.0)),
                 math.sqrt(max(cov[1], 0.0)), ratio_se(g_mean, t_mean, cov))
 
@@ -225,7 +237,8 @@ class NoiseScaleMonitor:
     (then ``method="ddp"``; build the monitor before the first backward). ``window`` steps or an
     ``ema`` decay (default ``ema=0.99``; not both); ``population``: the size of the split the
     batches are drawn from without replacement (finite-population correction), or None for
-    i.i.d. examples. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
+    i.i.d. examples. ``every``: measure one step in ``every`` (1, the default: every step),
+    with no hooks attached in between; the window then counts measured steps. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
     run (under DDP only rank 0 writes). ``comm_hook`` / ``comm_state``: a DDP communication hook
     of yours that the monitor's wraps (default: DDP's own all-reduce mean).
 
