@@ -8,9 +8,9 @@ small transformer classifier (tests/theory/monitor_models.py), one thread. With 
 ``python tests/benchmarks/test_monitor_overhead.py`` prints the overhead table: the loop with and
 without the monitor, alternated in rounds in one process (so the ratio holds on a shared
 machine), per-step CPU time of the thread (``time.thread_time``; each loop's fastest round), for
-``every`` = 1, 2, 4 and 8; and the DDP hook's: two gloo processes on loopback, wall-clock per step of a
-DDP loop with the monitor's communication hook against the same loop with DDP's built-in
-all-reduce (each loop's fastest round).
+``every`` = 1, 2, 4, 8 and 16; and the DDP hook's: two gloo processes on loopback, wall-clock per
+step of a DDP loop with the monitor's communication hook against the same loop with DDP's
+built-in all-reduce (each loop's fastest round).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_monitored_loop(benchmark, name, every):
     assert math.isfinite(reading.trace_sigma) and reading.trace_sigma > 0
 
 
-EVERIES = (1, 2, 4, 8)
+EVERIES = (1, 2, 4, 8, 16)
 
 
 def overhead(name: str, everies: tuple[int, ...] = EVERIES, steps: int = 40, rounds: int = 20

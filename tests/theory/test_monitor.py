@@ -98,6 +98,20 @@ def test_per_example_step_equals_the_sample_estimate(population):
         assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
 
 
+def check_pooled(r, net, parts):
+    """The reading ``r`` of two accumulated micro-batches of 8 and 12 (loss halved each) against
+    every example's gradient and the accumulated gradient, v = (m_1 + m_2) / 2, with
+    E|v|^2 = |G|^2 + (1/8 + 1/12) / 4 tr."""
+    grads = [example_gradients(net, x, y) for x, y in parts]
+    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
+    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
+    c_big = (1 / 8 + 1 / 12) / 4
+    trace = (u_small - u_big) / (1 - c_big)
+    assert r.method == "per_example" and r.batch_size == 20
+    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
+    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+
+
 def test_per_example_under_accumulation_pools_the_micro_batches():
     """Micro-batches of 8 and 12 (loss halved each): every example's gradient against the
     accumulated gradient, v = (m_1 + m_2) / 2, with E|v|^2 = |G|^2 + (1/8 + 1/12) / 4 tr."""
@@ -109,14 +123,7 @@ def test_per_example_under_accumulation_pools_the_micro_batches():
     for x, y in parts:
         (F.cross_entropy(net(x), y) / 2).backward()
     r = monitor.step(loss_scale=0.5)
-    grads = [example_gradients(net, x, y) for x, y in parts]
-    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
-    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
-    c_big = (1 / 8 + 1 / 12) / 4
-    trace = (u_small - u_big) / (1 - c_big)
-    assert r.method == "per_example" and r.batch_size == 20
-    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
-    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+    check_pooled(r, net, parts)
 
 
 def test_interleaved_forwards_and_an_in_place_activation_are_read_exactly():
@@ -134,14 +141,7 @@ def test_interleaved_forwards_and_an_in_place_activation_are_read_exactly():
     for loss in reversed(losses):
         loss.backward()
     r = monitor.step(loss_scale=0.5)
-    grads = [example_gradients(net, x, y) for x, y in parts]
-    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
-    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
-    c_big = (1 / 8 + 1 / 12) / 4
-    trace = (u_small - u_big) / (1 - c_big)
-    assert r.method == "per_example" and r.batch_size == 20
-    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
-    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+    check_pooled(r, net, parts)
 
 
 def test_a_summed_loss_with_its_scale_reads_as_the_mean():
