@@ -89,6 +89,10 @@ from theory.noise import ratio_se, weighted_mean_cov
 from theory.sampling import noise_scale
 
 METHODS = ("auto", "per_example", "micro_batch", "ddp")
+# Forwards without a backward (yet) whose layer inputs are held until step(): enough for
+# micro-batches whose forwards all run before their backward passes, and a bound on the memory
+# an evaluation with gradients enabled can pin between steps.
+MAX_PENDING_FORWARDS = 8
 DEFAULT_EMA = 0.99
 
 
@@ -288,6 +292,7 @@ class NoiseScaleMonitor:
         self._stale_grad = False
         self._pass: _Pass | None = None
         self._passes: list[_Pass] = []          # the step's forwards, per-example estimator
+        self._evicted: deque[_Pass] = deque(maxlen=64)   # released forwards without a backward
         self._backwards: list[_Backward] = []   # the step's backward passes, micro-batch one
         self._fresh_seen: set[int] = set()
         self._forwards: list[int | None] = []
@@ -385,6 +390,14 @@ class NoiseScaleMonitor:
         self._forwards.append(batch)
         self._pass = run = _Pass(batch)
         if self.per_example_hooks:
+            pending = [r for r in self._passes if not r.grads]
+            if len(pending) >= MAX_PENDING_FORWARDS:
+                # release the oldest forward still without a backward; should its backward come
+                # after all, step() refuses the step
+                old = pending[0]
+                self._passes.remove(old)
+                old.calls = []
+                self._evicted.append(old)
             self._passes.append(run)
         if batch is None:
             run.problem = "the model's forward got no tensor argument with a batch dimension"
@@ -563,6 +576,7 @@ class NoiseScaleMonitor:
     def _reset(self) -> None:
         """Forget the step's passes (the fresh-gradient check ends with the first step)."""
         self._backwards, self._forwards, self._passes, self._pass = [], [], [], None
+        self._evicted.clear()
         if self.ddp:
             self._local, self._work, self._shared = [], None, None
         for handle in self._fresh_checks:
@@ -603,6 +617,11 @@ class NoiseScaleMonitor:
             return "micro_batch", self._micro_batch(passes, scale)
         # the forwards whose backward ran (one without a backward is dropped)
         runs = [run for run in self._passes if run.grads]
+        if any(run.grads for run in self._evicted):
+            raise TheoryError(f"NoiseScaleMonitor: a backward pass reached a forward that had been "
+                              f"released after {MAX_PENDING_FORWARDS} newer forwards without a "
+                              f"backward; run each micro-batch's backward within "
+                              f"{MAX_PENDING_FORWARDS} forwards")
         if not runs:
             raise _no_backward()
         terms = [None if run.problem else self._pass_terms(run) for run in runs]

@@ -144,6 +144,34 @@ def test_interleaved_forwards_and_an_in_place_activation_are_read_exactly():
     check_pooled(r, net, parts)
 
 
+def test_forwards_without_a_backward_pin_a_bounded_number_of_inputs():
+    """An evaluation with gradients enabled between steps: at most MAX_PENDING_FORWARDS
+    forwards keep their inputs, the step after it is exact, and a backward that reaches a
+    released forward is refused rather than left out."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    monitor = NoiseScaleMonitor(net, window=5)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        net(torch.randn(4, 5, generator=gen, dtype=torch.float64))
+    assert len(monitor._passes) == theory.monitor.MAX_PENDING_FORWARDS
+    x = torch.randn(16, 5, generator=gen, dtype=torch.float64)
+    y = torch.randint(3, (16,), generator=gen)
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    r = monitor.step()
+    g_ref, t_ref = sample_estimate(net, x, y)
+    assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
+    assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+    net.zero_grad()
+    first = F.cross_entropy(net(x), y)
+    for _ in range(theory.monitor.MAX_PENDING_FORWARDS):
+        net(x)
+    first.backward()
+    with pytest.raises(TheoryError, match="reached a forward that had been released after 8"):
+        monitor.step()
+
+
 def test_a_summed_loss_with_its_scale_reads_as_the_mean():
     torch.manual_seed(0)
     net = Mixed().double()
