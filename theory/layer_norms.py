@@ -33,7 +33,10 @@ squaring, so the cross terms count. Norms are computed in at least float32 (floa
 
 :func:`layer_sq_norms` takes a layer, its calls' inputs and the gradients of their outputs (None
 for a call whose output got no gradient) and returns ``[B]`` squared norms over the layer's own
-parameters that require gradients. :func:`unsupported` says why a layer is not one of these.
+parameters that require gradients. :func:`layer_terms` adds the same to a :class:`Terms` without
+reducing them, so that a caller summing over the batch and over many layers (the noise monitor)
+takes all their norms in one fused call. :func:`unsupported` says why a layer is not one of
+these.
 """
 
 from __future__ import annotations
