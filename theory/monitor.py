@@ -48,6 +48,16 @@ under mixed precision. The scale cannot be read from gradients; B_simple does no
 |G|^2 and tr(Sigma) scale with its square. What is measured is the loss the loop differentiates,
 in the mode the model is in (dropout included).
 
+Cost (per-example estimator): during the forward, one hook per supported layer keeps its input
+and registers a hook on its output whose callable is a dict's own ``__setitem__``, so the
+backward stores each output gradient without running a Python frame; nothing else happens until
+``step()``. There, every layer adds a few kernels (:class:`theory.layer_norms.Terms`: e.g. two
+for a Linear layer on 2-d inputs), and all the squared norms of the step, per-example terms and
+the parameters' ``.grad`` alike, are taken in one ``torch._foreach_norm`` and read to the host in
+one transfer. What remains per measured step is a fixed count of hook calls and small kernels,
+which weighs most on small, dispatch-bound steps: ``every=N`` measures one step in N and removes
+all hooks in between (docs/guide/noise-monitor.md has the measured overhead).
+
 Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
 exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
 averages, never an average of ratios (McCandlish et al. 2018, appendix A.1). Standard errors come
@@ -73,12 +83,16 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from theory.errors import TheoryError, check_int
-from theory.layer_norms import layer_sq_norms, unsupported
+from theory.layer_norms import Terms, layer_terms, unsupported
 from theory.monitor_log import ReadingLog
 from theory.noise import ratio_se, weighted_mean_cov
 from theory.sampling import noise_scale
 
 METHODS = ("auto", "per_example", "micro_batch", "ddp")
+# Forwards without a backward (yet) whose layer inputs are held until step(): enough for
+# micro-batches whose forwards all run before their backward passes, and a bound on the memory
+# an evaluation with gradients enabled can pin between steps.
+MAX_PENDING_FORWARDS = 8
 DEFAULT_EMA = 0.99
 
 
@@ -134,23 +148,25 @@ class _Smoother:
     def add(self, g: float, t: float) -> tuple[float, float, float, float, float, float]:
         """Add one step; the smoothed (g, t, b_simple) and their standard errors."""
         self.count += 1
-        term = (1.0, 1.0, g, t, g * g, t * t, g * t)
+        w, w2, sg, st, sgg, stt, sgt = self.sums
         if self.window:
             if len(self.recent) == self.window:     # the oldest step leaves the window
                 og, ot = self.recent[0]
-                old = (1.0, 1.0, og, ot, og * og, ot * ot, og * ot)
-                self.sums = [s - o for s, o in zip(self.sums, old)]
+                w, w2, sg, st = w - 1.0, w2 - 1.0, sg - og, st - ot
+                sgg, stt, sgt = sgg - og * og, stt - ot * ot, sgt - og * ot
             self.recent.append((g, t))
-            self.sums = [s + x for s, x in zip(self.sums, term)]
+            w, w2, sg, st = w + 1.0, w2 + 1.0, sg + g, st + t
+            sgg, stt, sgt = sgg + g * g, stt + t * t, sgt + g * t
             if self.count % self.window == 0:       # bound the rounding of the running sums
-                self.sums = [float(len(self.recent)), float(len(self.recent)),
-                             *map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
-                                                   for a, b in self.recent)))]
+                w = w2 = float(len(self.recent))
+                sg, st, sgg, stt, sgt = map(math.fsum, zip(*((a, b, a * a, b * b, a * b)
+                                                             for a, b in self.recent)))
         else:
-            decay = self.ema
-            self.sums = [s * d + x for s, d, x in
-                         zip(self.sums, (decay, decay * decay, *[decay] * 5), term)]
-        (g_mean, t_mean), cov = weighted_mean_cov(*self.sums)
+            d = self.ema
+            w, w2, sg, st = w * d + 1.0, w2 * (d * d) + 1.0, sg * d + g, st * d + t
+            sgg, stt, sgt = sgg * d + g * g, stt * d + t * t, sgt * d + g * t
+        self.sums = [w, w2, sg, st, sgg, stt, sgt]
+        (g_mean, t_mean), cov = weighted_mean_cov(w, w2, sg, st, sgg, stt, sgt)
         return (g_mean, t_mean, noise_scale(t_mean, g_mean), math.sqrt(max(cov[0], 0.0)),
                 math.sqrt(max(cov[1], 0.0)), ratio_se(g_mean, t_mean, cov))
 
@@ -161,28 +177,30 @@ class _Smoother:
 
 @dataclass
 class _Pass:
-    """What one grad-enabled forward of the model captured, and what its backward added: the
-    per-example squared norms ``sq`` (``[B]``, summed over layers, of the gradients as the hooks
-    saw them), one tensor per layer."""
+    """One grad-enabled forward of the model: its batch size, the supported layers' calls
+    (layer index, input), and the gradients of those calls' outputs by call number, filled in by
+    its backward pass without any Python frame (each output's hook is the dict's own
+    ``__setitem__``); the per-example norms are computed from them at ``step()``."""
 
     batch: int | None
-    inputs: dict[str, list[torch.Tensor]]
-    grads: dict[str, list[torch.Tensor | None]]
-    sq: list[torch.Tensor] = field(default_factory=list)
-    got_grad: bool = False
+    calls: list[tuple[int, Any]] = field(default_factory=list)
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
     problem: str | None = None
 
 
 @dataclass(frozen=True)
 class _Backward:
-    """One backward pass: its examples, the sum over them of their squared gradient norms as the
-    hooks saw them (per-example estimator; None with ``problem`` saying why), and the pass's own
-    squared gradient norm (micro-batch estimator; else None)."""
+    """One backward pass of the micro-batch estimator: its examples and its own squared gradient
+    norm (``problem`` says why it cannot be used)."""
 
     batch: int | None
-    example_sq: torch.Tensor | None
-    grad_sq: torch.Tensor | None
+    grad_sq: torch.Tensor
     problem: str | None
+
+
+def _no_backward() -> TheoryError:
+    return TheoryError("NoiseScaleMonitor.step() called before any backward pass since the last "
+                       "step: call it after loss.backward()")
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -223,7 +241,8 @@ class NoiseScaleMonitor:
     (then ``method="ddp"``; build the monitor before the first backward). ``window`` steps or an
     ``ema`` decay (default ``ema=0.99``; not both); ``population``: the size of the split the
     batches are drawn from without replacement (finite-population correction), or None for
-    i.i.d. examples. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
+    i.i.d. examples. ``every``: measure one step in ``every`` (1, the default: every step),
+    with no hooks attached in between; the window then counts measured steps. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
     run (under DDP only rank 0 writes). ``comm_hook`` / ``comm_state``: a DDP communication hook
     of yours that the monitor's wraps (default: DDP's own all-reduce mean).
 
@@ -272,12 +291,19 @@ class NoiseScaleMonitor:
         self._fresh_checks: list[Any] = []
         self._stale_grad = False
         self._pass: _Pass | None = None
-        self._backwards: list[_Backward] = []
+        self._passes: list[_Pass] = []          # the step's forwards, per-example estimator
+        self._evicted: deque[_Pass] = deque(maxlen=64)   # released forwards without a backward
+        self._backwards: list[_Backward] = []   # the step's backward passes, micro-batch one
+        self._fresh_seen: set[int] = set()
         self._forwards: list[int | None] = []
         self.layers, self.blockers = self._layers()
+        self._layer_list = list(self.layers.items())
+        self._layer_hooks = [partial(self._on_layer, i) for i in range(len(self._layer_list))]
         # the micro-batch estimator reads each backward's gradient norm
         self.per_pass_norms = not self.ddp and (
             method == "micro_batch" or (method == "auto" and bool(self.blockers)))
+        self.per_example_hooks = (not self.ddp and not self.blockers
+                                  and method in ("auto", "per_example"))
         if self.ddp:
             self._attach_ddp(model, comm_hook, comm_state)
         else:
@@ -316,9 +342,9 @@ class NoiseScaleMonitor:
     def _attach(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
                                                                   with_kwargs=True))
-        if not self.blockers and self.method in ("auto", "per_example"):
-            for name, module in self.layers.items():
-                self._hooks.append(module.register_forward_hook(partial(self._on_layer, name)))
+        if self.per_example_hooks:
+            self._hooks += [module.register_forward_hook(hook) for (_, module), hook in
+                            zip(self._layer_list, self._layer_hooks)]
         if self.per_pass_norms:
             self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
                 self.params, self._on_backward, mode="all"))
@@ -329,8 +355,11 @@ class NoiseScaleMonitor:
         self._hooks, self._pass = [], None
 
     def _check_fresh(self, param: nn.Parameter, grad: torch.Tensor) -> None:
-        # during the step's first backward, before this parameter's gradient is added
-        if not self._backwards and param.grad is not None and bool(param.grad.ne(0).any()):
+        # at the first backward that reaches this parameter, before its gradient is added
+        if id(param) in self._fresh_seen:
+            return
+        self._fresh_seen.add(id(param))
+        if param.grad is not None and bool(param.grad.ne(0).any()):
             self._stale_grad = True
 
     def _attach_ddp(self, ddp: DistributedDataParallel, hook: Callable | None, state: Any) -> None:
@@ -351,7 +380,7 @@ class NoiseScaleMonitor:
     # -- hooks -------------------------------------------------------------------------------
 
     def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._close_pass()
+        self._pass = None
         # evaluations without gradients and torch.func calls (vmap, grad: not the loop's
         # backward) are not the loop's batches
         if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
@@ -359,61 +388,59 @@ class NoiseScaleMonitor:
         x = _first_tensor(args, kwargs)
         batch = int(x.shape[0]) if x is not None and x.dim() > 0 else None
         self._forwards.append(batch)
-        self._pass = _Pass(batch, {n: [] for n in self.layers}, {n: [] for n in self.layers})
+        self._pass = run = _Pass(batch)
+        if self.per_example_hooks:
+            pending = [r for r in self._passes if not r.grads]
+            if len(pending) >= MAX_PENDING_FORWARDS:
+                # release the oldest forward still without a backward; should its backward come
+                # after all, step() refuses the step
+                old = pending[0]
+                self._passes.remove(old)
+                old.calls = []
+                self._evicted.append(old)
+            self._passes.append(run)
         if batch is None:
-            self._pass.problem = ("the model's forward got no tensor argument with a batch "
-                                  "dimension")
+            run.problem = "the model's forward got no tensor argument with a batch dimension"
 
-    def _on_layer(self, name: str, module: nn.Module, args: tuple, out: Any) -> None:
+    def _on_layer(self, index: int, module: nn.Module, args: tuple, out: Any) -> None:
+        # the forward's only work per layer: keep the input, and have the output's gradient
+        # stored by a builtin (no Python frame runs during the backward)
         run = self._pass
         if run is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
             return
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != run.batch:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            run.problem = (f"layer {name} ({type(module).__name__}) got an input of shape {shape}"
-                           f" whose first dimension is not the batch ({run.batch}); per-example "
-                           f"norms need batch-first inputs (e.g. batch_first=True)")
-            return
-        k = len(run.inputs[name])
-        run.inputs[name].append(x.detach())
-        run.grads[name].append(None)
-        out.register_hook(partial(self._on_output_grad, run, name, k))
+        k = len(run.calls)
+        run.calls.append((index, args[0] if args else None))
+        out.register_hook(partial(run.grads.__setitem__, k))
 
-    def _on_output_grad(self, run: _Pass, name: str, k: int, grad: torch.Tensor) -> None:
-        if run is not self._pass:
-            run.problem = "a backward pass reached a forward pass after a newer one started"
-            self._backwards.append(_Backward(run.batch, None, None, run.problem))
-            return
-        run.got_grad = True
-        grads = run.grads[name]
-        grads[k] = grad.detach()
-        if all(g is not None for g in grads):
-            self._layer_done(run, name)
-
-    def _layer_done(self, run: _Pass, name: str) -> None:
-        sq = layer_sq_norms(self.layers[name], run.inputs[name], run.grads[name])
-        run.inputs[name], run.grads[name] = [], []
-        if sq is not None:
-            run.sq.append(sq)
-
-    def _close_pass(self) -> None:
-        """Record the pass whose backward ran (layers whose calls did not all get a gradient are
-        summed now); a forward whose graph got no backward is dropped."""
-        run, self._pass = self._pass, None
-        if run is None or not run.got_grad:
-            return
-        for name, calls in run.grads.items():
-            if calls:
-                self._layer_done(run, name)
-        problem = run.problem or (None if run.sq else "no supported layer got a gradient")
-        total = None if problem else (run.sq[0] if len(run.sq) == 1 else torch.stack(run.sq)).sum()
-        self._backwards.append(_Backward(run.batch, total, None, problem))
+    def _pass_terms(self, run: _Pass) -> Terms | None:
+        """The pass's per-example squared norms over its layers (as the hooks saw the
+        gradients); None, with ``run.problem`` saying why, where there are none."""
+        by_layer: dict[int, tuple[list[torch.Tensor], list[torch.Tensor | None]]] = {}
+        for k, (index, x) in enumerate(run.calls):
+            if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != run.batch:
+                name, module = self._layer_list[index]
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                run.problem = (f"layer {name} ({type(module).__name__}) got an input of shape "
+                               f"{shape} whose first dimension is not the batch ({run.batch}); "
+                               f"per-example norms need batch-first inputs (e.g. "
+                               f"batch_first=True)")
+                return None
+            inputs, grads = by_layer.setdefault(index, ([], []))
+            inputs.append(x)
+            grads.append(run.grads.get(k))
+        terms = Terms()
+        with torch.no_grad():
+            got = [layer_terms(terms, self._layer_list[index][1], inputs, grads)
+                   for index, (inputs, grads) in by_layer.items()]
+        if not any(got):
+            run.problem = "no supported layer got a gradient"
+            return None
+        return terms
 
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
         run, self._pass = self._pass, None
         batch = run.batch if run is not None else None
-        self._backwards.append(_Backward(batch, None, _total_sq([g for g in grads if g is not None]),
+        self._backwards.append(_Backward(batch, _total_sq([g for g in grads if g is not None]),
                                          None if run else "a backward pass without a forward"))
 
     def _comm_hook(self, state, bucket):   # DDP checks the annotations: none given
@@ -458,21 +485,35 @@ class NoiseScaleMonitor:
                               f"{self.population} (examples drawn without replacement)")
         return batch
 
-    def _grad_norms(self) -> list[torch.Tensor]:
-        """|.grad| of each parameter: the step's accumulated gradient."""
+    def _grads(self) -> list[torch.Tensor]:
+        """The parameters' .grad: the step's accumulated gradient."""
         if self._stale_grad:
             raise TheoryError("the parameters' .grad held a gradient before the first backward: "
                               "zero the gradients before each step's first backward (the monitor "
                               "reads the accumulated .grad)")
-        return _norms([p.grad for p in self.params if p.grad is not None])
+        return [p.grad for p in self.params if p.grad is not None]
 
-    def _per_example(self, passes: list[_Backward], scale: float) -> tuple[float, float, int]:
-        """Examples i of pass j (b_j of them) were seen as (scale / b_j) g_i; the mean gradient
-        v = .grad / (scale k) weighs the k passes' means 1/k each."""
-        sizes = [b.batch for b in passes]
-        batch, k = self._sizes(sizes), len(passes)
-        values, grad_sq = _host([b.example_sq for b in passes], self._grad_norms())
-        u_small = sum(b * b * v for b, v in zip(sizes, values)) / (scale * scale * batch)
+    def _grad_norms(self) -> list[torch.Tensor]:
+        """|.grad| of each parameter."""
+        return _norms(self._grads())
+
+    def _per_example(self, sizes: list[int | None], terms: list[Terms], scale: float
+                     ) -> tuple[float, float, int]:
+        """Examples i of pass j (b_j of them, squared norms summed to S_j) were seen as
+        (scale / b_j) g_i; the mean gradient v = .grad / (scale k) weighs the k passes' means
+        1/k each. Every norm of the step is taken in one ``_foreach_norm`` and read in one
+        transfer."""
+        batch, k = self._sizes(sizes), len(sizes)
+        squares = [t.squares for t in terms]
+        extras = [torch.cat(t.extras).sum() for t in terms if t.extras]
+        norms = _norms([s for group in squares for s in group] + self._grads())
+        values = torch.stack([*extras, *norms]).tolist() if extras or norms else []
+        extra = iter(values[:len(extras)])
+        sq = iter(v * v for v in values[len(extras):])
+        sums = [math.fsum([next(extra) if t.extras else 0.0,
+                           *(next(sq) for _ in group)]) for t, group in zip(terms, squares)]
+        grad_sq = math.fsum(sq)
+        u_small = sum(b * b * v for b, v in zip(sizes, sums)) / (scale * scale * batch)
         u_big = grad_sq / (scale * k) ** 2
         g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
                                self._coef(sum(1.0 / (k * k * b) for b in sizes)))
@@ -519,7 +560,6 @@ class NoiseScaleMonitor:
         if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale)
                 and loss_scale > 0):
             raise TheoryError(f"loss_scale must be a positive number, got {loss_scale!r}")
-        self._close_pass()
         if self._active:
             reading = self._measure(float(loss_scale))
         else:
@@ -535,12 +575,14 @@ class NoiseScaleMonitor:
 
     def _reset(self) -> None:
         """Forget the step's passes (the fresh-gradient check ends with the first step)."""
-        self._backwards, self._forwards = [], []
+        self._backwards, self._forwards, self._passes, self._pass = [], [], [], None
+        self._evicted.clear()
         if self.ddp:
             self._local, self._work, self._shared = [], None, None
         for handle in self._fresh_checks:
             handle.remove()
         self._fresh_checks, self._stale_grad = [], False
+        self._fresh_seen.clear()
 
     def _measure(self, scale: float) -> NoiseReading:
         try:
@@ -562,11 +604,10 @@ class NoiseScaleMonitor:
         return reading
 
     def _estimate(self, scale: float) -> tuple[str, tuple[float, float, int]]:
-        passes = self._backwards
-        if not passes:
-            raise TheoryError("NoiseScaleMonitor.step() called before any backward pass since "
-                              "the last step: call it after loss.backward()")
         if self.per_pass_norms:
+            passes = self._backwards
+            if not passes:
+                raise _no_backward()
             if len(passes) < 2:
                 why = "; ".join(self.blockers) or "method='micro_batch'"
                 raise TheoryError(
@@ -574,12 +615,22 @@ class NoiseScaleMonitor:
                     f"at least 2 micro-batches per step (several backward passes before step()),"
                     f" or train under DistributedDataParallel")
             return "micro_batch", self._micro_batch(passes, scale)
-        problems = [b.problem for b in passes if b.problem]
+        # the forwards whose backward ran (one without a backward is dropped)
+        runs = [run for run in self._passes if run.grads]
+        if any(run.grads for run in self._evicted):
+            raise TheoryError(f"NoiseScaleMonitor: a backward pass reached a forward that had been "
+                              f"released after {MAX_PENDING_FORWARDS} newer forwards without a "
+                              f"backward; run each micro-batch's backward within "
+                              f"{MAX_PENDING_FORWARDS} forwards")
+        if not runs:
+            raise _no_backward()
+        terms = [None if run.problem else self._pass_terms(run) for run in runs]
+        problems = [run.problem for run in runs if run.problem]
         if problems:
             raise TheoryError(f"NoiseScaleMonitor: no per-example gradient norms: {problems[0]};"
                               f" or use method='micro_batch' with at least 2 micro-batches per "
                               f"step")
-        return "per_example", self._per_example(passes, scale)
+        return "per_example", self._per_example([run.batch for run in runs], terms, scale)
 
     # -- lifetime ------------------------------------------------------------------------------
 

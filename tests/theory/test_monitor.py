@@ -98,6 +98,20 @@ def test_per_example_step_equals_the_sample_estimate(population):
         assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
 
 
+def check_pooled(r, net, parts):
+    """The reading ``r`` of two accumulated micro-batches of 8 and 12 (loss halved each) against
+    every example's gradient and the accumulated gradient, v = (m_1 + m_2) / 2, with
+    E|v|^2 = |G|^2 + (1/8 + 1/12) / 4 tr."""
+    grads = [example_gradients(net, x, y) for x, y in parts]
+    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
+    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
+    c_big = (1 / 8 + 1 / 12) / 4
+    trace = (u_small - u_big) / (1 - c_big)
+    assert r.method == "per_example" and r.batch_size == 20
+    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
+    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+
+
 def test_per_example_under_accumulation_pools_the_micro_batches():
     """Micro-batches of 8 and 12 (loss halved each): every example's gradient against the
     accumulated gradient, v = (m_1 + m_2) / 2, with E|v|^2 = |G|^2 + (1/8 + 1/12) / 4 tr."""
@@ -109,14 +123,53 @@ def test_per_example_under_accumulation_pools_the_micro_batches():
     for x, y in parts:
         (F.cross_entropy(net(x), y) / 2).backward()
     r = monitor.step(loss_scale=0.5)
-    grads = [example_gradients(net, x, y) for x, y in parts]
-    u_small = float(torch.cat(grads).pow(2).sum(1).mean())
-    u_big = float(((grads[0].mean(0) + grads[1].mean(0)) / 2).pow(2).sum())
-    c_big = (1 / 8 + 1 / 12) / 4
-    trace = (u_small - u_big) / (1 - c_big)
-    assert r.method == "per_example" and r.batch_size == 20
-    assert r.step_trace_sigma == pytest.approx(trace, rel=1e-10)
-    assert r.step_g_sq == pytest.approx(u_big - c_big * trace, rel=1e-10)
+    check_pooled(r, net, parts)
+
+
+def test_interleaved_forwards_and_an_in_place_activation_are_read_exactly():
+    """Two micro-batches whose forwards both run before either backward, through a network
+    whose Linear outputs are modified in place (ReLU(inplace=True)): the hooks see each call's
+    own output gradient, so the step equals the ground truth on the pooled examples."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)).double()
+    monitor = NoiseScaleMonitor(net, window=5)
+    gen = torch.Generator().manual_seed(7)
+    parts = [(torch.randn(n, 5, generator=gen, dtype=torch.float64),
+              torch.randint(3, (n,), generator=gen)) for n in (8, 12)]
+    net.zero_grad()
+    losses = [F.cross_entropy(net(x), y) / 2 for x, y in parts]
+    for loss in reversed(losses):
+        loss.backward()
+    r = monitor.step(loss_scale=0.5)
+    check_pooled(r, net, parts)
+
+
+def test_forwards_without_a_backward_pin_a_bounded_number_of_inputs():
+    """An evaluation with gradients enabled between steps: at most MAX_PENDING_FORWARDS
+    forwards keep their inputs, the step after it is exact, and a backward that reaches a
+    released forward is refused rather than left out."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    monitor = NoiseScaleMonitor(net, window=5)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        net(torch.randn(4, 5, generator=gen, dtype=torch.float64))
+    assert len(monitor._passes) == theory.monitor.MAX_PENDING_FORWARDS
+    x = torch.randn(16, 5, generator=gen, dtype=torch.float64)
+    y = torch.randint(3, (16,), generator=gen)
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    r = monitor.step()
+    g_ref, t_ref = sample_estimate(net, x, y)
+    assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
+    assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+    net.zero_grad()
+    first = F.cross_entropy(net(x), y)
+    for _ in range(theory.monitor.MAX_PENDING_FORWARDS):
+        net(x)
+    first.backward()
+    with pytest.raises(TheoryError, match="reached a forward that had been released after 8"):
+        monitor.step()
 
 
 def test_a_summed_loss_with_its_scale_reads_as_the_mean():
