@@ -454,7 +454,9 @@ def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfi
                          getattr(plan.program, "takes_module_state", False), random)[0]
         st.init_loss = torch.full_like(st.init_loss, float("inf"))  # no trial "diverges"
         scratch = replace(runner, program=plan.program, update_in_step=plan.update_in_step)
-        done = [0]
+        # from the run's own first update: a run resumed from a state reads its data order
+        # from there, and an update before it has no batch
+        done = [runner.origin.step]
 
         def step() -> int:
             scratch.step(st, done[0])

@@ -5,6 +5,7 @@ values), and the real trials' generator and state are untouched; trials spread o
 compute what one thread computes."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -158,3 +159,24 @@ def test_trials_spread_over_threads_equal_one_thread(monkeypatch):
     assert torch.get_num_threads() == threads
     assert all(torch.equal(one.params[k], two.params[k]) for k in one.params)
     assert [c.metric.tolist() for c in one.curves] == [c.metric.tolist() for c in two.curves]
+
+
+def test_a_run_resumed_from_a_state_measures_from_its_own_first_update(tmp_path, monkeypatch):
+    """A branch resumes from a checkpoint at a new batch size (a cell not yet measured): the
+    candidates are timed on the batches of the run's own updates, not of update 0, which a
+    resumed data order does not hold (it gave an empty batch and no gradients). The measured
+    run equals the same resumed run with its program forced."""
+    monkeypatch.setenv("SPARSESCALE_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPARSESCALE_CHOICE", "measure")
+    ds = images()
+    torch.manual_seed(1)
+    net = SmallCNN()
+    state = training.train_trials(net, ds, TRIALS[:1], replace(RUN, max_steps=7),
+                                  return_state=True).end_state
+    resumed = replace(RUN, batch_size=16, max_steps=9)
+    res = training.train_trials(net, ds, TRIALS, resumed, start=state)
+    assert res.program_choice == "measured"
+    monkeypatch.setenv("SPARSESCALE_CHOICE", res.program)
+    forced = training.train_trials(net, ds, TRIALS, resumed, start=state)
+    for k in res.params:
+        assert torch.equal(forced.params[k], res.params[k])
