@@ -90,6 +90,12 @@ CHUNK_BUDGET = 128 << 20
 # evaluation interval (the replay snapshot, training.trials). simple_cnn holds 26 MB a trial
 # with momentum: 32 trials in one stack copied 840 MB, and a B = 4096 group peaked at 2.1 GB.
 SNAPSHOT_BUDGET = 256 << 20
+# Bytes of one ``batched`` / ``func`` stack's activations, counted STACK_SAVED times (the forward
+# outputs, autograd's saved tensors and their gradients): the speed rule's floor of 8 trials a
+# stack ignores memory, and a byte-level LM branched at B = 16,384 (43k weights, about 40k
+# activation floats an example) held 8 trials of about 3 GB each and was killed for memory.
+STACK_MEMORY = 2 << 30
+STACK_SAVED = 4
 # Bytes of a per_trial stack's state (plus one trial's gradients) that stay in the last-level
 # cache from one step to the next. Measured on the 2-core machine (one thread): copy bandwidth
 # 27 GB/s up to 2 x 32 MB, 20 at 2 x 64, 13 from 2 x 128 MB (sysfs reports the host's 480 MiB
@@ -167,6 +173,12 @@ def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
     return min(MAX_STACK, even_chunks(max(1, n_trials), limit))
 
 
+def memory_limit(batch_size: int, floats_per_example: int, itemsize: int) -> int:
+    """Trials per vectorized stack whose activations fit in STACK_MEMORY (at least 1)."""
+    per_trial = batch_size * max(1, floats_per_example) * itemsize * STACK_SAVED
+    return max(1, STACK_MEMORY // per_trial)
+
+
 def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
     """Trials per ``per_trial`` stack whose state, with one trial's gradients, fits in
     RESIDENT_BUDGET (at least 1), split evenly."""
@@ -207,7 +219,8 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
-    stack = min(stack, default_chunk(batch_size, activation_floats(model, input_shape)))
+    floats = activation_floats(model, input_shape)
+    stack = min(stack, default_chunk(batch_size, floats), memory_limit(batch_size, floats, itemsize))
     eager = (build_program(model, task, precision) if loss is None
              else FuncProgram(model, task, loss, precision))
     program = "batched" if isinstance(eager, BatchedProgram) else "func"
@@ -256,7 +269,8 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
         stack = 128
         while stack > 1 and stack * batch_size * floats > ACTIVATION_BUDGET:
             stack //= 2
-        stack = min(stack, snapshot_limit(model, optimizer, itemsize, n_trials))
+        stack = min(stack, snapshot_limit(model, optimizer, itemsize, n_trials),
+                    memory_limit(batch_size, floats, itemsize))
         plans.append(CellPlan("func", stack, batch_size,
                               FuncProgram(model, task, loss, precision)))
     return plans

@@ -128,6 +128,32 @@ def test_other_modules_take_torch_func():
         assert plan.trials_per_stack == min(64, default_chunk(512, activation_floats(net, (40,))))
 
 
+def test_a_vectorized_stack_fits_the_memory_budget_down_to_one_trial():
+    """At a large batch the speed rule's 8 trials a stack would not fit in memory: the stack
+    holds what STACK_MEMORY allows (activations x STACK_SAVED), down to one trial, in the rules'
+    plan and in the measured choice's func candidate alike."""
+    from training.engine.cell_plan import candidate_plans, memory_limit
+
+    # big activations, small weights: a dilated convolution (not the compiled kernel's)
+    wide = nn.Sequential(nn.Unflatten(1, (1, 4000)), nn.Conv1d(1, 16, 3, dilation=2), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(16 * 3996, 10))
+    floats = activation_floats(wide, (4000,))
+    stacks = {}
+    for batch_size in (64, 256, 16384):
+        fits = max(1, cellplan.STACK_MEMORY // (batch_size * floats * 4 * cellplan.STACK_SAVED))
+        assert memory_limit(batch_size, floats, 4) == fits
+        plan = plan_cell(wide, "classification", (4000,), batch_size, 32)
+        assert plan.name == "func"
+        stacks[batch_size] = plan.trials_per_stack
+        assert stacks[batch_size] == min(default_chunk(batch_size, floats), fits)
+    assert stacks == {64: 8, 256: 2, 16384: 1}   # the speed rule alone gives 8 at each
+    tanh = nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, 2, 3, dilation=2),
+                         nn.Flatten(), nn.Linear(72, 10), nn.Tanh())
+    func = [p for p in candidate_plans(tanh, "classification", (40,), 1 << 22, 32)
+            if p.name == "func"]
+    assert func and func[0].trials_per_stack == memory_limit(1 << 22, activation_floats(tanh, (40,)), 4)
+
+
 def test_l2_size_is_read_or_defaulted():
     assert cellplan.l2_bytes() >= 64 << 10
 
