@@ -41,19 +41,25 @@ def test_best_trial_test_accuracy_trains_the_best_trial_on_the_whole_split(tmp_p
     t = res.trials[(res.trials.group_key == g.key) & (res.trials.trial == g.best_trial)].iloc[0]
     assert b == 8 and trial.lr == t.lr and trial.momentum == t.momentum
     out = acc.main(run, epochs=1)
-    import torch
     import training
 
     ds = training.data.load("teacher", test=True)
     assert out.steps == math.ceil(ds.n_train / 8) and "test accuracy" in capsys.readouterr().out
-    # the plain reference trainer, the same trial and budget, scored by hand
+    assert out.test_accuracy == pytest.approx(reference_accuracy(ds, out), abs=1.5 / len(ds.y_test))
+
+
+def reference_accuracy(ds, out) -> float:
+    """Test accuracy of the plain reference trainer on ``out``'s trial and budget (B = 8),
+    scored by hand."""
+    import torch
+    import training
+
     net = training.models.build("mlp", ds, seed=0)
     ref = training.train_reference(net, ds, out.trial, training.RunConfig(8, "sgd",
                                                                           max_steps=out.steps))
     net.load_state_dict(ref.state)
     with torch.no_grad():
-        want = float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
-    assert out.test_accuracy == pytest.approx(want, abs=1.5 / len(ds.y_test))
+        return float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
 
 
 def test_best_trial_test_accuracy_decay_to_decays_linearly_over_the_run(tmp_path, capsys):
@@ -67,16 +73,9 @@ def test_best_trial_test_accuracy_decay_to_decays_linearly_over_the_run(tmp_path
     out = acc.main(run, epochs=1, decay_to=0.01)
     assert out.trial.decay_steps == out.steps and out.trial.end_factor == 0.01
     assert "linear decay to 0.01 x" in capsys.readouterr().out
-    import torch
     import training
 
     ds = training.data.load("teacher", test=True)
-    net = training.models.build("mlp", ds, seed=0)
-    ref = training.train_reference(net, ds, out.trial, training.RunConfig(8, "sgd",
-                                                                          max_steps=out.steps))
-    net.load_state_dict(ref.state)
-    with torch.no_grad():
-        want = float((net(ds.x_test).argmax(1) == ds.y_test).float().mean())
-    assert out.test_accuracy == pytest.approx(want, abs=1.5 / len(ds.y_test))
+    assert out.test_accuracy == pytest.approx(reference_accuracy(ds, out), abs=1.5 / len(ds.y_test))
     with pytest.raises(SystemExit, match="decay-to"):
         acc.main(run, epochs=1, decay_to=1.5)
