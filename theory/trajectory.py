@@ -75,21 +75,21 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
                   ) -> dict[int, dict[str, torch.Tensor]]:
     """Weights, and the module's buffers (BatchNorm's running statistics), after each of
     ``steps`` updates of trial ``trial_index`` of the run ``trial``, ``run`` describe
-    (``run.max_steps``, goal and stopping ignored), from ONE replay: the reference loop runs to
-    each step in turn and resumes from the state it returned (buffers and generator included)."""
+    (``run.max_steps``, goal and stopping ignored), from ONE replay: one reference run to the
+    last step, snapshotting the others on the way (``train_schedule_reference``'s
+    ``snapshots``: bit for bit the states of runs stopped at those steps)."""
     check_output(model, dataset, "replay_states")
-    states: dict[int, dict[str, torch.Tensor]] = {}
-    start = None
-    for t in sorted({int(s) for s in steps}):
-        leg = replace(run, max_steps=t, goal=None, stop="never",
-                      eval_schedule=EvalSchedule(every=max(t, 1)))
-        res = train_schedule_reference(model, dataset, trial, leg, mask=mask, start=start,
-                                       trial_index=trial_index)
-        if res.result.diverged:
-            raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
-                              f"before reaching step {t}")
-        states[t], start = {**res.result.state, **res.result.buffers}, res.state
-    return states
+    wanted = sorted({int(s) for s in steps})
+    last = wanted[-1]
+    leg = replace(run, max_steps=last, goal=None, stop="never",
+                  eval_schedule=EvalSchedule(every=max(last, 1)))
+    res = train_schedule_reference(model, dataset, trial, leg, mask=mask,
+                                   trial_index=trial_index, snapshots=wanted)
+    if res.result.diverged:
+        missing = [t for t in wanted if t not in res.snapshots]
+        raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
+                          f"before reaching step {missing[0]}")
+    return {t: res.snapshots[t] for t in wanted}
 
 
 def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
