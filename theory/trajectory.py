@@ -33,7 +33,6 @@ full split, as they do.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,10 +40,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from training.config import EvalSchedule, RunConfig, Trial
+from training.config import RunConfig, Trial
 from training.data import Dataset
 from training.models import check_output
-from training.reference import train_schedule_reference
+from training.replay import replay_snapshots
 
 from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
 from theory.errors import TheoryError, check_int
@@ -75,21 +74,16 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
                   ) -> dict[int, dict[str, torch.Tensor]]:
     """Weights, and the module's buffers (BatchNorm's running statistics), after each of
     ``steps`` updates of trial ``trial_index`` of the run ``trial``, ``run`` describe
-    (``run.max_steps``, goal and stopping ignored), from ONE replay: one reference run to the
-    last step, snapshotting the others on the way (``train_schedule_reference``'s
-    ``snapshots``: bit for bit the states of runs stopped at those steps)."""
+    (``run.max_steps``, goal and stopping ignored), from ONE replay to the last step
+    (``training.replay.replay_snapshots``: bit for bit the states of the reference loop
+    stopped at those steps)."""
     check_output(model, dataset, "replay_states")
-    wanted = sorted({int(s) for s in steps})
-    last = wanted[-1]
-    leg = replace(run, max_steps=last, goal=None, stop="never",
-                  eval_schedule=EvalSchedule(every=max(last, 1)))
-    res = train_schedule_reference(model, dataset, trial, leg, mask=mask,
-                                   trial_index=trial_index, snapshots=wanted)
-    if res.result.diverged:
-        missing = [t for t in wanted if t not in res.snapshots]
-        raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
-                          f"before reaching step {missing[0]}")
-    return {t: res.snapshots[t] for t in wanted}
+    states, diverged = replay_snapshots(model, dataset, trial, run, steps, mask, trial_index)
+    if diverged is not None:
+        missing = min(int(s) for s in steps if int(s) not in states)
+        raise TheoryError(f"the replayed run diverged at step {diverged} "
+                          f"before reaching step {missing}")
+    return states
 
 
 def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
