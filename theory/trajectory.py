@@ -1,10 +1,11 @@
 """Probes along a training run: replay a trial once and measure noise and smoothness at given steps.
 
-The run is replayed ONCE with the plain reference loop (``training.train_schedule_reference``:
-same data order, learning-rate schedule and mask as the trial it reproduces, resumed from the
-state it returns), snapshotting the weights at every probed step on the way, so the weights
-probed are the run's own. At each probe step t, on the full training split by default
-(``examples`` for a sample, estimates still unbiased for the split, :mod:`theory.sampling`):
+The run is replayed ONCE, to its last probed step, by the plain reference loop
+(``training.replay.replay_snapshots``: bit for bit ``training.train_schedule_reference``, same data
+order, learning-rate schedule and mask as the trial it reproduces), snapshotting the weights at
+every probed step on the way, so the weights probed are the run's own. At each probe step t,
+on the full training split by default (``examples`` for a sample, estimates still unbiased for
+the split, :mod:`theory.sampling`):
 
 - ``g_sq``, ``trace_sigma``: |G|^2 and tr(Sigma) averaged over ``average`` consecutive weights
   w_t .. w_{t+a-1} (shifted left so they end at the horizon), ``b_simple`` = the ratio of those
@@ -24,10 +25,16 @@ The replay trains as the trial did (train mode); every measurement is of the eva
 replayed state carries (``load_state_dict(strict=False)``); a state that holds only parameters
 leaves the model's own, those of step 0.
 
-Cost: one replay of H steps per run, and per probe point ``average`` per-example gradient passes
-(torch.func, chunked), ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products and 9
-gradients for L, in float32 by default. Lee's L is not corrected for sampling: measure it on the
-full split, as they do.
+Cost: one replay of H steps per run (one pass, no evaluations; for the SGD family without
+``torch.optim``'s per-step machinery), and per probe point ``average`` per-example gradient-norm
+passes over the split, one pass of the 9 gradients of L (batched over the gammas), and
+``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products on one Hessian graph of the
+curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 training
+examples, 1,024-example curvature sample) a point is about 15 GFLOP: L 5.3, the noise passes
+2.4, the 37 Hessian-vector products 6.8; 10 points x 6 runs are about a quarter of the
+training's FLOPs, and the replays at B = 8 (one step about 1 ms of overhead for 0.7 MFLOP)
+add the rest (docs/benchmarks/log.md, "probe cost"). Lee's L is not corrected for sampling:
+measure it on the full split, as they do.
 """
 
 from __future__ import annotations
