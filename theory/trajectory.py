@@ -30,10 +30,10 @@ Cost: one replay of H steps per run (one pass, no evaluations; for the SGD famil
 passes over the split, one pass of the 9 gradients of L (batched over the gammas), and
 ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products on one Hessian graph of the
 curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 training
-examples, 1,024-example curvature sample) a point is about 15 GFLOP: L 5.3, the noise passes
-2.4, the 37 Hessian-vector products 6.8; 10 points x 6 runs are about a quarter of the
-training's FLOPs, and the replays at B = 8 (one step about 1 ms of overhead for 0.7 MFLOP)
-add the rest (docs/benchmarks/log.md, "probe cost"). Lee's L is not corrected for sampling:
+examples, 1,024-example curvature sample) a point is about 14 GFLOP: L 5.3, the noise passes
+2.4, the 37 Hessian-vector products 5.9; 10 points x 6 runs are about a quarter of the
+training's FLOPs, and the replays at B = 8 (a step: 0.7 ms of overhead for 0.7 MFLOP) add
+to that (docs/benchmarks/log.md#probe-replay-floor). Lee's L is not corrected for sampling:
 measure it on the full split, as they do.
 """
 
