@@ -138,6 +138,8 @@ def test_bad_arguments_are_named(tiny):
         probe_trajectory(net, ds, TRIAL, {"batch_size": 8}, steps=[0], horizon=10)
     with pytest.raises(TheoryError, match="horizon"):
         probe_trajectory(net, ds, TRIAL, RUN, steps=[0], horizon=0)
+    with pytest.raises(TheoryError, match=r"the replayed run diverged at step \d+ before reaching step 30"):
+        replay_states(net, ds, training.Trial(lr=1e5, momentum=0.9), RUN, [0, 1, 30])
 
 
 def test_replayed_states_carry_the_running_statistics():
