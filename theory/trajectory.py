@@ -1,10 +1,11 @@
 """Probes along a training run: replay a trial once and measure noise and smoothness at given steps.
 
-The run is replayed ONCE with the plain reference loop (``training.train_schedule_reference``:
-same data order, learning-rate schedule and mask as the trial it reproduces, resumed from the
-state it returns), snapshotting the weights at every probed step on the way, so the weights
-probed are the run's own. At each probe step t, on the full training split by default
-(``examples`` for a sample, estimates still unbiased for the split, :mod:`theory.sampling`):
+The run is replayed ONCE, to its last probed step, by the plain reference loop
+(``training.replay.replay_snapshots``: bit for bit ``training.train_schedule_reference``, same data
+order, learning-rate schedule and mask as the trial it reproduces), snapshotting the weights at
+every probed step on the way, so the weights probed are the run's own. At each probe step t,
+on the full training split by default (``examples`` for a sample, estimates still unbiased for
+the split, :mod:`theory.sampling`):
 
 - ``g_sq``, ``trace_sigma``: |G|^2 and tr(Sigma) averaged over ``average`` consecutive weights
   w_t .. w_{t+a-1} (shifted left so they end at the horizon), ``b_simple`` = the ratio of those
@@ -24,16 +25,21 @@ The replay trains as the trial did (train mode); every measurement is of the eva
 replayed state carries (``load_state_dict(strict=False)``); a state that holds only parameters
 leaves the model's own, those of step 0.
 
-Cost: one replay of H steps per run, and per probe point ``average`` per-example gradient passes
-(torch.func, chunked), ``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products and 9
-gradients for L, in float32 by default. Lee's L is not corrected for sampling: measure it on the
-full split, as they do.
+Cost: one replay of H steps per run (one pass, no evaluations; for the SGD family without
+``torch.optim``'s per-step machinery), and per probe point ``average`` per-example gradient-norm
+passes over the split, one pass of the 9 gradients of L (batched over the gammas), and
+``hessian_examples`` + ``lanczos`` + 1 Hessian-vector products on one Hessian graph of the
+curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 training
+examples, 1,024-example curvature sample) a point is about 14 GFLOP: L 5.3, the noise passes
+2.4, the 37 Hessian-vector products 5.9; 10 points x 6 runs are about a quarter of the
+training's FLOPs, and the replays at B = 8 (a step: 0.7 ms of overhead for 0.7 MFLOP) add
+to that (docs/benchmarks/log.md#probe-replay-floor). Lee's L is not corrected for sampling:
+measure it on the full split, as they do.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,10 +47,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from training.config import EvalSchedule, RunConfig, Trial
+from training.config import RunConfig, Trial
 from training.data import Dataset
 from training.models import check_output
-from training.reference import train_schedule_reference
+from training.replay import replay_snapshots
 
 from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
 from theory.errors import TheoryError, check_int
@@ -75,20 +81,15 @@ def replay_states(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str
                   ) -> dict[int, dict[str, torch.Tensor]]:
     """Weights, and the module's buffers (BatchNorm's running statistics), after each of
     ``steps`` updates of trial ``trial_index`` of the run ``trial``, ``run`` describe
-    (``run.max_steps``, goal and stopping ignored), from ONE replay: the reference loop runs to
-    each step in turn and resumes from the state it returned (buffers and generator included)."""
+    (``run.max_steps``, goal and stopping ignored), from ONE replay to the last step
+    (``training.replay.replay_snapshots``: bit for bit the states of the reference loop
+    stopped at those steps)."""
     check_output(model, dataset, "replay_states")
-    states: dict[int, dict[str, torch.Tensor]] = {}
-    start = None
-    for t in sorted({int(s) for s in steps}):
-        leg = replace(run, max_steps=t, goal=None, stop="never",
-                      eval_schedule=EvalSchedule(every=max(t, 1)))
-        res = train_schedule_reference(model, dataset, trial, leg, mask=mask, start=start,
-                                       trial_index=trial_index)
-        if res.result.diverged:
-            raise TheoryError(f"the replayed run diverged at step {res.result.diverged_step} "
-                              f"before reaching step {t}")
-        states[t], start = {**res.result.state, **res.result.buffers}, res.state
+    states, diverged = replay_snapshots(model, dataset, trial, run, steps, mask, trial_index)
+    if diverged is not None:
+        missing = min(int(s) for s in steps if int(s) not in states)
+        raise TheoryError(f"the replayed run diverged at step {diverged} "
+                          f"before reaching step {missing}")
     return states
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -117,7 +117,8 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
 def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[str, Any],
                              run: RunConfig, *, schedule: BatchSchedule | None = None,
                              mask: Mapping[str, torch.Tensor] | None = None,
-                             start: TrainState | None = None, trial_index: int = 0
+                             start: TrainState | None = None, trial_index: int = 0,
+                             snapshots: Collection[int] = ()
                              ) -> ScheduleResult:
     """:func:`train_reference` following a batch-size ``schedule``, optionally from ``start``.
 
@@ -140,6 +141,11 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     the start state's), the evaluations and the first mini-batch loss (the divergence reference)
     in eval mode. The result carries the final buffers; the caller's generator state is left as
     it was.
+
+    ``snapshots``: update counts (in [the start step, ``run.max_steps``]) after which the
+    parameters and module buffers are copied into the result's ``snapshots``; one run snapshots
+    a whole trajectory (the probes' replay) bit for bit as runs stopped and resumed at each
+    of those steps would, without their setup and evaluations.
     """
     check_output(model, dataset, "train_schedule_reference")
     check_run(run, "train_schedule_reference")
@@ -147,14 +153,15 @@ def train_schedule_reference(model: nn.Module, dataset: Dataset, trial: Trial | 
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           arithmetic(run.precision, run.device)):
         return _train_schedule_reference(model, dataset, trial, run, schedule, mask, start,
-                                         trial_index, random)
+                                         trial_index, random, snapshots)
 
 
 def _train_schedule_reference(model: nn.Module, dataset: Dataset,
                               trial: Trial | Mapping[str, Any], run: RunConfig,
                               schedule: BatchSchedule | None,
                               mask: Mapping[str, torch.Tensor] | None, start: TrainState | None,
-                              trial_index: int, random: bool) -> ScheduleResult:
+                              trial_index: int, random: bool,
+                              snapshots: Collection[int] = ()) -> ScheduleResult:
     trial = Trial.from_dict(trial)
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:
@@ -172,6 +179,10 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     step = 0 if start is None else start.step
     if run.max_steps < step:
         raise ConfigError(f"max_steps ({run.max_steps}) must be >= the start state's step ({step})")
+    wanted = {int(s) for s in snapshots}
+    if any(not step <= s <= run.max_steps for s in wanted):
+        raise ConfigError(f"snapshots must be update counts in [{step}, {run.max_steps}] (the start "
+                          f"step to max_steps), got {sorted(wanted)}")
     goal = as_goal(run.goal, dataset.task)
     metric = goal_metric(goal, dataset.task)
     data = dataset.to(run.device, run.dtype)
@@ -188,7 +199,8 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     evals = {s for s in run.eval_schedule.steps(run.max_steps) if start is None or s > step}
     stop_at_goal = run.stop != "never"
 
-    # This loop and training.distributed.trainer.train_rank mirror each other line for line on purpose:
+    # This loop and training.distributed.trainer.train_rank mirror each other line for line on purpose
+    # (the snapshots aside: only the probes' replay takes them):
     # each stays a readable textbook loop (the ground truth, and its data-parallel twin) instead
     # of sharing a callback-driven skeleton that neither reader could check at a glance.
     rows: list[tuple[int, float, float]] = []
@@ -210,6 +222,12 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
         initial_loss, losses = start.initial_loss[0], []
     hit = diverged_step = None
     examples = 0
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+
+    def snapshot() -> None:
+        if step in wanted:
+            saved[step] = {k: v.detach().clone() for k, v in (*net.named_parameters(),
+                                                               *net.named_buffers())}
 
     def record(k: int) -> bool:
         value = evaluate(net, data.x_val, data.y_val, metric, dataset.task, loss=dataset.loss,
@@ -218,6 +236,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
         losses.clear()
         return bool(goal is not None and goal.met(value))
 
+    snapshot()
     if step in evals and record(step):
         hit = step
     while step < run.max_steps and not (hit is not None and stop_at_goal):
@@ -238,6 +257,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
         opt.step()
         step, position, examples = step + 1, after, examples + len(idx)
         losses.append(value)
+        snapshot()
         if step in evals and record(step) and hit is None:
             hit = step
 
@@ -251,7 +271,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     state = TrainState({k: v[None] for k, v in weights.items()}, buffers, step, position,
                        (initial_loss,), moments, {k: v[None] for k, v in model_buffers.items()},
                        (randomness.get_state(run.device),) if random else ())
-    return ScheduleResult(result=result, state=state, examples=examples)
+    return ScheduleResult(result=result, state=state, examples=examples, snapshots=saved)
 
 
 # torch.optim's per-parameter state a TrainState's buffers and moments hold, by Adam-type or not

@@ -60,9 +60,11 @@ class ScheduleResult:
 
     ``result``: as :func:`training.train_reference`'s (steps count from the run's beginning, not
     from the start state); ``state``: where the run stopped, to resume or branch from;
-    ``examples``: training examples consumed by this call.
+    ``examples``: training examples consumed by this call; ``snapshots``: the parameters and
+    module buffers (by name) after each update count the call's ``snapshots`` asked for.
     """
 
     result: ReferenceResult
     state: TrainState
     examples: int
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)

@@ -138,6 +138,8 @@ def test_bad_arguments_are_named(tiny):
         probe_trajectory(net, ds, TRIAL, {"batch_size": 8}, steps=[0], horizon=10)
     with pytest.raises(TheoryError, match="horizon"):
         probe_trajectory(net, ds, TRIAL, RUN, steps=[0], horizon=0)
+    with pytest.raises(TheoryError, match=r"the replayed run diverged at step \d+ before reaching step 30"):
+        replay_states(net, ds, training.Trial(lr=1e5, momentum=0.9), RUN, [0, 1, 30])
 
 
 def test_replayed_states_carry_the_running_statistics():
@@ -154,6 +156,26 @@ def test_replayed_states_carry_the_running_statistics():
     assert torch.equal(states[7]["1.running_mean"], ref.buffers["1.running_mean"])
     assert int(states[3]["1.num_batches_tracked"]) == 3
     assert not torch.equal(states[3]["1.running_var"], torch.ones(16))
+
+
+def test_one_replay_is_bit_identical_with_batch_norm_and_dropout():
+    """The one-pass replay on a network whose steps update running statistics and draw dropout
+    masks: every snapshot equals a reference run stopped at that step, bit for bit."""
+    from torch import nn
+
+    ds = training.data.load("teacher", n=200, dim=8, num_classes=3, seed=1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+                        nn.Linear(16, 3))
+    run = training.RunConfig(16, optimizer="momentum", seed=2)
+    states = replay_states(net, ds, TRIAL, run, [9, 0, 4, 5], trial_index=1)
+    assert list(states) == [0, 4, 5, 9]
+    for t, state in states.items():
+        alone = training.train_reference(net, ds, TRIAL, dataclasses.replace(
+            run, max_steps=t, stop="never"), trial_index=1)
+        assert state.keys() == {**alone.state, **alone.buffers}.keys()
+        for name, v in {**alone.state, **alone.buffers}.items():
+            assert torch.equal(state[name], v), (t, name)
 
 
 def test_float32_probes_on_a_curvature_sample_match_float64_loops(tiny):

@@ -14,6 +14,7 @@ from training import DataError, ModelError, RunConfig, Trial
 from training.distributed.trainer import DistRun, train_env_rank
 from training.models import check_output, expected_output
 from training.reference import train_schedule_reference
+from training.replay import replay_snapshots
 from training.schedule_trials import train_schedule_trials
 
 TRIAL = Trial(lr=0.1, momentum=0.9)
@@ -27,6 +28,7 @@ TRAINERS = {
     "train_schedule_trials": lambda m, d: train_schedule_trials(m, d, [TRIAL], RUN),
     "train_distributed": lambda m, d: training.train_distributed(m, d, TRIAL, RUN, world_size=2),
     "train_env_rank": lambda m, d: train_env_rank(m, d, DistRun(TRIAL, RUN, 2)),
+    "replay_snapshots": lambda m, d: replay_snapshots(m, d, TRIAL, RUN, [2]),
 }
 
 

@@ -2,6 +2,8 @@
 float64 equivalence with independent update rules is tests/training/test_reference.py), it is
 resumable from a TrainState bit for bit, and equal to an independent loop across a batch change."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -120,3 +122,78 @@ def test_state_checks_and_slicing(teacher320, net16):
         train_schedule_reference(net16, teacher320, trial, run5, start=state.params)
     with pytest.raises(ConfigError, match=r"batch_size must be an integer in \[1, 320\]"):
         train_schedule_reference(net16, teacher320, trial, run5, schedule=BatchSchedule.constant(321))
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_snapshots_are_the_states_of_runs_stopped_there(teacher320, optimizer):
+    """One run's snapshots, from a start state too, equal bit for bit the weights and buffers of
+    separate runs to each step, on a network with batch normalization and dropout (running
+    statistics and the dropout generator carried through the steps)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3),
+                        nn.Linear(16, 3))
+    trial = Trial(lr=0.05 if optimizer == "momentum" else 0.01, momentum=0.9, decay_steps=9,
+                  end_factor=0.3)
+    run = RunConfig(48, optimizer, max_steps=11, stop="never", seed=3,
+                    eval_schedule=EvalSchedule(every=4))
+    wanted = (0, 1, 6, 7, 11)
+    once = train_schedule_reference(net, teacher320, trial, run, trial_index=2, snapshots=wanted)
+    assert sorted(once.snapshots) == list(wanted)
+    for t in wanted:
+        alone = train_schedule_reference(net, teacher320, trial, RunConfig(
+            48, optimizer, max_steps=t, stop="never", seed=3), trial_index=2).result
+        expected = {**alone.state, **alone.buffers}
+        assert once.snapshots[t].keys() == expected.keys()
+        for name, v in expected.items():
+            assert torch.equal(once.snapshots[t][name], v), (t, name)
+    assert not torch.equal(once.snapshots[6]["1.running_mean"], once.snapshots[7]["1.running_mean"])
+    # from a start state: the steps count from the run's beginning
+    start = train_schedule_reference(net, teacher320, trial, RunConfig(
+        48, optimizer, max_steps=6, stop="never", seed=3), trial_index=2).state
+    later = train_schedule_reference(net, teacher320, trial, run, start=start, trial_index=2,
+                                     snapshots=(6, 11))
+    for t in (6, 11):
+        for name, v in once.snapshots[t].items():
+            assert torch.equal(later.snapshots[t][name], v), (t, name)
+    with pytest.raises(ConfigError, match=r"snapshots must be update counts in \[6, 11\]"):
+        train_schedule_reference(net, teacher320, trial, run, start=start, snapshots=(5, 11))
+    with pytest.raises(ConfigError, match=r"snapshots must be update counts in \[0, 11\]"):
+        train_schedule_reference(net, teacher320, trial, run, snapshots=(12,))
+
+
+@pytest.mark.parametrize(("optimizer", "momentum", "decay"),
+                         [("sgd", 0.0, None), ("momentum", 0.9, 7), ("nesterov", 0.8, None),
+                          ("momentum", 0.0, None), ("adamw", 0.9, 7)])
+def test_replay_snapshots_equal_the_reference_loop_bit_for_bit(teacher320, optimizer, momentum, decay):
+    """The lean replay (SGD family: torch.optim.SGD's arithmetic written out; Adam-type: the
+    reference loop's snapshots) against the reference loop stopped at each step, float32, with a
+    mask, batch normalization and dropout; a diverging run returns what it reached."""
+    from torch import nn
+    from training.replay import replay_snapshots
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3),
+                        nn.Linear(16, 3))
+    mask = {"0.weight": (torch.rand(16, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()}
+    trial = Trial(lr=0.01 if "adam" in optimizer else 0.1, momentum=momentum, decay_steps=decay,
+                  end_factor=0.2, weight_decay=0.01 if optimizer == "adamw" else 0.0)
+    run = RunConfig(48, optimizer, seed=3)
+    wanted = (0, 1, 5, 6, 13)   # 6 batches of 48 per epoch: step 13 is in the third
+    states, diverged = replay_snapshots(net, teacher320, trial, run, wanted, mask, trial_index=2)
+    assert diverged is None and list(states) == list(wanted)
+    for t in wanted:
+        alone = train_schedule_reference(net, teacher320, trial, RunConfig(
+            48, optimizer, max_steps=t, stop="never", seed=3), mask=mask, trial_index=2).result
+        expected = {**alone.state, **alone.buffers}
+        assert states[t].keys() == expected.keys()
+        for name, v in expected.items():
+            assert torch.equal(states[t][name], v), (t, name)
+    blown = replace(trial, lr=1e4)
+    states, diverged = replay_snapshots(net, teacher320, blown, run, (0, 1, 40), mask)
+    ref = train_schedule_reference(net, teacher320, blown, RunConfig(48, optimizer, max_steps=40,
+                                                                     stop="never", seed=3), mask=mask)
+    assert diverged == ref.result.diverged_step is not None and 40 not in states
+    with pytest.raises(ConfigError, match="steps must be a non-empty collection"):
+        replay_snapshots(net, teacher320, trial, run, (), mask)
