@@ -93,6 +93,7 @@ CASES = {
         lambda: floats(B, 2, 5, 5), 1),
     "embedding, repeated tokens": (lambda: nn.Embedding(5, 4), lambda: tokens(B, 7), 1),
     "embedding, one token": (lambda: nn.Embedding(5, 4), lambda: tokens(B), 1),
+    "embedding, int32 tokens": (lambda: nn.Embedding(5, 4), lambda: tokens(B, 7).int(), 1),
     "embedding, padding_idx": (lambda: nn.Embedding(5, 4, padding_idx=0), lambda: tokens(B, 7), 1),
     "embedding, Gram": (lambda: nn.Embedding(20, 4, padding_idx=0), lambda: tokens(B, 7), 1),
     "embedding, long sequences": (lambda: nn.Embedding(150, 3, padding_idx=2),
