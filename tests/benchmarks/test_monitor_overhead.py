@@ -1,16 +1,20 @@
 """Overhead of theory.NoiseScaleMonitor on a plain training loop (pytest-benchmark).
 
 The loop: SGD with momentum on pre-drawn batches of 64, ``zero_grad``, forward, mean
-cross-entropy, ``backward``, ``monitor.step()``, ``optimizer.step()``; on the MNIST-1D MLP and a
-small transformer classifier (tests/theory/monitor_models.py), one thread. With the default
+cross-entropy, ``backward``, ``monitor.step()``, ``optimizer.step()``; on the MNIST-1D MLP, a
+tiny transformer classifier (one block, width 16, 8 tokens) and a small one (two blocks, width
+128, 64 tokens) (tests/theory/monitor_models.py), one thread. With the default
 ``--benchmark-disable`` each test runs once as a quick check of the readings.
 
 ``python tests/benchmarks/test_monitor_overhead.py`` prints the overhead table: the loop with and
 without the monitor, alternated in rounds in one process (so the ratio holds on a shared
 machine), per-step CPU time of the thread (``time.thread_time``; each loop's fastest round), for
-``every`` = 1, 2, 4, 8 and 16; and the DDP hook's: two gloo processes on loopback, wall-clock per
-step of a DDP loop with the monitor's communication hook against the same loop with DDP's
-built-in all-reduce (each loop's fastest round).
+``every`` = 1, 2, 4, 8 and 16, and with empty hooks in the monitor's places (a forward pre-hook
+on the model and a forward hook on each supported layer that do nothing: the floor of any
+capture by module hooks); then where a measured step's time goes (the monitor's ``step()``
+alone, and the operator calls it adds, counted by ``torch.profiler``); and the DDP hook's: two
+gloo processes on loopback, wall-clock per step of a DDP loop with the monitor's communication
+hook against the same loop with DDP's built-in all-reduce (each loop's fastest round).
 """
 
 from __future__ import annotations
@@ -38,11 +42,18 @@ from theory import NoiseScaleMonitor
 BATCH = 64
 
 
+# name: (steps, rounds) of the overhead table (the small transformer's step is ~100x longer)
+WORKLOADS = {"mlp": (40, 20), "transformer": (40, 20), "transformer-2x128": (8, 6)}
+
+
 def workload(name: str) -> tuple[torch.nn.Module, training.Dataset]:
     if name == "mlp":
         ds = training.data.load("mnist1d")
         return training.models.build("mlp", ds, seed=0), ds
     torch.manual_seed(0)
+    if name == "transformer-2x128":
+        return (TinyTransformer(dim=128, heads=4, blocks=2, length=64, vocab=256),
+                token_dataset(length=64, vocab=256))
     return TinyTransformer(), token_dataset()
 
 
@@ -83,19 +94,39 @@ def test_monitored_loop(benchmark, name, every):
 EVERIES = (1, 2, 4, 8, 16)
 
 
+class EmptyHooks:
+    """The monitor's module hooks, doing nothing: a forward pre-hook on the model and a forward
+    hook on each layer the monitor reads (``step()`` does nothing either)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        layers = NoiseScaleMonitor(net).layers.values()
+        self.handles = [net.register_forward_pre_hook(lambda m, args, kwargs: None,
+                                                      with_kwargs=True)]
+        self.handles += [m.register_forward_hook(lambda m, args, out: None) for m in layers]
+
+    def step(self) -> None:
+        return None
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def overhead(name: str, everies: tuple[int, ...] = EVERIES, steps: int = 40, rounds: int = 20
-             ) -> dict[int | None, float]:
-    """Per-step thread CPU seconds of the loop without the monitor (key None) and with it at each
-    ``every``: the loops alternate within every round, and each keeps its fastest round (the
-    least disturbed by other processes on a shared machine)."""
+             ) -> dict[int | str | None, float]:
+    """Per-step thread CPU seconds of the loop without the monitor (key None), with empty hooks
+    (key "hooks") and with the monitor at each ``every``: the loops alternate within every
+    round, and each keeps its fastest round (the least disturbed by other processes on a shared
+    machine)."""
     torch.set_num_threads(1)
     net, ds = workload(name)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
     data = batches(ds, steps)
-    times: dict[int | None, list[float]] = {key: [] for key in (None, *everies)}
+    times: dict[int | str | None, list[float]] = {key: [] for key in (None, "hooks", *everies)}
     for _ in range(rounds):
         for every, runs in times.items():
-            monitor = NoiseScaleMonitor(net, every=every) if every else None
+            monitor = (None if every is None else EmptyHooks(net) if every == "hooks"
+                       else NoiseScaleMonitor(net, every=every))
             loop(net, opt, data[:5], monitor)                     # warm up
             start = time.thread_time()
             loop(net, opt, data, monitor)
@@ -103,6 +134,39 @@ def overhead(name: str, everies: tuple[int, ...] = EVERIES, steps: int = 40, rou
             if monitor is not None:
                 monitor.close()
     return {key: min(runs) for key, runs in times.items()}
+
+
+def breakdown(name: str, steps: int = 20, rounds: int = 5) -> tuple[float, int, int]:
+    """Where a measured step's time goes: thread CPU seconds of the monitor's ``step()`` alone
+    inside the loop (fastest round), and the top-level operator calls of a step without and
+    with the monitor (``torch.profiler``; deterministic)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    net, ds = workload(name)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+    data = batches(ds, steps)
+    monitor = NoiseScaleMonitor(net)
+    loop(net, opt, data[:3], monitor)
+    best = math.inf
+    for _ in range(rounds):
+        spent = 0.0
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            start = time.thread_time()
+            monitor.step()
+            spent += time.thread_time() - start
+            opt.step()
+        best = min(best, spent / steps)
+    calls = []
+    for mon in (None, monitor):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loop(net, opt, data[:1], mon)
+        calls.append(sum(1 for e in prof.events() if e.name.startswith("aten::")
+                         and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))))
+    monitor.close()
+    return best, calls[0], calls[1]
 
 
 # -- DDP --------------------------------------------------------------------------------------
@@ -147,16 +211,22 @@ def ddp_overhead(steps: int = 50, rounds: int = 20) -> tuple[float, float]:
 
 
 def main() -> None:
-    print(f"{'workload':<12} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
+    print(f"{'workload':<18} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
           f"{'overhead':>9}")
-    for name in ("mlp", "transformer"):
-        times = overhead(name)
-        for every in EVERIES:
-            plain, monitored = times[None], times[every]
-            print(f"{name:<12} {every:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
+    for name, (steps, rounds) in WORKLOADS.items():
+        times = overhead(name, steps=steps, rounds=rounds)
+        plain = times[None]
+        for every in ("hooks", *EVERIES):
+            monitored = times[every]
+            print(f"{name:<18} {every:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
                   f"{100 * (monitored / plain - 1):>8.1f}%")
+    print(f"\n{'workload':<18} {'step() ms':>10} {'ops plain':>10} {'ops monitored':>14}")
+    for name, (steps, rounds) in WORKLOADS.items():
+        spent, plain_ops, monitored_ops = breakdown(name, steps=min(steps, 20),
+                                                    rounds=min(rounds, 5))
+        print(f"{name:<18} {spent * 1e3:>10.3f} {plain_ops:>10} {monitored_ops:>14}")
     plain, monitored = ddp_overhead()
-    print(f"{'mlp DDP x2':<12} {1:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
+    print(f"\n{'mlp DDP x2':<18} {1:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
           f"{100 * (monitored / plain - 1):>8.1f}%")
 
 
