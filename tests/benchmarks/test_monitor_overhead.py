@@ -102,7 +102,8 @@ class EmptyHooks:
     hook on each layer the monitor reads (``step()`` does nothing either)."""
 
     def __init__(self, net: torch.nn.Module) -> None:
-        layers = NoiseScaleMonitor(net).layers.values()
+        with NoiseScaleMonitor(net) as probe:
+            layers = list(probe.layers.values())
         self.handles = [net.register_forward_pre_hook(lambda m, args, kwargs: None,
                                                       with_kwargs=True)]
         self.handles += [m.register_forward_hook(lambda m, args, out: None) for m in layers]
