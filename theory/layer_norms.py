@@ -57,6 +57,11 @@ EMBEDDING_GRAM_POSITIONS = 64
 # the materialized form wins up to about twice the Gram form's multiplications).
 GRAM_ADVANTAGE = 2
 
+# A materialized per-example product of more elements than this is reduced to its examples'
+# norms at once (read while in cache, freed before the next layer's); a smaller one is left to
+# the caller's one fused norm (fewer operator calls, which is what small steps pay for).
+REDUCE_AT = 1 << 16
+
 _WIDE = (torch.float32, torch.float64)
 
 SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
@@ -131,7 +136,9 @@ def _outer_terms(terms: Terms, d: torch.Tensor, a: torch.Tensor, bias: bool = Fa
             gram_a += 1.0      # the bias's gradient: a column of ones appended to a
         terms.extras.append(torch.linalg.vecdot(gram_d.reshape(n, -1), gram_a.reshape(n, -1)))
         return
-    terms.squares.append(torch.bmm(d.transpose(1, 2), a))
+    product = torch.bmm(d.transpose(1, 2), a)
+    terms.squares.append(product if product.numel() <= REDUCE_AT else
+                         torch.linalg.vector_norm(product.reshape(n, -1), dim=1))
     if bias:
         terms.squares.append(d.sum(1))
 
