@@ -11,12 +11,13 @@ without the monitor, alternated in rounds in one process (so the ratio holds on 
 machine), per-step CPU time of the thread (``time.thread_time``): the plain loop's fastest
 round, and the median over rounds of each loop's time over the plain loop's in the same round
 (a ratio of neighbours, which load that comes and goes disturbs less than the fastest rounds
-do), for ``every`` = 1, 2, 4, 8 and 16, and with empty hooks in the monitor's places (a forward pre-hook
-on the model and a forward hook on each supported layer that do nothing: the floor of any
-capture by module hooks); then where a measured step's time goes (the monitor's ``step()``
-alone, and the operator calls it adds, counted by ``torch.profiler``); and the DDP hook's: two
-gloo processes on loopback, wall-clock per step of a DDP loop with the monitor's communication
-hook against the same loop with DDP's built-in all-reduce (each loop's fastest round).
+do), for ``every`` = 1, 2, 4, 8 and 16, and with empty hooks in the monitor's places (a
+forward pre-hook on the model and a forward hook on each supported layer that do nothing: the
+floor of any capture by module hooks); then where a measured step's time goes (the monitor's
+``step()`` alone, and the operator calls it adds, counted by ``torch.profiler``); and the DDP
+hook's: two gloo processes on loopback, a DDP loop with DDP's built-in all-reduce against the
+same loop with that all-reduce as a Python communication hook and with the monitor's hook, by
+wall clock and by process CPU time (the same statistics).
 """
 
 from __future__ import annotations
