@@ -23,7 +23,7 @@ stored (Goodfellow 2015, "Efficient per-example gradient computations"):
 - ``nn.Embedding``: g_i = sum_p e_{k_ip} d_ip^T (one-hot rows), so |g_i|^2 = sum over the distinct
   tokens k of example i of |sum_{p: k_ip = k} d_ip|^2 (repeated tokens add up before squaring);
   ``padding_idx`` positions get no gradient. A small vocabulary (at most twice the positions)
-  materializes g_i as a product with the one-hot rows.
+  materializes g_i, adding each position's row of d to its token's.
 - ``nn.LayerNorm`` / ``nn.RMSNorm``: g_i(weight) = sum_p d_ip o xhat_ip with xhat the normalized
   input, g_i(bias) = sum_p d_ip, materialized (they have one weight per feature).
 
@@ -41,7 +41,7 @@ these.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,11 @@ EMBEDDING_GRAM_POSITIONS = 64
 # multiplications of materializing the per-example gradients (measured on a CPU at B = 32-64:
 # the materialized form wins up to about twice the Gram form's multiplications).
 GRAM_ADVANTAGE = 2
+
+# A materialized per-example product of more elements than this is reduced to its examples'
+# norms at once (read while in cache, freed before the next layer's); a smaller one is left to
+# the caller's one fused norm (fewer operator calls, which is what small steps pay for).
+REDUCE_AT = 1 << 16
 
 _WIDE = (torch.float32, torch.float64)
 
@@ -131,7 +136,9 @@ def _outer_terms(terms: Terms, d: torch.Tensor, a: torch.Tensor, bias: bool = Fa
             gram_a += 1.0      # the bias's gradient: a column of ones appended to a
         terms.extras.append(torch.linalg.vecdot(gram_d.reshape(n, -1), gram_a.reshape(n, -1)))
         return
-    terms.squares.append(torch.bmm(d.transpose(1, 2), a))
+    product = torch.bmm(d.transpose(1, 2), a)
+    terms.squares.append(product if product.numel() <= REDUCE_AT else
+                         torch.linalg.vector_norm(product.reshape(n, -1), dim=1))
     if bias:
         terms.squares.append(d.sum(1))
 
@@ -215,8 +222,7 @@ def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tenso
         return
     b = calls[0][0].shape[0]
     dt = _compute_dtype(calls[0][1])
-    idx = _positions([x if x.dim() == 2 else x.reshape(b, -1) for x, _ in calls],
-                     calls[0][0].dtype)
+    idx = _positions([x if x.dim() == 2 else x.reshape(b, -1) for x, _ in calls], torch.int64)
     d = _positions([_rows(g, b, module.embedding_dim) for _, g in calls], dt)
     if module.padding_idx is not None:
         d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
@@ -224,10 +230,10 @@ def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tenso
     if positions == 1:
         terms.squares.append(d)
     elif module.num_embeddings <= GRAM_ADVANTAGE * positions:
-        # a small vocabulary: g_i = onehot_i^T d_i materialized, [V, D] per example
-        tokens = torch.arange(module.num_embeddings, device=idx.device).unsqueeze(1)
-        onehot_t = (idx.unsqueeze(1) == tokens).to(dt)                # [B, V, P]
-        terms.squares.append(torch.bmm(onehot_t, d))
+        # a small vocabulary: g_i = onehot_i^T d_i materialized, [V, D] per example, by adding
+        # each position's row to its token's (four operator calls)
+        rows = d.new_zeros(b, module.num_embeddings, module.embedding_dim)
+        terms.squares.append(rows.scatter_add_(1, idx.unsqueeze(2).expand_as(d), d))
     elif positions <= EMBEDDING_GRAM_POSITIONS:
         # sum over position pairs holding the same token of d_p . d_q
         same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(dt)
@@ -260,7 +266,7 @@ def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
             xhat = F.layer_norm(x, shape, eps=module.eps)
         else:
             xhat = F.rms_norm(x, shape, eps=module.eps)
-        terms.squares.append((g * xhat).sum(1))
+        terms.squares.append(torch.linalg.vecdot(g, xhat, dim=1))    # sum_p g_p o xhat_p
     if bias:
         terms.squares.append(g.sum(1))
 
@@ -268,19 +274,29 @@ def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
 _LAYERS = ((nn.Linear, _linear), ((nn.Conv1d, nn.Conv2d), _conv), (nn.Embedding, _embedding),
            ((nn.LayerNorm, nn.RMSNorm), _norm))
 
+TermsFunction = Callable[[Terms, nn.Module, list[tuple[torch.Tensor, torch.Tensor]]], None]
+
+
+def terms_function(module: nn.Module) -> TermsFunction:
+    """The function that adds ``module``'s terms to a :class:`Terms`, called as ``f(terms,
+    module, calls)`` with ``calls`` its calls' (input, output gradient) pairs, at least one (a
+    caller that computes many steps looks it up once)."""
+    for kinds, terms_of in _LAYERS:
+        if isinstance(module, kinds):
+            return terms_of
+    raise TypeError(f"{type(module).__name__} is not supported (layer_norms.SUPPORTED)")
+
 
 def layer_terms(terms: Terms, module: nn.Module, inputs: Sequence[torch.Tensor],
                 grads: Sequence[torch.Tensor | None]) -> bool:
     """Add ``module``'s per-example squared norms to ``terms`` (:func:`layer_sq_norms`); False
     when none of its calls' outputs got a gradient."""
+    terms_of = terms_function(module)
     calls = [(x, g) for x, g in zip(inputs, grads) if g is not None]
     if not calls:
         return False
-    for kinds, terms_of in _LAYERS:
-        if isinstance(module, kinds):
-            terms_of(terms, module, calls)
-            return True
-    raise TypeError(f"layer_terms: {type(module).__name__} is not supported")
+    terms_of(terms, module, calls)
+    return True
 
 
 def layer_sq_norms(module: nn.Module, inputs: Sequence[torch.Tensor],

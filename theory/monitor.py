@@ -52,11 +52,17 @@ Cost (per-example estimator): during the forward, one hook per supported layer k
 and registers a hook on its output whose callable is a dict's own ``__setitem__``, so the
 backward stores each output gradient without running a Python frame; nothing else happens until
 ``step()``. There, every layer adds a few kernels (:class:`theory.layer_norms.Terms`: e.g. two
-for a Linear layer on 2-d inputs), and all the squared norms of the step, per-example terms and
-the parameters' ``.grad`` alike, are taken in one ``torch._foreach_norm`` and read to the host in
-one transfer. What remains per measured step is a fixed count of hook calls and small kernels,
-which weighs most on small, dispatch-bound steps: ``every=N`` measures one step in N and removes
-all hooks in between (docs/guide/noise-monitor.md has the measured overhead).
+for a Linear layer on 2-d inputs, three or four for a layer over positions), and all the squared
+norms of the step, per-example terms and the parameters' ``.grad`` alike, are taken in one
+``torch._foreach_norm`` (one fused kernel on a GPU, one reduction per tensor on a CPU) and read
+to the host in one transfer. On 2-d layers the added work grows with the layers' widths, not
+their products, and what remains per measured step is a fixed count of hook calls and small
+kernels, which weighs most on small, dispatch-bound steps. On a layer over P positions the
+per-example terms take about the multiplications of the layer's own forward product (P K O per
+example for K inputs and O outputs, or P^2 (K + O) in the Gram form), so on sequence models
+the overhead stays a sizeable fraction of the step however large it is. ``every=N`` measures one
+step in N and removes all hooks in between (docs/guide/noise-monitor.md has the measured
+overhead).
 
 Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
 exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
@@ -73,7 +79,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -83,7 +89,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from theory.errors import TheoryError, check_int
-from theory.layer_norms import Terms, layer_terms, unsupported
+from theory.layer_norms import Terms, terms_function, unsupported
 from theory.monitor_log import ReadingLog
 from theory.noise import ratio_se, weighted_mean_cov
 from theory.sampling import noise_scale
@@ -137,13 +143,10 @@ class _Smoother:
 
     def __init__(self, window: int | None, ema: float | None) -> None:
         self.window, self.ema = window, ema
+        self.label = f"window {window}" if window else f"ema {ema:g}"
         self.recent: deque[tuple[float, float]] = deque(maxlen=window)
         self.sums = [0.0] * 7   # weight, weight^2, g, t, gg, tt, gt
         self.count = 0
-
-    @property
-    def label(self) -> str:
-        return f"window {self.window}" if self.window else f"ema {self.ema:g}"
 
     def add(self, g: float, t: float) -> tuple[float, float, float, float, float, float]:
         """Add one step; the smoothed (g, t, b_simple) and their standard errors."""
@@ -175,17 +178,19 @@ class _Smoother:
         return len(self.recent) if self.window else self.count
 
 
-@dataclass
 class _Pass:
     """One grad-enabled forward of the model: its batch size, the supported layers' calls
     (layer index, input), and the gradients of those calls' outputs by call number, filled in by
     its backward pass without any Python frame (each output's hook is the dict's own
     ``__setitem__``); the per-example norms are computed from them at ``step()``."""
 
-    batch: int | None
-    calls: list[tuple[int, Any]] = field(default_factory=list)
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)
-    problem: str | None = None
+    __slots__ = ("batch", "calls", "grads", "problem")
+
+    def __init__(self, batch: int | None) -> None:
+        self.batch = batch
+        self.calls: list[tuple[int, Any]] = []
+        self.grads: dict[int, torch.Tensor] = {}
+        self.problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,12 +215,18 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
+def _dense(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Sparse gradients (``Embedding(sparse=True)``) by their coalesced values, with the same
+    norm."""
+    if any(g.is_sparse for g in grads):
+        return [g.coalesce().values() if g.is_sparse else g for g in grads]
+    return grads
+
+
 def _norms(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """|g| of each tensor (sparse ones by their coalesced values), on their device and without a
     host synchronization: one fused kernel per dtype and device."""
-    if any(g.is_sparse for g in grads):
-        grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
-    return list(torch._foreach_norm(grads)) if grads else []
+    return list(torch._foreach_norm(_dense(list(grads)))) if grads else []
 
 
 def _total_sq(grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -298,6 +309,8 @@ class NoiseScaleMonitor:
         self._forwards: list[int | None] = []
         self.layers, self.blockers = self._layers()
         self._layer_list = list(self.layers.items())
+        # each layer's terms function, looked up once: step() calls it directly
+        self._terms_of = [terms_function(m) for m in self.layers.values()]
         self._layer_hooks = [partial(self._on_layer, i) for i in range(len(self._layer_list))]
         # the micro-batch estimator reads each backward's gradient norm
         self.per_pass_norms = not self.ddp and (
@@ -414,27 +427,28 @@ class NoiseScaleMonitor:
 
     def _pass_terms(self, run: _Pass) -> Terms | None:
         """The pass's per-example squared norms over its layers (as the hooks saw the
-        gradients); None, with ``run.problem`` saying why, where there are none."""
-        by_layer: dict[int, tuple[list[torch.Tensor], list[torch.Tensor | None]]] = {}
+        gradients; call under ``no_grad``); None, with ``run.problem`` saying why, where there
+        are none."""
+        batch, grads = run.batch, run.grads
+        by_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for k, (index, x) in enumerate(run.calls):
-            if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != run.batch:
+            if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != batch:
                 name, module = self._layer_list[index]
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 run.problem = (f"layer {name} ({type(module).__name__}) got an input of shape "
-                               f"{shape} whose first dimension is not the batch ({run.batch}); "
+                               f"{shape} whose first dimension is not the batch ({batch}); "
                                f"per-example norms need batch-first inputs (e.g. "
                                f"batch_first=True)")
                 return None
-            inputs, grads = by_layer.setdefault(index, ([], []))
-            inputs.append(x)
-            grads.append(run.grads.get(k))
-        terms = Terms()
-        with torch.no_grad():
-            got = [layer_terms(terms, self._layer_list[index][1], inputs, grads)
-                   for index, (inputs, grads) in by_layer.items()]
-        if not any(got):
+            g = grads.get(k)
+            if g is not None:       # (a call whose output got no gradient adds nothing)
+                by_layer.setdefault(index, []).append((x, g))
+        if not by_layer:
             run.problem = "no supported layer got a gradient"
             return None
+        terms, layers, terms_of = Terms(), self._layer_list, self._terms_of
+        for index, calls in by_layer.items():
+            terms_of[index](terms, layers[index][1], calls)
         return terms
 
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
@@ -502,17 +516,22 @@ class NoiseScaleMonitor:
         """Examples i of pass j (b_j of them, squared norms summed to S_j) were seen as
         (scale / b_j) g_i; the mean gradient v = .grad / (scale k) weighs the k passes' means
         1/k each. Every norm of the step is taken in one ``_foreach_norm`` and read in one
-        transfer."""
+        transfer: [the passes' extras' sums..., the squares' norms..., the .grad norms...]."""
         batch, k = self._sizes(sizes), len(sizes)
-        squares = [t.squares for t in terms]
+        squares = [s for t in terms for s in t.squares]
         extras = [torch.cat(t.extras).sum() for t in terms if t.extras]
-        norms = _norms([s for group in squares for s in group] + self._grads())
-        values = torch.stack([*extras, *norms]).tolist() if extras or norms else []
-        extra = iter(values[:len(extras)])
-        sq = iter(v * v for v in values[len(extras):])
-        sums = [math.fsum([next(extra) if t.extras else 0.0,
-                           *(next(sq) for _ in group)]) for t, group in zip(terms, squares)]
-        grad_sq = math.fsum(sq)
+        tensors = squares + _dense(self._grads())
+        scalars = [*extras, *(torch._foreach_norm(tensors) if tensors else ())]
+        values = torch.stack(scalars).tolist() if scalars else []
+        extra, at, sums = 0, len(extras), []
+        for t in terms:
+            parts = [v * v for v in values[at:at + len(t.squares)]]
+            at += len(t.squares)
+            if t.extras:
+                parts.append(values[extra])
+                extra += 1
+            sums.append(math.fsum(parts))
+        grad_sq = math.fsum(v * v for v in values[at:])
         u_small = sum(b * b * v for b, v in zip(sizes, sums)) / (scale * scale * batch)
         u_big = grad_sq / (scale * k) ** 2
         g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
@@ -624,7 +643,8 @@ class NoiseScaleMonitor:
                               f"{MAX_PENDING_FORWARDS} forwards")
         if not runs:
             raise _no_backward()
-        terms = [None if run.problem else self._pass_terms(run) for run in runs]
+        with torch.no_grad():
+            terms = [None if run.problem else self._pass_terms(run) for run in runs]
         problems = [run.problem for run in runs if run.problem]
         if problems:
             raise TheoryError(f"NoiseScaleMonitor: no per-example gradient norms: {problems[0]};"

@@ -1,16 +1,23 @@
 """Overhead of theory.NoiseScaleMonitor on a plain training loop (pytest-benchmark).
 
 The loop: SGD with momentum on pre-drawn batches of 64, ``zero_grad``, forward, mean
-cross-entropy, ``backward``, ``monitor.step()``, ``optimizer.step()``; on the MNIST-1D MLP and a
-small transformer classifier (tests/theory/monitor_models.py), one thread. With the default
+cross-entropy, ``backward``, ``monitor.step()``, ``optimizer.step()``; on the MNIST-1D MLP, a
+tiny transformer classifier (one block, width 16, 8 tokens) and a small one (two blocks, width
+128, 64 tokens) (tests/theory/monitor_models.py), one thread. With the default
 ``--benchmark-disable`` each test runs once as a quick check of the readings.
 
 ``python tests/benchmarks/test_monitor_overhead.py`` prints the overhead table: the loop with and
 without the monitor, alternated in rounds in one process (so the ratio holds on a shared
-machine), per-step CPU time of the thread (``time.thread_time``; each loop's fastest round), for
-``every`` = 1, 2, 4, 8 and 16; and the DDP hook's: two gloo processes on loopback, wall-clock per
-step of a DDP loop with the monitor's communication hook against the same loop with DDP's
-built-in all-reduce (each loop's fastest round).
+machine), per-step CPU time of the thread (``time.thread_time``): the plain loop's fastest
+round, and the median over rounds of each loop's time over the plain loop's in the same round
+(a ratio of neighbours, which load that comes and goes disturbs less than the fastest rounds
+do), for ``every`` = 1, 2, 4, 8 and 16, and with empty hooks in the monitor's places (a
+forward pre-hook on the model and a forward hook on each supported layer that do nothing: the
+floor of any capture by module hooks); then where a measured step's time goes (the monitor's
+``step()`` alone, and the operator calls it adds, counted by ``torch.profiler``); and the DDP
+hook's: two gloo processes on loopback, a DDP loop with DDP's built-in all-reduce against the
+same loop with that all-reduce as a Python communication hook and with the monitor's hook, by
+wall clock and by process CPU time (the same statistics).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -38,11 +46,18 @@ from theory import NoiseScaleMonitor
 BATCH = 64
 
 
+# name: (steps, rounds) of the overhead table (the small transformer's step is ~100x longer)
+WORKLOADS = {"mlp": (40, 20), "transformer": (40, 20), "transformer-2x128": (8, 6)}
+
+
 def workload(name: str) -> tuple[torch.nn.Module, training.Dataset]:
     if name == "mlp":
         ds = training.data.load("mnist1d")
         return training.models.build("mlp", ds, seed=0), ds
     torch.manual_seed(0)
+    if name == "transformer-2x128":
+        return (TinyTransformer(dim=128, heads=4, blocks=2, length=64, vocab=256),
+                token_dataset(length=64, vocab=256))
     return TinyTransformer(), token_dataset()
 
 
@@ -83,32 +98,95 @@ def test_monitored_loop(benchmark, name, every):
 EVERIES = (1, 2, 4, 8, 16)
 
 
+class EmptyHooks:
+    """The monitor's module hooks, doing nothing: a forward pre-hook on the model and a forward
+    hook on each layer the monitor reads (``step()`` does nothing either)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        with NoiseScaleMonitor(net) as probe:
+            layers = list(probe.layers.values())
+        self.handles = [net.register_forward_pre_hook(lambda m, args, kwargs: None,
+                                                      with_kwargs=True)]
+        self.handles += [m.register_forward_hook(lambda m, args, out: None) for m in layers]
+
+    def step(self) -> None:
+        return None
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def overhead(name: str, everies: tuple[int, ...] = EVERIES, steps: int = 40, rounds: int = 20
-             ) -> dict[int | None, float]:
-    """Per-step thread CPU seconds of the loop without the monitor (key None) and with it at each
-    ``every``: the loops alternate within every round, and each keeps its fastest round (the
-    least disturbed by other processes on a shared machine)."""
+             ) -> dict[int | str | None, float]:
+    """The loop's per-step thread CPU seconds without the monitor (key None; its fastest round)
+    and the overhead, as a fraction of that, with empty hooks (key "hooks") and with the
+    monitor at each ``every``: the loops alternate within every round, and each overhead is the
+    median over rounds of the loop's time over the plain loop's in the same round."""
     torch.set_num_threads(1)
     net, ds = workload(name)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
     data = batches(ds, steps)
-    times: dict[int | None, list[float]] = {key: [] for key in (None, *everies)}
+    times: dict[int | str | None, list[float]] = {key: [] for key in (None, "hooks", *everies)}
     for _ in range(rounds):
         for every, runs in times.items():
-            monitor = NoiseScaleMonitor(net, every=every) if every else None
+            monitor = (None if every is None else EmptyHooks(net) if every == "hooks"
+                       else NoiseScaleMonitor(net, every=every))
             loop(net, opt, data[:5], monitor)                     # warm up
             start = time.thread_time()
             loop(net, opt, data, monitor)
             runs.append((time.thread_time() - start) / steps)
             if monitor is not None:
                 monitor.close()
-    return {key: min(runs) for key, runs in times.items()}
+    plain = times.pop(None)
+    return {None: min(plain), **{key: statistics.median(t / p - 1 for t, p in zip(runs, plain))
+                                 for key, runs in times.items()}}
+
+
+def _top_level_calls(prof) -> int:
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+
+def breakdown(name: str, steps: int = 20, rounds: int = 5) -> tuple[float, int, int]:
+    """Where a measured step's time goes: thread CPU seconds of the monitor's ``step()`` alone
+    inside the loop (fastest round), and the top-level operator calls of a plain step and of
+    the monitor's ``step()`` (``torch.profiler``; deterministic; the hooks add none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    net, ds = workload(name)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+    data = batches(ds, steps)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop(net, opt, data[:1])
+    plain_calls = _top_level_calls(prof)
+    monitor = NoiseScaleMonitor(net)
+    loop(net, opt, data[:3], monitor)
+    best = math.inf
+    for _ in range(rounds):
+        spent = 0.0
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            start = time.thread_time()
+            monitor.step()
+            spent += time.thread_time() - start
+            opt.step()
+        best = min(best, spent / steps)
+    opt.zero_grad()
+    F.cross_entropy(net(data[0][0]), data[0][1]).backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        monitor.step()
+    monitor.close()
+    return best, plain_calls, _top_level_calls(prof)
 
 
 # -- DDP --------------------------------------------------------------------------------------
 
 def _ddp_rank(rank: int, world: int, init: str, steps: int, rounds: int, out: str) -> None:
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
@@ -116,26 +194,37 @@ def _ddp_rank(rank: int, world: int, init: str, steps: int, rounds: int, out: st
     net, ds = workload("mlp")
     data = batches(ds, steps, seed=rank)
     plain = DistributedDataParallel(net)
+    # DDP's own all-reduce as a Python communication hook (what the monitor's hook wraps)
+    python_hook = DistributedDataParallel(copy.deepcopy(net))
+    python_hook.register_comm_hook(None, default_hooks.allreduce_hook)
     hooked = DistributedDataParallel(copy.deepcopy(net))
     monitor = NoiseScaleMonitor(hooked)
-    runs = {"plain": (plain, None), "monitor": (hooked, monitor)}
+    runs = {"plain": (plain, None), "python hook": (python_hook, None),
+            "monitor": (hooked, monitor)}
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9) for k, (m, _) in runs.items()}
-    times = {k: [] for k in runs}
+    times = {(k, clock): [] for k in runs for clock in ("wall", "cpu")}
     for _ in range(rounds):
         for key, (model, mon) in runs.items():
             loop(model, opts[key], data[:5], mon)
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             loop(model, opts[key], data, mon)
-            times[key].append((time.perf_counter() - start) / steps)
+            times[key, "wall"].append((time.perf_counter() - start) / steps)
+            times[key, "cpu"].append((time.process_time() - cpu) / steps)
     if rank == 0:
-        torch.save({k: min(v) for k, v in times.items()}, out)
+        torch.save(times, out)
     dist.destroy_process_group()
 
 
-def ddp_overhead(steps: int = 50, rounds: int = 20) -> tuple[float, float]:
-    """Wall-clock seconds per step (fastest round) of a 2-process DDP loop (MNIST-1D MLP, 64 per rank)
-    with DDP's built-in all-reduce and with the monitor's communication hook."""
+def ddp_overhead(steps: int = 50, rounds: int = 20
+                 ) -> dict[str, tuple[float, float, float]]:
+    """Seconds per step of a 2-process DDP loop (MNIST-1D MLP, 64 per rank) with DDP's
+    built-in all-reduce (fastest round), and the overheads, as fractions of it (the median over
+    rounds, as :func:`overhead`), of DDP's own all-reduce as a Python communication hook and of
+    the monitor's communication hook (which wraps that one), by rank 0's wall clock
+    ("wall": what a step takes, waits on the other rank included) and its process CPU time
+    ("cpu": the work the rank does, its communication threads included, without the waits that
+    a shared machine's scheduling adds)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,21 +232,32 @@ def ddp_overhead(steps: int = 50, rounds: int = 20) -> tuple[float, float]:
         init = "file://" + os.path.join(tmp, "rendezvous")
         mp.spawn(_ddp_rank, args=(2, init, steps, rounds, out), nprocs=2, join=True)
         times = torch.load(out)
-    return times["plain"], times["monitor"]
+    def extra(key: str, clock: str) -> float:
+        return statistics.median(t / p - 1 for t, p in zip(times[key, clock],
+                                                           times["plain", clock]))
+
+    return {clock: (min(times["plain", clock]), extra("python hook", clock),
+                    extra("monitor", clock)) for clock in ("wall", "cpu")}
 
 
 def main() -> None:
-    print(f"{'workload':<12} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
+    print(f"{'workload':<18} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
           f"{'overhead':>9}")
-    for name in ("mlp", "transformer"):
-        times = overhead(name)
-        for every in EVERIES:
-            plain, monitored = times[None], times[every]
-            print(f"{name:<12} {every:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
-                  f"{100 * (monitored / plain - 1):>8.1f}%")
-    plain, monitored = ddp_overhead()
-    print(f"{'mlp DDP x2':<12} {1:>5} {plain * 1e3:>14.3f} {monitored * 1e3:>16.3f} "
-          f"{100 * (monitored / plain - 1):>8.1f}%")
+    for name, (steps, rounds) in WORKLOADS.items():
+        times = overhead(name, steps=steps, rounds=rounds)
+        plain = times[None]
+        for every in ("hooks", *EVERIES):
+            print(f"{name:<18} {every:>5} {plain * 1e3:>14.3f} "
+                  f"{plain * (1 + times[every]) * 1e3:>16.3f} {100 * times[every]:>8.1f}%")
+    print(f"\n{'workload':<18} {'step() ms':>10} {'ops per plain step':>19} "
+          f"{'ops in step()':>14}")
+    for name, (steps, rounds) in WORKLOADS.items():
+        spent, plain_ops, step_ops = breakdown(name, steps=min(steps, 20), rounds=min(rounds, 5))
+        print(f"{name:<18} {spent * 1e3:>10.3f} {plain_ops:>19} {step_ops:>14}")
+    print(f"\n{'DDP x2 (mlp)':<18} {'plain ms/step':>14} {'Python hook':>12} {'monitor':>9}")
+    for clock, (plain, python_hook, monitored) in ddp_overhead().items():
+        print(f"{clock:<18} {plain * 1e3:>14.3f} {100 * python_hook:>11.1f}% "
+              f"{100 * monitored:>8.1f}%")
 
 
 if __name__ == "__main__":

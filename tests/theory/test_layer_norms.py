@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from theory import layer_norms
 from theory.layer_norms import layer_sq_norms, outer_sq, unsupported
 
 B = 6
@@ -93,6 +94,7 @@ CASES = {
         lambda: floats(B, 2, 5, 5), 1),
     "embedding, repeated tokens": (lambda: nn.Embedding(5, 4), lambda: tokens(B, 7), 1),
     "embedding, one token": (lambda: nn.Embedding(5, 4), lambda: tokens(B), 1),
+    "embedding, int32 tokens": (lambda: nn.Embedding(5, 4), lambda: tokens(B, 7).int(), 1),
     "embedding, padding_idx": (lambda: nn.Embedding(5, 4, padding_idx=0), lambda: tokens(B, 7), 1),
     "embedding, Gram": (lambda: nn.Embedding(20, 4, padding_idx=0), lambda: tokens(B, 7), 1),
     "embedding, long sequences": (lambda: nn.Embedding(150, 3, padding_idx=2),
@@ -109,6 +111,19 @@ CASES = {
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("case", list(CASES))
 def test_hook_norms_equal_per_example_gradients(case):
+    check_case(case)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith(("linear 3-d", "linear 4-d",
+                                                                   "linear called", "conv"))])
+def test_products_reduced_at_once_give_the_same_norms(case, monkeypatch):
+    """Materialized products larger than REDUCE_AT are reduced to per-example norms at once."""
+    monkeypatch.setattr(layer_norms, "REDUCE_AT", 0)
+    check_case(case)
+
+
+def check_case(case):
     make, data, calls = CASES[case]
     torch.manual_seed(0)
     module = make().double()
