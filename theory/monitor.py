@@ -29,8 +29,11 @@ order of preference (``method="auto"`` picks the first that applies):
    already does (:mod:`theory.layer_norms`: Linear on any number of leading dimensions, Conv1d,
    Conv2d, Embedding, LayerNorm, RMSNorm). u_small = mean_i |g_i|^2 (c = 1), u_big = |mean
    gradient|^2 (c = 1/B). It applies when every module that owns trainable parameters is one of
-   those, no parameter is shared between modules, no batch normalization mixes the examples, and
-   each forward's inputs have the batch as their first dimension.
+   those, no parameter is shared between modules, no batch normalization mixes the examples,
+   each forward's inputs have the batch as their first dimension, and each such layer's
+   parameters are used only inside its own calls (a table read as ``layer.weight[:t]`` or tied
+   to an output head would be left out of the terms: the first measured step checks the autograd
+   graph, :func:`used_outside`, and refuses it by name).
 2. ``micro_batch``: under gradient accumulation (several backward passes before ``step()``), the
    gradients of the k micro-batches (u_small = mean_j |g_j|^2, c = mean_j 1/b_j) against their
    accumulated sum in ``.grad`` (u_big, c = sum_j 1/(k^2 b_j)): any layers. ``.grad`` must be
@@ -184,13 +187,57 @@ class _Pass:
     its backward pass without any Python frame (each output's hook is the dict's own
     ``__setitem__``); the per-example norms are computed from them at ``step()``."""
 
-    __slots__ = ("batch", "calls", "grads", "problem")
+    __slots__ = ("batch", "calls", "grads", "problem", "outputs", "roots")
 
-    def __init__(self, batch: int | None) -> None:
+    def __init__(self, batch: int | None, checking: bool = False) -> None:
         self.batch = batch
         self.calls: list[tuple[int, Any]] = []
         self.grads: dict[int, torch.Tensor] = {}
         self.problem: str | None = None
+        # until the graph check has passed: each call's output node and the model's outputs'
+        self.outputs: list[Any] | None = [] if checking else None
+        self.roots: list[Any] = []
+
+
+def _edges_into_parameters(starts: Sequence[Any], stops: set[Any], seen: set[Any],
+                           counts: dict[int, int]) -> None:
+    """Walk the autograd graph from the nodes ``starts`` (not expanding ``stops`` nor any node in
+    ``seen``, which the walk extends) and add, for each parameter's gradient-accumulation node,
+    the number of edges into it from the nodes walked (keyed by the parameter's id)."""
+    todo = [n for n in starts if n is not None and n not in seen]
+    seen.update(todo)
+    while todo:
+        node = todo.pop()
+        if node in stops:
+            continue
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            variable = getattr(nxt, "variable", None)
+            if variable is not None:     # an AccumulateGrad node: a leaf's gradient
+                counts[id(variable)] = counts.get(id(variable), 0) + 1
+            elif nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+
+
+def used_outside(run: _Pass, layers: Sequence[tuple[str, nn.Module]]) -> list[str]:
+    """The supported layers' parameters that the pass's graph uses outside those layers' own
+    calls (e.g. a position table read as ``self.pos.weight[:t]``), as "layer.parameter" names.
+    The per-example terms see a layer's parameters only through its calls' inputs and output
+    gradients, so such a use would be left out of them: counted here as the edges into each
+    parameter's gradient-accumulation node from the whole graph of the model's outputs against
+    those from inside the layers' calls (from a call's output node down to its input's)."""
+    inside: dict[int, int] = {}
+    seen: set[Any] = set()
+    for (index, x), node in zip(run.calls, run.outputs or ()):
+        stops = {x.grad_fn} if isinstance(x, torch.Tensor) and x.grad_fn is not None else set()
+        _edges_into_parameters([node], stops, seen, inside)
+    total: dict[int, int] = {}
+    _edges_into_parameters(run.roots, set(), set(), total)
+    return [f"{name}.{pname}" if name else pname
+            for name, module in layers for pname, p in module.named_parameters(recurse=False)
+            if total.get(id(p), 0) > inside.get(id(p), 0)]
 
 
 @dataclass(frozen=True)
@@ -312,6 +359,10 @@ class NoiseScaleMonitor:
         # each layer's terms function, looked up once: step() calls it directly
         self._terms_of = [terms_function(m) for m in self.layers.values()]
         self._layer_hooks = [partial(self._on_layer, i) for i in range(len(self._layer_list))]
+        # the first measured step checks that no supported layer's parameter is used outside
+        # the layer's own calls (used_outside); the forwards until then keep their graph's nodes
+        self._graph_checked = False
+        self._root_hook: Any = None
         # the micro-batch estimator reads each backward's gradient norm
         self.per_pass_norms = not self.ddp and (
             method == "micro_batch" or (method == "auto" and bool(self.blockers)))
@@ -358,6 +409,8 @@ class NoiseScaleMonitor:
         if self.per_example_hooks:
             self._hooks += [module.register_forward_hook(hook) for (_, module), hook in
                             zip(self._layer_list, self._layer_hooks)]
+            if not self._graph_checked and self._root_hook is None:
+                self._root_hook = self.module.register_forward_hook(self._on_output)
         if self.per_pass_norms:
             self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
                 self.params, self._on_backward, mode="all"))
@@ -366,6 +419,12 @@ class NoiseScaleMonitor:
         for h in self._hooks:
             h.remove()
         self._hooks, self._pass = [], None
+        self._stop_checking()
+
+    def _stop_checking(self) -> None:
+        if self._root_hook is not None:
+            self._root_hook.remove()
+            self._root_hook = None
 
     def _check_fresh(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         # at the first backward that reaches this parameter, before its gradient is added
@@ -401,7 +460,7 @@ class NoiseScaleMonitor:
         x = _first_tensor(args, kwargs)
         batch = int(x.shape[0]) if x is not None and x.dim() > 0 else None
         self._forwards.append(batch)
-        self._pass = run = _Pass(batch)
+        self._pass = run = _Pass(batch, not self._graph_checked)
         if self.per_example_hooks:
             pending = [r for r in self._passes if not r.grads]
             if len(pending) >= MAX_PENDING_FORWARDS:
@@ -424,6 +483,14 @@ class NoiseScaleMonitor:
         k = len(run.calls)
         run.calls.append((index, args[0] if args else None))
         out.register_hook(partial(run.grads.__setitem__, k))
+        if run.outputs is not None:
+            run.outputs.append(out.grad_fn)
+
+    def _on_output(self, module: nn.Module, args: tuple, out: Any) -> None:
+        run = self._pass
+        if run is not None and run.outputs is not None:
+            run.roots = [t.grad_fn for t in torch.utils._pytree.tree_leaves(out)
+                         if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
     def _pass_terms(self, run: _Pass) -> Terms | None:
         """The pass's per-example squared norms over its layers (as the hooks saw the
@@ -643,6 +710,17 @@ class NoiseScaleMonitor:
                               f"{MAX_PENDING_FORWARDS} forwards")
         if not runs:
             raise _no_backward()
+        if not self._graph_checked:
+            outside = sorted({name for run in runs if run.outputs is not None
+                              for name in used_outside(run, self._layer_list)})
+            if outside:
+                raise TheoryError(
+                    f"NoiseScaleMonitor: parameter(s) {', '.join(outside)} are used outside their "
+                    f"layer's own call (e.g. a table read as layer.weight[:t]), which per-example "
+                    f"norms cannot see; call the layer instead, or use method='micro_batch' with "
+                    f"at least 2 micro-batches per step")
+            self._graph_checked = True
+            self._stop_checking()
         with torch.no_grad():
             terms = [None if run.problem else self._pass_terms(run) for run in runs]
         problems = [run.problem for run in runs if run.problem]

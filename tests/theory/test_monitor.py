@@ -231,6 +231,53 @@ def test_unsupported_layers_without_micro_batches_are_named():
         monitor.step()
 
 
+class PositionTable(nn.Module):
+    """Tokens plus positions: ``read`` reads the position table as ``pos.weight[:t]`` (as
+    ``training.models``' ``transformer_lm`` does), ``tied`` reuses the token table as the output
+    head; otherwise every parameter goes through its layer's own call."""
+
+    def __init__(self, read=False, tied=False):
+        super().__init__()
+        self.read, self.tied = read, tied
+        self.emb, self.pos, self.mix = nn.Embedding(7, 6), nn.Embedding(8, 6), nn.Linear(6, 6)
+        self.head = nn.Linear(6, 7)
+
+    def forward(self, x):
+        t = x.shape[1]
+        pos = self.pos.weight[:t] if self.read else self.pos(torch.arange(t).expand_as(x))
+        h = torch.tanh(self.mix(self.emb(x) + pos)).mean(1)
+        return h @ self.emb.weight.T if self.tied else self.head(h)
+
+
+@pytest.mark.parametrize("read, tied, named", [(True, False, "pos.weight"),
+                                               (False, True, "emb.weight")])
+def test_a_parameter_used_outside_its_layer_is_refused_by_name(read, tied, named):
+    torch.manual_seed(0)
+    net = PositionTable(read, tied).double()
+    monitor = NoiseScaleMonitor(net)
+    x, y = torch.randint(7, (16, 8)), torch.randint(7, (16,))
+    F.cross_entropy(net(x), y).backward()
+    with pytest.raises(TheoryError, match=rf"parameter\(s\) {named} are used outside their "
+                                          rf"layer's own call.*method='micro_batch'"):
+        monitor.step()
+
+
+def test_every_parameter_through_its_layer_passes_the_check_and_is_exact():
+    torch.manual_seed(0)
+    net = PositionTable().double()
+    monitor = NoiseScaleMonitor(net, window=5)
+    for step in range(2):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randint(7, (16, 8), generator=gen), torch.randint(7, (16,), generator=gen)
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        r = monitor.step()
+        g_ref, t_ref = sample_estimate(net, x, y)
+        assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
+        assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+    assert monitor._root_hook is None       # the check ran once, at the first step
+
+
 # -- accuracy at fixed weights ---------------------------------------------------------------------
 
 def windowed(net, ds, steps, batch, population, seed=0):
