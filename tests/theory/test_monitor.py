@@ -74,6 +74,18 @@ class Mixed(nn.Module):
         return self.head(torch.cat([s, m[..., :2].flatten(1)], 1))
 
 
+def exact_step(monitor, net, x, y, population=None):
+    """One step of the loop on (x, y); the monitor's reading, checked against the sample
+    estimate of the same batch (float64, 1e-10)."""
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    r = monitor.step()
+    g_ref, t_ref = sample_estimate(net, x, y, population)
+    assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
+    assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+    return r
+
+
 def token_batch(n, seed, vocab=7, length=8, classes=3):
     gen = torch.Generator().manual_seed(seed)
     return (torch.randint(vocab, (n, length), generator=gen).double(),
@@ -88,14 +100,8 @@ def test_per_example_step_equals_the_sample_estimate(population):
     net = Mixed().double()
     monitor = NoiseScaleMonitor(net, window=5, population=population)
     for step in range(3):
-        x, y = token_batch(16, step)
-        net.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        r = monitor.step()
-        g_ref, t_ref = sample_estimate(net, x, y, population)
+        r = exact_step(monitor, net, *token_batch(16, step), population)
         assert r.method == "per_example" and r.batch_size == 16 and r.step == step + 1
-        assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
-        assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
 
 
 def check_pooled(r, net, parts):
@@ -157,12 +163,7 @@ def test_forwards_without_a_backward_pin_a_bounded_number_of_inputs():
     assert len(monitor._passes) == theory.monitor.MAX_PENDING_FORWARDS
     x = torch.randn(16, 5, generator=gen, dtype=torch.float64)
     y = torch.randint(3, (16,), generator=gen)
-    net.zero_grad()
-    F.cross_entropy(net(x), y).backward()
-    r = monitor.step()
-    g_ref, t_ref = sample_estimate(net, x, y)
-    assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
-    assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+    exact_step(monitor, net, x, y)
     net.zero_grad()
     first = F.cross_entropy(net(x), y)
     for _ in range(theory.monitor.MAX_PENDING_FORWARDS):
@@ -268,13 +269,8 @@ def test_every_parameter_through_its_layer_passes_the_check_and_is_exact():
     monitor = NoiseScaleMonitor(net, window=5)
     for step in range(2):
         gen = torch.Generator().manual_seed(step)
-        x, y = torch.randint(7, (16, 8), generator=gen), torch.randint(7, (16,), generator=gen)
-        net.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        r = monitor.step()
-        g_ref, t_ref = sample_estimate(net, x, y)
-        assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
-        assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
+        exact_step(monitor, net, torch.randint(7, (16, 8), generator=gen),
+                   torch.randint(7, (16,), generator=gen))
     assert monitor._root_hook is None       # the check ran once, at the first step
 
 
