@@ -96,7 +96,7 @@ def chunk_moments(fl: FlatLoss, x: torch.Tensor, y: torch.Tensor,
         return None
     summed, *deltas = torch.autograd.grad(total, [theta, *(out for _, out in calls)])
     keep = _masks(fl)
-    sq = torch.zeros(x.shape[0], dtype=torch.float64)
+    sq = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
     for (name, module), (a, _), delta in zip(layers.items(), calls, deltas):
         prefix = f"{name}." if name else ""
         d, a = delta, a.detach()
@@ -125,6 +125,6 @@ def _unfold(conv: nn.Conv1d, a: torch.Tensor) -> torch.Tensor:
 
 def _masks(fl: FlatLoss) -> dict[str, torch.Tensor]:
     """Each parameter's 0/1 keep mask (float64), from ``fl``'s kept coordinates."""
-    ones = fl.embed(torch.ones(fl.dim, dtype=torch.float64))
+    ones = fl.embed(torch.ones(fl.dim, dtype=torch.float64, device=fl.theta.device))
     pieces = torch.split(ones, [s.numel() for s in fl.shapes])
     return {n: p.view(s) for n, p, s in zip(fl.names, pieces, fl.shapes)}

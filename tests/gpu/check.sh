@@ -5,10 +5,12 @@
 #      .whl/, fetched beforehand with tests/gpu/fetch_wheels.sh);
 #   2. runs the GPU tests (pytest -m gpu tests/gpu);
 #   3. runs `sparsescale bench --device cuda` at B = 8, 64, 512, 4096 with 32 trials on mlp,
-#      cnn1d, lee_cnn and resnet8, in fp32 (TF32 off) and tf32;
+#      cnn1d, lee_cnn and resnet8, in fp32 (TF32 off), and at the end in tf32 for the time left;
 #   4. runs the quickstart study on cuda, then lee_sparsity_mnist1d at paper scale for the
 #      time left (a rerun into the same folder completes it), with their wall times;
-#   5. writes every log under $OUT (default /tmp/sparsescale-gpu) and prints a short table last.
+#   5. prints a short table last; writes it to $OUT/summary.md and every log (the studies' stores
+#      and reports too) into $OUT/logs.tar.gz, also when a phase fails or the budget runs out
+#      (two files: the device tool brings back at most 8).
 #
 # Each phase has its own time limit inside one overall deadline (BUDGET seconds, default 460),
 # so the script ends inside the device tool's 10-minute command limit whatever happens.
@@ -17,55 +19,63 @@ START=$(date +%s)
 BUDGET=${BUDGET:-460}
 DEADLINE=$((START + BUDGET))
 OUT=${OUT:-/tmp/sparsescale-gpu}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/sparsescale-gpu-logs}
+mkdir -p "$OUT" "$LOGS"
+pack() { tar -czf "$OUT/logs.tar.gz" -C "$LOGS" --exclude='*.pt' --exclude='*.npz' . 2>/dev/null; }
+trap pack EXIT
 cd "$(dirname "$0")/../.." || exit 1
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/sparsescale-torch-ext MPLBACKEND=Agg
+# the measured program choices and the generated data sets, kept with the logs
+export SPARSESCALE_CACHE=${SPARSESCALE_CACHE:-$LOGS/cache}
 
 left() { echo $((DEADLINE - $(date +%s))); }
 # phase NAME MAX_SECONDS COMMAND...: run COMMAND with at most MAX_SECONDS (and never past the
-# deadline), its output to $OUT/NAME.log; records the status and the seconds it took
+# deadline), its output to $LOGS/NAME.log; records the status and the seconds it took
 phase() {
     local name=$1 max=$2; shift 2
     local limit; limit=$(left)
     [ "$limit" -gt "$max" ] && limit=$max
-    if [ "$limit" -le 5 ]; then echo "skipped: no time left" > "$OUT/$name.log"; echo "$name skipped 0" >> "$OUT/phases.txt"; return; fi
+    if [ "$limit" -le 5 ]; then echo "skipped: no time left" > "$LOGS/$name.log"; echo "$name skipped 0" >> "$LOGS/phases.txt"; return; fi
     local t0; t0=$(date +%s)
     echo "== $name (limit ${limit}s)"
-    timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --signal=INT --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     local rc=$?
-    echo "$name $rc $(( $(date +%s) - t0 ))" >> "$OUT/phases.txt"
-    tail -n 3 "$OUT/$name.log"
+    echo "$name $rc $(( $(date +%s) - t0 ))" >> "$LOGS/phases.txt"
+    tail -n 3 "$LOGS/$name.log"
 }
-: > "$OUT/phases.txt"
+: > "$LOGS/phases.txt"
 
 # 1. environment and install
-{ nvidia-smi; $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"; } > "$OUT/environment.txt" 2>&1
+{ nvidia-smi; $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"; } > "$LOGS/environment.txt" 2>&1
 if ls .whl/*.whl > /dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$LOGS/install.log" 2>&1
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # INSTALL=0: leave the Python environment alone (a dry run of this script off the GPU machine)
-[ "${INSTALL:-1}" = 1 ] && { $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 \
-    || echo "editable install failed (see install.log); the tree is on PYTHONPATH" >> "$OUT/install.log"; }
-$PY -c "import training, experiments, mnist1d" >> "$OUT/install.log" 2>&1 \
-    || { echo "the project cannot be imported: see $OUT/install.log (carry .whl/: tests/gpu/fetch_wheels.sh)"; cat "$OUT/install.log"; exit 1; }
+[ "${INSTALL:-1}" = 1 ] && { $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$LOGS/install.log" 2>&1 \
+    || echo "editable install failed (see install.log); the tree is on PYTHONPATH" >> "$LOGS/install.log"; }
+$PY -c "import training, experiments, mnist1d" >> "$LOGS/install.log" 2>&1 \
+    || { echo "the project cannot be imported: see install.log (carry .whl/: tests/gpu/fetch_wheels.sh)"; cat "$LOGS/install.log"; exit 1; }
 
 # 2. the GPU tests
-phase gpu-tests 150 $PY -m pytest -m gpu tests/gpu -q -rs -s -p no:cacheprovider \
-    --junitxml="$OUT/gpu-tests.xml"
+phase gpu-tests 150 $PY -m pytest -m gpu tests/gpu -q -rs -s -p no:cacheprovider --durations=12 --tb=short \
+    --junitxml="$LOGS/gpu-tests.xml"
 
 # 3. the benchmark on the GPU: fp32 (TF32 off), then tf32
 BENCH=(--models mlp,cnn1d,lee_cnn,resnet8 --batch-sizes 8,64,512,4096 --trials 32 --seconds 0.5)
-phase bench-fp32 120 $PY -m experiments.cli bench --device cuda --precision fp32 "${BENCH[@]}"
-phase bench-tf32 70 $PY -m experiments.cli bench --device cuda --precision tf32 "${BENCH[@]}"
+phase bench-fp32 130 $PY -m experiments.cli bench --device cuda --precision fp32 "${BENCH[@]}"
 
-# 4. studies on the GPU, timed
+# 4. studies on the GPU, timed (lee_sparsity_mnist1d for at most 150 s: a rerun into the same
+#    folder goes on from there)
 STUDY=(--device cuda --quiet --no-cost-model)
-phase study-quickstart 60 $PY -m experiments.cli study quickstart --out "$OUT/runs/quickstart" "${STUDY[@]}"
-phase study-lee 400 $PY -m experiments.cli study lee_sparsity_mnist1d --out "$OUT/runs/lee_sparsity_mnist1d" --no-report "${STUDY[@]}"
+phase study-quickstart 60 $PY -m experiments.cli study quickstart --out "$LOGS/runs/quickstart" "${STUDY[@]}"
+phase study-lee 150 $PY -m experiments.cli study lee_sparsity_mnist1d --out "$LOGS/runs/lee_sparsity_mnist1d" --no-report "${STUDY[@]}"
 
-# 5. the table
-$PY tests/gpu/summary.py "$OUT" | tee "$OUT/summary.md"
-echo "total $(( $(date +%s) - START )) s; logs in $OUT"
+# 5. the benchmark in tf32 for the time left
+phase bench-tf32 90 $PY -m experiments.cli bench --device cuda --precision tf32 "${BENCH[@]}"
+
+# 6. the table
+$PY tests/gpu/summary.py "$LOGS" | tee "$OUT/summary.md"
+echo "total $(( $(date +%s) - START )) s; logs in $OUT/logs.tar.gz"

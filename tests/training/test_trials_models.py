@@ -9,6 +9,7 @@ from torch import nn
 import training
 from training import EvalSchedule, RunConfig
 from training.engine import compiled_kernel as kernels
+from training.engine import cell_plan
 from training.engine.cell_plan import plan_cell
 
 F64 = torch.float64
@@ -105,18 +106,24 @@ def test_mnist1d_models_match_reference(mnist1d_small, monkeypatch, name, option
 @OPTIMIZERS
 @pytest.mark.parametrize("name, options", [("simple_cnn", {"width": "narrow"}),
                                            ("resnet8", {"widths": [4, 4, 8]})])
-@pytest.mark.parametrize("update", ["kernel", "torch"])
+@pytest.mark.parametrize("update", ["kernel", "torch", "stacked"])
 @pytest.mark.parametrize("candidate", ["per_trial", "plain", "func"])
 def test_image_models_match_reference(tiny_images, monkeypatch, name, options, optimizer,
                                       update, candidate, kernel_or_skip):
-    """The per-trial program with the compiled kernel's one-pass update, and without it."""
-    if update == "torch":
+    """The per-trial program with the compiled kernel's one-pass update, without it, and
+    ("stacked") as it runs on CUDA: every trial's gradients first, then one stacked update
+    (cell_plan.updates_per_trial)."""
+    if update == "stacked" and candidate == "func":
+        pytest.skip("func updates the stack in one call anyway")
+    if update == "stacked":
+        monkeypatch.setattr(cell_plan, "updates_per_trial", lambda device: False)
+    if update != "kernel":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     else:
         kernel_or_skip()
     net = training.models.build(name, tiny_images, seed=1, **options)
     program = plan_cell(net, "classification", tiny_images.input_shape, 16, 3, F64).program
-    assert (program.kernel is None) == (update == "torch")
+    assert (program.kernel is None) == (update != "kernel")
     check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch,
                             candidate)
 

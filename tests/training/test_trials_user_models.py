@@ -12,6 +12,7 @@ from torch import nn
 
 import training
 from training import EvalSchedule, RunConfig, Trial
+from training.engine import cell_plan
 from training.order import BatchOrder, trial_seed
 from training.randomness import randomness_seed
 
@@ -20,6 +21,11 @@ STEPS, BATCH = 12, 8
 # max |w - w_ref| / max |w_ref| per tensor after the steps, as in test_trials_models (float64
 # rounding of the same operations in another order)
 TOL = {"momentum": 1e-12, "adamw": 1e-10}
+# BatchNorm's shift under Adam: its gradient sums the batch in another order in each program
+# (rounding 1e-16), and Adam's step g / sqrt(v) amplifies that by ~1e6 where the gradient is
+# small: 9.8e-11 with each trial updated after its gradients, 1.5e-10 with the stacked update
+# (measured on batchnorm_cnn's second trial); every other weight agrees to 1e-13
+BN_SHIFT_ADAM_TOL = 1e-9
 TRIALS = {
     "momentum": [Trial(lr=0.05, momentum=0.9), Trial(lr=0.1, momentum=0.5)],
     "adamw": [Trial(lr=3e-3, weight_decay=0.1), Trial(lr=1e-2, beta1=0.8, beta2=0.99,
@@ -139,6 +145,11 @@ def close(got, want, tol):
     return float((got - want).abs().max() / want.abs().max().clamp(min=1e-30)) <= tol
 
 
+def is_batch_norm_shift(net, name):
+    owner, _, leaf = name.rpartition(".")
+    return leaf == "bias" and isinstance(net.get_submodule(owner), nn.modules.batchnorm._BatchNorm)
+
+
 def noise_only(name, p):
     """Entries whose gradient is zero in exact arithmetic: the attention key projection's bias
     (softmax over the keys ignores a shift shared by all of them). They move only by rounding
@@ -151,13 +162,19 @@ def noise_only(name, p):
     return torch.arange(p.shape[0]).ge(d) & torch.arange(p.shape[0]).lt(2 * d)
 
 
+@pytest.mark.parametrize("update", ["per_trial", "stacked"])
 @pytest.mark.parametrize("program", ["per_trial", "plain"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program, monkeypatch):
+def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program, update,
+                                                       monkeypatch):
     """Whichever candidate the measured choice picks (training.engine.choice) trains each trial
-    as the plain loop does."""
+    as the plain loop does; each trial updated after its own gradients (the CPU's way) or all
+    trials' gradients first and one stacked update ("stacked", CUDA's way:
+    cell_plan.updates_per_trial)."""
     monkeypatch.setenv("SPARSESCALE_CHOICE", program)
+    if update == "stacked":
+        monkeypatch.setattr(cell_plan, "updates_per_trial", lambda device: False)
     net, ds = build(name)
     trials = TRIALS[optimizer]
     masks = masks_for(net, len(trials))
@@ -177,7 +194,9 @@ def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program,
         for k, p in plain.named_parameters():
             p, noise = p.detach(), noise_only(k, p)
             assert close(ref.state[k], p, TOL[optimizer]), (k, "reference vs plain")
-            assert close(res.state(i)[k][~noise], p[~noise], TOL[optimizer]), (k, "trials")
+            tol = (BN_SHIFT_ADAM_TOL if optimizer == "adamw" and is_batch_norm_shift(net, k)
+                   else TOL[optimizer])
+            assert close(res.state(i)[k][~noise], p[~noise], tol), (k, "trials")
             # (they start at 0 and stay at rounding-noise size: compared with the tensor's scale)
             assert float((res.state(i)[k] - p)[noise].abs().sum()) <= 1e-8 * float(p.abs().max())
             if k in mask:

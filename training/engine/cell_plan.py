@@ -218,7 +218,7 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         chunk = batch_size if whole else even_chunks(batch_size, limit)
         program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
-        return CellPlan("per_trial", stack, chunk, program, program.supports(optimizer))
+        return CellPlan("per_trial", stack, chunk, program, updates_per_trial(device))
     floats = activation_floats(model, input_shape)
     stack = min(stack, default_chunk(batch_size, floats), memory_limit(batch_size, floats, itemsize))
     eager = (build_program(model, task, precision) if loss is None
@@ -259,10 +259,10 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
     if ruled.name != "per_trial":
         chunk = batch_size if whole else even_chunks(batch_size, limit)
         program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
-        plans.append(CellPlan("per_trial", resident, chunk, program, True))
+        plans.append(CellPlan("per_trial", resident, chunk, program, updates_per_trial(device)))
     plain = PerTrialProgram(model, task, batch_size, limit, loss, random, precision,
                             layout="nchw", spread=False)
-    plans.append(CellPlan("plain", resident, batch_size, plain, True))
+    plans.append(CellPlan("plain", resident, batch_size, plain, updates_per_trial(device)))
     batchable = not (batch_dependent(model) or random or any(
         isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
     if batchable and ruled.name not in ("func", "batched"):
@@ -274,6 +274,17 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
         plans.append(CellPlan("func", stack, batch_size,
                               FuncProgram(model, task, loss, precision)))
     return plans
+
+
+def updates_per_trial(device: str | torch.device) -> bool:
+    """Whether the ``per_trial`` and ``plain`` programs update each trial right after its own
+    gradients (``CellPlan.update_in_step``): on the CPU, yes (one trial's gradients alive at a
+    time, the compiled kernel's one-pass update, and a diverged trial found by one read of its
+    loss). On CUDA, no: a read of a trial's loss waits for the GPU's queue, so that every
+    trial-step would wait for the GPU and the host could never launch ahead of it; there all
+    trials' gradients are computed first, their losses read once per step, and one stacked
+    update applied (the trainer's loss_and_grads path)."""
+    return torch.device(device).type == "cpu"
 
 
 def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:

@@ -18,8 +18,9 @@ are measured up to ``MEASURE_STEPS`` steps or ``MEASURE_SECONDS``, and the faste
 **The cache.** The winner is kept in ``<cache>/program-choices.json``
 (``training.data.cache_dir``), keyed by :func:`cell_key`: the module's structure (``str(model)``,
 the names, shapes and dtypes of its parameters and buffers), the input shape, batch size,
-optimizer, task, dtype, device, torch's thread count, whether the data set brings its own loss
-or the model draws random numbers, and the torch version. A study pays for each cell once per
+optimizer, task, dtype, device (and a GPU's name), torch's thread count, whether the data set
+brings its own loss or the model draws random numbers, and the torch version. On a GPU each
+timed step ends with ``torch.cuda.synchronize`` (the trainer's ``time_step``). A study pays for each cell once per
 machine; a change of the module's structure measures again. ``SPARSESCALE_CHOICE=rules`` turns
 measuring off (the rules' plan everywhere); ``SPARSESCALE_CHOICE=<program>`` runs that
 candidate wherever it is one (how the tests run each of them).
@@ -90,6 +91,8 @@ def cell_key(model: nn.Module, input_shape: Sequence[int], batch_size: int, opti
     }
     if precision != "fp32":   # absent at the default: caches written before it stay valid
         parts["precision"] = precision
+    if torch.device(device).type == "cuda":   # a cache may outlive the card it was timed on
+        parts["device_name"] = torch.cuda.get_device_name(device)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

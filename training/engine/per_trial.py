@@ -40,8 +40,12 @@ convolutions in place of oneDNN's); the compiled kernel's one-pass update is CPU
 CUDA the update is torch's (:meth:`training.engine.updates.StackUpdate.apply_`, the same rules).
 Under ``bf16`` each forward pass and loss runs in autocast and the backward pass outside it, as
 ``torch.autocast``'s documentation asks; the gradients of the float32 parameters are float32.
-The divergence check of a trial's loss is one host synchronization per trial-step: a diverged
-trial must not take its update, and the update of the next trial follows at once.
+On the CPU the divergence check of a trial's loss is one read per trial-step: a diverged trial
+must not take its update, and the update of the next trial follows at once. On CUDA the cell
+plan runs every trial's forward and backward first (:meth:`PerTrialProgram.loss_and_grads`), then
+one read of all the losses and one stacked update (``cell_plan.updates_per_trial``), so the host
+launches a whole step's kernels without waiting for the GPU; trials are not spread over host
+threads there.
 """
 
 from __future__ import annotations
@@ -133,9 +137,12 @@ class PerTrialProgram:
             module = self._local.model = copy.deepcopy(self.model)
         return module
 
-    def workers(self, n_trials: int) -> int:
-        """Threads the ``n_trials`` trials of a call are spread over (1: one after another)."""
-        return min(n_trials, torch.get_num_threads()) if self.spread else 1
+    def workers(self, n_trials: int, device: torch.device) -> int:
+        """Threads the ``n_trials`` trials of a call are spread over (1: one after another).
+        Only on the CPU: a GPU runs one stream's kernels in order whichever host thread
+        launches them."""
+        spread = self.spread and device.type == "cpu"
+        return min(n_trials, torch.get_num_threads()) if spread else 1
 
     def _call(self, params: Sequence[Tensor], x: Tensor, buffers: Sequence[Tensor]) -> Tensor:
         if x.dim() == 4 and self.channels_last:
@@ -163,7 +170,8 @@ class PerTrialProgram:
                                                    self._buffers(module, i)))
                                   for start in range(0, x.shape[1], step)])
 
-        return torch.stack(threads.spread(trial, range(x.shape[0]), self.workers(x.shape[0])))
+        return torch.stack(threads.spread(trial, range(x.shape[0]),
+                                          self.workers(x.shape[0], x.device)))
 
     def _trial(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
                grads: Sequence[Tensor] | None = None, module: ModuleState | None = None,
@@ -200,7 +208,7 @@ class PerTrialProgram:
         losses = torch.stack(threads.spread(
             lambda i: self._trial([p[i] for p in params], x[i], y[i], [g[i] for g in grads],
                                   module, i)[0],
-            range(x.shape[0]), self.workers(x.shape[0])))
+            range(x.shape[0]), self.workers(x.shape[0], x.device)))
         return losses, grads
 
     def supports(self, optimizer: str) -> bool:
@@ -229,4 +237,5 @@ class PerTrialProgram:
                                             [g.unsqueeze(0) for g in grads])
             return loss
 
-        return torch.stack(threads.spread(trial, range(idx.shape[0]), self.workers(idx.shape[0])))
+        return torch.stack(threads.spread(trial, range(idx.shape[0]),
+                                          self.workers(idx.shape[0], idx.device)))
