@@ -14,6 +14,8 @@
 #
 # Each phase has its own time limit inside one overall deadline (BUDGET seconds, default 460),
 # so the script ends inside the device tool's 10-minute command limit whatever happens.
+# PHASES (default all: gpu-tests bench-fp32 profile study-quickstart study-lee bench-tf32) runs
+# only those named; BENCH_MODELS (default mlp,cnn1d,lee_cnn,resnet8) the bench's models.
 set -u
 START=$(date +%s)
 BUDGET=${BUDGET:-460}
@@ -32,8 +34,10 @@ export SPARSESCALE_CACHE=${SPARSESCALE_CACHE:-$LOGS/cache}
 left() { echo $((DEADLINE - $(date +%s))); }
 # phase NAME MAX_SECONDS COMMAND...: run COMMAND with at most MAX_SECONDS (and never past the
 # deadline), its output to $LOGS/NAME.log; records the status and the seconds it took
+PHASES=${PHASES:-gpu-tests bench-fp32 profile study-quickstart study-lee bench-tf32}
 phase() {
     local name=$1 max=$2; shift 2
+    case " $PHASES " in *" $name "*) ;; *) return ;; esac
     local limit; limit=$(left)
     [ "$limit" -gt "$max" ] && limit=$max
     if [ "$limit" -le 5 ]; then echo "skipped: no time left" > "$LOGS/$name.log"; echo "$name skipped 0" >> "$LOGS/phases.txt"; return; fi
@@ -43,6 +47,7 @@ phase() {
     local rc=$?
     echo "$name $rc $(( $(date +%s) - t0 ))" >> "$LOGS/phases.txt"
     tail -n 3 "$LOGS/$name.log"
+    pack   # what is done so far comes back even if the machine goes before the end
 }
 : > "$LOGS/phases.txt"
 
@@ -60,12 +65,19 @@ $PY -c "import training, experiments, mnist1d" >> "$LOGS/install.log" 2>&1 \
     || { echo "the project cannot be imported: see install.log (carry .whl/: tests/gpu/fetch_wheels.sh)"; cat "$LOGS/install.log"; exit 1; }
 
 # 2. the GPU tests
-phase gpu-tests 150 $PY -m pytest -m gpu tests/gpu -q -rs -s -p no:cacheprovider --durations=12 --tb=short \
-    --junitxml="$LOGS/gpu-tests.xml"
+# (on pytest-xdist's workers where it is installed, as on the GPU image: the float64 CPU
+# references are most of the time; -rP keeps each test's printed numbers)
+XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+phase gpu-tests 150 env OMP_NUM_THREADS=2 $PY -m pytest -m gpu tests/gpu -q -rs -rP $XDIST -p no:cacheprovider --durations=12 \
+    --tb=short --junitxml="$LOGS/gpu-tests.xml"
 
 # 3. the benchmark on the GPU: fp32 (TF32 off), then tf32
-BENCH=(--models mlp,cnn1d,lee_cnn,resnet8 --batch-sizes 8,64,512,4096 --trials 32 --seconds 0.5)
+BENCH=(--models "${BENCH_MODELS:-mlp,cnn1d,lee_cnn,resnet8}" --batch-sizes 8,64,512,4096 --trials 32 --seconds 0.5)
 phase bench-fp32 130 $PY -m experiments.cli bench --device cuda --precision fp32 "${BENCH[@]}"
+
+# where lee_cnn's step spends its time at B = 64 (the plain loop, the vectorized trainer, the
+# host operations and waits)
+phase profile 40 $PY tests/gpu/profile_step.py lee_cnn 64
 
 # 4. studies on the GPU, timed (lee_sparsity_mnist1d for at most 150 s: a rerun into the same
 #    folder goes on from there)
