@@ -41,8 +41,9 @@ order of preference (``method="auto"`` picks the first that applies):
    so call it before clipping or rescaling gradients.
 3. ``ddp``: under ``DistributedDataParallel``, a communication hook reads each rank's local
    gradient before the all-reduce (u_small = mean over ranks, c = 1/b_local) and the averaged
-   one after it (u_big, c = 1/(W b_local)): any layers, and one extra all-reduce of a 2-element
-   tensor per step.
+   one after it (u_big, c = 1/(W b_local)): any layers, at least 2 processes. The two per-rank
+   scalars ride in the last bucket's all-reduce under DDP's own averaging, or take one extra
+   all-reduce of a 2-element tensor per step (:mod:`theory.monitor_ddp`).
 
 The loop's loss must be the *mean* over the batch's examples (``reduction="mean"``) times a
 constant ``loss_scale`` passed to ``step()``: 1 for a plain mean, 1/k for a loss divided over k
@@ -309,9 +310,11 @@ class NoiseScaleMonitor:
     ``ema`` decay (default ``ema=0.99``; not both); ``population``: the size of the split the
     batches are drawn from without replacement (finite-population correction), or None for
     i.i.d. examples. ``every``: measure one step in ``every`` (1, the default: every step),
-    with no hooks attached in between; the window then counts measured steps. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
-    run (under DDP only rank 0 writes). ``comm_hook`` / ``comm_state``: a DDP communication hook
-    of yours that the monitor's wraps (default: DDP's own all-reduce mean).
+    with no hooks attached in between; the window then counts measured steps. ``csv`` /
+    ``log_dir``: append each reading to a CSV file / a TensorBoard run (under DDP only rank 0
+    writes). ``comm_hook`` / ``comm_state``: a DDP communication hook of yours that the
+    monitor's wraps and calls on every bucket (default: DDP's own all-reduce mean over DDP's
+    process group, into whose last bucket the monitor folds its two per-rank scalars).
 
     Use: ``loss.backward()`` (one or more times), then ``reading = monitor.step()``, then the
     optimizer step. ``close()`` (or ``with``) removes the hooks and closes the logs.

@@ -87,9 +87,9 @@ class LocalNormHook:
             norms = self._grow(index, buf)
         # the local gradient, before the buffer is averaged in place
         if norms.dtype == buf.dtype:
-            torch.linalg.vector_norm(buf.detach(), out=self._slots[index])
+            torch.linalg.vector_norm(buf, out=self._slots[index])
         else:
-            torch.linalg.vector_norm(buf.detach(), dtype=norms.dtype, out=self._slots[index])
+            torch.linalg.vector_norm(buf, dtype=norms.dtype, out=self._slots[index])
         if not bucket.is_last():
             return hook(inner_state, bucket)
         # buckets are reduced in order: every local norm of this backward is in
@@ -125,7 +125,7 @@ class LocalNormHook:
             flat = self._flat = torch.empty(n + 2, dtype=buf.dtype, device=buf.device)
             self._head, self._tail = flat[:n], flat[n:]
             self._tail_sq, self._tail_x = self._tail[0], self._tail[1]
-        torch.div(buf.detach(), self.world, out=self._head)
+        torch.div(buf, self.world, out=self._head)
         torch.dot(self._used, self._used, out=self._tail_sq)
         self._tail_x.fill_(x)
         self.sums = self._tail
