@@ -52,9 +52,9 @@ BATCH = 64
 WORKLOADS = {"mlp": (40, 20), "transformer": (40, 20), "transformer-2x128": (8, 6)}
 
 
-# name: (steps, rounds) of the DDP table: the MNIST-1D MLP, the same MLP 2048 wide (4.3 M
-# weights: a large last bucket, whose scalars take a separate all-reduce) and the two-block
-# transformer (0.3 M weights in small buckets)
+# name: (steps, rounds) of the DDP table: the MNIST-1D MLP (one bucket), the same MLP 2048 wide
+# (4.3 M weights; after DDP's first step, a 4.2 M-weight bucket and a last one of 84 k) and the
+# two-block transformer (0.3 M weights, two buckets)
 DDP_WORKLOADS = {"mlp": (50, 20), "mlp-2048": (10, 8), "transformer-2x128": (6, 6)}
 
 
