@@ -41,8 +41,9 @@ order of preference (``method="auto"`` picks the first that applies):
    so call it before clipping or rescaling gradients.
 3. ``ddp``: under ``DistributedDataParallel``, a communication hook reads each rank's local
    gradient before the all-reduce (u_small = mean over ranks, c = 1/b_local) and the averaged
-   one after it (u_big, c = 1/(W b_local)): any layers, and one extra all-reduce of a 2-element
-   tensor per step.
+   one after it (u_big, c = 1/(W b_local)): any layers, at least 2 processes. The two per-rank
+   scalars ride in the last bucket's all-reduce under DDP's own averaging, or take one extra
+   all-reduce of a 2-element tensor per step (:mod:`theory.monitor_ddp`).
 
 The loop's loss must be the *mean* over the batch's examples (``reduction="mean"``) times a
 constant ``loss_scale`` passed to ``step()``: 1 for a plain mean, 1/k for a loss divided over k
@@ -93,6 +94,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from theory.errors import TheoryError, check_int
 from theory.layer_norms import Terms, terms_function, unsupported
+from theory.monitor_ddp import LocalNormHook, batch_term
 from theory.monitor_log import ReadingLog
 from theory.noise import ratio_se, weighted_mean_cov
 from theory.sampling import noise_scale
@@ -284,6 +286,14 @@ def _total_sq(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([n.double() for n in norms]).square().sum()
 
 
+def _host_vector(scalars: torch.Tensor, norms: Sequence[torch.Tensor]
+                 ) -> tuple[list[float], float]:
+    """:func:`_host` for scalars already in one 1-d tensor (cat promotes to the wider dtype)."""
+    values = torch.cat((scalars, torch.stack(list(norms)))).tolist() if norms else \
+        scalars.tolist()
+    return values[:scalars.numel()], math.fsum(v * v for v in values[scalars.numel():])
+
+
 def _host(scalars: Sequence[torch.Tensor], norms: Sequence[torch.Tensor]
           ) -> tuple[list[float], float]:
     """Scalars and the sum of the squares of norms as floats, in one transfer (stack promotes
@@ -300,9 +310,11 @@ class NoiseScaleMonitor:
     ``ema`` decay (default ``ema=0.99``; not both); ``population``: the size of the split the
     batches are drawn from without replacement (finite-population correction), or None for
     i.i.d. examples. ``every``: measure one step in ``every`` (1, the default: every step),
-    with no hooks attached in between; the window then counts measured steps. ``csv`` / ``log_dir``: append each reading to a CSV file / a TensorBoard
-    run (under DDP only rank 0 writes). ``comm_hook`` / ``comm_state``: a DDP communication hook
-    of yours that the monitor's wraps (default: DDP's own all-reduce mean).
+    with no hooks attached in between; the window then counts measured steps. ``csv`` /
+    ``log_dir``: append each reading to a CSV file / a TensorBoard run (under DDP only rank 0
+    writes). ``comm_hook`` / ``comm_state``: a DDP communication hook of yours that the
+    monitor's wraps and calls on every bucket (default: DDP's own all-reduce mean over DDP's
+    process group, into whose last bucket the monitor folds its two per-rank scalars).
 
     Use: ``loss.backward()`` (one or more times), then ``reading = monitor.step()``, then the
     optimizer step. ``close()`` (or ``with``) removes the hooks and closes the logs.
@@ -436,18 +448,13 @@ class NoiseScaleMonitor:
 
     def _attach_ddp(self, ddp: DistributedDataParallel, hook: Callable | None, state: Any) -> None:
         import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         self.method = "ddp"
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self._inner = (hook, state) if hook is not None else (default_hooks.allreduce_hook, None)
-        self._dist = dist
-        self._local: list[torch.Tensor] = []
-        self._work: Any = None
-        self._shared: torch.Tensor | None = None
-        self._hooks.append(self.module.register_forward_pre_hook(self._on_forward,
+        self._ddp_hook = LocalNormHook(ddp, hook, state, self._batch_term)
+        self.rank, self.world = dist.get_rank(), self._ddp_hook.world
+        self._hooks.append(self.module.register_forward_pre_hook(self._on_ddp_forward,
                                                                   with_kwargs=True))
-        ddp.register_comm_hook(None, self._comm_hook)
+        ddp.register_comm_hook(None, self._ddp_hook.hook)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -473,6 +480,15 @@ class NoiseScaleMonitor:
             self._passes.append(run)
         if batch is None:
             run.problem = "the model's forward got no tensor argument with a batch dimension"
+
+    def _on_ddp_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        # under DDP only the micro-batches' sizes are needed (as _on_forward counts them)
+        if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active():
+            x = _first_tensor(args, kwargs)
+            self._forwards.append(int(x.shape[0]) if x is not None and x.dim() > 0 else None)
+
+    def _batch_term(self) -> float:
+        return batch_term(self._forwards)
 
     def _on_layer(self, index: int, module: nn.Module, args: tuple, out: Any) -> None:
         # the forward's only work per layer: keep the input, and have the output's gradient
@@ -523,26 +539,6 @@ class NoiseScaleMonitor:
         batch = run.batch if run is not None else None
         self._backwards.append(_Backward(batch, _total_sq([g for g in grads if g is not None]),
                                          None if run else "a backward pass without a forward"))
-
-    def _comm_hook(self, state, bucket):   # DDP checks the annotations: none given
-        hook, inner_state = self._inner
-        if not self._active:
-            return hook(inner_state, bucket)
-        # the local gradient, before the inner hook averages the buffer in place
-        buf = bucket.buffer()
-        self._local.append(torch.linalg.vector_norm(
-            buf.detach(), dtype=torch.promote_types(buf.dtype, torch.float32)))
-        if bucket.is_last():
-            # buckets are reduced in order: every local norm is in; one small all-reduce of
-            # (sum of local |g|^2, the rank's x), overlapping the last bucket's
-            k = len(self._forwards)
-            x_local = sum(1.0 / (k * k * b) for b in self._forwards) if k and \
-                all(self._forwards) else math.nan
-            self._shared = torch.stack([torch.stack(self._local).double().square().sum(),
-                                        torch.tensor(x_local, dtype=torch.float64,
-                                                     device=buf.device)])
-            self._work = self._dist.all_reduce(self._shared, async_op=True)
-        return hook(inner_state, bucket)
 
     # -- estimates -----------------------------------------------------------------------------
 
@@ -620,15 +616,20 @@ class NoiseScaleMonitor:
         """Rank r's local gradient (scale sum_j g_j over its k micro-batches) seen as
         v_r = local / (scale k), x_r = sum_j 1/(k^2 b_j); the averaged gradient in .grad is
         (scale k) times the mean of the v_r, with x = sum_r x_r / W^2."""
-        if self._work is None:
+        sums, synced = self._ddp_hook.reduced()
+        if sums is None:
             raise TheoryError("NoiseScaleMonitor.step() found no synchronized backward pass since "
                               "the last step: call it after the step's last loss.backward() "
                               "(outside no_sync)")
+        if synced > 1:
+            raise TheoryError(f"NoiseScaleMonitor: {synced} synchronized backward passes in one "
+                              f"step (each all-reduces the accumulated .grad): accumulate "
+                              f"micro-batches under ddp.no_sync() and call step() after the "
+                              f"last backward")
         sizes = self._forwards
         self._sizes(sizes)
         k = len(sizes)
-        self._work.wait()
-        (local_sq, x_sum), grad_sq = _host(list(self._shared), self._grad_norms())
+        (local_sq, x_sum), grad_sq = _host_vector(sums, self._grad_norms())
         u_small, x_mean = local_sq / self.world / (scale * k) ** 2, x_sum / self.world
         u_big = grad_sq / (scale * k) ** 2
         # c is affine in x: the mean of the ranks' c is c of their mean x
@@ -657,6 +658,8 @@ class NoiseScaleMonitor:
             # between measured steps the model runs without the monitor's hooks
             self._attach() if active else self._detach()
         self._active = active
+        if self.ddp:
+            self._ddp_hook.active = active
         return reading
 
     def _reset(self) -> None:
@@ -664,7 +667,7 @@ class NoiseScaleMonitor:
         self._backwards, self._forwards, self._passes, self._pass = [], [], [], None
         self._evicted.clear()
         if self.ddp:
-            self._local, self._work, self._shared = [], None, None
+            self._ddp_hook.reset()
         for handle in self._fresh_checks:
             handle.remove()
         self._fresh_checks, self._stale_grad = [], False

@@ -17,7 +17,9 @@ floor of any capture by module hooks); then where a measured step's time goes (t
 ``step()`` alone, and the operator calls it adds, counted by ``torch.profiler``); and the DDP
 hook's: two gloo processes on loopback, a DDP loop with DDP's built-in all-reduce against the
 same loop with that all-reduce as a Python communication hook and with the monitor's hook, by
-wall clock and by process CPU time (the same statistics).
+wall clock and by process CPU time (the same statistics), on the MLP, the MLP 2048 wide and the
+two-block transformer (``DDP_WORKLOADS``). ``python tests/benchmarks/test_monitor_overhead.py
+ddp`` prints the DDP table alone.
 """
 
 from __future__ import annotations
@@ -50,10 +52,17 @@ BATCH = 64
 WORKLOADS = {"mlp": (40, 20), "transformer": (40, 20), "transformer-2x128": (8, 6)}
 
 
+# name: (steps, rounds) of the DDP table: the MNIST-1D MLP (one bucket), the same MLP 2048 wide
+# (4.3 M weights; after DDP's first step, a 4.2 M-weight bucket and a last one of 84 k) and the
+# two-block transformer (0.3 M weights, two buckets)
+DDP_WORKLOADS = {"mlp": (50, 20), "mlp-2048": (10, 8), "transformer-2x128": (6, 6)}
+
+
 def workload(name: str) -> tuple[torch.nn.Module, training.Dataset]:
-    if name == "mlp":
+    if name in ("mlp", "mlp-2048"):
         ds = training.data.load("mnist1d")
-        return training.models.build("mlp", ds, seed=0), ds
+        hidden = {"hidden": (2048, 2048)} if name == "mlp-2048" else {}
+        return training.models.build("mlp", ds, seed=0, **hidden), ds
     torch.manual_seed(0)
     if name == "transformer-2x128":
         return (TinyTransformer(dim=128, heads=4, blocks=2, length=64, vocab=256),
@@ -184,14 +193,15 @@ def breakdown(name: str, steps: int = 20, rounds: int = 5) -> tuple[float, int, 
 
 # -- DDP --------------------------------------------------------------------------------------
 
-def _ddp_rank(rank: int, world: int, init: str, steps: int, rounds: int, out: str) -> None:
+def _ddp_rank(rank: int, world: int, init: str, steps: int, rounds: int, out: str,
+              name: str) -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    net, ds = workload("mlp")
+    net, ds = workload(name)
     data = batches(ds, steps, seed=rank)
     plain = DistributedDataParallel(net)
     # DDP's own all-reduce as a Python communication hook (what the monitor's hook wraps)
@@ -216,9 +226,9 @@ def _ddp_rank(rank: int, world: int, init: str, steps: int, rounds: int, out: st
     dist.destroy_process_group()
 
 
-def ddp_overhead(steps: int = 50, rounds: int = 20
+def ddp_overhead(name: str = "mlp", steps: int = 50, rounds: int = 20
                  ) -> dict[str, tuple[float, float, float]]:
-    """Seconds per step of a 2-process DDP loop (MNIST-1D MLP, 64 per rank) with DDP's
+    """Seconds per step of a 2-process DDP loop (workload ``name``, 64 per rank) with DDP's
     built-in all-reduce (fastest round), and the overheads, as fractions of it (the median over
     rounds, as :func:`overhead`), of DDP's own all-reduce as a Python communication hook and of
     the monitor's communication hook (which wraps that one), by rank 0's wall clock
@@ -230,7 +240,7 @@ def ddp_overhead(steps: int = 50, rounds: int = 20
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.pt")
         init = "file://" + os.path.join(tmp, "rendezvous")
-        mp.spawn(_ddp_rank, args=(2, init, steps, rounds, out), nprocs=2, join=True)
+        mp.spawn(_ddp_rank, args=(2, init, steps, rounds, out, name), nprocs=2, join=True)
         times = torch.load(out)
     def extra(key: str, clock: str) -> float:
         return statistics.median(t / p - 1 for t, p in zip(times[key, clock],
@@ -240,7 +250,9 @@ def ddp_overhead(steps: int = 50, rounds: int = 20
                     extra("monitor", clock)) for clock in ("wall", "cpu")}
 
 
-def main() -> None:
+def main(only_ddp: bool = False) -> None:
+    if only_ddp:
+        return ddp_table()
     print(f"{'workload':<18} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
           f"{'overhead':>9}")
     for name, (steps, rounds) in WORKLOADS.items():
@@ -254,11 +266,17 @@ def main() -> None:
     for name, (steps, rounds) in WORKLOADS.items():
         spent, plain_ops, step_ops = breakdown(name, steps=min(steps, 20), rounds=min(rounds, 5))
         print(f"{name:<18} {spent * 1e3:>10.3f} {plain_ops:>19} {step_ops:>14}")
-    print(f"\n{'DDP x2 (mlp)':<18} {'plain ms/step':>14} {'Python hook':>12} {'monitor':>9}")
-    for clock, (plain, python_hook, monitored) in ddp_overhead().items():
-        print(f"{clock:<18} {plain * 1e3:>14.3f} {100 * python_hook:>11.1f}% "
-              f"{100 * monitored:>8.1f}%")
+    ddp_table()
+
+
+def ddp_table() -> None:
+    print(f"\n{'DDP x2':<18} {'clock':<5} {'plain ms/step':>14} {'Python hook':>12} "
+          f"{'monitor':>9}")
+    for name, (steps, rounds) in DDP_WORKLOADS.items():
+        for clock, (plain, python_hook, monitored) in ddp_overhead(name, steps, rounds).items():
+            print(f"{name:<18} {clock:<5} {plain * 1e3:>14.3f} {100 * python_hook:>11.1f}% "
+                  f"{100 * monitored:>8.1f}%")
 
 
 if __name__ == "__main__":
-    main()
+    main(only_ddp=sys.argv[1:] == ["ddp"])

@@ -1,6 +1,8 @@
 """The monitor's DDP communication hook under torchrun (2 processes, gloo on CPU, float64): each
 step's |G|^2 and tr(Sigma) equal McCandlish et al.'s two-batch estimate computed in one process
-from the same batches (each rank's batch the small one, their union the big one), to 1e-8."""
+from the same batches (each rank's batch the small one, their union the big one), to 1e-8, on
+every path the per-rank scalars can take (folded into the last bucket's all-reduce, a separate
+all-reduce, a user's communication hook wrapped, a parameter the forward does not use)."""
 
 import os
 import socket
@@ -11,28 +13,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from theory import two_batch_estimates
+from tests.theory.monitor_ddp_worker import CONFIGS, LOCAL, STEPS, Net
+from theory import NoiseScaleMonitor, TheoryError, two_batch_estimates
 from theory.sampling import noise_scale
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("monitor_ddp_worker.py")
-LOCAL, WORLD = 8, 2
+WORLD = 2
 
 
-def local_gradient(net, x, y):
-    net.zero_grad()
-    F.cross_entropy(net(x), y).backward()
-    return torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-
-
-def test_ddp_hook_equals_the_single_process_two_batch_estimate(tmp_path):
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One torchrun launch of the worker, every configuration's records."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = tmp_path / "readings.pt"
+    out = tmp_path_factory.mktemp("ddp") / "readings.pt"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
@@ -40,10 +40,24 @@ def test_ddp_hook_equals_the_single_process_two_batch_estimate(tmp_path):
                            str(WORKER), str(out)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = torch.load(out, weights_only=False)
-    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    return torch.load(out, weights_only=False)
+
+
+def local_gradient(net, x, y):
+    """The flat gradient of the mean loss on (x, y); a parameter without a gradient counts as
+    zeros."""
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in net.parameters()])
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_ddp_hook_equals_the_single_process_two_batch_estimate(results, config):
+    run = results[config]
+    net = Net(unused=config == "unused").double()
     g_steps, t_steps = [], []
-    for record in saved:
+    for record in run["steps"]:
         net.load_state_dict(record["state"])
         x, y = record["x"], record["y"]
         locals_ = [local_gradient(net, x[r * LOCAL:(r + 1) * LOCAL], y[r * LOCAL:(r + 1) * LOCAL])
@@ -58,7 +72,40 @@ def test_ddp_hook_equals_the_single_process_two_batch_estimate(tmp_path):
         g_steps.append(ref.g_sq)
         t_steps.append(ref.trace_sigma)
     # the window averages numerator and denominator separately
-    last = saved[-1]["reading"]
+    last = run["steps"][-1]["reading"]
     assert last.g_sq == pytest.approx(np.mean(g_steps), rel=1e-8)
     assert last.trace_sigma == pytest.approx(np.mean(t_steps), rel=1e-8)
     assert last.b_simple == noise_scale(last.trace_sigma, last.g_sq)
+
+
+def test_each_path_reduces_the_scalars_as_designed(results):
+    # the tiny buckets give several buckets: the norms of all of them are summed
+    assert all(results[c]["buckets"] >= 2 for c in CONFIGS)
+    # DDP's own averaging with a small last bucket folds; the others run a separate all-reduce
+    assert results["fold"]["folded"] and not results["fold"]["separate"]
+    for config in ("separate", "user_hook"):
+        assert results[config]["separate"] and not results[config]["folded"]
+    # the user's hook still averages every bucket of every synchronized backward, in order
+    backwards = results["user_hook"]["user_buckets"]
+    assert len(backwards) == STEPS
+    assert all(seen == list(range(len(seen))) for seen in backwards)
+    assert len(backwards[-1]) == results["user_hook"]["buckets"]
+
+
+def test_two_synchronized_backwards_in_one_step_are_refused(results):
+    assert results["two_synced"].startswith("NoiseScaleMonitor: 2 synchronized backward passes "
+                                            "in one step")
+    assert "no_sync()" in results["two_synced"]
+
+
+def test_one_process_is_refused_with_a_clear_error(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        ddp = DistributedDataParallel(Net().double())
+        with pytest.raises(TheoryError, match=r"^method='ddp' needs at least 2 processes \(the "
+                                              r"world size is 1\): build the monitor on the "
+                                              r"wrapped model \(ddp.module\) instead$"):
+            NoiseScaleMonitor(ddp)
+    finally:
+        dist.destroy_process_group()
