@@ -38,9 +38,9 @@ when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the
 
 Achieved GFLOP/s count the training FLOPs of the layers (forward 2 MAC, weight gradient 2 MAC,
 input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. Each row
-names the program that ran (:mod:`training.engine.cell_plan`) and the peak resident memory of the process
-during the vectorized runs (``VmHWM``, reset before them): the memory a worker needs for that
-group.
+names the program that ran (:mod:`training.engine.cell_plan`) and how it was chosen, and the
+peak resident memory of the process during the vectorized runs (``VmHWM``, reset before each,
+the largest kept): the memory a worker needs for that group.
 
 On a GPU (``device="cuda"``, ``sparsescale bench --device cuda``): both trainers run there, in
 the chosen ``precision`` (:mod:`training.device`). The plain loop is the usual GPU reference
@@ -48,7 +48,7 @@ code: the ``DataLoader`` on the CPU, each batch copied to the GPU, ``torch.autoc
 forward pass and loss for bf16; the vectorized trainer holds the data set on the GPU. The peak
 is the GPU's own matmul peak in that precision (:func:`training.bench.cuda.matmul_peak`), and
 the memory column is the peak GPU memory of the vectorized runs
-(``torch.cuda.max_memory_allocated``, reset before them).
+(``torch.cuda.max_memory_allocated``, reset before each, the largest kept).
 """
 
 from __future__ import annotations
