@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 import torch
 from torch import nn
@@ -85,7 +86,7 @@ class StepTimer:
         self.seconds, self.loops = 0.0, 0
         self._start: float | None = None
 
-    def __enter__(self) -> StepTimer:
+    def __enter__(self) -> Self:
         synchronize(self.device)
         self._start = self.clock()
         return self

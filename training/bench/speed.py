@@ -56,8 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -65,14 +64,14 @@ from torch import nn
 
 from training import data as data_mod
 from training import models
-from training.bench.cuda import peak_memory_mib, reset_peak_memory
 from training import trials as trials_mod
+from training.bench.cuda import peak_memory_mib, reset_peak_memory
 from training.bench.measure import (
     CLOCKS, StepTimer, peak_rss_mib, reset_peak_rss, training_flops,
 )
 from training.bench.rounds import interleave, median_index
 from training.config import ADAM_OPTIMIZERS, EvalSchedule, RunConfig, Trial
-from training.device import autocast, precision as arithmetic, synchronize
+from training.device import autocast, precision as arithmetic
 from training.goal import Goal, loss_fn
 from training.reference import make_optimizer
 from training.trials import TrialsResult, train_trials
