@@ -12,7 +12,8 @@ The protocol (:func:`interleave`):
 
 1. **Warm-up**, each trainer in turn, untimed for the result: a one-step run (one-off imports,
    kernel builds, the program choice of a vectorized cell), then runs grown until one's step loop
-   lasts a quarter of a round; its per-step time fixes the trainer's steps per round.
+   lasts a quarter of a round; its per-step time fixes the trainer's steps per round (a one-step
+   run sets it only if it lasts a whole round: its time includes the one-off costs).
 2. **Rounds**: ``rounds`` times, every trainer runs once, in the order given (plain, vectorized,
    plain, vectorized, ...). A round's step loops each last about ``seconds / rounds`` (at least
    one step). A round's ratio compares rates measured seconds apart, under the same load.
@@ -56,14 +57,18 @@ def warm_up(run: Run, round_seconds: float, name: str = "", order: list | None =
     """Warm ``run`` up and return its steps per round: a one-step run, then runs grown (at
     least doubling, to the estimated half-round) until one lasts WARMUP_SHARE of
     ``round_seconds``; the steps that fill ``round_seconds`` at that run's per-step time (at least
-    one). ``order`` collects (name, steps) of each run."""
-    steps = 1
+    one). The one-step run's time carries the one-off costs of a first call, so it sets the
+    steps only when it lasts a whole round by itself (a step that long runs once a round
+    whatever its one-off share). ``order`` collects (name, steps) of each run."""
+    steps, first = 1, True
     while True:
         took = run(steps)
         if order is not None:
             order.append((name, steps))
-        if took >= WARMUP_SHARE * round_seconds or steps >= MAX_STEPS:
+        enough = round_seconds if first else WARMUP_SHARE * round_seconds
+        if took >= enough or steps >= MAX_STEPS:
             break
+        first = False
         # the first run's one-off costs make its per-step time an over-estimate: safe
         grown = 10 * steps if took <= 0 else math.ceil(0.5 * round_seconds * steps / took)
         steps = min(MAX_STEPS, max(2 * steps, grown))

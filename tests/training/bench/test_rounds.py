@@ -57,12 +57,20 @@ def test_one_off_costs_of_the_first_run_only_shorten_the_warm_up_estimate():
     order = []
     steps = warm_up(fake(lambda k: 0.002, [], "v", first_extra=1.0), 1.0, "v", order)
     assert order[0] == ("v", 1)
-    # the first run (1.002 s) already lasts a quarter round: its per-step time, 1.002 s, gives 1
+    # the first run (1.002 s) lasts a whole round by itself: one step a round
     assert steps == 1
     order.clear()
     steps = warm_up(fake(lambda k: 0.002, [], "v", first_extra=0.1), 1.0, "v", order)
     # 0.102 s < 0.25 s: grown to the half round at that (over-)estimate, 5 steps, then again
     assert [s for _, s in order] == [1, 5, 250] and steps == 500
+
+
+def test_a_first_run_slowed_by_one_off_costs_does_not_set_the_rounds_steps():
+    """A one-step run lasting 0.3 s of a 1 s round, 0.298 s of it once: it alone would give 3
+    steps a round; the warm-up goes on until a later run lasts a quarter round."""
+    order = []
+    steps = warm_up(fake(lambda k: 0.002, [], "v", first_extra=0.298), 1.0, "v", order)
+    assert [s for _, s in order] == [1, 2, 250] and steps == 500
 
 
 def test_a_step_longer_than_a_round_runs_once_a_round():
