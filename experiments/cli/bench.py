@@ -101,6 +101,10 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
     """``sparsescale bench``: print the table of :func:`bench` rows for the chosen models, batch
     sizes and optimizer, and each model's first-call cost in a fresh process. Returns 0."""
     device = device_of(args)   # before anything runs: no GPU is one line, exit 2
+    if not args.seconds > 0:
+        raise ConfigError(f"bench --seconds: must be > 0, got {args.seconds}")
+    if args.rounds < 1:
+        raise ConfigError(f"bench --rounds: must be >= 1, got {args.rounds}")
     # every model built before anything is timed: a bad factory fails at once
     workloads = [(label, build(ds), ds)
                  for label, build, ds in bench_workloads(args.models, args.dataset, args.samples)]
@@ -112,20 +116,24 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
         peak = matmul_peak(seconds=min(0.5, args.seconds), clock=args.clock)
         print(f"{torch.get_num_threads()} torch thread(s), {args.clock} clock, fp32 matmul peak "
               f"{peak:.0f} GFLOP/s (1024^3), optimizer {args.optimizer}"
-              + (f", precision {args.precision}" if args.precision != "fp32" else ""))
+              + (f", precision {args.precision}" if args.precision != "fp32" else "")
+              + f", {args.rounds} interleaved round(s) of about {args.seconds / args.rounds:.2g} s "
+                f"per trainer")
     else:
         peak = cuda_bench.matmul_peak(device, args.precision, seconds=min(0.5, args.seconds))
         info = device_info(device)
         print(f"{info.device} {info.name} (CUDA {info.cuda_version}, driver "
               f"{info.driver_version}), {args.precision} matmul peak {peak / 1e3:.1f} TFLOP/s "
-              f"({cuda_bench.PEAK_SIZE}^3), optimizer {args.optimizer}")
+              f"({cuda_bench.PEAK_SIZE}^3), optimizer {args.optimizer}, {args.rounds} "
+              f"interleaved round(s) of about {args.seconds / args.rounds:.2g} s per trainer")
     rows, first_calls = [], []
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     for label, net, ds in workloads:
         print(f"{label}: {ds.name}, {ds.n_train} training examples", flush=True)
         for b in sizes:
             rows.append(speed.bench(label, b, args.trials, ds, peak, args.seconds, args.clock,
-                                    args.optimizer, device, args.precision, net=net))
+                                    args.optimizer, device, args.precision, net=net,
+                                    rounds=args.rounds))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
         if args.first_call:
             first, second = first_call.measure(net, ds, sizes[0], args.trials, args.optimizer,
@@ -156,7 +164,11 @@ def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
                    help="skip timing each model's first call in a fresh process")
     p.add_argument("--batch-sizes", default="8,64,512,4096", help="comma-separated")
     p.add_argument("--trials", type=int, default=32, help="trials per group (default 32)")
-    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed run per cell")
+    p.add_argument("--seconds", type=float, default=1.0,
+                   help="timed step loops per trainer and cell, over all rounds (default 1.0)")
+    p.add_argument("--rounds", type=int, default=speed.ROUNDS,
+                   help=f"interleaved rounds per cell (plain loop, vectorized, ...); the table "
+                        f"gives the median ratio and its range (default {speed.ROUNDS})")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--samples", type=int, default=10_000,
                    help="MNIST-1D samples, and synthetic images when MNIST / CIFAR-10 files are "

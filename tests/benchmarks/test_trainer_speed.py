@@ -18,9 +18,7 @@ from training.bench import speed as bench_mod
 from training.bench.speed import (
     VAL_EXAMPLES, Row, bench_dataset, format_table, plain_loop, vectorized,
 )
-from training.bench.measure import (
-    marginal_rate, peak_rss_mib, reset_peak_rss, training_flops,
-)
+from training.bench.measure import peak_rss_mib, reset_peak_rss, training_flops
 
 from experiments.cli.bench import add_trainer_bench_parser as add_bench_parser
 
@@ -97,6 +95,9 @@ def test_bench_command_prints_ratio_table(capsys, monkeypatch):
     assert cells[4] == row.choice == "ruled"   # the compiled kernel's rule covers the MLP
     assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
     assert cells[7] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
+    # three interleaved rounds: the printed ratio is their median, beside their range
+    assert len(row.ratio_rounds) == 3 and row.ratio == sorted(row.ratio_rounds)[1]
+    assert cells[8] == f"{min(row.ratio_rounds):.1f}-{max(row.ratio_rounds):.1f}x"
     assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
 
 
@@ -105,8 +106,9 @@ def test_bench_command_compares_adam_with_momentum(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "optimizer adam" in out and "| slowdown vs momentum |" in out
     cells = printed_row(out)
-    assert len(cells) == 13 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
-    assert cells[12] == f"{row.momentum_trial_steps_per_s / row.trial_steps_per_s:.2f}x"
+    assert len(cells) == 14 and row.optimizer == "adam" and row.momentum_trial_steps_per_s > 0
+    assert len(row.slowdown_rounds) == 3 and row.slowdown == sorted(row.slowdown_rounds)[1]
+    assert cells[13] == f"{row.slowdown:.2f}x"
 
 
 def test_bench_command_refuses_unknown_models(monkeypatch):
@@ -168,7 +170,7 @@ def test_format_table_rows():
     table = format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0, 200.0, "fused", 512.4,
                               choice="ruled")])
     assert table.splitlines()[-1] == ("| mlp | 8 | 32 | fused | ruled | 1e+03 | 2.5e+04 | 25.0x "
-                                      "| 50.0 | 25 % | 512 |")
+                                      "| 25.0-25.0x | 50.0 | 25 % | 512 |")
     table = format_table([Row("mlp", 8, 32, 1000.0, 20000.0, 50.0, 200.0, "fused", 512.4,
                               "adam", 25000.0)])
     assert table.splitlines()[0].endswith("| % of peak | peak RSS MiB | vectorized momentum "
@@ -176,7 +178,7 @@ def test_format_table_rows():
     assert table.splitlines()[-1].endswith("| 25 % | 512 | 2.5e+04 | 1.25x |")
     # a resnet8 cell at B = 4096 runs below one plain step per second: still shown
     table = format_table([Row("resnet8", 4096, 32, 0.123, 0.456, 10.0, 200.0, "per_trial")])
-    assert "| 0.123 | 0.456 | 3.7x |" in table
+    assert "| 0.123 | 0.456 | 3.7x | 3.7-3.7x |" in table
 
 
 def test_bench_trials_per_optimizer():
@@ -197,45 +199,6 @@ def test_image_models_get_synthetic_data_of_their_shape(monkeypatch):
     assert bench_dataset("cnn1d", 1000).input_shape == (40,)
 
 
-def test_marginal_rate_cancels_once_per_run_costs():
-    """A run of s steps costing 5 + 2 s clock units: 0.5 steps per unit, not s / (5 + 2 s)."""
-    now = [0.0]
-
-    def run(steps):
-        now[0] += 5 + 2 * steps
-
-    assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
-
-
-def test_marginal_rate_times_a_difference_long_enough():
-    """A run costing 1000 + 2 s units: a one-step run already lasts seconds / 2, but the
-    difference it gives (2 units) does not; the steps grow until the difference lasts both
-    seconds / 2 and the fixed cost, which in a real run jitters."""
-    now, calls = [0.0], []
-
-    def run(steps):
-        calls.append(steps)
-        now[0] += 1000 + 2 * steps
-
-    assert marginal_rate(run, 40.0, lambda: now[0]) == pytest.approx(0.5)
-    # the difference outlasts the fixed cost too: 2 s >= 1000
-    assert calls[-1] == 2 * calls[-2] and 2 * calls[-2] >= 1000
-
-
-def test_marginal_rate_grows_steps_by_at_most_10x_when_noise_hides_the_difference():
-    """A fixed cost that jitters by more than a step: a first difference at or below zero must
-    not turn into a runaway step count."""
-    now, calls = [0.0], []
-    jitter = iter([0.0, 50.0, 0.0] + [0.0] * 100)
-
-    def run(steps):
-        calls.append(steps)
-        now[0] += 100 + next(jitter) + 2 * steps
-
-    marginal_rate(run, 40.0, lambda: now[0])
-    assert all(b <= 10 * max(a, 1) for a, b in zip(calls, calls[1:])) and max(calls) < 1000
-
-
 def test_peak_rss_follows_a_touched_block():
     if not reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs here")
@@ -244,3 +207,14 @@ def test_peak_rss_follows_a_touched_block():
     assert peak_rss_mib() >= before + 60
     del block
     assert reset_peak_rss() and peak_rss_mib() < before + 32
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--rounds", "0"], "bench --rounds: must be >= 1, got 0"),
+    (["--seconds", "0"], "bench --seconds: must be > 0, got 0.0"),
+])
+def test_bench_command_refuses_no_rounds_or_no_time(capsys, options, message):
+    from experiments.cli import main as cli
+    assert cli.main(["bench", "--models", "mlp", "--batch-sizes", "8", *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

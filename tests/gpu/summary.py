@@ -69,8 +69,8 @@ def main(out: Path) -> None:
         rows = bench_rows(out, name)
         if rows:
             print(f"\n{name}:\n\n| model | B | trials | device | precision | program | plain "
-                  "steps/s | trial-steps/s | ratio | TFLOP/s | % of peak | peak GPU MiB |\n"
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|")
+                  "steps/s | trial-steps/s | median ratio | ratio range | TFLOP/s | % of peak | "
+                  "peak GPU MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             print("\n".join(rows))
 
 

@@ -1,5 +1,5 @@
-"""What the trainer benchmark measures besides steps: clocks, marginal step rates, the training
-FLOPs of a model, the machine's matmul peak and the process's peak resident memory."""
+"""What the trainer benchmark measures besides steps: clocks, the time of a step loop, the
+training FLOPs of a model, the machine's matmul peak and the process's peak resident memory."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 import torch
 from torch import nn
+
+from training.device import synchronize
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -71,37 +74,28 @@ def matmul_peak(size: int = 1024, seconds: float = 0.5, clock: str = "wall") -> 
     return 2 * size ** 3 * n / (tick() - start) / 1e9
 
 
-def marginal_rate(run: Callable[[int], object], seconds: float, clock: Callable[[], float]
-                  ) -> float:
-    """Marginal steps per second of ``run(steps)``: s / (t(2 s) - t(s)), after an untimed
-    one-step warm-up (one-off imports, builds and allocations), with s grown until the
-    difference lasts both ``seconds`` / 2 and as long as a run's fixed cost t(s) - (t(2 s) -
-    t(s)). The difference cancels what a run pays once whatever its length: setup, the
-    vectorized trainer's evaluations at start and end and its copies of the trials' state, which
-    for the image models at small batches outweigh many steps (simple_cnn, 32 trials, B = 8:
-    about 5 s per run against 12 ms per trial-step). That fixed cost jitters from run to run, so
-    the difference must outlast it, not only the clock's resolution."""
-    run(1)
-    steps = 1
-    start = clock()
-    run(steps)
-    took = clock() - start
-    while True:
-        start = clock()
-        run(2 * steps)
-        twice = clock() - start
-        diff = twice - took
-        need = max(seconds / 2, took - diff)
-        if diff >= need or steps >= 1 << 20:
-            break
-        # from the marginal time so far (the whole run's when fixed costs hide it), at least
-        # doubling and at most 10x a round
-        per_step = diff / steps if diff > 0 else twice / (2 * steps)
-        steps = min(10 * steps, max(2 * steps, int(1.2 * need / max(per_step, 1e-9))))
-        start = clock()
-        run(steps)
-        took = clock() - start
-    return steps / (twice - took) if twice > took else 2 * steps / twice
+class StepTimer:
+    """Accumulated ``clock`` seconds of the step loops run inside ``with timer:`` blocks, each
+    timed from just before its first update to just after its last with ``device``'s queue
+    drained at both ends (:func:`training.device.synchronize`). The benchmark times both
+    trainers' step loops with it, so neither rate includes what a run pays once (model copies,
+    the trial stacks, evaluations) and no rate is a difference of two long runs."""
+
+    def __init__(self, clock: Callable[[], float], device: str = "cpu"):
+        self.clock, self.device = clock, device
+        self.seconds, self.loops = 0.0, 0
+        self._start: float | None = None
+
+    def __enter__(self) -> Self:
+        synchronize(self.device)
+        self._start = self.clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        synchronize(self.device)
+        self.seconds += self.clock() - self._start
+        self.loops += 1
+        self._start = None
 
 
 def reset_peak_rss() -> bool:

@@ -15,10 +15,10 @@ def test_gpu_rows_get_tflops_against_the_precisions_peak_and_gpu_memory():
               device="cuda", precision="bf16", peak_gpu_mib=123.4)
     lines = format_table([row]).splitlines()
     assert lines[0] == ("| model | B | trials | device | precision | program | plain loop "
-                        "steps/s | vectorized trial-steps/s | ratio | TFLOP/s | % of peak | "
-                        "peak GPU MiB |")
+                        "steps/s | vectorized trial-steps/s | median ratio | ratio range | "
+                        "TFLOP/s | % of peak | peak GPU MiB |")
     assert lines[2] == ("| mlp | 64 | 32 | cuda | bf16 | batched | 2e+03 | 2e+05 | 100.0x | "
-                        "51.20 | 10.0 % | 123 |")
+                        "100.0-100.0x | 51.20 | 10.0 % | 123 |")
 
 
 def test_cpu_rows_keep_their_table():
