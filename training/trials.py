@@ -133,6 +133,8 @@ class _Runner:
     dtype: torch.dtype
     origin: DataOrigin = DataOrigin()   # where the data order starts (training.engine.resume)
     loss: Callable[[Tensor, Tensor], Tensor] | None = None  # the data set's own, per example
+    # entered around each stack's updates from one evaluation to the next (train_trials)
+    step_timer: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
 
     def batch_indices(self, st: TrialStack, step: int) -> Tensor:
         """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
@@ -283,7 +285,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
                  trials_per_chunk: int | None = None, first_index: int = 0,
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
-                 return_state: bool = False) -> TrialsResult:
+                 return_state: bool = False,
+                 step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -308,6 +311,10 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     corrections), divergence reference and data position are the state's; ``run.max_steps``
     counts from the run's beginning and evaluations resume after ``start.step``
     (:mod:`training.engine.resume`). ``return_state``: put the final state in ``end_state``.
+    ``step_timer``: a reusable context manager entered around each stack's updates from one
+    evaluation to the next (data order, batch gathers, the program's steps, divergence checks,
+    updates), never around setup, the program choice, evaluations or replays: how the benchmark
+    times the steps alone (:class:`training.bench.measure.StepTimer`).
     A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
@@ -320,14 +327,14 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           device.precision(run.precision, run.device)):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
-                             start, data_seeds, return_state, random)
+                             start, data_seeds, return_state, random, step_timer)
 
 
 def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                   run: RunConfig, masks: Mapping[str, Tensor] | None,
                   trials_per_chunk: int | None, first_index: int, start: TrainState | None,
-                  data_seeds: Sequence[int] | None, return_state: bool, random: bool
-                  ) -> TrialsResult:
+                  data_seeds: Sequence[int] | None, return_state: bool, random: bool,
+                  step_timer: contextlib.AbstractContextManager | None) -> TrialsResult:
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -345,7 +352,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     data = dataset.to(run.device, run.dtype)
     runner = _Runner(None, False, data.x_train, data.y_train, data.x_val,
                      data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
-                     origin, dataset.loss)
+                     origin, dataset.loss, step_timer or contextlib.nullcontext())
     plan = _plan(model, dataset, trial_list, run, batch_size, random, mask_map, first_index,
                  runner)
     runner.program, runner.update_in_step = plan.program, plan.update_in_step
@@ -480,7 +487,8 @@ def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal |
     and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
     interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
     snapshot = st.clone() if end - start > 1 and goal is not None else None
-    st, dropped_all = runner.steps(st, start, end)
+    with runner.step_timer:
+        st, dropped_all = runner.steps(st, start, end)
     met = record(st, end, end - start) if st.ids else []
     hits = _replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
     return st, dropped_all, met, hits

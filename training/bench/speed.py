@@ -56,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -64,7 +64,6 @@ from torch import nn
 
 from training import data as data_mod
 from training import models
-from training import trials as trials_mod
 from training.bench.cuda import peak_memory_mib, reset_peak_memory
 from training.bench.measure import (
     CLOCKS, StepTimer, peak_rss_mib, reset_peak_rss, training_flops,
@@ -207,36 +206,12 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
                ) -> TrialsResult:
     """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials` (``ds`` on
     ``device`` already, so no run copies it). ``timer``: times the trainer's step loops
-    between its evaluations (:func:`timed_step_loops`)."""
+    between its evaluations (``train_trials``'s ``step_timer``)."""
     run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps, goal=NEVER,
                     eval_schedule=EvalSchedule(every=max(steps, 1)), device=device,
                     precision=precision)
-    with timed_step_loops(timer):
-        return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
-                            trials_per_chunk=trials_per_chunk)
-
-
-@contextlib.contextmanager
-def timed_step_loops(timer: StepTimer | None) -> Iterator[None]:
-    """While open, ``train_trials``'s step loops (each stack's updates from one evaluation to
-    the next, ``training.trials._Runner.steps``: data order, batch gathers, the program's
-    steps, divergence checks, the updates) run inside ``timer``; its setup, program choice,
-    evaluations, replay snapshots and result do not. The trainer has no timing seam of its own,
-    and this one call is exactly the steps, so the benchmark wraps it."""
-    if timer is None:
-        yield
-        return
-    original = trials_mod._Runner.steps
-
-    def steps(self, st, start, end):
-        with timer:
-            return original(self, st, start, end)
-
-    trials_mod._Runner.steps = steps
-    try:
-        yield
-    finally:
-        trials_mod._Runner.steps = original
+    return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
+                        trials_per_chunk=trials_per_chunk, step_timer=timer)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,
