@@ -43,7 +43,6 @@ def check_on_cuda(net, ds, steps, batch_size, program, optimizer, monkeypatch,
         ref_run = replace(run, device=reference_device)
         for _ in match_reference(res, net, ds, trials, masks, ref_run, TOL[optimizer]):
             pass
-    return names
 
 
 @OPTIMIZERS
