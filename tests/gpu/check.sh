@@ -80,7 +80,9 @@ phase bench-fp32 130 $PY -m experiments.cli bench --device cuda --precision fp32
 phase profile 40 $PY tests/gpu/profile_step.py lee_cnn 64
 
 # 4. studies on the GPU, timed (lee_sparsity_mnist1d for at most 150 s: a rerun into the same
-#    folder goes on from there)
+#    folder goes on from there). A study folder brought back by an earlier check (its logs
+#    archive's runs/NAME) and carried under .gpu-runs/NAME (git-ignored) is continued.
+[ -d .gpu-runs ] && mkdir -p "$LOGS/runs" && cp -r .gpu-runs/. "$LOGS/runs/"
 STUDY=(--device cuda --quiet --no-cost-model)
 phase study-quickstart 60 $PY -m experiments.cli study quickstart --out "$LOGS/runs/quickstart" "${STUDY[@]}"
 phase study-lee 150 $PY -m experiments.cli study lee_sparsity_mnist1d --out "$LOGS/runs/lee_sparsity_mnist1d" --no-report "${STUDY[@]}"
