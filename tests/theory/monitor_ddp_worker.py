@@ -7,7 +7,9 @@ micro-batches per rank under no_sync.
 Configurations: ``fold`` (DDP's own averaging, several small buckets: the scalars ride in the
 last bucket's all-reduce), ``separate`` (the same with folding turned off: a separate
 all-reduce), ``user_hook`` (a communication hook of the user's, wrapped: a separate all-reduce),
-``unused`` (a parameter the forward never uses, ``find_unused_parameters=True``); and
+``unused`` (a parameter the forward never uses, ``find_unused_parameters=True``),
+``bucket_view`` (the fold with ``gradient_as_bucket_view=True``: the parameters' ``.grad`` are
+views of DDP's bucket buffers, which must receive the folded copy's averaged part); and
 ``two_synced``, two synchronized backward passes in one step, which ``step()`` must refuse.
 """
 
@@ -24,7 +26,7 @@ import theory.monitor_ddp
 from theory import NoiseScaleMonitor, TheoryError
 
 LOCAL, STEPS = 8, 4
-CONFIGS = ("fold", "separate", "user_hook", "unused")
+CONFIGS = ("fold", "bucket_view", "separate", "user_hook", "unused")
 
 
 class Net(nn.Module):
@@ -60,7 +62,8 @@ def run(config: str, rank: int, world: int) -> dict:
     net = Net(unused=config == "unused").double()
     # small buckets: several buckets per backward, the norms summed across them
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.0005,
-                                  find_unused_parameters=config == "unused")
+                                  find_unused_parameters=config == "unused",
+                                  gradient_as_bucket_view=config == "bucket_view")
     user = CountingHook()
     kwargs = {"comm_hook": user.hook} if config == "user_hook" else {}
     fold_max = theory.monitor_ddp.FOLD_MAX_NUMEL

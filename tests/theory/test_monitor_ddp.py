@@ -82,7 +82,8 @@ def test_each_path_reduces_the_scalars_as_designed(results):
     # the tiny buckets give several buckets: the norms of all of them are summed
     assert all(results[c]["buckets"] >= 2 for c in CONFIGS)
     # DDP's own averaging with a small last bucket folds; the others run a separate all-reduce
-    assert results["fold"]["folded"] and not results["fold"]["separate"]
+    for config in ("fold", "bucket_view"):
+        assert results[config]["folded"] and not results[config]["separate"]
     for config in ("separate", "user_hook"):
         assert results[config]["separate"] and not results[config]["folded"]
     # the user's hook still averages every bucket of every synchronized backward, in order
