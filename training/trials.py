@@ -465,13 +465,10 @@ def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfi
         # from there, and an update before it has no batch
         done = [runner.origin.step]
 
-        cuda = torch.device(run.device).type == "cuda"
-
         def step() -> int:
             scratch.step(st, done[0])
             done[0] += 1
-            if cuda:   # a GPU runs ahead of the host: the step is done when its kernels are
-                torch.cuda.synchronize(run.device)
+            device.synchronize(run.device)   # a GPU's step is done when its kernels are
             return k
 
         return step
