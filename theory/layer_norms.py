@@ -283,13 +283,13 @@ WEIGHT, BIAS, RMS = 1, 2, 4
 Job = tuple[int, torch.Tensor, torch.Tensor, int, int, float]
 
 
-def _trains(p: torch.Tensor | None) -> bool:
-    return p is not None and p.requires_grad
-
-
 def _flags(module: nn.Module) -> int:
-    return (WEIGHT if _trains(getattr(module, "weight", None)) else 0) | \
-        (BIAS if _trains(getattr(module, "bias", None)) else 0)
+    # (the parameters' dict read directly: Module.__getattr__ costs a microsecond a name, and
+    # this runs for every layer at every measured step)
+    params = module._parameters
+    w, b = params.get("weight"), params.get("bias")
+    return ((WEIGHT if w is not None and w.requires_grad else 0)
+            | (BIAS if b is not None and b.requires_grad else 0))
 
 
 def _joined(calls: list[tuple[torch.Tensor, torch.Tensor]], b: int, x_width: int,
@@ -303,6 +303,8 @@ def _joined(calls: list[tuple[torch.Tensor, torch.Tensor]], b: int, x_width: int
 
 
 def _linear_job(module: nn.Linear, calls: list[tuple[torch.Tensor, torch.Tensor]]) -> Job:
+    if len(calls) == 1:
+        return LINEAR, calls[0][0], calls[0][1], _flags(module), 0, 0.0
     x, g = _joined(calls, calls[0][0].shape[0], module.in_features, module.out_features)
     return LINEAR, x, g, _flags(module), 0, 0.0
 

@@ -486,7 +486,8 @@ class NoiseScaleMonitor:
         self._forwards.append(batch)
         self._pass = run = _Pass(batch, not self._graph_checked)
         if self.per_example_hooks:
-            pending = [r for r in self._passes if not r.grads]
+            pending = ([r for r in self._passes if not r.grads]
+                       if len(self._passes) >= MAX_PENDING_FORWARDS else ())
             if len(pending) >= MAX_PENDING_FORWARDS:
                 # release the oldest forward still without a backward; should its backward come
                 # after all, step() refuses the step
@@ -608,9 +609,9 @@ class NoiseScaleMonitor:
         grads = _dense(self._grads())
         if self._kernel is False:
             self._kernel = norms_kernel.kernel()
-        if self._kernel is not None and all(g.device.type == "cpu" for g in grads):
+        if self._kernel is not None and all(g.is_cpu for g in grads):
             layers, jobs_of = self._layer_list, self._jobs_of
-            jobs = [(j, jobs_of[index](layers[index][1], pairs))
+            jobs = [(j, *jobs_of[index](layers[index][1], pairs))
                     for j, run in enumerate(calls) for index, pairs in run]
             values = norms_kernel.sums(self._kernel, len(calls), jobs, grads)
             return values[:-1], values[-1]

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from theory.layer_norms import GRAM_ADVANTAGE, Job
+from theory.layer_norms import GRAM_ADVANTAGE
 from training.engine import compiled_kernel
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
@@ -38,9 +38,10 @@ def kernel() -> ModuleType | None:
     return compiled_kernel.load_kernel(NAME, SOURCES, "noise-monitor", FALLBACK)
 
 
-def sums(module: ModuleType, passes: int, jobs: Sequence[tuple[int, Job]],
-         grads: Sequence[torch.Tensor]) -> list[float]:
+def sums(module: ModuleType, passes: int, jobs: Sequence[tuple], grads: Sequence[torch.Tensor]
+         ) -> list[float]:
     """[sum over pass j's examples of their squared gradient norms, for each of ``passes``
-    passes..., sum of the squared norms of ``grads``], in double precision. ``jobs``: (pass,
-    job) pairs, one per layer and pass; CPU tensors only (dense)."""
-    return module.sums(passes, [(j, *job) for j, job in jobs], list(grads), float(GRAM_ADVANTAGE))
+    passes..., sum of the squared norms of ``grads``], in double precision. ``jobs``: one
+    ``(pass, *job)`` per layer and pass, ``job`` from :func:`theory.layer_norms.job_function`;
+    CPU tensors only, dense (the routine refuses others)."""
+    return module.sums(passes, jobs, grads, GRAM_ADVANTAGE)

@@ -45,20 +45,14 @@ at::Tensor as(const at::Tensor& t, at::ScalarType type) {
   return t.to(type).contiguous();
 }
 
-// sum over [begin, end) of f(i), in double, over torch's intra-op threads
+// sum over [0, n) of f(begin, end) over ranges of examples, in double, over torch's intra-op
+// threads (f gets a range so that its scratch buffers are allocated once per range)
 template <typename F>
 double parallel_sum(int64_t n, int64_t grain, const F& f) {
-  if (n <= grain) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += f(i);
-    return s;
-  }
+  if (n <= grain) return f(0, n);
   return at::parallel_reduce(
       0, n, grain, 0.0,
-      [&](int64_t begin, int64_t end, double acc) {
-        for (int64_t i = begin; i < end; ++i) acc += f(i);
-        return acc;
-      },
+      [&](int64_t begin, int64_t end, double acc) { return acc + f(begin, end); },
       std::plus<double>());
 }
 
@@ -119,13 +113,74 @@ template <typename T>
 double position_sum_sq(const at::Tensor& d) {
   const int64_t b = d.size(0), p = d.size(1), o = d.size(2);
   const T* base = d.data_ptr<T>();
-  return parallel_sum(b, 4, [&](int64_t i) {
-    std::vector<double> acc(o, 0.0);
-    for (int64_t q = 0; q < p; ++q) {
-      const T* row = base + (i * p + q) * o;
-      for (int64_t k = 0; k < o; ++k) acc[k] += row[k];
+  return parallel_sum(b, 4, [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(o);
+    double s = 0.0;
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t q = 0; q < p; ++q) {
+        const T* row = base + (i * p + q) * o;
+        double* __restrict out = acc.data();
+#pragma omp simd
+        for (int64_t k = 0; k < o; ++k) out[k] += row[k];
+      }
+      s += sum_sq(acc.data(), o);
     }
-    return sum_sq(acc.data(), o);
+    return s;
+  });
+}
+
+// A per-example product of at most this many elements is summed by the loops below
+constexpr int64_t SMALL_PRODUCT = 4096;
+
+// Register blocks of the small products: ROWS rows of COLS columns of the [O, K] sum are
+// accumulated over the positions in registers, then squared (no buffer: only the sum of the
+// squares is needed)
+constexpr int64_t ROWS = 4, COLS = 16;
+
+// sum over the [O, K] entries of one example's sum_p d_p a_p^T of their squares, the block of
+// rows [r0, r0 + rn) and columns [c0, c0 + cn) (RN, CN: the block's size when it is known at
+// compile time, 0 otherwise)
+template <typename T, int64_t RN, int64_t CN>
+double block_sq(const T* d, const T* a, int64_t p, int64_t o, int64_t k, int64_t r0, int64_t c0,
+                int64_t rn, int64_t cn) {
+  const int64_t nr = RN ? RN : rn, nc = CN ? CN : cn;
+  T acc[ROWS][COLS] = {};
+  for (int64_t q = 0; q < p; ++q) {
+    const T* dq = d + q * o + r0;
+    const T* aq = a + q * k + c0;
+    for (int64_t r = 0; r < nr; ++r) {
+      const T dr = dq[r];
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) acc[r][c] += dr * aq[c];
+    }
+  }
+  double s = 0.0;
+  for (int64_t r = 0; r < nr; ++r) s += sum_sq(acc[r], nc);
+  return s;
+}
+
+// sum_i |sum_p d_ip a_ip^T|_F^2 by plain loops over register blocks (T accumulators, as a
+// matrix product's); on short sequences batched BLAS products of a few thousand elements each
+// cost several times their multiplications
+template <typename T>
+double small_outer(const T* d, const T* a, int64_t b, int64_t p, int64_t o, int64_t k) {
+  return parallel_sum(b, 4, [&](int64_t begin, int64_t end) {
+    double s = 0.0;
+    for (int64_t i = begin; i < end; ++i) {
+      const T* di = d + i * p * o;
+      const T* ai = a + i * p * k;
+      for (int64_t r0 = 0; r0 < o; r0 += ROWS) {
+        const int64_t rn = std::min(ROWS, o - r0);
+        for (int64_t c0 = 0; c0 < k; c0 += COLS) {
+          const int64_t cn = std::min(COLS, k - c0);
+          s += rn == ROWS && cn == COLS
+                   ? block_sq<T, ROWS, COLS>(di, ai, p, o, k, r0, c0, rn, cn)
+                   : block_sq<T, 0, 0>(di, ai, p, o, k, r0, c0, rn, cn);
+        }
+      }
+    }
+    return s;
   });
 }
 
@@ -155,6 +210,10 @@ double outer(const at::Tensor& d, const at::Tensor& a, bool bias, double gram_ad
     }
     return total;
   }
+  if (o * k <= SMALL_PRODUCT && d.is_contiguous() && a.is_contiguous()) {
+    return small_outer(d.data_ptr<T>(), a.data_ptr<T>(), b, p, o, k) +
+           (bias ? position_sum_sq<T>(d) : 0.0);
+  }
   const int64_t chunk = std::max<int64_t>(1, CHUNK_ELEMENTS / (o * k));
   at::Tensor prod = at::empty({std::min(chunk, b), o, k}, d.options());
   for (int64_t s = 0; s < b; s += chunk) {
@@ -175,8 +234,12 @@ double linear(const at::Tensor& x, const at::Tensor& g, int64_t flags, double gr
     // one position: |g_i(W)|^2 = |d_i|^2 |a_i|^2, |g_i(b)|^2 = |d_i|^2
     const T* dp = g.data_ptr<T>();
     const T* ap = x.data_ptr<T>();
-    return parallel_sum(b, 64, [&](int64_t i) {
-      return sum_sq(dp + i * o, o) * ((weight ? sum_sq(ap + i * k, k) : 0.0) + (bias ? 1.0 : 0.0));
+    return parallel_sum(b, 64, [&](int64_t begin, int64_t end) {
+      double s = 0.0;
+      for (int64_t i = begin; i < end; ++i) {
+        s += sum_sq(dp + i * o, o) * ((weight ? sum_sq(ap + i * k, k) : 0.0) + (bias ? 1.0 : 0.0));
+      }
+      return s;
     });
   }
   const at::Tensor d = g.view({b, -1, o});
@@ -211,25 +274,30 @@ double embedding(const at::Tensor& ids, const at::Tensor& g, int64_t padding) {
   const int64_t p = idx.numel() / b;
   const int64_t* tok = idx.data_ptr<int64_t>();
   const T* base = g.data_ptr<T>();
-  return parallel_sum(b, 4, [&](int64_t i) {
+  return parallel_sum(b, 4, [&](int64_t begin, int64_t end) {
     std::vector<std::pair<int64_t, int64_t>> order;
     order.reserve(p);
-    for (int64_t q = 0; q < p; ++q) {
-      const int64_t t = tok[i * p + q];
-      if (t != padding) order.emplace_back(t, q);
-    }
-    std::sort(order.begin(), order.end());
     std::vector<double> acc(dim);
     double s = 0.0;
-    for (size_t u = 0; u < order.size();) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      size_t v = u;
-      for (; v < order.size() && order[v].first == order[u].first; ++v) {
-        const T* row = base + (i * p + order[v].second) * dim;
-        for (int64_t k = 0; k < dim; ++k) acc[k] += row[k];
+    for (int64_t i = begin; i < end; ++i) {
+      order.clear();
+      for (int64_t q = 0; q < p; ++q) {
+        const int64_t t = tok[i * p + q];
+        if (t != padding) order.emplace_back(t, q);
       }
-      s += sum_sq(acc.data(), dim);
-      u = v;
+      std::sort(order.begin(), order.end());
+      for (size_t u = 0; u < order.size();) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        size_t v = u;
+        for (; v < order.size() && order[v].first == order[u].first; ++v) {
+          const T* row = base + (i * p + order[v].second) * dim;
+          double* __restrict out = acc.data();
+#pragma omp simd
+          for (int64_t k = 0; k < dim; ++k) out[k] += row[k];
+        }
+        s += sum_sq(acc.data(), dim);
+        u = v;
+      }
     }
     return s;
   });
@@ -244,22 +312,40 @@ double norm(const at::Tensor& x, const at::Tensor& g, int64_t flags, int64_t n, 
   const T* xs = x.data_ptr<T>();
   const T* gs = g.data_ptr<T>();
   const bool weight = flags & WEIGHT, bias = flags & BIAS, rms = flags & RMS;
-  return parallel_sum(b, 4, [&](int64_t i) {
-    std::vector<double> gw(weight ? n : 0, 0.0), gb(bias ? n : 0, 0.0);
-    for (int64_t q = 0; q < p; ++q) {
-      const T* xr = xs + (i * p + q) * n;
-      const T* gr = gs + (i * p + q) * n;
+  return parallel_sum(b, 4, [&](int64_t begin, int64_t end) {
+    std::vector<double> gw(weight ? n : 0), gb(bias ? n : 0), mean(p), rstd(p);
+    double s = 0.0;
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(gw.begin(), gw.end(), 0.0);
+      std::fill(gb.begin(), gb.end(), 0.0);
       if (weight) {
-        const double mean = rms ? 0.0 : sum(xr, n) / n;
-        const double var = accumulate(n, [=](int64_t k) { return (xr[k] - mean) * (xr[k] - mean); });
-        const double rstd = 1.0 / std::sqrt(var / n + eps);
-        for (int64_t k = 0; k < n; ++k) gw[k] += gr[k] * ((xr[k] - mean) * rstd);
+        // the rows' statistics first: independent rows, whose reductions overlap
+        for (int64_t q = 0; q < p; ++q) {
+          const T* xr = xs + (i * p + q) * n;
+          const double m = rms ? 0.0 : sum(xr, n) / n;
+          const double var = accumulate(n, [=](int64_t k) { return (xr[k] - m) * (xr[k] - m); });
+          mean[q] = m;
+          rstd[q] = 1.0 / std::sqrt(var / n + eps);
+        }
       }
-      if (bias) {
-        for (int64_t k = 0; k < n; ++k) gb[k] += gr[k];
+      for (int64_t q = 0; q < p; ++q) {
+        const T* xr = xs + (i * p + q) * n;
+        const T* gr = gs + (i * p + q) * n;
+        if (weight) {
+          const double m = mean[q], r = rstd[q];
+          double* __restrict out = gw.data();
+#pragma omp simd
+          for (int64_t k = 0; k < n; ++k) out[k] += gr[k] * ((xr[k] - m) * r);
+        }
+        if (bias) {
+          double* __restrict out = gb.data();
+#pragma omp simd
+          for (int64_t k = 0; k < n; ++k) out[k] += gr[k];
+        }
       }
+      s += sum_sq(gw.data(), gw.size()) + sum_sq(gb.data(), gb.size());
     }
-    return sum_sq(gw.data(), gw.size()) + sum_sq(gb.data(), gb.size());
+    return s;
   });
 }
 
@@ -282,6 +368,8 @@ std::vector<double> sums(int64_t passes, const std::vector<Job>& jobs,
   std::vector<double> out(passes + 1, 0.0);
   for (const auto& [pass, kind, x, g, flags, n, eps] : jobs) {
     TORCH_CHECK(pass >= 0 && pass < passes, "example_norms: pass ", pass, " of ", passes);
+    TORCH_CHECK(x.is_cpu() && g.is_cpu() && !x.is_sparse() && !g.is_sparse(),
+                "example_norms: dense CPU tensors only");
     const auto type = compute_type(g);
     const at::Tensor gc = as(g, type);
     const at::Tensor xc = kind == EMBEDDING ? x : as(x, type);
@@ -289,7 +377,10 @@ std::vector<double> sums(int64_t passes, const std::vector<Job>& jobs,
                      ? job_sum<double>(kind, xc, gc, flags, n, eps, gram_advantage)
                      : job_sum<float>(kind, xc, gc, flags, n, eps, gram_advantage);
   }
-  for (const auto& t : grads) out[passes] += squared(t);
+  for (const auto& t : grads) {
+    TORCH_CHECK(t.is_cpu() && !t.is_sparse(), "example_norms: dense CPU gradients only");
+    out[passes] += squared(t);
+  }
   return out;
 }
 
