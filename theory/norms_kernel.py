@@ -2,7 +2,7 @@
 gradients' squared norm in one call (``theory/csrc/example_norms.cpp``).
 
 :func:`kernel` builds it on first use with the trainer's machinery
-(:func:`training.engine.compiled_kernel.load_kernel`: torch's extension cache, ``-O3
+(:func:`training.extensions.load_kernel`: torch's extension cache, ``-O3
 -march=native``, about 20 s once per machine and source version), or returns None where it is
 switched off (``SPARSESCALE_KERNELS=0``) or cannot be built (one warning naming why); the
 monitor then takes the same sums with torch operators (:mod:`theory.layer_norms`' terms), and
@@ -25,7 +25,7 @@ from types import ModuleType
 import torch
 
 from theory.layer_norms import GRAM_ADVANTAGE
-from training.engine import compiled_kernel
+from training import extensions
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 NAME = "example_norms"
@@ -35,7 +35,7 @@ FALLBACK = ("the noise monitor computes its per-example norms with torch operato
 
 def kernel() -> ModuleType | None:
     """The compiled routine's module, or None (switched off, or it cannot be built)."""
-    return compiled_kernel.load_kernel(NAME, SOURCES, "noise-monitor", FALLBACK)
+    return extensions.load_kernel(NAME, SOURCES, "noise-monitor", FALLBACK)
 
 
 def sums(module: ModuleType, passes: int, jobs: Sequence[tuple], grads: Sequence[torch.Tensor]

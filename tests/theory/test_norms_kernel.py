@@ -14,7 +14,8 @@ from torch import nn
 
 from theory import NoiseScaleMonitor, norms_kernel
 from theory.layer_norms import job_function, layer_sq_norms
-from training.engine import compiled_kernel as kernels
+from training import extensions as kernels
+from training.engine import compiled_kernel
 from training.models import ResNet8, TransformerLM
 
 from .monitor_models import TinyTransformer
@@ -202,7 +203,7 @@ def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypat
     monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)
     monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
-    kernels._build.cache_clear()
+    compiled_kernel._build.cache_clear()
     try:
         batches = [token_batch(12, s) for s in range(2)]
         with warnings.catch_warnings(record=True) as record:
@@ -210,7 +211,7 @@ def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypat
             net, got = readings(lambda: Mixed().double(), batches)
             readings(lambda: Mixed().double(), batches)
     finally:
-        kernels._build.cache_clear()
+        compiled_kernel._build.cache_clear()
     [w] = [w for w in record if issubclass(w.category, kernels.KernelWarning)]
     assert "'example_norms' is unavailable" in str(w.message)
     assert "Python.h" in str(w.message) and "torch operators" in str(w.message)
