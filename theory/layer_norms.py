@@ -35,8 +35,10 @@ squaring, so the cross terms count. Norms are computed in at least float32 (floa
 for a call whose output got no gradient) and returns ``[B]`` squared norms over the layer's own
 parameters that require gradients. :func:`layer_terms` adds the same to a :class:`Terms` without
 reducing them, so that a caller summing over the batch and over many layers (the noise monitor)
-takes all their norms in one fused call. :func:`unsupported` says why a layer is not one of
-these.
+takes all their norms in one fused call. :func:`job_function` gives, instead, the layer's job
+for the compiled routine of :mod:`theory.norms_kernel`, which computes the same sums over the
+batch in one call for all layers (tested against these terms and a float64 loop over the
+examples). :func:`unsupported` says why a layer is not one of these.
 """
 
 from __future__ import annotations

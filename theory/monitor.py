@@ -53,20 +53,22 @@ under mixed precision. The scale cannot be read from gradients; B_simple does no
 in the mode the model is in (dropout included).
 
 Cost (per-example estimator): during the forward, one hook per supported layer keeps its input
-and registers a hook on its output whose callable is a dict's own ``__setitem__``, so the
-backward stores each output gradient without running a Python frame; nothing else happens until
-``step()``. There, every layer adds a few kernels (:class:`theory.layer_norms.Terms`: e.g. two
-for a Linear layer on 2-d inputs, three or four for a layer over positions), and all the squared
-norms of the step, per-example terms and the parameters' ``.grad`` alike, are taken in one
-``torch._foreach_norm`` (one fused kernel on a GPU, one reduction per tensor on a CPU) and read
-to the host in one transfer. On 2-d layers the added work grows with the layers' widths, not
-their products, and what remains per measured step is a fixed count of hook calls and small
-kernels, which weighs most on small, dispatch-bound steps. On a layer over P positions the
-per-example terms take about the multiplications of the layer's own forward product (P K O per
-example for K inputs and O outputs, or P^2 (K + O) in the Gram form), so on sequence models
-the overhead stays a sizeable fraction of the step however large it is. ``every=N`` measures one
-step in N and removes all hooks in between (docs/guide/noise-monitor.md has the measured
-overhead).
+and registers a hook on its output whose callable is a dict's own ``__setitem__`` (installed as
+``register_hook`` installs it, without its removable handle), so the backward stores each output
+gradient without running a Python frame; nothing else happens until ``step()``. There, on the
+CPU, one call of a compiled routine (:mod:`theory.norms_kernel`) takes every layer's sum over
+the batch of per-example squared norms and the squared norm of the parameters' ``.grad``, in
+double precision: plain loops for Linear layers on one position, Embedding and the norm layers,
+register-blocked or batched products for layers over positions, no operator call from Python.
+Where that routine cannot be built, and for tensors on other devices, the same sums come from a
+few torch kernels per layer (:class:`theory.layer_norms.Terms`) and one
+``torch._foreach_norm`` over all of them and ``.grad`` (one fused kernel on a GPU), read to the
+host in one transfer. What remains per measured step on small, dispatch-bound steps is the
+hooks and ``step()``'s Python; on a layer over P positions the per-example terms take about
+the multiplications of the layer's own forward product (P K O per example for K inputs and O
+outputs, or P^2 (K + O) in the Gram form), so on sequence models they stay a sizeable fraction
+of the step however large it is. ``every=N`` measures one step in N and removes all hooks in
+between (docs/guide/noise-monitor.md has the measured overhead).
 
 Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
 exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
