@@ -609,9 +609,10 @@ class NoiseScaleMonitor:
         norms of the step in one ``_foreach_norm`` read in one transfer: [the passes' extras'
         sums..., the squares' norms..., the .grad norms...]."""
         grads = _dense(self._grads())
-        if self._kernel is False:
+        on_cpu = all(g.is_cpu for g in grads)
+        if on_cpu and self._kernel is False:       # (built or loaded once, only for the CPU)
             self._kernel = norms_kernel.kernel()
-        if self._kernel is not None and all(g.is_cpu for g in grads):
+        if on_cpu and self._kernel is not None:
             layers, jobs_of = self._layer_list, self._jobs_of
             jobs = [(j, *jobs_of[index](layers[index][1], pairs))
                     for j, run in enumerate(calls) for index, pairs in run]
