@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -269,11 +269,13 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 def _grad_hook(out: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
     """``out.register_hook(hook)`` without its removable handle, which costs about 10 us of
-    Python per call (a third of a small layer's forward): a fresh output's hooks as the dict
-    that ``register_hook`` itself installs, the same hook on the same node (so an in-place
-    change of ``out`` after the layer still gives the gradient of the layer's output)."""
+    Python per call (a third of a small layer's forward): a fresh output's hooks as the ordered
+    dict that ``register_hook`` itself installs, the same hook on the same node (so an in-place
+    change of ``out`` after the layer still gives the gradient of the layer's output). Its key,
+    -1, is none that a later ``register_hook`` of the model's own (handles count from 0) can
+    take."""
     if type(out) is torch.Tensor and out._backward_hooks is None and out.grad_fn is not None:
-        out._backward_hooks = {0: hook}
+        out._backward_hooks = OrderedDict(((-1, hook),))
         out.grad_fn._register_hook_dict(out)
     else:
         out.register_hook(hook)

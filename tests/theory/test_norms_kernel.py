@@ -218,3 +218,36 @@ def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypat
     g_ref, t_ref = sample_estimate(net, *batches[-1])
     assert got[-1][0] == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
     assert got[-1][1] == pytest.approx(t_ref, rel=1e-10)
+
+
+class HooksItsOwnOutput(nn.Module):
+    """A model that registers its own gradient hook on a layer's output (after the monitor's,
+    which runs inside the layer's call) and removes another."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+        self.lin = nn.Linear(5, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        h.register_hook(lambda g: self.seen.append(g.clone()))
+        h.register_hook(lambda g: g * 0).remove()
+        return self.head(torch.tanh(h))
+
+
+def test_a_model_hooking_its_layers_outputs_keeps_its_hooks_and_the_reading():
+    seen = []
+    torch.manual_seed(0)
+    net = HooksItsOwnOutput(seen).double()
+    monitor = NoiseScaleMonitor(net)
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(9, 5, generator=gen, dtype=torch.float64), torch.randint(3, (9,), generator=gen)
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    r = monitor.step()
+    assert len(seen) == 1 and seen[0].shape == (9, 6)
+    g_ref, t_ref = sample_estimate(net, x, y)
+    assert r.step_g_sq == pytest.approx(g_ref, rel=1e-10, abs=1e-14)
+    assert r.step_trace_sigma == pytest.approx(t_ref, rel=1e-10)
