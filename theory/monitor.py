@@ -53,20 +53,22 @@ under mixed precision. The scale cannot be read from gradients; B_simple does no
 in the mode the model is in (dropout included).
 
 Cost (per-example estimator): during the forward, one hook per supported layer keeps its input
-and registers a hook on its output whose callable is a dict's own ``__setitem__``, so the
-backward stores each output gradient without running a Python frame; nothing else happens until
-``step()``. There, every layer adds a few kernels (:class:`theory.layer_norms.Terms`: e.g. two
-for a Linear layer on 2-d inputs, three or four for a layer over positions), and all the squared
-norms of the step, per-example terms and the parameters' ``.grad`` alike, are taken in one
-``torch._foreach_norm`` (one fused kernel on a GPU, one reduction per tensor on a CPU) and read
-to the host in one transfer. On 2-d layers the added work grows with the layers' widths, not
-their products, and what remains per measured step is a fixed count of hook calls and small
-kernels, which weighs most on small, dispatch-bound steps. On a layer over P positions the
-per-example terms take about the multiplications of the layer's own forward product (P K O per
-example for K inputs and O outputs, or P^2 (K + O) in the Gram form), so on sequence models
-the overhead stays a sizeable fraction of the step however large it is. ``every=N`` measures one
-step in N and removes all hooks in between (docs/guide/noise-monitor.md has the measured
-overhead).
+and registers a hook on its output whose callable is a dict's own ``__setitem__`` (installed as
+``register_hook`` installs it, without its removable handle), so the backward stores each output
+gradient without running a Python frame; nothing else happens until ``step()``. There, on the
+CPU, one call of a compiled routine (:mod:`theory.norms_kernel`) takes every layer's sum over
+the batch of per-example squared norms and the squared norm of the parameters' ``.grad``, in
+double precision: plain loops for Linear layers on one position, Embedding and the norm layers,
+register-blocked or batched products for layers over positions, no operator call from Python.
+Where that routine cannot be built, and for tensors on other devices, the same sums come from a
+few torch kernels per layer (:class:`theory.layer_norms.Terms`) and one
+``torch._foreach_norm`` over all of them and ``.grad`` (one fused kernel on a GPU), read to the
+host in one transfer. What remains per measured step on small, dispatch-bound steps is the
+hooks and ``step()``'s Python; on a layer over P positions the per-example terms take about
+the multiplications of the layer's own forward product (P K O per example for K inputs and O
+outputs, or P^2 (K + O) in the Gram form), so on sequence models they stay a sizeable fraction
+of the step however large it is. ``every=N`` measures one step in N and removes all hooks in
+between (docs/guide/noise-monitor.md has the measured overhead).
 
 Smoothing: |G|^2 and tr(Sigma) are averaged *separately* over the last ``window`` steps or with an
 exponential moving average of decay ``ema`` (bias-corrected), and B_simple is the ratio of the
@@ -81,7 +83,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -93,7 +95,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from theory.errors import TheoryError, check_int
-from theory.layer_norms import Terms, terms_function, unsupported
+from theory import norms_kernel
+from theory.layer_norms import Terms, job_function, terms_function, unsupported
 from theory.monitor_ddp import LocalNormHook, batch_term
 from theory.monitor_log import ReadingLog
 from theory.noise import ratio_se, weighted_mean_cov
@@ -264,6 +267,20 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
+def _grad_hook(out: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
+    """``out.register_hook(hook)`` without its removable handle, which costs about 10 us of
+    Python per call (a third of a small layer's forward): a fresh output's hooks as the ordered
+    dict that ``register_hook`` itself installs, the same hook on the same node (so an in-place
+    change of ``out`` after the layer still gives the gradient of the layer's output). Its key,
+    -1, is none that a later ``register_hook`` of the model's own (handles count from 0) can
+    take."""
+    if type(out) is torch.Tensor and out._backward_hooks is None and out.grad_fn is not None:
+        out._backward_hooks = OrderedDict(((-1, hook),))
+        out.grad_fn._register_hook_dict(out)
+    else:
+        out.register_hook(hook)
+
+
 def _dense(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Sparse gradients (``Embedding(sparse=True)``) by their coalesced values, with the same
     norm."""
@@ -370,6 +387,10 @@ class NoiseScaleMonitor:
         self._layer_list = list(self.layers.items())
         # each layer's terms function, looked up once: step() calls it directly
         self._terms_of = [terms_function(m) for m in self.layers.values()]
+        self._jobs_of = [job_function(m) for m in self.layers.values()]
+        # the compiled routine (theory.norms_kernel), loaded at the first per-example step;
+        # False: not loaded yet
+        self._kernel: Any = False
         self._layer_hooks = [partial(self._on_layer, i) for i in range(len(self._layer_list))]
         # the first measured step checks that no supported layer's parameter is used outside
         # the layer's own calls (used_outside); the forwards until then keep their graph's nodes
@@ -469,7 +490,8 @@ class NoiseScaleMonitor:
         self._forwards.append(batch)
         self._pass = run = _Pass(batch, not self._graph_checked)
         if self.per_example_hooks:
-            pending = [r for r in self._passes if not r.grads]
+            pending = ([r for r in self._passes if not r.grads]
+                       if len(self._passes) >= MAX_PENDING_FORWARDS else ())
             if len(pending) >= MAX_PENDING_FORWARDS:
                 # release the oldest forward still without a backward; should its backward come
                 # after all, step() refuses the step
@@ -498,7 +520,7 @@ class NoiseScaleMonitor:
             return
         k = len(run.calls)
         run.calls.append((index, args[0] if args else None))
-        out.register_hook(partial(run.grads.__setitem__, k))
+        _grad_hook(out, partial(run.grads.__setitem__, k))
         if run.outputs is not None:
             run.outputs.append(out.grad_fn)
 
@@ -508,10 +530,11 @@ class NoiseScaleMonitor:
             run.roots = [t.grad_fn for t in torch.utils._pytree.tree_leaves(out)
                          if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
-    def _pass_terms(self, run: _Pass) -> Terms | None:
-        """The pass's per-example squared norms over its layers (as the hooks saw the
-        gradients; call under ``no_grad``); None, with ``run.problem`` saying why, where there
-        are none."""
+    def _pass_calls(self, run: _Pass) -> list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]
+                                             ] | None:
+        """The pass's (layer index, its calls' (input, output gradient) pairs) for the layers
+        whose outputs got a gradient; None, with ``run.problem`` saying why, where there are
+        none."""
         batch, grads = run.batch, run.grads
         by_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for k, (index, x) in enumerate(run.calls):
@@ -529,9 +552,15 @@ class NoiseScaleMonitor:
         if not by_layer:
             run.problem = "no supported layer got a gradient"
             return None
+        return list(by_layer.items())
+
+    def _pass_terms(self, calls: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]
+                    ) -> Terms:
+        """The pass's per-example squared norms over its layers (torch operators; call under
+        ``no_grad``)."""
         terms, layers, terms_of = Terms(), self._layer_list, self._terms_of
-        for index, calls in by_layer.items():
-            terms_of[index](terms, layers[index][1], calls)
+        for index, pairs in calls:
+            terms_of[index](terms, layers[index][1], pairs)
         return terms
 
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
@@ -574,16 +603,28 @@ class NoiseScaleMonitor:
         """|.grad| of each parameter."""
         return _norms(self._grads())
 
-    def _per_example(self, sizes: list[int | None], terms: list[Terms], scale: float
-                     ) -> tuple[float, float, int]:
-        """Examples i of pass j (b_j of them, squared norms summed to S_j) were seen as
-        (scale / b_j) g_i; the mean gradient v = .grad / (scale k) weighs the k passes' means
-        1/k each. Every norm of the step is taken in one ``_foreach_norm`` and read in one
-        transfer: [the passes' extras' sums..., the squares' norms..., the .grad norms...]."""
-        batch, k = self._sizes(sizes), len(sizes)
+    def _example_sums(self, calls: list[list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]]
+                      ) -> tuple[list[float], float]:
+        """Per pass, the sum over its examples of their squared gradient norms, and the squared
+        norm of .grad: by the compiled routine in one call where it is available and the
+        gradients are on the CPU (:mod:`theory.norms_kernel`), else by torch operators, all
+        norms of the step in one ``_foreach_norm`` read in one transfer: [the passes' extras'
+        sums..., the squares' norms..., the .grad norms...]."""
+        grads = _dense(self._grads())
+        on_cpu = all(g.is_cpu for g in grads)
+        if on_cpu and self._kernel is False:       # (built or loaded once, only for the CPU)
+            self._kernel = norms_kernel.kernel()
+        if on_cpu and self._kernel is not None:
+            layers, jobs_of = self._layer_list, self._jobs_of
+            jobs = [(j, *jobs_of[index](layers[index][1], pairs))
+                    for j, run in enumerate(calls) for index, pairs in run]
+            values = norms_kernel.sums(self._kernel, len(calls), jobs, grads)
+            return values[:-1], values[-1]
+        with torch.no_grad():
+            terms = [self._pass_terms(run) for run in calls]
         squares = [s for t in terms for s in t.squares]
         extras = [torch.cat(t.extras).sum() for t in terms if t.extras]
-        tensors = squares + _dense(self._grads())
+        tensors = squares + grads
         scalars = [*extras, *(torch._foreach_norm(tensors) if tensors else ())]
         values = torch.stack(scalars).tolist() if scalars else []
         extra, at, sums = 0, len(extras), []
@@ -594,7 +635,16 @@ class NoiseScaleMonitor:
                 parts.append(values[extra])
                 extra += 1
             sums.append(math.fsum(parts))
-        grad_sq = math.fsum(v * v for v in values[at:])
+        return sums, math.fsum(v * v for v in values[at:])
+
+    def _per_example(self, sizes: list[int | None],
+                     calls: list[list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]],
+                     scale: float) -> tuple[float, float, int]:
+        """Examples i of pass j (b_j of them, squared norms summed to S_j) were seen as
+        (scale / b_j) g_i; the mean gradient v = .grad / (scale k) weighs the k passes' means
+        1/k each."""
+        batch, k = self._sizes(sizes), len(sizes)
+        sums, grad_sq = self._example_sums(calls)
         u_small = sum(b * b * v for b, v in zip(sizes, sums)) / (scale * scale * batch)
         u_big = grad_sq / (scale * k) ** 2
         g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
@@ -724,14 +774,13 @@ class NoiseScaleMonitor:
                     f"at least 2 micro-batches per step")
             self._graph_checked = True
             self._stop_checking()
-        with torch.no_grad():
-            terms = [None if run.problem else self._pass_terms(run) for run in runs]
+        calls = [None if run.problem else self._pass_calls(run) for run in runs]
         problems = [run.problem for run in runs if run.problem]
         if problems:
             raise TheoryError(f"NoiseScaleMonitor: no per-example gradient norms: {problems[0]};"
                               f" or use method='micro_batch' with at least 2 micro-batches per "
                               f"step")
-        return "per_example", self._per_example([run.batch for run in runs], terms, scale)
+        return "per_example", self._per_example([run.batch for run in runs], calls, scale)
 
     # -- lifetime ------------------------------------------------------------------------------
 

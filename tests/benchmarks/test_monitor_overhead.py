@@ -19,7 +19,7 @@ hook's: two gloo processes on loopback, a DDP loop with DDP's built-in all-reduc
 same loop with that all-reduce as a Python communication hook and with the monitor's hook, by
 wall clock and by process CPU time (the same statistics), on the MLP, the MLP 2048 wide and the
 two-block transformer (``DDP_WORKLOADS``). ``python tests/benchmarks/test_monitor_overhead.py
-ddp`` prints the DDP table alone.
+ddp`` prints the DDP table alone, ``... per-example`` all but the DDP table.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def ddp_overhead(name: str = "mlp", steps: int = 50, rounds: int = 20
                     extra("monitor", clock)) for clock in ("wall", "cpu")}
 
 
-def main(only_ddp: bool = False) -> None:
+def main(only_ddp: bool = False, without_ddp: bool = False) -> None:
     if only_ddp:
         return ddp_table()
     print(f"{'workload':<18} {'every':>5} {'plain ms/step':>14} {'monitor ms/step':>16} "
@@ -266,7 +266,8 @@ def main(only_ddp: bool = False) -> None:
     for name, (steps, rounds) in WORKLOADS.items():
         spent, plain_ops, step_ops = breakdown(name, steps=min(steps, 20), rounds=min(rounds, 5))
         print(f"{name:<18} {spent * 1e3:>10.3f} {plain_ops:>19} {step_ops:>14}")
-    ddp_table()
+    if not without_ddp:
+        ddp_table()
 
 
 def ddp_table() -> None:
@@ -279,4 +280,4 @@ def ddp_table() -> None:
 
 
 if __name__ == "__main__":
-    main(only_ddp=sys.argv[1:] == ["ddp"])
+    main(only_ddp=sys.argv[1:] == ["ddp"], without_ddp=sys.argv[1:] == ["per-example"])

@@ -93,12 +93,12 @@ def _cpu_description() -> str:
     return "\n".join(next((ln for ln in lines if ln.startswith(k)), "") for k in keys)
 
 
-def build_name(name: str) -> str:
-    """Extension name of kernel ``name``: a digest of every file in ``csrc`` (torch rebuilds
-    on a change of the listed source only, not of its headers), of the host CPU and of the
-    Python and torch versions (the extension's ABI)."""
+def build_name(name: str, sources: Path = SOURCES) -> str:
+    """Extension name of kernel ``name``: a digest of every file in its source folder
+    ``sources`` (torch rebuilds on a change of the listed source only, not of its headers), of
+    the host CPU and of the Python and torch versions (the extension's ABI)."""
     digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}".encode())
-    for path in sorted(SOURCES.iterdir()):
+    for path in sorted(sources.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
 
@@ -148,13 +148,13 @@ def _on_path(folder: str | None) -> Iterator[None]:
             os.environ["PATH"] = old
 
 
-def build_directory(name: str) -> Path:
+def build_directory(name: str, sources: Path = SOURCES) -> Path:
     """Where kernel ``name`` is built: ``$TORCH_EXTENSIONS_DIR``, else torch's default extension
     root (``~/.cache/torch_extensions``, a user cache folder), ``/<build_name(name)>``."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    return Path(root) / build_name(name)
+    return Path(root) / build_name(name, sources)
 
 
 def clear_stale_lock(folder: Path) -> bool:
@@ -171,36 +171,52 @@ def clear_stale_lock(folder: Path) -> bool:
     return False
 
 
+# what the trainer does without its kernel (the warning's second half)
+TRAINER_FALLBACK = ("training uses the eager 'batched' program (and, for Conv2d models, torch's "
+                    "update) instead: same results, slower")
+
+
 @functools.cache
-def _build(name: str) -> ModuleType | None:
+def _build(name: str, sources: Path = SOURCES, user: str = "training",
+           fallback: str = TRAINER_FALLBACK) -> ModuleType | None:
+    """Build (or load from the cache) kernel ``name`` from ``sources/<name>.cpp``; None, with one
+    :class:`KernelWarning` saying why and what runs instead (``fallback``), where it cannot be.
+    ``user`` names the kernel's user in the messages."""
+    folder = build_directory(name, sources)
     reason = missing_tool()
     if reason is None:
         try:
             from torch.utils.cpp_extension import load
 
-            folder = build_directory(name)
             folder.mkdir(parents=True, exist_ok=True)
             clear_stale_lock(folder)
             with _on_path(_ninja_dir()):
                 # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
-                return load(name=build_name(name), sources=[str(SOURCES / f"{name}.cpp")],
-                            extra_include_paths=[str(SOURCES)],
+                return load(name=build_name(name, sources), sources=[str(sources / f"{name}.cpp")],
+                            extra_include_paths=[str(sources)],
                             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
                             extra_ldflags=["-fopenmp"], build_directory=str(folder),
                             verbose=False)
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
             reason = failure_reason(exc)
     if required():
-        raise KernelError(f"the compiled training kernel {name!r} cannot be built ({reason}; "
-                          f"build folder {build_directory(name)}) and {REQUIRE_ENV}=1 forbids "
+        raise KernelError(f"the compiled {user} kernel {name!r} cannot be built ({reason}; "
+                          f"build folder {folder}) and {REQUIRE_ENV}=1 forbids "
                           f"the eager fallback: install what is missing, or unset {REQUIRE_ENV} "
-                          f"to train with the eager program (same results, slower)")
-    warnings.warn(f"sparsescale: the compiled training kernel {name!r} is unavailable ({reason}); "
-                  f"training uses the eager 'batched' program (and, for Conv2d models, torch's "
-                  f"update) instead: same results, slower. "
-                  f"Set {DISABLE_ENV}=0 to skip the kernel without this warning.", KernelWarning,
-                  stacklevel=2)
+                          f"to run the eager program (same results, slower)")
+    warnings.warn(f"sparsescale: the compiled {user} kernel {name!r} is unavailable ({reason}); "
+                  f"{fallback}. Set {DISABLE_ENV}=0 to skip the kernel without this warning.",
+                  KernelWarning, stacklevel=2)
     return None
+
+
+def load_kernel(name: str, sources: Path, user: str, fallback: str) -> ModuleType | None:
+    """Kernel ``name`` built from ``sources/<name>.cpp`` by the same machinery as the trainer's
+    (cache folder, build lock, flags, :func:`disabled` and the environment variables), or None
+    where it is disabled or cannot be built (then one :class:`KernelWarning` naming why and
+    ``fallback``, what runs instead; under ``SPARSESCALE_REQUIRE_KERNEL=1`` a
+    :class:`KernelError`)."""
+    return _build(name, sources, user, fallback) if enabled() else None
 
 
 def fused_sequential() -> ModuleType | None:
