@@ -9,7 +9,9 @@ loop took about as long as a one-thread step. Two trials side by side, one a thr
 cores all the time. The compiled kernel spreads its trials the same way
 (:mod:`training.engine.fused`); this module gives the ``per_trial`` program
 (:mod:`training.engine.per_trial`) the same, through threads that release the GIL inside torch's
-operations.
+operations and inside the compiled kernel's update (``update_trial``, which held the GIL until
+2026-11-27: a memory-bound update of ``simple_cnn``'s 3.3 M weights, a third of its trial-step at
+B = 8, then stalled the other worker's Python).
 
 What it keeps: each trial runs on one intra-op thread, whichever worker takes it, so a trial's
 result does not depend on the thread count or on which trials share the pool (it equals the

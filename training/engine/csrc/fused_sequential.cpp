@@ -616,9 +616,13 @@ torch::Tensor forward(std::vector<torch::Tensor> params, torch::Tensor x,
   return fused::forward_impl<double>(params, x, encoding, chunk, shared);
 }
 
+// Every entry point runs without the GIL (it touches no Python object): the per_trial program
+// calls update_trial from several threads at once, and one holding the GIL through a
+// memory-bound update of millions of weights stalled every other thread's Python.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients");
-  m.def("train_steps", &train_steps, "K training steps of every trial, in place");
-  m.def("forward", &forward, "per-trial outputs");
-  m.def("update_trial", &update_trial, "one trial's update, in place");
+  using no_gil = py::call_guard<py::gil_scoped_release>;
+  m.def("loss_and_grads", &loss_and_grads, "per-trial losses and parameter gradients", no_gil());
+  m.def("train_steps", &train_steps, "K training steps of every trial, in place", no_gil());
+  m.def("forward", &forward, "per-trial outputs", no_gil());
+  m.def("update_trial", &update_trial, "one trial's update, in place", no_gil());
 }
