@@ -236,6 +236,24 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, fallbac
     assert seen["build_directory"] == str(folder) and seen["lock"] is False
 
 
+
+def test_a_first_build_says_so_on_stderr_and_a_cached_one_is_silent(fresh_build, monkeypatch,
+                                                                    tmp_path, capsys):
+    """A build takes 20-60 s in the middle of a run (the trainer's first step, the noise
+    monitor's first measured step): one line on stderr says what is compiling and where; a
+    build already in the cache loads without a word."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: "module")
+    assert kernels.fused_sequential() == "module"
+    err = capsys.readouterr().err
+    folder = kernels.build_directory("fused_sequential")
+    assert err.count("\n") == 1 and "compiling the training kernel 'fused_sequential'" in err
+    assert str(folder) in err
+    kernels._build.cache_clear()
+    (folder / f"{kernels.build_name('fused_sequential')}.so").touch()
+    assert kernels.fused_sequential() == "module"
+    assert capsys.readouterr().err == ""
+
 def test_the_update_runs_without_the_gil(compiled_kernel):
     """``update_trial`` lets other Python threads run while it updates: the per_trial program
     calls it from several threads at once, and a kernel holding the GIL through a memory-bound
