@@ -40,7 +40,7 @@ measure it on the full split, as they do.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -52,11 +52,14 @@ from training.data import Dataset
 from training.models import check_output
 from training.replay import replay_snapshots
 
-from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
+from theory.curvature import (
+    LEE_GAMMAS, check_gammas, lanczos_top, lipschitz_of, lipschitz_step, local_lipschitz,
+)
 from theory.errors import TheoryError, check_int
 from theory.functional import flat_loss, split_size
 from theory.noise import curvature_noise, gradient_noise
-from theory.sampling import noise_scale
+from theory.mlp_passes import mlp_pass, plain_mlp
+from theory.sampling import GroupMoments, noise_scale, split_estimate
 from theory.summaries import PROBE_COLUMNS
 
 QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
@@ -123,33 +126,76 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     common = dict(mask=mask, seed=sample_seed, dtype=dtype)
     same = curvature_examples == examples
     rows = []
+    gammas = check_gammas(gammas)
     for t, steps_t in sorted(windows.items()):
         nets = [_with_state(model, states[s]) for s in steps_t[:average]]
-        noise = [gradient_noise(net, dataset, examples=examples,
-                                hessian_examples=hessian_examples if i == 0 and same else 0,
-                                **common) for i, net in enumerate(nets)]
-        g_sq = sum(n.g_sq for n in noise) / len(noise)
-        trace = sum(n.trace_sigma for n in noise) / len(noise)
-        first = noise[0]
+        sample = flat_loss(nets[0], dataset, examples=curvature_examples, **common)
+        joint = _joint_pass(model, dataset, nets, states[steps_t[1]], gammas, common) \
+            if examples is None else None
+        if joint is None:
+            noise = [gradient_noise(net, dataset, examples=examples,
+                                    hessian_examples=hessian_examples if i == 0 and same else 0,
+                                    **common) for i, net in enumerate(nets)]
+            first = noise[0]
+            g_sq, trace, loss = _mean(n.g_sq for n in noise), _mean(
+                n.trace_sigma for n in noise), first.loss
+        else:
+            g_sq, trace, loss, mean, lipschitz = joint
         # lambda_max and B_noise on the same set share its loss and Hessian graph; B_noise needs
         # only that set's mean gradient, not the noise pass's moments, jackknife and loss
-        sample = flat_loss(nets[0], dataset, examples=curvature_examples, **common)
         hess = sample.hessian()
-        curved = first if same else curvature_noise(
-            sample, sample.gradient(), split_size(dataset), hessian_examples, sample_seed,
-            hessian=hess)
+        if not same:
+            curved = curvature_noise(sample, sample.gradient(), split_size(dataset),
+                                     hessian_examples, sample_seed, hessian=hess)
+        elif joint is None:
+            curved = first
+        else:   # the sample is the split: B_noise as gradient_noise gives it
+            curved = curvature_noise(sample, mean, split_size(dataset), hessian_examples,
+                                     sample_seed, hessian=hess)
+        if joint is None:
+            lipschitz = local_lipschitz(
+                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
+                grad_prev=first.gradient if examples is None else None, **common).value
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
             "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
             "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed, hessian=hess),
-            "local_lipschitz": local_lipschitz(
-                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
-                grad_prev=first.gradient if examples is None else None, **common).value,
-            "loss": first.loss,
+            "local_lipschitz": lipschitz, "loss": loss,
         }
         rows += [(float(sparsity), int(run.seed), int(run.batch_size), t, t / horizon,
                   q, float(values[q])) for q in QUANTITIES]
     return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _joint_pass(model: nn.Module, dataset: Dataset, nets: Sequence[nn.Module],
+                w_next: Mapping[str, torch.Tensor], gammas: tuple[float, ...],
+                common: Mapping[str, Any]) -> tuple[float, float, float, torch.Tensor, float] | None:
+    """|G|^2 and tr(Sigma) averaged over ``nets``, the mean loss and the mean gradient at the
+    first, and Lee et al.'s L of the step from it to ``w_next``, all on the full training split
+    from ONE pass over it for every point (:func:`theory.mlp_passes.mlp_pass`); None when the
+    network is not a plain ReLU MLP with the classification loss (the caller then takes the
+    separate passes of :func:`gradient_noise` and :func:`local_lipschitz`, which give the same
+    values up to the order of float sums)."""
+    fls = [flat_loss(net, dataset, **common) for net in nets]
+    if plain_mlp(fls[0]) is None:
+        return None
+    check_output(model, dataset, "local_lipschitz")
+    prev = fls[0].theta
+    step, step_norm = lipschitz_step(fls[0], model, w_next)
+    points = torch.stack([fl.theta for fl in fls] + [prev + g * step for g in gammas])
+    joint = mlp_pass(fls[0], points, k=len(fls))
+    population = split_size(dataset)
+    estimates = [split_estimate(GroupMoments.of_parts([parts]), population)
+                 for parts in joint.parts]
+    lipschitz = lipschitz_of(joint.gradients[len(fls):], joint.gradients[0], gammas, step_norm)
+    return (_mean(e.g_sq for e in estimates), _mean(e.trace_sigma for e in estimates),
+            sum(joint.losses[0]) / fls[0].n, GroupMoments.of_parts([joint.parts[0]]).total()[1],
+            lipschitz.value)
 
 
 def _with_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:

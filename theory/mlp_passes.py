@@ -1,0 +1,148 @@
+"""One pass over a set for many points of a plain ReLU MLP: full-set gradients, per-example
+gradient moments and losses, with the backward pass written out.
+
+A probe point of :func:`theory.probe_trajectory` needs, on the full training split, the mean
+gradient, per-example gradient moments and the mean loss at ``average`` consecutive weights (the
+noise) and the mean gradient at Lee et al. (2021)'s nine gamma points of one step (their local
+Lipschitz constant). For a network z_1 = W_1 x + b_1, a_l = relu(z_l), z_{l+1} = W_{l+1} a_l +
+b_{l+1}, ..., with the cross-entropy of softmax(z_L), every one of those gradients follows from
+one forward and one backward pass of the summed loss,
+
+    delta_L = softmax(z_L) - onehot(y),    delta_l = (W_{l+1}^T delta_{l+1}) o [a_l > 0],
+    dL/dW_l = sum_i delta_li a_{l-1,i}^T,  dL/db_l = sum_i delta_li,
+
+and the per-example squared gradient norms over kept coordinates (mask M_l of W_l, m_l of b_l)
+are sum_l (delta_li o delta_li)^T (M_l (a_{l-1,i} o a_{l-1,i}) + m_l) (Goodfellow 2015, as in
+:mod:`theory.example_norms`). Here the m points' weights are stacked ``[m, out, in]`` and each
+layer is one batched matrix product over all points: one pass over the examples for the
+``average`` noise points and the nine gamma points together, instead of ``average``
+per-example-norm passes and one ``vmap``-of-``grad`` pass. Same quantities, same chunks of
+examples: the values agree with those passes up to the order of float sums (tested against
+float64 autograd).
+
+Applies to ``nn.Sequential`` of an optional ``nn.Flatten``, then ``nn.Linear`` layers with bias
+and ``nn.ReLU`` between them, a Linear layer last, no buffers, with the classification loss of
+:func:`training.goal.classification_loss` (2-d logits) and no loss of the data set's own:
+:func:`plain_mlp` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from theory.functional import DEFAULT_CHUNK, FlatLoss
+
+__all__ = ["plain_mlp", "MlpPass", "mlp_pass"]
+
+
+def plain_mlp(fl: FlatLoss) -> list[nn.Linear] | None:
+    """The Linear layers of ``fl.model`` when this module's pass applies to ``fl`` (module
+    docstring), else None."""
+    model = fl.model
+    if (type(model) is not nn.Sequential or fl.task != "classification" or fl.own_loss is not None
+            or fl.buffers or any(True for _ in model.buffers())):
+        return None
+    mods = list(model)
+    if mods and type(mods[0]) is nn.Flatten and mods[0].start_dim == 1 and mods[0].end_dim == -1:
+        mods = mods[1:]
+    elif fl.x.dim() != 2:
+        return None
+    if not mods or len(mods) % 2 == 0:
+        return None
+    linear, relu = mods[0::2], mods[1::2]
+    if (any(type(m) is not nn.Linear or m.bias is None for m in linear)
+            or any(type(m) is not nn.ReLU for m in relu)):
+        return None
+    names = [n for n, _ in model.named_parameters()]
+    index = {id(m): i for i, m in enumerate(model)}
+    expected = [f"{index[id(m)]}.{kind}" for m in linear for kind in ("weight", "bias")]
+    return linear if names == expected and list(fl.names) == expected else None
+
+
+@dataclass(frozen=True)
+class MlpPass:
+    """What :func:`mlp_pass` returns: ``gradients`` ``[m, dim]``, the mean gradient of the set
+    at each point over kept coordinates; ``parts`` for each of the first ``k`` points, the
+    per-chunk moments ``(count, mean gradient, sum of squared deviations)`` that
+    :meth:`theory.sampling.GroupMoments.of_parts` takes; ``losses`` the summed loss of each
+    chunk at each of those points."""
+
+    gradients: torch.Tensor
+    parts: list[list[tuple[int, torch.Tensor, float]]]
+    losses: list[list[float]]
+
+
+def mlp_pass(fl: FlatLoss, thetas: torch.Tensor, k: int = 0, chunk: int = DEFAULT_CHUNK) -> MlpPass:
+    """Mean gradients of ``fl``'s set at the points ``thetas`` ``[m, dim]`` (kept coordinates),
+    and per-example gradient moments and losses at the first ``k`` of them, in one pass over
+    the set, ``chunk`` examples at a time (module docstring). ``fl`` must be one
+    :func:`plain_mlp` accepts."""
+    layers = plain_mlp(fl)
+    if layers is None:
+        raise ValueError("mlp_pass needs a plain ReLU MLP with the classification loss")
+    m = thetas.shape[0]
+    full = torch.stack([fl.embed(t) for t in thetas]) if fl.kept is not None else thetas
+    pieces = torch.split(full, [s.numel() for s in fl.shapes], dim=1)
+    weights = [p.reshape(m, *s) for p, s in zip(pieces[0::2], fl.shapes[0::2])]
+    biases = [p.reshape(m, -1, 1) for p in pieces[1::2]]
+    ones = fl.embed(torch.ones(fl.dim, dtype=thetas.dtype, device=thetas.device))
+    keep = [p.reshape(s) for p, s in zip(torch.split(ones, [s.numel() for s in fl.shapes]),
+                                         fl.shapes)]
+    masks_w, masks_b = keep[0::2], keep[1::2]
+    dense = [bool(mw.min() > 0) for mw in masks_w]
+    sums = [torch.zeros_like(w) for w in weights] + [torch.zeros_like(b) for b in biases]
+    parts: list[list[tuple[int, torch.Tensor, float]]] = [[] for _ in range(k)]
+    losses: list[list[float]] = [[] for _ in range(k)]
+    last = len(weights) - 1
+    for i in range(0, fl.n, chunk):
+        x = fl.x[i:i + chunk].flatten(1)
+        y = fl.y[i:i + chunk]
+        c = x.shape[0]
+        # every activation is held transposed, [m, width, c]: the softmax over 10 classes and
+        # the reductions then run along the long example axis (log_softmax along a last
+        # axis of 10 was 16x slower on the CPU)
+        acts = [x.T]
+        for j, (w, b) in enumerate(zip(weights, biases)):
+            z = torch.matmul(w, acts[-1]).add_(b)
+            acts.append(z if j == last else z.relu_())
+        logp = F.log_softmax(acts[-1], dim=1)                       # [m, classes, c]
+        rows = torch.arange(c, device=x.device)
+        delta = logp.exp()
+        delta[:, y, rows] -= 1.0                                    # per-example dl/dz_L
+        picked = logp[:, y, rows]                                   # -loss of each example
+        sq = torch.zeros(k, c, dtype=torch.float64, device=x.device) if k else None
+        grads_w, grads_b = [], []
+        for j in range(last, -1, -1):
+            a = acts[j]
+            grads_w.append(torch.matmul(delta, a.transpose(-1, -2)))
+            grads_b.append(delta.sum(-1, keepdim=True))
+            if k:
+                d2 = delta[:k].square()
+                a2 = a.square() if j == 0 else a[:k].square()
+                if dense[j]:   # M = 1: sum_j d_j^2 sum_k a_k^2
+                    norms = d2.sum(1) * (a2.sum(-2) + 1)
+                else:
+                    norms = (d2 * torch.matmul(masks_w[j], a2)).sum(1) \
+                        + (d2 * masks_b[j].view(-1, 1)).sum(1)
+                sq += norms.double()
+            if j > 0:
+                delta = torch.ops.aten.threshold_backward(
+                    torch.matmul(weights[j].transpose(1, 2), delta), a, 0)
+        grads_w.reverse()
+        grads_b.reverse()
+        flat = torch.cat([g.reshape(m, -1) for pair in zip(grads_w, grads_b) for g in pair], 1)
+        kept = flat if fl.kept is None else flat.index_select(1, fl.kept)   # [m, dim], summed
+        for p in range(k):
+            mean = kept[p] / c
+            parts[p].append((c, mean, float(sq[p].sum()) - c * float(mean.double().square().sum())))
+            losses[p].append(-float(picked[p].sum()))
+        for total, g in zip(sums, grads_w + grads_b):
+            total += g
+    total = torch.cat([g.reshape(m, -1) for pair in zip(sums[:len(weights)], sums[len(weights):])
+                       for g in pair], 1)
+    gradients = (total if fl.kept is None else total.index_select(1, fl.kept)) / fl.n
+    return MlpPass(gradients, parts, losses)
