@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from theory.errors import TheoryError
 from theory.functional import DEFAULT_CHUNK, FlatLoss
 
 __all__ = ["plain_mlp", "MlpPass", "mlp_pass"]
@@ -83,7 +84,9 @@ def mlp_pass(fl: FlatLoss, thetas: torch.Tensor, k: int = 0, chunk: int = DEFAUL
     :func:`plain_mlp` accepts."""
     layers = plain_mlp(fl)
     if layers is None:
-        raise ValueError("mlp_pass needs a plain ReLU MLP with the classification loss")
+        raise TheoryError("mlp_pass needs a plain ReLU MLP (Linear layers with bias, ReLU between "
+                          "them) with the classification loss; use theory.gradient_noise and "
+                          "theory.local_lipschitz for other networks")
     m = thetas.shape[0]
     full = torch.stack([fl.embed(t) for t in thetas]) if fl.kept is not None else thetas
     pieces = torch.split(full, [s.numel() for s in fl.shapes], dim=1)
