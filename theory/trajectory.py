@@ -58,7 +58,7 @@ from theory.curvature import (
 from theory.errors import TheoryError, check_int
 from theory.functional import flat_loss, split_size
 from theory.noise import curvature_noise, gradient_noise
-from theory.mlp_passes import mlp_pass, plain_mlp
+from theory.mlp_passes import mlp_hessian, mlp_pass, plain_mlp
 from theory.sampling import GroupMoments, noise_scale, split_estimate
 from theory.summaries import PROBE_COLUMNS
 
@@ -144,14 +144,18 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
         # lambda_max and B_noise on the same set share its loss and Hessian graph; B_noise needs
         # only that set's mean gradient, not the noise pass's moments, jackknife and loss
         hess = sample.hessian()
+        # a plain MLP's Hessian products by its R-operator (theory.mlp_passes), tr(H Sigma)'s
+        # all at once; G^T H G stays on the autograd graph (a near-cancellation at some weights)
+        products = mlp_hessian(sample) if plain_mlp(sample) is not None else None
         if not same:
             curved = curvature_noise(sample, sample.gradient(), split_size(dataset),
-                                     hessian_examples, sample_seed, hessian=hess)
+                                     hessian_examples, sample_seed, hessian=hess,
+                                     products=products)
         elif joint is None:
             curved = first
         else:   # the sample is the split: B_noise as gradient_noise gives it
             curved = curvature_noise(sample, mean, split_size(dataset), hessian_examples,
-                                     sample_seed, hessian=hess)
+                                     sample_seed, hessian=hess, products=products)
         if joint is None:
             lipschitz = local_lipschitz(
                 nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
@@ -159,7 +163,8 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
             "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
-            "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed, hessian=hess),
+            "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed,
+                                       hessian=products or hess),
             "local_lipschitz": lipschitz, "loss": loss,
         }
         rows += [(float(sparsity), int(run.seed), int(run.batch_size), t, t / horizon,

@@ -99,3 +99,23 @@ def test_which_networks_it_takes(data):
         assert plain_mlp(fl(net)) is None, net
     with pytest.raises(TheoryError, match="plain ReLU MLP"):
         mlp_pass(fl(refused[0]), fl(refused[0]).theta[None])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_r_operator_hessian_matches_the_autograd_hessian(data, masked):
+    """mlp_hessian's products, one row and many rows at once, against FlatLoss.hessian's
+    reverse-over-reverse products and a dense float64 autograd Hessian."""
+    from theory.mlp_passes import mlp_hessian
+
+    net = two_hidden(2)
+    mask = {"3.weight": (torch.rand(6, 7, generator=torch.Generator().manual_seed(5)) > 0.5).float()
+            } if masked else None
+    fl = flat_loss(net, data, mask=mask, dtype=torch.float64)
+    v = torch.randn(5, fl.dim, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    mine, ref = mlp_hessian(fl), fl.hessian()
+    assert torch.allclose(mine(v), ref(v), rtol=1e-10, atol=1e-13)
+    assert torch.allclose(mine(v[2]), ref(v[2]), rtol=1e-10, atol=1e-13)
+    dense = torch.autograd.functional.hessian(lambda t: fl.batch_loss(t, fl.x, fl.y), fl.theta)
+    assert torch.allclose(mine(v), v @ dense, rtol=1e-10, atol=1e-13)
+    with pytest.raises(TheoryError, match="v must have shape"):
+        mine(v[:, :3])
