@@ -56,7 +56,7 @@ from theory.curvature import (
     LEE_GAMMAS, check_gammas, lanczos_top, lipschitz_of, lipschitz_step, local_lipschitz,
 )
 from theory.errors import TheoryError, check_int
-from theory.functional import flat_loss, split_size
+from theory.functional import flat_loss, parameter_vector, split_size
 from theory.noise import curvature_noise, gradient_noise
 from theory.mlp_passes import mlp_hessian, mlp_pass, plain_mlp
 from theory.sampling import GroupMoments, noise_scale, split_estimate
@@ -128,14 +128,15 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     rows = []
     gammas = check_gammas(gammas)
     for t, steps_t in sorted(windows.items()):
-        nets = [_with_state(model, states[s]) for s in steps_t[:average]]
-        sample = flat_loss(nets[0], dataset, examples=curvature_examples, **common)
-        joint = _joint_pass(model, dataset, nets, states[steps_t[1]], gammas, common) \
-            if examples is None else None
+        net = _with_state(model, states[steps_t[0]])
+        sample = flat_loss(net, dataset, examples=curvature_examples, **common)
+        joint = _joint_pass(model, dataset, net, [states[s] for s in steps_t[:average]],
+                            states[steps_t[1]], gammas, common) if examples is None else None
         if joint is None:
-            noise = [gradient_noise(net, dataset, examples=examples,
+            nets = [net] + [_with_state(model, states[s]) for s in steps_t[1:average]]
+            noise = [gradient_noise(other, dataset, examples=examples,
                                     hessian_examples=hessian_examples if i == 0 and same else 0,
-                                    **common) for i, net in enumerate(nets)]
+                                    **common) for i, other in enumerate(nets)]
             first = noise[0]
             g_sq, trace, loss = _mean(n.g_sq for n in noise), _mean(
                 n.trace_sigma for n in noise), first.loss
@@ -158,7 +159,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
                                      sample_seed, hessian=hess, products=products)
         if joint is None:
             lipschitz = local_lipschitz(
-                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
+                net, dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
                 grad_prev=first.gradient if examples is None else None, **common).value
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
@@ -177,29 +178,33 @@ def _mean(values: Iterable[float]) -> float:
     return sum(values) / len(values)
 
 
-def _joint_pass(model: nn.Module, dataset: Dataset, nets: Sequence[nn.Module],
-                w_next: Mapping[str, torch.Tensor], gammas: tuple[float, ...],
-                common: Mapping[str, Any]) -> tuple[float, float, float, torch.Tensor, float] | None:
-    """|G|^2 and tr(Sigma) averaged over ``nets``, the mean loss and the mean gradient at the
-    first, and Lee et al.'s L of the step from it to ``w_next``, all on the full training split
-    from ONE pass over it for every point (:func:`theory.mlp_passes.mlp_pass`); None when the
-    network is not a plain ReLU MLP with the classification loss (the caller then takes the
-    separate passes of :func:`gradient_noise` and :func:`local_lipschitz`, which give the same
-    values up to the order of float sums)."""
-    fls = [flat_loss(net, dataset, **common) for net in nets]
-    if plain_mlp(fls[0]) is None:
+def _joint_pass(model: nn.Module, dataset: Dataset, net: nn.Module,
+                averaged: Sequence[Mapping[str, torch.Tensor]], w_next: Mapping[str, torch.Tensor],
+                gammas: tuple[float, ...], common: Mapping[str, Any]
+                ) -> tuple[float, float, float, torch.Tensor, float] | None:
+    """|G|^2 and tr(Sigma) averaged over the weights ``averaged`` (the first is ``net``'s), the
+    mean loss and the mean gradient at the first, and Lee et al.'s L of the step from it to
+    ``w_next``, all on the full training split from ONE pass over it for every point
+    (:func:`theory.mlp_passes.mlp_pass`); None when the network is not a plain ReLU MLP with
+    the classification loss (the caller then takes the separate passes of
+    :func:`gradient_noise` and :func:`local_lipschitz`, which give the same values up to the
+    order of float sums)."""
+    fl = flat_loss(net, dataset, **common)
+    if plain_mlp(fl) is None:
         return None
     check_output(model, dataset, "local_lipschitz")
-    prev = fls[0].theta
-    step, step_norm = lipschitz_step(fls[0], model, w_next)
-    points = torch.stack([fl.theta for fl in fls] + [prev + g * step for g in gammas])
-    joint = mlp_pass(fls[0], points, k=len(fls))
+    prev = fl.theta
+    step, step_norm = lipschitz_step(fl, model, w_next)
+    points = torch.stack([prev] + [fl.restrict(parameter_vector(model, w).to(prev)) for w in
+                                   averaged[1:]] + [prev + g * step for g in gammas])
+    k = len(averaged)
+    joint = mlp_pass(fl, points, k=k)
     population = split_size(dataset)
     estimates = [split_estimate(GroupMoments.of_parts([parts]), population)
                  for parts in joint.parts]
-    lipschitz = lipschitz_of(joint.gradients[len(fls):], joint.gradients[0], gammas, step_norm)
+    lipschitz = lipschitz_of(joint.gradients[k:], joint.gradients[0], gammas, step_norm)
     return (_mean(e.g_sq for e in estimates), _mean(e.trace_sigma for e in estimates),
-            sum(joint.losses[0]) / fls[0].n, GroupMoments.of_parts([joint.parts[0]]).total()[1],
+            sum(joint.losses[0]) / fl.n, GroupMoments.of_parts([joint.parts[0]]).total()[1],
             lipschitz.value)
 
 
