@@ -32,8 +32,13 @@ passes over the split, one pass of the 9 gradients of L (batched over the gammas
 curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 training
 examples, 1,024-example curvature sample) a point is about 14 GFLOP: L 5.3, the noise passes
 2.4, the 37 Hessian-vector products 5.9; 10 points x 6 runs are about a quarter of the
-training's FLOPs, and the replays at B = 8 (a step: 0.7 ms of overhead for 0.7 MFLOP) add
-to that (docs/benchmarks/log.md#probe-replay-floor). Lee's L is not corrected for sampling:
+training's FLOPs (docs/benchmarks/log.md#probe-replay-floor). A plain ReLU MLP, the
+quickstart's network, takes :mod:`theory.mlp_passes`: the noise passes and L's gradients are
+ONE batched pass over the split for all ``average`` + 9 points, and the Hessian products of
+Lanczos and tr(H Sigma) come from its R-operator (G^T H G stays on the autograd graph); its
+replay writes the backward pass out (``training.replay``, bit for bit). The values move within
+float32 rounding; the quickstart's six probed runs took 48 -> 29 s of CPU
+(docs/benchmarks/log.md#probe-mlp-passes). Lee's L is not corrected for sampling:
 measure it on the full split, as they do.
 """
 

@@ -11,8 +11,12 @@ first update), ``g = g + mu buf`` for Nesterov, ``w -= lr g``, dampening 0) inst
 optimizer object, and no evaluations. What it saves is the optimizer's per-step machinery
 (parameter groups, profiler records, state look-ups, gradient zeroing through the optimizer):
 on the quickstart's dense MLP at B = 8 (one thread, loaded 2-core VM), against the ~30 resumed
-reference runs the probes took before, 1.06 -> 0.75 ms of CPU a step. Adam-type runs, and runs
-on another device than the CPU, go through the reference loop itself (its ``snapshots``).
+reference runs the probes took before, 1.06 -> 0.75 ms of CPU a step. A plain ReLU MLP (the
+quickstart's) also gets its backward pass written out, the aten operations autograd runs on the
+same operands (:func:`_mlp_replay`), and the update as three ``torch._foreach_*`` calls: still
+bit for bit, 0.68 -> 0.33 ms a step (docs/benchmarks/log.md#probe-mlp-passes). Adam-type runs,
+and runs on another device than the CPU, go through the reference loop itself (its
+``snapshots``).
 """
 
 from __future__ import annotations
