@@ -34,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.models import plain_relu_mlp
+
 from theory.errors import TheoryError
 from theory.functional import DEFAULT_CHUNK, FlatLoss
 
-__all__ = ["plain_mlp", "MlpPass", "mlp_pass", "mlp_hessian", "MLP_CHUNK"]
+__all__ = ["HESSIAN_ROWS", "MLP_CHUNK", "MlpPass", "mlp_hessian", "mlp_pass", "plain_mlp"]
 
 # Examples a chunk of :func:`mlp_pass`: 1024, as the separate passes take them. 512 was faster
 # on the loaded 2-core VM (0.20 against 0.26 s a point; the same with less load), but Lee's L
@@ -54,26 +56,15 @@ HESSIAN_ROWS = 4
 
 def plain_mlp(fl: FlatLoss) -> list[nn.Linear] | None:
     """The Linear layers of ``fl.model`` when this module's pass applies to ``fl`` (module
-    docstring), else None."""
-    model = fl.model
-    if (type(model) is not nn.Sequential or fl.task != "classification" or fl.own_loss is not None
-            or fl.buffers or any(True for _ in model.buffers())):
+    docstring: ``training.models.plain_relu_mlp``, the classification loss, no loss of the
+    data set's own, inputs that flatten to 2-d), else None."""
+    layers = plain_relu_mlp(fl.model)
+    if (layers is None or fl.task != "classification" or fl.own_loss is not None
+            or (fl.x.dim() != 2 and type(fl.model[0]) is not nn.Flatten)):
         return None
-    mods = list(model)
-    if mods and type(mods[0]) is nn.Flatten and mods[0].start_dim == 1 and mods[0].end_dim == -1:
-        mods = mods[1:]
-    elif fl.x.dim() != 2:
-        return None
-    if not mods or len(mods) % 2 == 0:
-        return None
-    linear, relu = mods[0::2], mods[1::2]
-    if (any(type(m) is not nn.Linear or m.bias is None for m in linear)
-            or any(type(m) is not nn.ReLU for m in relu)):
-        return None
-    names = [n for n, _ in model.named_parameters()]
-    index = {id(m): i for i, m in enumerate(model)}
-    expected = [f"{index[id(m)]}.{kind}" for m in linear for kind in ("weight", "bias")]
-    return linear if names == expected and list(fl.names) == expected else None
+    index = {id(m): i for i, m in enumerate(fl.model)}
+    expected = [f"{index[id(m)]}.{kind}" for m in layers for kind in ("weight", "bias")]
+    return layers if list(fl.names) == expected else None
 
 
 @dataclass(frozen=True)

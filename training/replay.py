@@ -40,7 +40,7 @@ from training.errors import ConfigError
 from training.goal import classification_loss, is_diverged, loss_fn
 from training.lr_schedule import lr_factor
 from training.masks import apply_mask, mask_
-from training.models import check_output
+from training.models import check_output, plain_relu_mlp
 from training.order import trial_seed
 from training.randomness import randomness_seed
 from training.reference import train_schedule_reference
@@ -151,23 +151,11 @@ def _sgd_replay(model: nn.Module, dataset: Dataset, trial: Trial, run: RunConfig
 
 def _plain_mlp(net: nn.Module, criterion: object, run: RunConfig, x: torch.Tensor
                ) -> list[nn.Linear] | None:
-    """The Linear layers of ``net`` when it is ``nn.Sequential`` of an optional leading
-    ``nn.Flatten``, then ``nn.Linear`` (with bias) layers with ``nn.ReLU`` between them and a
-    Linear layer last, on 2-d inputs, trained with the cross-entropy of
-    ``training.goal.classification_loss`` in float32 arithmetic without autocast; else None."""
-    if (type(net) is not nn.Sequential or criterion is not classification_loss
-            or run.precision == "bf16" or x.dim() != 2):
+    """``training.models.plain_relu_mlp(net)`` when it is trained on 2-d inputs with the
+    cross-entropy of ``training.goal.classification_loss`` without autocast; else None."""
+    if criterion is not classification_loss or run.precision == "bf16" or x.dim() != 2:
         return None
-    mods = list(net)
-    if mods and type(mods[0]) is nn.Flatten:
-        mods = mods[1:]
-    if not mods or len(mods) % 2 == 0:
-        return None
-    linear, relu = mods[0::2], mods[1::2]
-    if (any(type(m) is not nn.Linear or m.bias is None for m in linear)
-            or any(type(m) is not nn.ReLU for m in relu)):
-        return None
-    return linear
+    return plain_relu_mlp(net)
 
 
 def _mlp_replay(layers: list[nn.Linear], data: Dataset, stream: DataStream,

@@ -163,6 +163,17 @@ def test_snapshots_are_the_states_of_runs_stopped_there(teacher320, optimizer):
         train_schedule_reference(net, teacher320, trial, run, snapshots=(12,))
 
 
+def check_divergence_like_the_reference(net, data, trial, run, mask):
+    """A replay at a diverging learning rate stops where the reference loop does."""
+    from training.replay import replay_snapshots
+
+    blown = replace(trial, lr=1e4)
+    states, diverged = replay_snapshots(net, data, blown, run, (0, 1, 40), mask)
+    ref = train_schedule_reference(net, data, blown, replace(run, max_steps=40, stop="never"),
+                                   mask=mask)
+    assert diverged == ref.result.diverged_step is not None and 40 not in states
+
+
 @pytest.mark.parametrize(("optimizer", "momentum", "decay"),
                          [("sgd", 0.0, None), ("momentum", 0.9, 7), ("nesterov", 0.8, 5)])
 def test_plain_mlp_replay_with_the_backward_written_out_is_bit_for_bit(teacher320, monkeypatch,
@@ -194,11 +205,7 @@ def test_plain_mlp_replay_with_the_backward_written_out_is_bit_for_bit(teacher32
         assert states[t].keys() == alone.state.keys()
         for name, v in alone.state.items():
             assert torch.equal(states[t][name], v), (t, name)
-    blown = replace(trial, lr=1e4)
-    states, diverged = replay_snapshots(net, teacher320, blown, run, (0, 1, 40), mask)
-    ref = train_schedule_reference(net, teacher320, blown, RunConfig(48, optimizer, max_steps=40,
-                                                                     stop="never", seed=3), mask=mask)
-    assert diverged == ref.result.diverged_step is not None and 40 not in states
+    check_divergence_like_the_reference(net, teacher320, trial, run, mask)
 
 
 @pytest.mark.parametrize(("optimizer", "momentum", "decay"),
@@ -228,10 +235,6 @@ def test_replay_snapshots_equal_the_reference_loop_bit_for_bit(teacher320, optim
         assert states[t].keys() == expected.keys()
         for name, v in expected.items():
             assert torch.equal(states[t][name], v), (t, name)
-    blown = replace(trial, lr=1e4)
-    states, diverged = replay_snapshots(net, teacher320, blown, run, (0, 1, 40), mask)
-    ref = train_schedule_reference(net, teacher320, blown, RunConfig(48, optimizer, max_steps=40,
-                                                                     stop="never", seed=3), mask=mask)
-    assert diverged == ref.result.diverged_step is not None and 40 not in states
+    check_divergence_like_the_reference(net, teacher320, trial, run, mask)
     with pytest.raises(ConfigError, match="steps must be a non-empty collection"):
         replay_snapshots(net, teacher320, trial, run, (), mask)
