@@ -156,7 +156,7 @@ def mlp_pass(fl: FlatLoss, thetas: torch.Tensor, k: int = 0, chunk: int = MLP_CH
 
 def mlp_hessian(fl: FlatLoss) -> Callable[[torch.Tensor], torch.Tensor]:
     """The Hessian of ``fl``'s mean loss at ``fl.theta`` over kept coordinates as a function
-    ``v -> H v`` (``v`` of shape ``[dim]`` or ``[r, dim]``, all rows in one pass), for a network
+    ``v -> H v`` (``v`` of shape ``[dim]`` or ``[r, dim]``), for a network
     :func:`plain_mlp` accepts, by Pearlmutter's (1994) R-operator written out: with the forward
     pass (z_l, a_l, softmax p) and the backward pass (delta_l, of the mean loss) computed once
     here, a direction (dW_l, db_l) gives
@@ -167,8 +167,9 @@ def mlp_hessian(fl: FlatLoss) -> Callable[[torch.Tensor], torch.Tensor]:
         (H v)_{W_l} = sum_i Rdelta_li a_{l-1,i}^T + delta_li Ra_{l-1,i}^T,   (H v)_{b_l} = sum_i Rdelta_li
 
     (ReLU's second derivative is zero almost everywhere, as autograd takes it). The forward
-    and backward pass at theta are shared by every product, and r rows are r-wide batched
-    matrix products: the same values as :meth:`FlatLoss.hessian` up to the order of float sums
+    and backward pass at theta are shared by every product, and ``HESSIAN_ROWS`` rows at a time
+    are batched matrix products (examples first, ``[n, rows, width]``, so a weight the rows
+    share is one product over n x rows): the same values as :meth:`FlatLoss.hessian` up to the order of float sums
     (tested against it)."""
     layers = plain_mlp(fl)
     if layers is None:

@@ -37,8 +37,8 @@ quickstart's network, takes :mod:`theory.mlp_passes`: the noise passes and L's g
 ONE batched pass over the split for all ``average`` + 9 points, and the Hessian products of
 Lanczos and tr(H Sigma) come from its R-operator (G^T H G stays on the autograd graph); its
 replay writes the backward pass out (``training.replay``, bit for bit). The values move within
-float32 rounding; the quickstart's six probed runs took 48 -> 29 s of CPU
-(docs/benchmarks/log.md#probe-mlp-passes). Lee's L is not corrected for sampling:
+float32 rounding; the quickstart's six probed runs took 48-51 -> 27-34 s of CPU, 45 % of the
+training's time (docs/benchmarks/log.md#probe-mlp-passes). Lee's L is not corrected for sampling:
 measure it on the full split, as they do.
 """
 
