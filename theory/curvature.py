@@ -222,17 +222,11 @@ def local_lipschitz(model: nn.Module, dataset: Dataset, w_prev: Weights, w_next:
     ``dtype``), saving one pass. On a quadratic f every L_g equals |H d| / |d|, d = w_next - w_prev.
     """
     check_output(model, dataset, "local_lipschitz")
-    gammas = tuple(float(g) for g in gammas)
-    if not gammas or not all(0.0 < g <= 1.0 for g in gammas):
-        raise TheoryError(f"gammas must be a non-empty sequence of values in (0, 1], got {gammas}")
+    gammas = check_gammas(gammas)
     fl = flat_loss(model, dataset, mask=mask, examples=examples, seed=seed, split=split,
                    chunk=chunk, dtype=dtype, weights=w_prev)
-    device = fl.theta.device
     prev = fl.theta
-    step = fl.restrict(parameter_vector(model, w_next).to(device=device, dtype=dtype)) - prev
-    step_norm = float(step.norm())
-    if step_norm == 0.0:
-        raise TheoryError("w_next equals w_prev on the kept coordinates: the step is zero")
+    step, step_norm = lipschitz_step(fl, model, w_next)
     if grad_prev is not None and tuple(grad_prev.shape) != (fl.dim,):
         raise TheoryError(f"grad_prev must have shape ({fl.dim},) (kept coordinates), "
                           f"got {tuple(grad_prev.shape)}")
@@ -241,6 +235,32 @@ def local_lipschitz(model: nn.Module, dataset: Dataset, w_prev: Weights, w_next:
     grads = fl.gradients(torch.stack(points))
     if grad_prev is None:
         grad_prev = grads[-1]
+    return lipschitz_of(grads[:len(gammas)], grad_prev, gammas, step_norm)
+
+
+def check_gammas(gammas: Sequence[float]) -> tuple[float, ...]:
+    """``gammas`` as floats, checked: a non-empty sequence of values in (0, 1]."""
+    gammas = tuple(float(g) for g in gammas)
+    if not gammas or not all(0.0 < g <= 1.0 for g in gammas):
+        raise TheoryError(f"gammas must be a non-empty sequence of values in (0, 1], got {gammas}")
+    return gammas
+
+
+def lipschitz_step(fl: FlatLoss, model: nn.Module, w_next: Weights) -> tuple[torch.Tensor, float]:
+    """The step ``w_next - w_prev`` over ``fl``'s kept coordinates (``fl.theta`` = w_prev) and
+    its norm, refused when it is zero."""
+    step = fl.restrict(parameter_vector(model, w_next).to(device=fl.theta.device,
+                                                           dtype=fl.theta.dtype)) - fl.theta
+    step_norm = float(step.norm())
+    if step_norm == 0.0:
+        raise TheoryError("w_next equals w_prev on the kept coordinates: the step is zero")
+    return step, step_norm
+
+
+def lipschitz_of(grads: torch.Tensor, grad_prev: torch.Tensor, gammas: tuple[float, ...],
+                 step_norm: float) -> LocalLipschitz:
+    """Lee et al. (2021)'s constant from the gradients ``grads[k]`` at w_prev + gammas[k] step
+    and ``grad_prev`` at w_prev: max_k |grads[k] - grad_prev| / (gammas[k] |step|)."""
     ratios = tuple(float((grads[k] - grad_prev).norm()) / (g * step_norm)
                    for k, g in enumerate(gammas))
     return LocalLipschitz(max(ratios), gammas, ratios)

@@ -218,19 +218,22 @@ class CurvatureNoise:
 def curvature_noise(fl: FlatLoss, mean: torch.Tensor, population: int,
                     hessian_examples: int | None = DEFAULT_HESSIAN_EXAMPLES, seed: int = 0,
                     chunk: int | None = None,
-                    hessian: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    hessian: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    products: Callable[[torch.Tensor], torch.Tensor] | None = None
                     ) -> CurvatureNoise:
     """B_noise = tr(H Sigma) / (G^T H G) of ``fl``'s set, a sample of a split of ``population``
     examples, from its mean gradient ``mean`` (McCandlish et al. 2018): as
     :func:`gradient_noise` computes it (``hessian_examples`` sampled examples, seeded by
     ``seed``; 0: skipped), with ``hessian`` = ``fl.hessian()`` when the caller already built it
-    (a Lanczos run on the same set shares it)."""
+    (a Lanczos run on the same set shares it). ``products``: another ``v -> H v`` of the same
+    Hessian for tr(H Sigma)'s products (rows ``[r, dim]`` at once; e.g.
+    :func:`theory.mlp_passes.mlp_hessian`), G^T H G staying on ``hessian``."""
     m = fl.n if hessian_examples is None else min(hessian_examples, fl.n)
     set_h_sigma = set_g_h_g = math.nan
     if m > 0:
         hess = hessian or fl.hessian()
         set_g_h_g = float(mean @ hess(mean))
-        set_h_sigma = _trace_h_sigma(fl, hess, mean, m, seed, chunk)
+        set_h_sigma = _trace_h_sigma(fl, products or hess, mean, m, seed, chunk)
     g_h_g, trace_h_sigma = to_split(set_g_h_g, set_h_sigma, fl.n, population)
     return CurvatureNoise(set_h_sigma, set_g_h_g, trace_h_sigma, g_h_g,
                           _ratio(trace_h_sigma, g_h_g), m)

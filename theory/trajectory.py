@@ -32,15 +32,20 @@ passes over the split, one pass of the 9 gradients of L (batched over the gammas
 curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 training
 examples, 1,024-example curvature sample) a point is about 14 GFLOP: L 5.3, the noise passes
 2.4, the 37 Hessian-vector products 5.9; 10 points x 6 runs are about a quarter of the
-training's FLOPs, and the replays at B = 8 (a step: 0.7 ms of overhead for 0.7 MFLOP) add
-to that (docs/benchmarks/log.md#probe-replay-floor). Lee's L is not corrected for sampling:
+training's FLOPs (docs/benchmarks/log.md#probe-replay-floor). A plain ReLU MLP, the
+quickstart's network, takes :mod:`theory.mlp_passes`: the noise passes and L's gradients are
+ONE batched pass over the split for all ``average`` + 9 points, and the Hessian products of
+Lanczos and tr(H Sigma) come from its R-operator (G^T H G stays on the autograd graph); its
+replay writes the backward pass out (``training.replay``, bit for bit). The values move within
+float32 rounding; the quickstart's six probed runs took 48-51 -> 27-34 s of CPU, 45 % of the
+training's time (docs/benchmarks/log.md#probe-mlp-passes). Lee's L is not corrected for sampling:
 measure it on the full split, as they do.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -52,11 +57,14 @@ from training.data import Dataset
 from training.models import check_output
 from training.replay import replay_snapshots
 
-from theory.curvature import LEE_GAMMAS, lanczos_top, local_lipschitz
+from theory.curvature import (
+    LEE_GAMMAS, check_gammas, lanczos_top, lipschitz_of, lipschitz_step, local_lipschitz,
+)
 from theory.errors import TheoryError, check_int
-from theory.functional import flat_loss, split_size
+from theory.functional import flat_loss, parameter_vector, split_size
 from theory.noise import curvature_noise, gradient_noise
-from theory.sampling import noise_scale
+from theory.mlp_passes import mlp_hessian, mlp_pass, plain_mlp
+from theory.sampling import GroupMoments, noise_scale, split_estimate
 from theory.summaries import PROBE_COLUMNS
 
 QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
@@ -123,33 +131,86 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     common = dict(mask=mask, seed=sample_seed, dtype=dtype)
     same = curvature_examples == examples
     rows = []
+    gammas = check_gammas(gammas)
     for t, steps_t in sorted(windows.items()):
-        nets = [_with_state(model, states[s]) for s in steps_t[:average]]
-        noise = [gradient_noise(net, dataset, examples=examples,
-                                hessian_examples=hessian_examples if i == 0 and same else 0,
-                                **common) for i, net in enumerate(nets)]
-        g_sq = sum(n.g_sq for n in noise) / len(noise)
-        trace = sum(n.trace_sigma for n in noise) / len(noise)
-        first = noise[0]
+        net = _with_state(model, states[steps_t[0]])
+        sample = flat_loss(net, dataset, examples=curvature_examples, **common)
+        joint = _joint_pass(model, dataset, net, [states[s] for s in steps_t[:average]],
+                            states[steps_t[1]], gammas, common) if examples is None else None
+        if joint is None:
+            nets = [net] + [_with_state(model, states[s]) for s in steps_t[1:average]]
+            noise = [gradient_noise(other, dataset, examples=examples,
+                                    hessian_examples=hessian_examples if i == 0 and same else 0,
+                                    **common) for i, other in enumerate(nets)]
+            first = noise[0]
+            g_sq, trace, loss = _mean(n.g_sq for n in noise), _mean(
+                n.trace_sigma for n in noise), first.loss
+        else:
+            g_sq, trace, loss, mean, lipschitz = joint
         # lambda_max and B_noise on the same set share its loss and Hessian graph; B_noise needs
         # only that set's mean gradient, not the noise pass's moments, jackknife and loss
-        sample = flat_loss(nets[0], dataset, examples=curvature_examples, **common)
         hess = sample.hessian()
-        curved = first if same else curvature_noise(
-            sample, sample.gradient(), split_size(dataset), hessian_examples, sample_seed,
-            hessian=hess)
+        # a plain MLP's Hessian products by its R-operator (theory.mlp_passes), tr(H Sigma)'s
+        # all at once; G^T H G stays on the autograd graph (a near-cancellation at some weights)
+        products = mlp_hessian(sample) if plain_mlp(sample) is not None else None
+        if not same:
+            curved = curvature_noise(sample, sample.gradient(), split_size(dataset),
+                                     hessian_examples, sample_seed, hessian=hess,
+                                     products=products)
+        elif joint is None:
+            curved = first
+        else:   # the sample is the split: B_noise as gradient_noise gives it
+            curved = curvature_noise(sample, mean, split_size(dataset), hessian_examples,
+                                     sample_seed, hessian=hess, products=products)
+        if joint is None:
+            lipschitz = local_lipschitz(
+                net, dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
+                grad_prev=first.gradient if examples is None else None, **common).value
         values = {
             "g_sq": g_sq, "trace_sigma": trace, "b_simple": noise_scale(trace, g_sq),
             "b_noise": curved.b_noise, "g_h_g": curved.g_h_g,
-            "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed, hessian=hess),
-            "local_lipschitz": local_lipschitz(
-                nets[0], dataset, states[steps_t[0]], states[steps_t[1]], gammas=gammas,
-                grad_prev=first.gradient if examples is None else None, **common).value,
-            "loss": first.loss,
+            "hessian_top": lanczos_top(sample, lanczos, seed=sample_seed,
+                                       hessian=products or hess),
+            "local_lipschitz": lipschitz, "loss": loss,
         }
         rows += [(float(sparsity), int(run.seed), int(run.batch_size), t, t / horizon,
                   q, float(values[q])) for q in QUANTITIES]
     return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _joint_pass(model: nn.Module, dataset: Dataset, net: nn.Module,
+                averaged: Sequence[Mapping[str, torch.Tensor]], w_next: Mapping[str, torch.Tensor],
+                gammas: tuple[float, ...], common: Mapping[str, Any]
+                ) -> tuple[float, float, float, torch.Tensor, float] | None:
+    """|G|^2 and tr(Sigma) averaged over the weights ``averaged`` (the first is ``net``'s), the
+    mean loss and the mean gradient at the first, and Lee et al.'s L of the step from it to
+    ``w_next``, all on the full training split from ONE pass over it for every point
+    (:func:`theory.mlp_passes.mlp_pass`); None when the network is not a plain ReLU MLP with
+    the classification loss (the caller then takes the separate passes of
+    :func:`gradient_noise` and :func:`local_lipschitz`, which give the same values up to the
+    order of float sums)."""
+    fl = flat_loss(net, dataset, **common)
+    if plain_mlp(fl) is None:
+        return None
+    check_output(model, dataset, "local_lipschitz")
+    prev = fl.theta
+    step, step_norm = lipschitz_step(fl, model, w_next)
+    points = torch.stack([prev] + [fl.restrict(parameter_vector(model, w).to(prev)) for w in
+                                   averaged[1:]] + [prev + g * step for g in gammas])
+    k = len(averaged)
+    joint = mlp_pass(fl, points, k=k)
+    population = split_size(dataset)
+    estimates = [split_estimate(GroupMoments.of_parts([parts]), population)
+                 for parts in joint.parts]
+    lipschitz = lipschitz_of(joint.gradients[k:], joint.gradients[0], gammas, step_norm)
+    return (_mean(e.g_sq for e in estimates), _mean(e.trace_sigma for e in estimates),
+            sum(joint.losses[0]) / fl.n, GroupMoments.of_parts([joint.parts[0]]).total()[1],
+            lipschitz.value)
 
 
 def _with_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:

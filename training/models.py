@@ -269,6 +269,24 @@ class Flatten1dOutput(nn.Module):
         return x.squeeze(-1)
 
 
+def plain_relu_mlp(model: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers of ``model`` when it is ``nn.Sequential`` of an optional leading
+    ``nn.Flatten()`` (default dims), then ``nn.Linear`` layers with bias and ``nn.ReLU`` between
+    them, a Linear layer last (``mlp``, ``linear``), and no buffers; else None. The probes'
+    replay (``training.replay``) and passes (``theory.mlp_passes``) write such a network's
+    backward pass out."""
+    if type(model) is not nn.Sequential or any(True for _ in model.buffers()):
+        return None
+    mods = list(model)
+    if mods and type(mods[0]) is nn.Flatten and (mods[0].start_dim, mods[0].end_dim) == (1, -1):
+        mods = mods[1:]
+    linear, relu = mods[0::2], mods[1::2]
+    if (len(mods) % 2 == 0 or any(type(m) is not nn.Linear or m.bias is None for m in linear)
+            or any(type(m) is not nn.ReLU for m in relu)):
+        return None
+    return linear
+
+
 def _head(layers: list[nn.Module], dataset: Dataset) -> nn.Sequential:
     if dataset.task == "regression":
         layers.append(Flatten1dOutput())

@@ -11,15 +11,19 @@ first update), ``g = g + mu buf`` for Nesterov, ``w -= lr g``, dampening 0) inst
 optimizer object, and no evaluations. What it saves is the optimizer's per-step machinery
 (parameter groups, profiler records, state look-ups, gradient zeroing through the optimizer):
 on the quickstart's dense MLP at B = 8 (one thread, loaded 2-core VM), against the ~30 resumed
-reference runs the probes took before, 1.06 -> 0.75 ms of CPU a step. Adam-type runs, and runs
-on another device than the CPU, go through the reference loop itself (its ``snapshots``).
+reference runs the probes took before, 1.06 -> 0.75 ms of CPU a step. A plain ReLU MLP (the
+quickstart's) also gets its backward pass written out, the aten operations autograd runs on the
+same operands (:func:`_mlp_replay`), and the update as three ``torch._foreach_*`` calls: still
+bit for bit, 0.68 -> 0.33 ms a step (docs/benchmarks/log.md#probe-mlp-passes). Adam-type runs,
+and runs on another device than the CPU, go through the reference loop itself (its
+``snapshots``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -33,10 +37,10 @@ from training.config import (
 from training.data import Dataset
 from training.device import autocast, precision as arithmetic
 from training.errors import ConfigError
-from training.goal import is_diverged, loss_fn
+from training.goal import classification_loss, is_diverged, loss_fn
 from training.lr_schedule import lr_factor
 from training.masks import apply_mask, mask_
-from training.models import check_output
+from training.models import check_output, plain_relu_mlp
 from training.order import trial_seed
 from training.randomness import randomness_seed
 from training.reference import train_schedule_reference
@@ -110,6 +114,13 @@ def _sgd_replay(model: nn.Module, dataset: Dataset, trial: Trial, run: RunConfig
                                                                *net.named_buffers())}
 
     snapshot(0)
+    layers = _plain_mlp(net, criterion, run, data.x_train)
+    if layers is not None:
+        names = {id(p): name for name, p in params.items()}
+        return _mlp_replay(layers, data, stream, position, batch_size, trial, wanted[-1],
+                           initial_loss, [masks.get(names[id(p)]) for m in layers
+                                          for p in (m.weight, m.bias)],
+                           momentum, nesterov, snapshot, saved)
     for step in range(wanted[-1]):
         idx, position = stream.batch(position, batch_size)
         # the reference's product, times the constant schedule's lr scale (1)
@@ -136,3 +147,74 @@ def _sgd_replay(model: nn.Module, dataset: Dataset, trial: Trial, run: RunConfig
                 p.add_(grad, alpha=-lr)
         snapshot(step + 1)
     return saved, None
+
+
+def _plain_mlp(net: nn.Module, criterion: object, run: RunConfig, x: torch.Tensor
+               ) -> list[nn.Linear] | None:
+    """``training.models.plain_relu_mlp(net)`` when it is trained on 2-d inputs with the
+    cross-entropy of ``training.goal.classification_loss`` without autocast; else None."""
+    if criterion is not classification_loss or run.precision == "bf16" or x.dim() != 2:
+        return None
+    return plain_relu_mlp(net)
+
+
+def _mlp_replay(layers: list[nn.Linear], data: Dataset, stream: DataStream,
+                position: DataPosition, batch_size: int, trial: Trial, last: int,
+                initial_loss: float, masks: list[torch.Tensor | None],
+                momentum: float, nesterov: bool, snapshot: Callable[[int], None],
+                saved: dict[int, dict[str, torch.Tensor]]
+                ) -> tuple[dict[int, dict[str, torch.Tensor]], int | None]:
+    """The loop of :func:`_sgd_replay` for a plain ReLU MLP (:func:`_plain_mlp`) with the
+    backward pass written out: the aten operations autograd runs for ``F.linear`` (``addmm``),
+    ``relu`` and ``cross_entropy`` (``log_softmax`` + ``nll_loss``), on the same operands in
+    the same layouts (derivatives.yaml's ``mm_mat1_backward`` / ``mm_mat2_backward`` for a
+    row-major input and a transposed weight), so every gradient, and every weight, is bit for
+    bit the autograd loop's (tested). Why: at B = 8 a step of the quickstart's MLP is 0.66
+    MFLOP, and autograd's engine, gradient accumulation and ``torch.optim``'s per-parameter
+    Python were most of its 0.7 ms; here the update is three ``torch._foreach_*`` calls, which
+    on the CPU run the same per-tensor kernels as ``torch.optim.SGD``'s single-tensor path."""
+    weights = [m.weight for m in layers]
+    biases = [m.bias for m in layers]
+    params = [t for m in layers for t in (m.weight, m.bias)]   # named_parameters() order
+    buffers: list[torch.Tensor] = []
+    x_all, y_all = data.x_train, data.y_train
+    mean = 1   # at::Reduction::Mean
+    # mul_ by a Python float casts it to the tensor's dtype on every call (a third of the
+    # update's time); a 0-dim tensor of that dtype holds the same factor once
+    mu = torch.tensor(momentum, dtype=weights[0].dtype)
+    one = None
+    with torch.no_grad():
+        for step in range(last):
+            idx, position = stream.batch(position, batch_size)
+            lr = trial.lr * lr_factor(step, trial.decay_steps, trial.end_factor) * 1.0
+            acts = [x_all[idx]]
+            for k, (w, b) in enumerate(zip(weights, biases)):
+                z = torch.addmm(b, acts[-1], w.t())
+                acts.append(z if k == len(weights) - 1 else torch.relu(z))
+            y = y_all[idx]
+            logp = torch._log_softmax(acts[-1], 1, False)
+            loss, total = torch.ops.aten.nll_loss_forward(logp, y, None, mean, -100)
+            if is_diverged(float(loss), initial_loss):
+                return saved, step
+            one = torch.ones_like(loss) if one is None else one
+            grad = torch.ops.aten.nll_loss_backward(one, logp, y, None, mean,
+                                                    -100, total)
+            grad = torch._log_softmax_backward_data(grad, logp, 1, logp.dtype)
+            grads: list[torch.Tensor] = []
+            for k in range(len(weights) - 1, -1, -1):
+                grads[:0] = [torch.mm(grad.t(), acts[k]), grad.sum(0)]
+                if k > 0:
+                    grad = torch.ops.aten.threshold_backward(torch.mm(grad, weights[k]),
+                                                             acts[k], 0)
+            mask_(grads, masks)
+            if momentum != 0:
+                if not buffers:
+                    buffers = [g.clone() for g in grads]
+                else:
+                    torch._foreach_mul_(buffers, mu)
+                    torch._foreach_add_(buffers, grads)
+                grads = torch._foreach_add(grads, buffers, alpha=momentum) if nesterov else buffers
+            torch._foreach_add_(params, grads, alpha=-lr)
+            snapshot(step + 1)
+    return saved, None
+

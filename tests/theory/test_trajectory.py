@@ -211,3 +211,26 @@ def test_float32_probes_on_a_curvature_sample_match_float64_loops(tiny):
                                                   parameter_vector_of(states[w[1]]), everything)}
         for q, value in expected.items():
             assert table[(t, q)] == pytest.approx(value, rel=1e-5), (t, q)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_plain_mlp_passes_give_the_separate_passes_values(monkeypatch, sparse):
+    """The study's float32 protocol on a plain ReLU MLP: the joint pass (noise and Lee's L) and
+    the R-operator Hessian products (theory.mlp_passes) against the separate passes every other
+    network takes (gradient_noise, local_lipschitz, the autograd Hessian): every value within
+    float32 rounding (1e-5 relative), both within 1e-4 of the float64 protocol."""
+    import theory.trajectory as trajectory
+
+    ds = training.data.load("teacher", n=400, dim=10, num_classes=4, seed=2)
+    net = training.models.build("mlp", ds, hidden=(24, 16), seed=1)
+    mask = pruning.prune(net, "random", 0.5, seed=0) if sparse else None
+    args = dict(steps=[0, 9, 20], horizon=20, mask=mask, average=3, curvature_examples=64,
+                trial_index=1)
+    joint = probe_trajectory(net, ds, TRIAL, RUN, **args).value.to_numpy()
+    exact = probe_trajectory(net, ds, TRIAL, RUN, dtype=torch.float64, **args).value.to_numpy()
+    monkeypatch.setattr(trajectory, "plain_mlp", lambda fl: None)
+    separate = probe_trajectory(net, ds, TRIAL, RUN, **args).value.to_numpy()
+    assert not np.array_equal(joint, separate)   # two computations, not one
+    np.testing.assert_allclose(joint, separate, rtol=1e-5)
+    np.testing.assert_allclose(joint, exact, rtol=1e-4)
+    np.testing.assert_allclose(separate, exact, rtol=1e-4)

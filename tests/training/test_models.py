@@ -197,3 +197,23 @@ def test_transformer_lm_learns_python_source():
     res = training.train_trials(net, ds, [training.Trial(lr=1e-2, weight_decay=0.01)], run)
     first, last = res.curves[0].metric[0], res.curves[0].metric[-1]
     assert abs(first - math.log(256)) < 0.1 and last < 3.6
+
+
+def test_plain_relu_mlp_names_the_linear_layers_of_plain_mlps_only():
+    """The structure the probes' written-out passes need: Flatten (default dims), Linear with
+    bias, ReLU between, Linear last, no buffers."""
+    from torch import nn
+
+    from training.models import plain_relu_mlp
+
+    ds = training.data.load("teacher", n=40, dim=5, num_classes=3, seed=0)
+    net = training.models.build("mlp", ds, hidden=[4, 6], seed=0)
+    assert plain_relu_mlp(net) == [net[1], net[3], net[5]]
+    assert plain_relu_mlp(training.models.build("linear", ds)) is not None
+    for other in (nn.Sequential(nn.Flatten(0), nn.Linear(5, 3)),
+                  nn.Sequential(nn.Linear(5, 4), nn.GELU(), nn.Linear(4, 3)),
+                  nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3, bias=False)),
+                  nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3)),
+                  nn.Sequential(nn.Linear(5, 4), nn.ReLU()),
+                  nn.Linear(5, 3)):
+        assert plain_relu_mlp(other) is None, other

@@ -163,6 +163,51 @@ def test_snapshots_are_the_states_of_runs_stopped_there(teacher320, optimizer):
         train_schedule_reference(net, teacher320, trial, run, snapshots=(12,))
 
 
+def check_divergence_like_the_reference(net, data, trial, run, mask):
+    """A replay at a diverging learning rate stops where the reference loop does."""
+    from training.replay import replay_snapshots
+
+    blown = replace(trial, lr=1e4)
+    states, diverged = replay_snapshots(net, data, blown, run, (0, 1, 40), mask)
+    ref = train_schedule_reference(net, data, blown, replace(run, max_steps=40, stop="never"),
+                                   mask=mask)
+    assert diverged == ref.result.diverged_step is not None and 40 not in states
+
+
+@pytest.mark.parametrize(("optimizer", "momentum", "decay"),
+                         [("sgd", 0.0, None), ("momentum", 0.9, 7), ("nesterov", 0.8, 5)])
+def test_plain_mlp_replay_with_the_backward_written_out_is_bit_for_bit(teacher320, monkeypatch,
+                                                                       optimizer, momentum, decay):
+    """A plain ReLU MLP's replay (training.replay._mlp_replay: the aten operations autograd runs,
+    written out, and foreach updates) against the reference loop stopped at each step, float32,
+    with a mask on a weight and a bias, over more than two epochs; and the same divergence step."""
+    from torch import nn
+    from training import replay
+    from training.replay import replay_snapshots
+
+    taken = []
+    original = replay._mlp_replay
+    monkeypatch.setattr(replay, "_mlp_replay", lambda *a: taken.append(1) or original(*a))
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 12), nn.ReLU(),
+                        nn.Linear(12, 3))
+    gen = torch.Generator().manual_seed(0)
+    mask = {"1.weight": (torch.rand(16, 8, generator=gen) > 0.5).float(),
+            "3.bias": (torch.rand(12, generator=gen) > 0.3).float()}
+    trial = Trial(lr=0.1, momentum=momentum, decay_steps=decay, end_factor=0.2)
+    run = RunConfig(48, optimizer, seed=3)
+    wanted = (0, 1, 6, 13, 20)
+    states, diverged = replay_snapshots(net, teacher320, trial, run, wanted, mask, trial_index=2)
+    assert taken and diverged is None and list(states) == list(wanted)
+    for t in wanted:
+        alone = train_schedule_reference(net, teacher320, trial, RunConfig(
+            48, optimizer, max_steps=t, stop="never", seed=3), mask=mask, trial_index=2).result
+        assert states[t].keys() == alone.state.keys()
+        for name, v in alone.state.items():
+            assert torch.equal(states[t][name], v), (t, name)
+    check_divergence_like_the_reference(net, teacher320, trial, run, mask)
+
+
 @pytest.mark.parametrize(("optimizer", "momentum", "decay"),
                          [("sgd", 0.0, None), ("momentum", 0.9, 7), ("nesterov", 0.8, None),
                           ("momentum", 0.0, None), ("adamw", 0.9, 7)])
@@ -190,10 +235,6 @@ def test_replay_snapshots_equal_the_reference_loop_bit_for_bit(teacher320, optim
         assert states[t].keys() == expected.keys()
         for name, v in expected.items():
             assert torch.equal(states[t][name], v), (t, name)
-    blown = replace(trial, lr=1e4)
-    states, diverged = replay_snapshots(net, teacher320, blown, run, (0, 1, 40), mask)
-    ref = train_schedule_reference(net, teacher320, blown, RunConfig(48, optimizer, max_steps=40,
-                                                                     stop="never", seed=3), mask=mask)
-    assert diverged == ref.result.diverged_step is not None and 40 not in states
+    check_divergence_like_the_reference(net, teacher320, trial, run, mask)
     with pytest.raises(ConfigError, match="steps must be a non-empty collection"):
         replay_snapshots(net, teacher320, trial, run, (), mask)
