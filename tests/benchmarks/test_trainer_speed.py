@@ -94,10 +94,13 @@ def test_bench_command_prints_ratio_table(capsys, monkeypatch):
     assert cells[3] == row.program and row.program in ("fused", "batched")
     assert cells[4] == row.choice == "ruled"   # the compiled kernel's rule covers the MLP
     assert row.plain_steps_per_s > 0 and row.trial_steps_per_s > 0
-    assert cells[7] == f"{row.trial_steps_per_s / row.plain_steps_per_s:.1f}x"
+    def shown(x):   # two decimals below 10x, one above
+        return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+    assert cells[7] == f"{shown(row.trial_steps_per_s / row.plain_steps_per_s)}x"
     # three interleaved rounds: the printed ratio is their median, beside their range
     assert len(row.ratio_rounds) == 3 and row.ratio == sorted(row.ratio_rounds)[1]
-    assert cells[8] == f"{min(row.ratio_rounds):.1f}-{max(row.ratio_rounds):.1f}x"
+    assert cells[8] == f"{shown(min(row.ratio_rounds))}-{shown(max(row.ratio_rounds))}x"
     assert 50 < row.peak_rss_mib < 1 << 20  # peak resident MiB of the process
 
 
@@ -178,7 +181,7 @@ def test_format_table_rows():
     assert table.splitlines()[-1].endswith("| 25 % | 512 | 2.5e+04 | 1.25x |")
     # a resnet8 cell at B = 4096 runs below one plain step per second: still shown
     table = format_table([Row("resnet8", 4096, 32, 0.123, 0.456, 10.0, 200.0, "per_trial")])
-    assert "| 0.123 | 0.456 | 3.7x | 3.7-3.7x |" in table
+    assert "| 0.123 | 0.456 | 3.71x | 3.71-3.71x |" in table
 
 
 def test_bench_trials_per_optimizer():

@@ -318,7 +318,13 @@ def format_device_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(x: float) -> str:
+    """A ratio with two decimals below 10 (0.96x is below the loop; one decimal showed it as
+    1.0x), one above."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
 def _ratios(row: Row) -> str:
     """The median ratio and the rounds' range, as two table cells."""
     low, high = row.ratio_range
-    return f"{row.ratio:.1f}x | {low:.1f}-{high:.1f}x"
+    return f"{_ratio(row.ratio)}x | {_ratio(low)}-{_ratio(high)}x"

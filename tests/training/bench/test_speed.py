@@ -70,7 +70,7 @@ def test_a_cell_reports_the_median_rounds_ratio_its_rates_and_the_range(monkeypa
     flops = 8 * (6 * 4 * 2 - 2 * 4 * 2)   # one Linear layer: no input gradient
     assert row.gflops == pytest.approx(256.0 * flops / 1e9)
     assert (row.program, row.choice, row.slowdown) == ("fused", "ruled", None)
-    assert "| 2.0x | 1.0-4.0x |" in format_table([row])
+    assert "| 2.00x | 1.00-4.00x |" in format_table([row])
 
 
 def test_another_optimizer_runs_beside_momentum_in_every_round(monkeypatch, cell):
@@ -163,3 +163,7 @@ def test_format_table_columns():
     # a row without rounds (made by hand) has its one ratio as its range
     assert "| 25.0x | 25.0-25.0x |" in format_table([Row("mlp", 8, 32, 1000.0, 25000.0, 50.0,
                                                           200.0)])
+    # below 10x two decimals: a cell at 0.96x of the loop must not read as 1.0x
+    slow = Row("gru", 4096, 32, 3.12, 3.0, 24.2, 184.0, "plain", 2242.0, choice="measured",
+               ratio_rounds=(0.96, 0.91, 1.19))
+    assert "| 0.96x | 0.91-1.19x |" in format_table([slow])
