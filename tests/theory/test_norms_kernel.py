@@ -178,6 +178,9 @@ MODELS = {
 }
 
 
+# torch.func's per-example gradients (the ground truth) of the tiny transformer's fused
+# attention run through vmap's slow fallback, and torch says so: expected, not a defect
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 @pytest.mark.parametrize("name", MODELS)
 def test_the_monitor_reads_the_same_with_and_without_the_routine(routine, name):
     make, batch, loss = MODELS[name]
