@@ -190,13 +190,13 @@ def _build(name: str, sources: Path = SOURCES, user: str = "training",
 
             folder.mkdir(parents=True, exist_ok=True)
             clear_stale_lock(folder)
-            if not (folder / f"{build_name(name, sources)}.so").exists():
+            if not (folder / f"{folder.name}.so").exists():   # the folder is named for the build
                 # a first build takes 20-60 s in the middle of a user's run: say why it waits
                 print(f"sparsescale: compiling the {user} kernel {name!r} (once per machine and "
                       f"torch version, under a minute) in {folder}", file=sys.stderr, flush=True)
             with _on_path(_ninja_dir()):
                 # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
-                return load(name=build_name(name, sources), sources=[str(sources / f"{name}.cpp")],
+                return load(name=folder.name, sources=[str(sources / f"{name}.cpp")],
                             extra_include_paths=[str(sources)],
                             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
                             extra_ldflags=["-fopenmp"], build_directory=str(folder),
