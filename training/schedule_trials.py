@@ -107,8 +107,9 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
         if not active or stopped:
             break
     curves = [_merge(r, w, evals, i in at_goal) for i, (r, w) in enumerate(zip(rows, windows))]
-    out = _result(model, trial_list, curves, hit, diverged, taken, final, step,
-                  ",".join(dict.fromkeys(programs)))
+    out = _result(trial_list, [name for name, _ in model.named_parameters()],
+                  [name for name, _ in model.named_buffers()], final, curves, hit, diverged,
+                  taken, step, ",".join(dict.fromkeys(programs)))
     return replace(out, end_state=state, end_trials=tuple(active))
 
 

@@ -54,7 +54,7 @@ def run_python(code: str) -> str:
 FLUSHED_KERNEL = """
 import torch, training
 from training.process import setup_training_process
-from training.engine.fused import try_build
+from training.engine.programs.fused import try_build
 torch.set_num_threads(2)
 net = torch.nn.Sequential(torch.nn.Linear(40, 3, bias=False))
 program = try_build(net, (40,), torch.float32, "cpu", 8, 8)

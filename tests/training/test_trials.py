@@ -171,14 +171,16 @@ def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
 def test_optimizer_state_is_freed_before_the_final_weights_are_stacked(linreg, monkeypatch,
                                                                        return_state):
     """The result stacks the final weights into a new tensor; the momentum buffers are freed
-    before that copy unless the end state needs them (simple_cnn, 32 trials at B = 4096: 420 MB
-    of buffers; a one-step run peaked at 1,634 MiB RSS before, 1,252 MiB after)."""
+    before that copy (simple_cnn, 32 trials at B = 4096: 420 MB of buffers; a one-step run
+    peaked at 1,634 MiB RSS before, 1,252 MiB after): without an end state at once, with one
+    once the loop has copied them into it."""
     import weakref
 
+    import training.engine.loop as loop_mod
     import training.trials as trials_mod
 
     buffers, alive = [], []
-    make_stacks, result = trials_mod.make_stacks, trials_mod._result
+    make_stacks, result = loop_mod.make_stacks, trials_mod._result
 
     def watched_stacks(*args, **kwargs):
         stacks = make_stacks(*args, **kwargs)
@@ -189,25 +191,25 @@ def test_optimizer_state_is_freed_before_the_final_weights_are_stacked(linreg, m
         alive.append(sum(ref() is not None for ref in buffers))
         return result(*args, **kwargs)
 
-    monkeypatch.setattr(trials_mod, "make_stacks", watched_stacks)
+    monkeypatch.setattr(loop_mod, "make_stacks", watched_stacks)
     monkeypatch.setattr(trials_mod, "_result", counted_result)
     net = training.models.build("linear", linreg, seed=0)
     run = RunConfig(16, "momentum", max_steps=40, seed=4, eval_schedule=EvalSchedule(every=20))
     res = training.train_trials(net, linreg, TRIALS[:2], run, trials_per_chunk=1,
                                 return_state=return_state)
-    assert len(buffers) == 4 and alive == [4 if return_state else 0]
+    assert len(buffers) == 4 and alive == [0]
     assert (res.end_state is not None) == return_state
 
 
 def test_first_losses_gathered_a_trial_at_a_time_are_the_same(mnist1d_small, monkeypatch):
     """The first mini-batch losses (the curves' step-0 training loss and the divergence limit)
     do not depend on how many trials' inputs are gathered at once."""
-    import training.trials as trials_module
+    import training.engine.loop as loop_module
 
     net = training.models.build("cnn1d", mnist1d_small, seed=0, channels=4)
     run = RunConfig(32, "momentum", max_steps=4, seed=1, eval_schedule=EvalSchedule(every=2))
     together = training.train_trials(net, mnist1d_small, TRIALS, run)
-    monkeypatch.setattr(trials_module, "GATHER_BUDGET", 1)
+    monkeypatch.setattr(loop_module, "GATHER_BUDGET", 1)
     alone = training.train_trials(net, mnist1d_small, TRIALS, run)
     for a, b in zip(together.curves, alone.curves):
         assert a.train_loss.tolist() == b.train_loss.tolist() and a.train_loss[0] > 0
@@ -237,7 +239,7 @@ def test_steps_per_kernel_call_do_not_change_results(teacher, monkeypatch, steps
     interval here); calls of 1 or 3 steps (interval 25 = 8 x 3 + 1, and an epoch of 500 // 16 =
     31 batches crossed mid-call) give bit-identical trials: hits, divergence step, steps taken,
     curves (training loss sums included) and weights; trial 1 diverges mid-interval."""
-    import training.trials as trials_mod
+    import training.engine.loop as loop_mod
 
     kernel_or_skip()   # skipped without the kernel, failed under SPARSESCALE_REQUIRE_KERNEL=1
     net = training.models.build("mlp", teacher, hidden=[16], seed=0)
@@ -248,7 +250,7 @@ def test_steps_per_kernel_call_do_not_change_results(teacher, monkeypatch, steps
     whole = training.train_trials(net, teacher, trials, run)
     assert whole.program == "fused" and whole.status[1] == "diverged"
     assert whole.diverged_step[1] % 25 not in (0, 1)  # inside an interval, not at its start
-    monkeypatch.setattr(trials_mod, "INDEX_BUDGET", steps_per_call * 8 * len(trials) * 16)
+    monkeypatch.setattr(loop_mod, "INDEX_BUDGET", steps_per_call * 8 * len(trials) * 16)
     split = training.train_trials(net, teacher, trials, run)
     assert (split.status, split.hit_step, split.diverged_step, split.steps_taken) == (
         whole.status, whole.hit_step, whole.diverged_step, whole.steps_taken)

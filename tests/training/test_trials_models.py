@@ -9,7 +9,7 @@ from torch import nn
 import training
 from training import EvalSchedule, RunConfig
 from training.engine import compiled_kernel as kernels
-from training.engine import cell_plan
+from training.engine.programs.per_trial import PerTrialProgram
 from training.engine.cell_plan import plan_cell
 
 F64 = torch.float64
@@ -112,11 +112,11 @@ def test_image_models_match_reference(tiny_images, monkeypatch, name, options, o
                                       update, candidate, kernel_or_skip):
     """The per-trial program with the compiled kernel's one-pass update, without it, and
     ("stacked") as it runs on CUDA: every trial's gradients first, then one stacked update
-    (cell_plan.updates_per_trial)."""
+    (PerTrialProgram.updates_in_step)."""
     if update == "stacked" and candidate == "func":
         pytest.skip("func updates the stack in one call anyway")
     if update == "stacked":
-        monkeypatch.setattr(cell_plan, "updates_per_trial", lambda device: False)
+        monkeypatch.setattr(PerTrialProgram, "updates_in_step", lambda *args: False)
     if update != "kernel":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     else:

@@ -12,7 +12,7 @@ from torch import nn
 
 import training
 from training import EvalSchedule, RunConfig, Trial
-from training.engine import cell_plan
+from training.engine.programs.per_trial import PerTrialProgram
 from training.order import BatchOrder, trial_seed
 from training.randomness import randomness_seed
 
@@ -171,10 +171,10 @@ def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program,
     """Whichever candidate the measured choice picks (training.engine.choice) trains each trial
     as the plain loop does; each trial updated after its own gradients (the CPU's way) or all
     trials' gradients first and one stacked update ("stacked", CUDA's way:
-    cell_plan.updates_per_trial)."""
+    PerTrialProgram.updates_in_step)."""
     monkeypatch.setenv("SPARSESCALE_CHOICE", program)
     if update == "stacked":
-        monkeypatch.setattr(cell_plan, "updates_per_trial", lambda device: False)
+        monkeypatch.setattr(PerTrialProgram, "updates_in_step", lambda *args: False)
     net, ds = build(name)
     trials = TRIALS[optimizer]
     masks = masks_for(net, len(trials))

@@ -1,14 +1,16 @@
 """The private multi-trial engine behind :func:`training.train_trials`: how N trials are stacked
 and stepped together.
 
-- :mod:`training.engine.cell_plan`: which program computes a stack's step for a (model, batch
-  size) cell, how many trials share a stack, how many examples a chunk holds.
-- The four programs, one module each, named as the store records them: ``fused``
-  (:mod:`~training.engine.fused`, the compiled kernel's), ``per_trial``
-  (:mod:`~training.engine.per_trial`), ``batched`` (:mod:`~training.engine.batched`) and
-  ``func`` (:mod:`~training.engine.func`).
+- :mod:`training.engine.loop`: the step loop: the cell's plan, the stacks' steps from one
+  evaluation to the next, the replay of a hit, what the call leaves.
+- :mod:`training.engine.cell_plan`: the rules that choose, for a (model, batch size) cell, which
+  program computes a stack's step, how many trials share a stack, how many examples a chunk
+  holds; :mod:`training.engine.choice`: the measured choice where no rule covers the cell.
+- :mod:`training.engine.programs`: the five programs, one module each, behind one registry,
+  named as the store records them: ``fused`` (the compiled kernel's), ``per_trial``,
+  ``batched``, ``func`` and ``plain``.
 - :mod:`training.engine.compiled_kernel`: builds and loads the compiled kernel (the C++
-  extension in ``csrc/``).
+  extension in ``csrc/``); :mod:`training.engine.threads`: trials spread over host threads.
 - :mod:`training.engine.trial_stack`, :mod:`~training.engine.updates`,
   :mod:`~training.engine.adam`: the state of a stack and its update.
 - :mod:`training.engine.resume`: a saved state's rows into the stacks, and back.

@@ -4,14 +4,14 @@ size) cell.
 
 The choice follows rules, each with the measurements behind it:
 
-- ``fused`` (:mod:`training.engine.fused`): an ``nn.Sequential`` of Linear / Conv1d / ReLU
+- ``fused`` (:mod:`training.engine.programs.fused`): an ``nn.Sequential`` of Linear / Conv1d / ReLU
   (``mlp``, ``linear``, ``cnn1d``) on the CPU with the compiled kernel. Its work per trial is
   independent of the other trials and its activations live only per chunk, so a stack holds up
   to MAX_STACK trials (fewer Python calls per trial-step); a chunk holds as many examples as fit
   in half the L2 cache (``L2_SHARE``). One call takes a trial through many steps before the
-  next trial (:meth:`training.engine.fused.FusedProgram.train_steps`), so the stack's size
+  next trial (:meth:`training.engine.programs.fused.FusedProgram.train_steps`), so the stack's size
   does not decide what stays in cache.
-- ``per_trial`` (:mod:`training.engine.per_trial`): models with Conv2d (``simple_cnn``,
+- ``per_trial`` (:mod:`training.engine.programs.per_trial`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
   alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. Also every
   model the batched programs cannot run (:func:`runs_per_trial`): batch statistics (BatchNorm:
@@ -22,8 +22,8 @@ The choice follows rules, each with the measurements behind it:
   of the last-level cache (:func:`resident_limit`, at most MAX_STACK trials): between two
   evaluations a stack's trials take their steps in turn, so a stack that does not fit streams
   every trial's state from memory at every step, and at small B that traffic is the step.
-- ``batched`` (:class:`training.engine.batched.BatchedProgram`, the eager fallback of ``fused``) and
-  ``func`` (:class:`training.engine.func.FuncProgram`, any other module): all activations of a stack
+- ``batched`` (:class:`training.engine.programs.batched.BatchedProgram`, the eager fallback of ``fused``) and
+  ``func`` (:class:`training.engine.programs.func.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
   floats (:func:`default_chunk`).
 - Precision and device (:mod:`training.device`): the compiled kernel computes float32 (or
@@ -55,24 +55,20 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
 
-from training.engine import compiled_kernel as kernels
-from training.engine import fused as stacked_fused
 from training import randomness
-from training.models import activation_floats
 from training.config import ADAM_OPTIMIZERS
 from training.device import lowers
-from training.engine.batched import BatchedProgram
-from training.engine.func import FuncProgram
-from training.engine.per_trial import (
-    PerTrialProgram, batch_dependent, has_conv2d,
-)
+from training.engine import compiled_kernel as kernels
+from training.engine.programs import fused as stacked_fused
+from training.engine.programs.base import Cell, Program
+from training.engine.programs.per_trial import batch_dependent, has_conv2d
+from training.engine.programs.registry import build
+from training.models import activation_floats
 
-PROGRAMS = ("fused", "per_trial", "batched", "func", "plain")
 # How a cell's program was chosen: by the rules below, or by timing the candidates
 # (:mod:`training.engine.choice`; a cached measurement is "measured" too), or forced by
 # SPARSESCALE_CHOICE=<program>.
@@ -105,23 +101,10 @@ STACK_SAVED = 4
 RESIDENT_BUDGET = 48 << 20
 
 
-class Program(Protocol):
-    """What the trainer needs of a stack's program; parameters are stacked ``[N, *shape]``.
-    Programs that update in place also have ``train_step`` and ``supports(optimizer)``
-    (:class:`training.engine.fused.FusedProgram`, :class:`PerTrialProgram`); the compiled
-    kernel's also ``train_steps``, many steps a call (``training.trials._Runner.steps``)."""
-
-    def forward(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Outputs [N, B, ...] for inputs [N, B, ...] (or one input expanded over the trials)."""
-
-    def loss_and_grads(self, params: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor
-                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Per-trial mini-batch loss [N] and gradients, one per parameter, stacked."""
-
-
 @dataclass(frozen=True)
 class CellPlan:
-    """How ``train_trials`` runs one cell: ``name`` (the program's, one of PROGRAMS), ``trials_per_stack``,
+    """How ``train_trials`` runs one cell: ``name`` (the program's, a key of
+    :data:`~training.engine.programs.registry.PROGRAMS`), ``trials_per_stack``,
     ``examples_per_chunk`` (examples of one trial processed together in a training step; the
     batch size when the program does not chunk; evaluations use chunks up to the rules'
     limit, whatever the batch size), and the ``program`` computing a stack's steps."""
@@ -130,7 +113,7 @@ class CellPlan:
     trials_per_stack: int
     examples_per_chunk: int
     program: Program = field(repr=False, compare=False)
-    update_in_step: bool = False  # the program's train_step applies the update (module doc)
+    update_in_step: bool = False  # the program's train_step applies the update (Program.updates_in_step)
     choice: str = "ruled"         # one of CHOICES
 
 
@@ -187,6 +170,18 @@ def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: in
     return even_chunks(max(1, n_trials), max(1, fits))
 
 
+def cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+         n_trials: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+         optimizer: str = "momentum",
+         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+         random: bool | None = None, precision: str = "fp32") -> Cell:
+    """The :class:`~training.engine.programs.base.Cell` of these arguments; ``random`` None:
+    as the model's layer types declare (``training.randomness.draws``)."""
+    random = randomness.draws(model, None) if random is None else random
+    return Cell(model, task, tuple(int(s) for s in input_shape), int(batch_size), int(n_trials),
+                dtype, device, optimizer, loss, bool(random), precision)
+
+
 def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
@@ -199,32 +194,26 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
     (``training.randomness.draws``, which can also find randomness no layer type declares; None:
     as its layer types declare): such a model runs per_trial, whole batches, with a generator per
     trial. ``precision`` (:data:`training.device.PRECISIONS`): ``bf16`` rules out ``fused``."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    stack = snapshot_limit(model, optimizer, itemsize, n_trials)
+    c = cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
+             random, precision)
+    stack = snapshot_limit(model, optimizer, c.itemsize, n_trials)
     encoding = stacked_fused.encode(model, input_shape) if loss is None else None
     if encoding is not None and not lowers(precision):   # the kernel is float32 C++
-        per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * itemsize
+        per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * c.itemsize
         limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
-        chunk = even_chunks(batch_size, limit)
-        fused = stacked_fused.try_build(model, input_shape, dtype, device, chunk, limit)
+        fused = _plan(c, "fused", stack, even_chunks(batch_size, limit), limit)
         if fused is not None:
-            return CellPlan("fused", stack, chunk, fused,
-                            fused.supports(optimizer))
-    random = randomness.draws(model, None) if random is None else random
-    if runs_per_trial(model) or random:
-        limit = max(1, CHUNK_BUDGET // max(activation_floats(model, input_shape) * itemsize, 1))
-        # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
-        whole = batch_dependent(model) or random
-        chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
-        stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
-        return CellPlan("per_trial", stack, chunk, program, updates_per_trial(device))
+            return fused
+    if runs_per_trial(model) or c.random:
+        chunk, limit = _per_trial_chunks(c)
+        stack = min(stack, resident_limit(model, optimizer, c.itemsize, n_trials))
+        return _plan(c, "per_trial", stack, chunk, limit)
     floats = activation_floats(model, input_shape)
-    stack = min(stack, default_chunk(batch_size, floats), memory_limit(batch_size, floats, itemsize))
-    eager = (build_program(model, task, precision) if loss is None
-             else FuncProgram(model, task, loss, precision))
-    program = "batched" if isinstance(eager, BatchedProgram) else "func"
-    return CellPlan(program, stack, batch_size, eager)
+    stack = min(stack, default_chunk(batch_size, floats),
+                memory_limit(batch_size, floats, c.itemsize))
+    # the hand-batched program where it takes the model, else torch.func's
+    return (_plan(c, "batched", stack, batch_size, batch_size)
+            or _plan(c, "func", stack, batch_size, batch_size))
 
 
 def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
@@ -244,47 +233,48 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
       random draws, recurrent or attention layers), in stacks whose activations fit in
       ACTIVATION_BUDGET floats (down to one trial).
     """
+    c = cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
+             random, precision)
     ruled = plan_cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer,
-                      loss, random, precision)
+                      loss, c.random, precision)
     if ruled.name == "fused":
         return []
-    random = randomness.draws(model, None) if random is None else random
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    floats = activation_floats(model, input_shape)
-    limit = max(1, CHUNK_BUDGET // max(floats * itemsize, 1))
-    whole = batch_dependent(model) or random
-    resident = min(snapshot_limit(model, optimizer, itemsize, n_trials),
-                   resident_limit(model, optimizer, itemsize, n_trials))
+    chunk, limit = _per_trial_chunks(c)
+    resident = min(snapshot_limit(model, optimizer, c.itemsize, n_trials),
+                   resident_limit(model, optimizer, c.itemsize, n_trials))
     plans = [ruled]
     if ruled.name != "per_trial":
-        chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
-        plans.append(CellPlan("per_trial", resident, chunk, program, updates_per_trial(device)))
-    plain = PerTrialProgram(model, task, batch_size, limit, loss, random, precision,
-                            layout="nchw", spread=False)
-    plans.append(CellPlan("plain", resident, batch_size, plain, updates_per_trial(device)))
-    batchable = not (batch_dependent(model) or random or any(
+        plans.append(_plan(c, "per_trial", resident, chunk, limit))
+    plans.append(_plan(c, "plain", resident, batch_size, limit))
+    batchable = not (batch_dependent(model) or c.random or any(
         isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
     if batchable and ruled.name not in ("func", "batched"):
+        floats = activation_floats(model, input_shape)
         stack = 128
         while stack > 1 and stack * batch_size * floats > ACTIVATION_BUDGET:
             stack //= 2
-        stack = min(stack, snapshot_limit(model, optimizer, itemsize, n_trials),
-                    memory_limit(batch_size, floats, itemsize))
-        plans.append(CellPlan("func", stack, batch_size,
-                              FuncProgram(model, task, loss, precision)))
+        stack = min(stack, snapshot_limit(model, optimizer, c.itemsize, n_trials),
+                    memory_limit(batch_size, floats, c.itemsize))
+        plans.append(_plan(c, "func", stack, batch_size, batch_size))
     return plans
 
 
-def updates_per_trial(device: str | torch.device) -> bool:
-    """Whether the ``per_trial`` and ``plain`` programs update each trial right after its own
-    gradients (``CellPlan.update_in_step``): on the CPU, yes (one trial's gradients alive at a
-    time, the compiled kernel's one-pass update, and a diverged trial found by one read of its
-    loss). On CUDA, no: a read of a trial's loss waits for the GPU's queue, so that every
-    trial-step would wait for the GPU and the host could never launch ahead of it; there all
-    trials' gradients are computed first, their losses read once per step, and one stacked
-    update applied (the trainer's loss_and_grads path)."""
-    return torch.device(device).type == "cpu"
+def _plan(c: Cell, name: str, stack: int, chunk: int, eval_chunk: int) -> CellPlan | None:
+    """Program ``name`` of the registry built for ``c``, in a plan of ``stack`` trials a stack and
+    ``chunk`` examples a chunk; None where that program cannot run the cell."""
+    program = build(name, c, chunk, eval_chunk)
+    if program is None:
+        return None
+    return CellPlan(name, stack, chunk, program, program.updates_in_step(c.optimizer, c.device))
+
+
+def _per_trial_chunks(c: Cell) -> tuple[int, int]:
+    """Examples per chunk of the per-trial programs in a training step and in a forward pass:
+    those whose activations fit in CHUNK_BUDGET bytes; batch statistics and random draws see
+    the whole mini-batch at once, as in the plain loop."""
+    limit = max(1, CHUNK_BUDGET // max(activation_floats(c.model, c.input_shape) * c.itemsize, 1))
+    whole = batch_dependent(c.model) or c.random
+    return (c.batch_size if whole else even_chunks(c.batch_size, limit)), limit
 
 
 def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
@@ -305,14 +295,6 @@ def runs_per_trial(model: nn.Module) -> bool:
     to a slow loop over the fused attention kernel, with a warning per call)."""
     return (has_conv2d(model) or batch_dependent(model) or randomness.draws(model, None)
             or any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
-
-
-def build_program(model: nn.Module, task: str, precision: str = "fp32"
-                  ) -> BatchedProgram | FuncProgram:
-    """The fast hand-batched program when the model allows it, else the torch.func fallback
-    (both computing in ``precision``)."""
-    return (BatchedProgram.try_build(model, task, precision)
-            or FuncProgram(model, task, precision=precision))
 
 
 # Activation floats (trials x examples x floats per example) one stack may hold: the trial

@@ -47,7 +47,8 @@ import torch
 from torch import nn
 
 from training.data import cache_dir
-from training.engine.cell_plan import PROGRAMS, CellPlan
+from training.engine.cell_plan import CellPlan
+from training.engine.programs.registry import PROGRAMS
 from training.errors import ConfigError
 
 MEASURE_STEPS = 3

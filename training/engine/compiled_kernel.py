@@ -1,7 +1,7 @@
 """Compiled kernels of the vectorized trainer, built from ``training/engine/csrc`` on first use.
 
 ``fused_sequential()`` returns the extension module of ``csrc/fused_sequential.cpp`` (see
-:mod:`training.engine.fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
+:mod:`training.engine.programs.fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
 (``-march=native``, OpenMP; ``-fno-math-errno``, without which the compiler cannot vectorize
 Adam's square root: 3x slower): about 30 s once per machine and source version, then a cached
 import; concurrent processes wait for one build (torch's file lock). The build lives in torch's

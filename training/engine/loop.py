@@ -1,61 +1,43 @@
-"""The vectorized multi-trial trainer: N metaparameter points trained as one computation.
+"""The step loop of :func:`training.train_trials`: a group's trials, stacked, from their first
+update to the last evaluation.
 
-``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances them
-with one program per step, chosen for each (model, batch size) cell by
-:func:`training.engine.cell_plan.plan_cell`: a compiled kernel, trials one after another through oneDNN,
-or batched kernels over the stack (:mod:`training.engine.batched`, :mod:`training.engine.func`). Each trial
-keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
-mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.batch_size)``.
-Nothing in a step mixes trials, so trial i follows the same trajectory as
-``train_reference(..., trial_index=i)`` whatever other trials share its group.
+:func:`run` takes the checked call and returns its :class:`Outcome`:
 
-Modules with batch statistics or random draws (BatchNorm, Dropout) train as the plain loop trains
-them: each trial keeps its own buffers (running statistics) and draws from its own generator
-(:mod:`training.randomness`); training steps run in train mode, evaluations and the first
-mini-batch loss (the divergence reference) in eval mode.
-
-Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
-the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
-evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
-snapshot of its weights and momentum or Adam moments) with an evaluation after every step, so
-its hit step is exact to the step. A trial whose metric dips below the target and back up
-between two scheduled evaluations is not seen, as with any evaluation schedule.
-
-Device and precision (``run.device``, ``run.precision``; :mod:`training.device`): the stacks, the
-data set and every step live on ``run.device`` (a data set already there is not copied); the
-precision's TF32 flags hold for the whole call and each program autocasts its forward passes
-and losses (the compiled kernel, float32 C++ on the CPU, never gets a ``bf16`` or CUDA cell).
-The step loop reads values back to the host at evaluations and, for the eager programs, once a
-step to drop diverged trials before their update (docs/guide/gpu.md lists every such read).
+1. **Plan** (:func:`plan`): the cell's program, trials per stack and examples per chunk, by the
+   cell plan's rules (:mod:`training.engine.cell_plan`) or measured among its candidates
+   (:mod:`training.engine.choice`), every program built from one registry
+   (:mod:`training.engine.programs`).
+2. **Stacks** (:mod:`training.engine.trial_stack`): the trials in stacks of that size, each
+   trial's weights, mask, optimizer state and data seed stacked along dim 0.
+3. **Steps** (:class:`Runner`): between two evaluations of ``run.eval_schedule``, every stack
+   takes its updates in turn (:meth:`Runner.steps`); a trial whose mini-batch loss diverges
+   leaves its stack before that update.
+4. **Evaluations and replay** (:func:`advance`, :func:`replay`): at each evaluation a trial meeting
+   the goal for the first time is replayed from the previous evaluation with an evaluation
+   after every step, so its hit step is exact to the step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 from torch import nn
 
+from training import device
+from training.config import RunConfig, Trial
+from training.dataset import Dataset
 from training.engine import choice
-from training.engine.cell_plan import CellPlan, Program, candidate_plans, plan_cell
-from training.config import (
-    RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
-)
-from training.data import Dataset
-from training.models import check_output, check_runnable
-from training.errors import ConfigError
-from training.goal import DIVERGENCE_FACTOR, Goal, as_goal, goal_metric, metric_value
-from training.masks import check_mask
+from training.engine.cell_plan import CellPlan, candidate_plans, plan_cell
+from training.engine.programs.base import Program
+from training.engine.programs.batched import stacked_loss_and_grad
+from training.engine.resume import DataOrigin, end_state, load_stack
+from training.engine.trial_stack import TrialStack, make_stacks
+from training.goal import DIVERGENCE_FACTOR, Goal, goal_metric, metric_value
 from training.order import epoch_permutation
-from training.results import Curve
-from training.engine.resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
-from training.engine.batched import stacked_loss_and_grad
 from training.state import TrainState
-from training.engine.trial_stack import ModuleState, TrialStack, make_stacks
-from training import device, randomness
 
 Tensor = torch.Tensor
 # Validation examples times trials per evaluation forward pass: bounds the activation memory.
@@ -64,64 +46,41 @@ EVAL_BUDGET = 1 << 16
 # images is 50 MB a trial, so gathering 32 trials' at once took 1.6 GB.
 GATHER_BUDGET = 64 << 20
 # Bytes of batch indices ([K, N, B] int64) handed to one call of a program that takes K steps
-# at once (training.engine.fused.FusedProgram.train_steps): 32 trials at B = 4096 take 1 MB a
-# step, so such a call covers 16 steps; at B = 64, up to 1,024.
+# at once (training.engine.programs.fused.FusedProgram.train_steps): 32 trials at B = 4096 take
+# 1 MB a step, so such a call covers 16 steps; at B = 64, up to 1,024.
 INDEX_BUDGET = 16 << 20
+# Curve rows of one trial: (step, mean training loss since the last evaluation, goal metric).
+Rows = list[tuple[int, float, float]]
 
 
 @dataclass(frozen=True)
-class TrialsResult:
-    """Outcome of :func:`train_trials` for a group of N trials.
+class Outcome:
+    """What the loop leaves of one call, per trial i: its curve ``rows[i]``, the exact step it
+    first met the goal ``hit[i]`` (or None), the update it diverged at ``diverged[i]`` (or None),
+    the updates it took ``taken[i]``, and its final parameters ``names``, then module buffers
+    ``buffer_names`` (where the program kept them), ``final[i]``; ``steps_run``, the steps the
+    group ran; the cell's ``plan``; with ``return_state``, the state after ``steps_run``
+    updates of the trials ``end_trials``."""
 
-    ``steps_to_result``: Shallue et al.'s steps-to-result of the group, the smallest step at which
-    a non-diverged trial met the goal, exact to the step thanks to the replay (None if no trial
-    met it). ``best``: index of that trial (ties: lowest index), ``best_trial`` its
-    metaparameters. Per trial: ``status`` in {"reached", "not_reached", "diverged"},
-    ``hit_step`` (exact first step meeting the goal, or None), ``diverged_step`` (the update whose
-    mini-batch loss was non-finite or exploded; the weights are those before it),
-    ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
-    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``program``: the
-    program that computed the steps (one of :data:`training.engine.cell_plan.PROGRAMS`; ``batched`` where
-    the compiled kernel could not be built; under a batch-size schedule, those of its segments,
-    comma-separated). ``params``: final parameters stacked by name,
-    ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
-    stacked the same way (BatchNorm's running statistics; empty for the programs that run
-    modules without state). ``program_choice``: how the program was chosen, "ruled" (the cell
-    plan's rules) or "measured" (the fastest candidate on this machine,
-    :mod:`training.engine.choice`).
-    ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
-    ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
-    not stopped at their own hit), to resume or branch from; else None.
-    """
-
-    steps_to_result: int | None
-    best: int | None
-    best_trial: Trial | None
-    status: list[str]
-    hit_step: list[int | None]
-    diverged_step: list[int | None]
-    steps_taken: list[int]
-    curves: list[Curve]
+    names: list[str]
+    buffer_names: list[str]
+    rows: list[Rows]
+    hit: list[int | None]
+    diverged: list[int | None]
+    taken: list[int]
+    final: dict[int, list[Tensor]]
     steps_run: int
-    trials: list[Trial]
-    program: str
-    params: dict[str, Tensor] = field(repr=False)
-    end_state: TrainState | None = field(default=None, repr=False)
+    plan: CellPlan
+    end_state: TrainState | None = None
     end_trials: tuple[int, ...] = ()
-    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
-    program_choice: str = "ruled"
-
-    def state(self, i: int) -> dict[str, Tensor]:
-        """Final parameters of trial ``i`` by name."""
-        return {name: p[i] for name, p in self.params.items()}
 
 
 @dataclass
-class _Runner:
+class Runner:
     """What every step of every stack of one group shares."""
 
     program: Program
-    update_in_step: bool  # the program's train_step applies the update (training.engine.cell_plan)
+    update_in_step: bool  # the program's train_step applies the update (CellPlan.update_in_step)
     x_train: Tensor
     y_train: Tensor
     x_val: Tensor
@@ -146,14 +105,6 @@ class _Runner:
             st.perm_epoch = epoch
         return st.perm[:, offset:offset + self.batch_size]
 
-    @staticmethod
-    def module(st: TrialStack, rows: slice | None = None) -> dict[str, ModuleState]:
-        """The keyword giving a program that runs the module's own forward pass the stack's
-        module state (of trials ``rows``), or none."""
-        if st.module is None:
-            return {}
-        return {"module": st.module if rows is None else st.module.rows(rows.start, rows.stop)}
-
     def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """Inputs [n, B, ...] and targets [n, B] (per-token: [n, B, T]) of the rows ``idx``
         [n, B] of the training split (``index_select``: 5x faster than advanced indexing for
@@ -175,8 +126,8 @@ class _Runner:
         losses = []
         for a in range(0, idx.shape[0], step):
             x, y = self.gather(idx[a:a + step])
-            out = self.program.forward([p[a:a + step] for p in st.params], x,
-                                       **self.module(st, slice(a, a + step)))
+            module = None if st.module is None else st.module.rows(a, a + step)
+            out = self.program.forward([p[a:a + step] for p in st.params], x, module)
             losses.append(stacked_loss_and_grad(out, y, self.task)[0] if self.loss is None else
                           torch.stack([self.loss(o, t).mean() for o, t in zip(out, y)]))
         return torch.cat(losses).double()
@@ -191,11 +142,11 @@ class _Runner:
         :class:`training.engine.updates.StackUpdate` (torch.optim.SGD's rules, or Adam / AdamW's),
         applied inside the program's train_steps / train_step or after its loss_and_grads;
         masked entries of g are zeroed first, so masked weights and momentum (or moment)
-        buffers stay zero. A program with ``train_steps`` takes up to INDEX_BUDGET's worth of
-        steps a call; the others one step a call (:meth:`step`).
+        buffers stay zero. A program that ``takes_many_steps`` takes up to INDEX_BUDGET's worth
+        of steps a call; the others one step a call (:meth:`step`).
         """
         dropped: list[tuple[int, int, list[Tensor]]] = []
-        if not (self.update_in_step and hasattr(self.program, "train_steps")):
+        if not (self.update_in_step and self.program.takes_many_steps):
             for s in range(start, end):
                 if not st.ids:
                     break
@@ -212,7 +163,7 @@ class _Runner:
             taken = taken.tolist()
             keep = [r for r, t in enumerate(taken) if t == k]
             if len(keep) < len(taken):
-                dropped += [(s + t, st.ids[r], _trial_tensors(st, r))
+                dropped += [(s + t, st.ids[r], trial_tensors(st, r))
                             for r, t in enumerate(taken) if t < k]
                 st = st.select(keep)
             # one step after the other in float64, as a step a call adds its losses
@@ -231,16 +182,16 @@ class _Runner:
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
                                            self.batch_indices(st, step),
                                            st.update(self.optimizer, step), limit,
-                                           **self.module(st))
+                                           st.module)
         else:
             loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step),
-                                                      **self.module(st))
+                                                      st.module)
         loss = loss.double()
         bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
         if bool(bad.any()):
             rows = bad.nonzero().flatten().tolist()
-            dropped = [(st.ids[r], _trial_tensors(st, r)) for r in rows]
+            dropped = [(st.ids[r], trial_tensors(st, r)) for r in rows]
             keep = (~bad).nonzero().flatten().tolist()
             st = st.select(keep)
             if not keep:
@@ -268,7 +219,7 @@ class _Runner:
         for i in range(0, self.x_val.shape[0], chunk):
             x = self.x_val[i:i + chunk]
             out = self.program.forward(st.params, x.unsqueeze(0).expand(n, *x.shape),
-                                       **self.module(st))
+                                       st.module)
             y = self.y_val[i:i + chunk]
             value = (metric_value(self.metric, out, y, self.task) if self.loss is None else
                      torch.stack([metric_value(self.metric, o, y, self.task, self.loss)
@@ -277,107 +228,43 @@ class _Runner:
         return total / self.x_val.shape[0]
 
 
-# ----------------------------------------------------------------------------------------------
-# the trainer
-
-
-def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
-                 run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
-                 trials_per_chunk: int | None = None, first_index: int = 0,
-                 start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
-                 return_state: bool = False,
-                 step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
-    """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
-
-    ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
-    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
-    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
-    step budget, evaluation schedule, data seed, dtype and device
-    (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
-    evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
-    divergence or the budget; ``"never"`` trains every trial to divergence or the budget and
-    records each one's first hit.
-    ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
-    per trial), see :mod:`training.masks`.
-    ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
-    :func:`training.engine.cell_plan.plan_cell`, which also picks the program computing a stack's step);
-    between two evaluations the stacks run one after another, and nothing in a step mixes
-    trials, so results do not depend on it.
-    ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
-    seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
-    ``data_seeds``: each trial's data seed instead (e.g. branches sharing a base run's order).
-    ``start``: a :class:`training.state.TrainState` (one trial, shared by all, or N) to resume
-    from: weights, momentum buffers or Adam moments, step (lr schedule, Adam's bias
-    corrections), divergence reference and data position are the state's; ``run.max_steps``
-    counts from the run's beginning and evaluations resume after ``start.step``
-    (:mod:`training.engine.resume`). ``return_state``: put the final state in ``end_state``.
-    ``step_timer``: a reusable context manager entered around each stack's updates from one
-    evaluation to the next (data order, batch gathers, the program's steps, divergence checks,
-    updates), never around setup, the program choice, evaluations or replays: how the benchmark
-    times the steps alone (:class:`training.bench.measure.StepTimer`).
-    A process that trains many groups should call
-    :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
-    worker pools do). The caller's generator state is left as it was.
-    """
-    check_run(run, "train_trials")
-    check_runnable(model)   # before a forward pass, which would materialize lazy parameters
-    check_output(model, dataset, "train_trials")
-    random = randomness.draws(model, dataset.x_train[:2])
-    # the process-wide generator is only ever touched (under its lock) for a model that draws
-    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
-          device.precision(run.precision, run.device)):
-        return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
-                             start, data_seeds, return_state, random, step_timer)
-
-
-def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
-                  run: RunConfig, masks: Mapping[str, Tensor] | None,
-                  trials_per_chunk: int | None, first_index: int, start: TrainState | None,
-                  data_seeds: Sequence[int] | None, return_state: bool, random: bool,
-                  step_timer: contextlib.AbstractContextManager | None) -> TrialsResult:
-    trial_list = check_trials(trials)
-    check_optimizer(run.optimizer, [t.momentum for t in trial_list],
-                    [t.weight_decay for t in trial_list])
-    batch_size = check_batch_size(run.batch_size, dataset.n_train)
-    if trials_per_chunk is not None and trials_per_chunk < 1:
-        raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
-    n = len(trial_list)
-    mask_map = check_mask(masks, model, trials=n)
-    goal = as_goal(run.goal, dataset.task)
-    metric = goal_metric(goal, dataset.task)
-    first_index = check_index(first_index, "first_index")
-    start = check_start(start, model, run.optimizer, n, run.max_steps)
-    seeds = check_data_seeds(data_seeds, n)
+def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig, *,
+        masks: dict[str, Tensor], goal: Goal | None, batch_size: int,
+        trials_per_stack: int | None, first_index: int, start: TrainState | None,
+        data_seeds: list[int] | None, random: bool, return_state: bool,
+        step_timer: contextlib.AbstractContextManager | None) -> Outcome:
+    """Train ``trials`` of ``model`` together, as :func:`training.train_trials` checked them
+    (its docstring says what each argument is); see the module docstring."""
     origin = DataOrigin.of(start)
     data = dataset.to(run.device, run.dtype)
-    runner = _Runner(None, False, data.x_train, data.y_train, data.x_val,
-                     data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
-                     origin, dataset.loss, step_timer or contextlib.nullcontext())
-    plan = _plan(model, dataset, trial_list, run, batch_size, random, mask_map, first_index,
-                 runner)
-    runner.program, runner.update_in_step = plan.program, plan.update_in_step
-    chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
-    stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
-                         chunk, run.device, run.dtype,
-                         getattr(plan.program, "takes_module_state", False), random)
+    runner = Runner(None, False, data.x_train, data.y_train, data.x_val,
+                    data.y_val, dataset.task, goal_metric(goal, dataset.task), batch_size,
+                    run.optimizer, run.dtype, origin, dataset.loss,
+                    step_timer or contextlib.nullcontext())
+    chosen = plan(model, dataset, trials, run, batch_size, random, masks, first_index, runner)
+    runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
+    stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
+                         trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
+                         chosen.program.takes_module_state, random)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:
-        if seeds is not None:
-            st.seeds = [seeds[i] for i in st.ids]
+        if data_seeds is not None:
+            st.seeds = [data_seeds[i] for i in st.ids]
         if start is None:
             st.init_loss = runner.initial_loss(st)
         else:
             load_stack(st, start, names, buffer_names)
 
-    rows: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+    n = len(trials)
+    rows: list[Rows] = [[] for _ in range(n)]
     hit: list[int | None] = [None] * n
     diverged: list[int | None] = [None] * n
     taken = [0] * n
     final: dict[int, list[Tensor]] = {}
 
     def finish(st: TrialStack, r: int, step: int, copy: bool = True) -> None:
-        final[st.ids[r]] = _trial_tensors(st, r, copy)
+        final[st.ids[r]] = trial_tensors(st, r, copy)
         taken[st.ids[r]] = step
 
     def record(st: TrialStack, step: int, gap: int) -> list[int]:
@@ -399,7 +286,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
         stop_now = False
         for k, st in enumerate(stacks):
             # stack after stack, so that only one stack's replay snapshot is alive at a time
-            st, dropped, met, hits = _advance(runner, st, prev, e, goal, record)
+            st, dropped, met, hits = advance(runner, st, prev, e, goal, record)
             stacks[k] = st
             for s, i, p in dropped:
                 diverged[i], final[i], taken[i] = s, p, s
@@ -417,24 +304,24 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
         if stop_now or not stacks:
             break
         prev = e
-    # _result's stack is the only copy of the final weights (simple_cnn: 420 MB for 32 trials)
+    # the result's stack is the only copy of the final weights (simple_cnn: 420 MB for 32 trials)
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
         if not return_state:  # nor are the optimizer states needed: free them before that copy
             st.bufs = st.adam = None
-    result = replace(_result(model, trial_list, rows, hit, diverged, taken, final, steps_run,
-                             plan.name), program_choice=plan.choice)
+    outcome = Outcome(names, buffer_names, rows, hit, diverged, taken, final, steps_run,
+                      chosen)
     if not return_state:
-        return result
+        return outcome
     state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train,
                            buffer_names)
-    return replace(result, end_state=state, end_trials=ids)
+    return replace(outcome, end_state=state, end_trials=ids)
 
 
-def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
-          batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
-          runner: _Runner) -> CellPlan:
+def plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
+         batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
+         runner: Runner) -> CellPlan:
     """The cell's plan: the rules' where they cover it, else the fastest candidate measured on
     a scratch copy of the first trials (:mod:`training.engine.choice`)."""
     args = (model, dataset.task, dataset.input_shape, batch_size, len(trials), run.dtype,
@@ -451,16 +338,15 @@ def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfi
     key = choice.cell_key(model, dataset.input_shape, batch_size, run.optimizer, dataset.task,
                           run.dtype, run.device, dataset.loss is not None, random, run.precision)
 
-    def time_step(plan: CellPlan) -> Callable[[], int]:
+    def time_step(candidate: CellPlan) -> Callable[[], int]:
         # a scratch stack: new tensors made from the model, as the real ones are, with the
         # real trials' metaparameters and masks; the step counter is the scratch stack's own
-        trial_count = plan.trials_per_stack if plan.name == "func" else max(
-            2, 2 * torch.get_num_threads())
-        k = max(1, min(len(trials), trial_count))
-        st = make_stacks(model, trials[:k], masks, run.seed, first_index, run.optimizer, k, run.device, run.dtype,
-                         getattr(plan.program, "takes_module_state", False), random)[0]
+        program = candidate.program
+        k = max(1, min(len(trials), program.timed_trials(candidate.trials_per_stack)))
+        st = make_stacks(model, trials[:k], masks, run.seed, first_index, run.optimizer, k,
+                         run.device, run.dtype, program.takes_module_state, random)[0]
         st.init_loss = torch.full_like(st.init_loss, float("inf"))  # no trial "diverges"
-        scratch = replace(runner, program=plan.program, update_in_step=plan.update_in_step)
+        scratch = replace(runner, program=program, update_in_step=candidate.update_in_step)
         # from the run's own first update: a run resumed from a state reads its data order
         # from there, and an update before it has no batch
         done = [runner.origin.step]
@@ -476,22 +362,22 @@ def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfi
     return choice.choose(candidates, key, time_step)[0]
 
 
-def _advance(runner: _Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
+def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
              ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
                         dict[int, int]]:
     """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
     its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
-    and their exact hit steps (:func:`_replay`). The replay's snapshot (not needed for a one-step
+    and their exact hit steps (:func:`replay`). The replay's snapshot (not needed for a one-step
     interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
     snapshot = st.clone() if end - start > 1 and goal is not None else None
     with runner.step_timer:
         st, dropped_all = runner.steps(st, start, end)
     met = record(st, end, end - start) if st.ids else []
-    hits = _replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
+    hits = replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
     return st, dropped_all, met, hits
 
 
-def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start: int, end: int,
+def replay(runner: Runner, snapshot: TrialStack | None, ids: list[int], start: int, end: int,
             goal: Goal) -> dict[int, int]:
     """Exact hit steps in (start, end] of trials ``ids``, which meet the goal at ``end``: rerun
     them from the snapshot at ``start`` evaluating after every step."""
@@ -514,28 +400,8 @@ def _replay(runner: _Runner, snapshot: TrialStack | None, ids: list[int], start:
     return {i: found.get(i, end) for i in ids}
 
 
-def _trial_tensors(st: TrialStack, r: int, copy: bool = True) -> list[Tensor]:
+def trial_tensors(st: TrialStack, r: int, copy: bool = True) -> list[Tensor]:
     """Row ``r``'s parameters, then its module buffers (if the stack keeps them)."""
     rows = [p[r] for p in st.params] + ([] if st.module is None else
                                         [b[r] for b in st.module.buffers])
     return [t.clone() for t in rows] if copy else rows
-
-
-def _result(model: nn.Module, trials: list[Trial], rows, hit, diverged, taken, final,
-            steps_run: int, program: str) -> TrialsResult:
-    n = len(trials)
-    status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
-              else "not_reached" for i in range(n)]
-    reached = [i for i in range(n) if status[i] == "reached"]
-    best = min(reached, key=lambda i: (hit[i], i)) if reached else None
-    curves = [Curve.from_rows(rs) for rs in rows]
-    names = [name for name, _ in model.named_parameters()]
-    params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
-    buffers = {name: torch.stack([final[i][len(names) + j] for i in range(n)])
-               for j, (name, _) in enumerate(model.named_buffers())
-               if len(final[0]) > len(names)}
-    return TrialsResult(
-        steps_to_result=None if best is None else hit[best], best=best,
-        best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
-        diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
-        steps_run=steps_run, trials=trials, program=program, params=params, buffers=buffers)

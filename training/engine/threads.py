@@ -7,8 +7,8 @@ convolutions of 0.2-0.7 ms, pooling, a 1024 x 10 product), which two OpenMP thre
 with a synchronization at each one's end: on the 2-core machine a two-thread step of the plain
 loop took about as long as a one-thread step. Two trials side by side, one a thread, use both
 cores all the time. The compiled kernel spreads its trials the same way
-(:mod:`training.engine.fused`); this module gives the ``per_trial`` program
-(:mod:`training.engine.per_trial`) the same, through threads that release the GIL inside torch's
+(:mod:`training.engine.programs.fused`); this module gives the ``per_trial`` program
+(:mod:`training.engine.programs.per_trial`) the same, through threads that release the GIL inside torch's
 operations and inside the compiled kernel's update (``update_trial``, which held the GIL until
 2026-11-27: a memory-bound update of ``simple_cnn``'s 3.3 M weights, a third of its trial-step at
 B = 8, then stalled the other worker's Python).

@@ -12,8 +12,8 @@ zero, then applies the optimizer's rule:
   :meth:`training.engine.adam.AdamState.step`.
 
 It updates the whole stack, after a program computed every trial's gradient
-(:meth:`training.engine.batched.BatchedProgram.loss_and_grads`), or the rows of one trial right
-after its backward pass (:meth:`training.engine.per_trial.PerTrialProgram.train_step`), so that only
+(:meth:`training.engine.programs.batched.BatchedProgram.loss_and_grads`), or the rows of one trial right
+after its backward pass (:meth:`training.engine.programs.per_trial.PerTrialProgram.train_step`), so that only
 one trial's gradients are alive; buffers are always updated in place, so a view of some rows
 updates the stack. :meth:`StackUpdate.apply_trial_` applies the same rules to one trial in one
 pass of the compiled kernel (:mod:`training.engine.compiled_kernel`).
@@ -101,7 +101,7 @@ class StackUpdate:
         :meth:`apply_` (mask, then the optimizer's), in one pass that reads each weight, its
         gradient and state once, where :meth:`apply_` makes three to four passes. The update is
         memory-bound: on simple_cnn's 3.3 M weights with momentum it took a third of a
-        trial-step at B = 8 (see :mod:`training.engine.per_trial`)."""
+        trial-step at B = 8 (see :mod:`training.engine.programs.per_trial`)."""
         first, second = self.kernel_state()
         kernel.update_trial(
             [p[i] for p in params], [g.contiguous() for g in grads], [b[i] for b in first],

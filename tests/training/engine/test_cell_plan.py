@@ -8,7 +8,7 @@ import training
 from training.engine import cell_plan as cellplan
 from training.engine import compiled_kernel as kernels
 from training.engine.cell_plan import even_chunks, plan_cell
-from training.engine.fused import encode, working_set
+from training.engine.programs.fused import encode, working_set
 from training.engine.cell_plan import activation_floats, default_chunk
 
 # skipped without the kernel; failed instead under SPARSESCALE_REQUIRE_KERNEL=1 (tests/conftest.py)

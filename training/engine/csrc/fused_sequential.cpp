@@ -583,7 +583,7 @@ std::vector<torch::Tensor> train_steps(std::vector<torch::Tensor> params,
 }
 
 // The update of one trial in place, as train_steps applies it, for gradients computed elsewhere
-// (training/engine/per_trial.py): params, their gradients (overwritten), optimizer state (bufs:
+// (training/engine/programs/per_trial.py): params, their gradients (overwritten), optimizer state (bufs:
 // momentum buffers or Adam's m, bufs2: Adam's v; empty when there is none) and masks (None:
 // unmasked), one trial's tensors each; hyper: (beta1, beta2, eps, weight_decay) for adam / adamw.
 void update_trial(std::vector<torch::Tensor> params, std::vector<torch::Tensor> grads,

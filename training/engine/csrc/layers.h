@@ -20,7 +20,7 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 
 namespace fused {
 
-// Layer encoding (LAYER_FIELDS int64 per layer, built by training/engine/fused.py):
+// Layer encoding (LAYER_FIELDS int64 per layer, built by training/engine/programs/fused.py):
 //   kind, a, b, k, stride, pad, lin, lout, bias, param_index
 //   LINEAR    a = in features, b = out features; k = C, lin = L when the input is a Flatten of a
 //             channels-last [L, C] activation (the weight expects channel-major [C, L]), else 0

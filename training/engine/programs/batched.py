@@ -5,7 +5,7 @@ Parameters are stacked along a leading trial dimension (``[N, *shape]``) and so 
 (``[N, batch, *features]``). The forward pass is batched matmuls (``baddbmm``; convolutions as
 im2col + ``bmm``) and the backward pass is written by hand, so a training step issues a few dozen
 large kernels and builds no autograd graph. It is the eager fallback of the compiled kernel's
-``fused`` program (:mod:`training.engine.fused`), which runs the same layers.
+``fused`` program (:mod:`training.engine.programs.fused`), which runs the same layers.
 
 Losses are those of :mod:`training.goal`: mean cross-entropy, or 1/2 mean squared error.
 
@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from training.device import autocast
+from training.engine.programs.base import Cell, Program
+from training.engine.trial_stack import ModuleState
 from training.models import Flatten1dOutput
 
 Tensor = torch.Tensor
@@ -214,7 +216,7 @@ def _as_layer(m: nn.Module) -> _Layer | None:
 # the program
 
 
-class BatchedProgram:
+class BatchedProgram(Program):
     """Hand-batched forward and backward of an ``nn.Sequential`` of supported layers."""
 
     def __init__(self, layers: list[_Layer], task: str, precision: str = "fp32"):
@@ -240,7 +242,8 @@ class BatchedProgram:
             i += layer.n_params
         return out
 
-    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+    def forward(self, params: Sequence[Tensor], x: Tensor, module: ModuleState | None = None
+                ) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...]; an input shared by all trials is passed
         expanded (stride 0 on the trial dim) and then costs one GEMM in a Linear layer."""
         with autocast(self.precision, x.device):
@@ -248,8 +251,8 @@ class BatchedProgram:
                 x, _ = layer.forward(p, x)
         return widen(x)
 
-    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
-                       ) -> tuple[Tensor, list[Tensor]]:
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+                       module: ModuleState | None = None) -> tuple[Tensor, list[Tensor]]:
         """Per-trial mini-batch loss [N] and gradients (one per parameter, stacked)."""
         with autocast(self.precision, x.device):
             loss, grads = self._loss_and_grads(params, x, y)
@@ -272,3 +275,12 @@ class BatchedProgram:
             dy, g = self.layers[i].backward(split[i], ctxs[i], dy, i > first)
             grads[:0] = g
         return loss, grads
+
+
+def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> BatchedProgram | None:
+    """The registry's builder (:mod:`training.engine.programs.registry`): the batched program of
+    ``cell``, or None for a model with a layer it lacks, or a data set with its own loss (the
+    hand-written backward pass is that of the task's loss). It does not chunk."""
+    if cell.loss is not None:
+        return None
+    return BatchedProgram.try_build(cell.model, cell.task, cell.precision)

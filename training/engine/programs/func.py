@@ -16,13 +16,15 @@ import torch
 from torch import nn
 
 from training.device import autocast
-from training.engine.batched import widen
+from training.engine.programs.base import Cell, Program
+from training.engine.programs.batched import widen
+from training.engine.trial_stack import ModuleState
 from training.goal import loss_fn
 
 Tensor = torch.Tensor
 
 
-class FuncProgram:
+class FuncProgram(Program):
     """Any module through ``torch.func``: vmap of grad_and_value of ``functional_call``."""
 
     def __init__(self, model: nn.Module, task: str,
@@ -44,7 +46,8 @@ class FuncProgram:
         self._call = call
         self._grad = torch.func.vmap(torch.func.grad_and_value(loss))
 
-    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+    def forward(self, params: Sequence[Tensor], x: Tensor, module: ModuleState | None = None
+                ) -> Tensor:
         with autocast(self.precision, x.device):
             if x.stride(0) == 0:  # one input expanded over the trials
                 out = torch.func.vmap(self._call, in_dims=(0, None))(tuple(params), x[0])
@@ -52,7 +55,19 @@ class FuncProgram:
                 out = torch.func.vmap(self._call)(tuple(params), x)
         return widen(out)
 
-    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
-                       ) -> tuple[Tensor, list[Tensor]]:
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+                       module: ModuleState | None = None) -> tuple[Tensor, list[Tensor]]:
         grads, loss = self._grad(tuple(params), x, y)
         return loss, list(grads)
+
+    def timed_trials(self, trials_per_stack: int) -> int:
+        """vmap computes the whole stack at once, so its speed per trial depends on the stack:
+        it is timed at the plan's own stack size."""
+        return trials_per_stack
+
+
+def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> FuncProgram:
+    """The registry's builder (:mod:`training.engine.programs.registry`): any module, the data
+    set's own loss included (whether ``torch.func`` can batch the model shows when it runs). It
+    does not chunk."""
+    return FuncProgram(cell.model, cell.task, cell.loss, cell.precision)

@@ -1,7 +1,7 @@
 """The fused training step of stacked ``nn.Sequential`` models (``mlp``, ``linear``, ``cnn1d``).
 
 :class:`FusedProgram` computes the same per-trial mini-batch losses and gradients as
-:class:`training.engine.batched.BatchedProgram`, in one call of the compiled kernel
+:class:`training.engine.programs.batched.BatchedProgram`, in one call of the compiled kernel
 ``csrc/fused_sequential.cpp`` (:mod:`training.engine.compiled_kernel`) instead of a few dozen batched kernels:
 
 - each trial's mini-batch is gathered and processed in chunks of ``examples_per_chunk``
@@ -30,8 +30,10 @@ import torch
 from torch import nn
 
 from training.engine import compiled_kernel as kernels
-from training.models import Flatten1dOutput
+from training.engine.programs.base import Cell, Program
+from training.engine.trial_stack import ModuleState
 from training.engine.updates import StackUpdate
+from training.models import Flatten1dOutput
 
 Tensor = torch.Tensor
 
@@ -114,9 +116,11 @@ def encode(model: nn.Module, input_shape: Sequence[int]) -> list[int] | None:
 
 
 @dataclass
-class FusedProgram:
+class FusedProgram(Program):
     """The program of the fused kernel (see module docstring), for the models of
     ``BatchedProgram`` with Linear / Conv1d / ReLU layers."""
+
+    takes_many_steps = True
 
     encoding: list[int]
     kernel: object
@@ -124,7 +128,8 @@ class FusedProgram:
     eval_chunk: int          # in a forward pass (evaluation: not bound by the batch size)
     squeeze: bool  # the model ends with Flatten1dOutput: outputs [N, B], not [N, B, 1]
 
-    def forward(self, params: Sequence[Tensor], x: Tensor) -> Tensor:
+    def forward(self, params: Sequence[Tensor], x: Tensor, module: ModuleState | None = None
+                ) -> Tensor:
         """Outputs [N, B, ...] for inputs [N, B, ...], or for one input expanded over the trials
         (stride 0 on the trial dim), which the kernel then reads once per trial in place."""
         shared = x.stride(0) == 0
@@ -132,14 +137,14 @@ class FusedProgram:
                                   self.eval_chunk, shared)
         return out.squeeze(-1) if self.squeeze else out
 
-    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor
-                       ) -> tuple[Tensor, list[Tensor]]:
+    def loss_and_grads(self, params: Sequence[Tensor], x: Tensor, y: Tensor,
+                       module: ModuleState | None = None) -> tuple[Tensor, list[Tensor]]:
         """Per-trial mini-batch loss [N] and gradients, as ``BatchedProgram``'s."""
         out = self.kernel.loss_and_grads(list(params), x, y, self.encoding,
                                          self.examples_per_chunk)
         return out[0], out[1:]
 
-    def supports(self, optimizer: str) -> bool:
+    def updates_in_step(self, optimizer: str, device: str | torch.device) -> bool:
         """Whether :meth:`train_step` applies ``optimizer``'s update inside the kernel: every
         optimizer of :data:`training.config.OPTIMIZERS` (see :mod:`training.engine.cell_plan`)."""
         return optimizer in OPTIMIZERS
@@ -169,7 +174,8 @@ class FusedProgram:
             OPTIMIZERS.index(update.optimizer), limit))
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
-                   idx: Tensor, update: StackUpdate, limit: Tensor) -> Tensor:
+                   idx: Tensor, update: StackUpdate, limit: Tensor,
+                   module: ModuleState | None = None) -> Tensor:
         """One step of :meth:`train_steps` (batch ``x_train[idx[i]]`` of trial i, ``idx``
         [N, B]): the losses [N]; trials whose loss exceeds ``limit`` keep their state."""
         return self.train_steps(params, x_train, y_train, idx.unsqueeze(0), [update], limit)[0][0]
@@ -207,3 +213,13 @@ def try_build(model: nn.Module, input_shape: Sequence[int], dtype: torch.dtype,
         return None
     return FusedProgram(encoding, kernel, examples_per_chunk, eval_chunk,
                         isinstance(model[-1], Flatten1dOutput))
+
+
+def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> FusedProgram | None:
+    """The registry's builder (:mod:`training.engine.programs.registry`): the fused program of
+    ``cell``, or None (see :func:`try_build`; a data set's own loss, which the kernel does not
+    compute, rules it out too)."""
+    if cell.loss is not None:
+        return None
+    return try_build(cell.model, cell.input_shape, cell.dtype, cell.device, examples_per_chunk,
+                     eval_chunk)

@@ -43,7 +43,7 @@ Under ``bf16`` each forward pass and loss runs in autocast and the backward pass
 On the CPU the divergence check of a trial's loss is one read per trial-step: a diverged trial
 must not take its update, and the update of the next trial follows at once. On CUDA the cell
 plan runs every trial's forward and backward first (:meth:`PerTrialProgram.loss_and_grads`), then
-one read of all the losses and one stacked update (``cell_plan.updates_per_trial``), so the host
+one read of all the losses and one stacked update (:meth:`PerTrialProgram.updates_in_step`), so the host
 launches a whole step's kernels without waiting for the GPU; trials are not spread over host
 threads there.
 """
@@ -61,9 +61,10 @@ from torch import nn
 from training import randomness
 from training.engine import compiled_kernel as kernels
 from training.engine import threads
-from training.engine.trial_stack import ModuleState
 from training.device import autocast
-from training.engine.batched import widen
+from training.engine.programs.base import Cell, Program
+from training.engine.programs.batched import widen
+from training.engine.trial_stack import ModuleState
 from training.engine.updates import StackUpdate
 from training.goal import loss_fn
 
@@ -81,10 +82,9 @@ def has_conv2d(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
-class PerTrialProgram:
+class PerTrialProgram(Program):
     """Trials one after another through the module's own autograd (see module docstring)."""
 
-    # the trainer gives this program each stack's ModuleState
     takes_module_state = True
 
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
@@ -211,9 +211,15 @@ class PerTrialProgram:
             range(x.shape[0]), self.workers(x.shape[0], x.device)))
         return losses, grads
 
-    def supports(self, optimizer: str) -> bool:
-        """:meth:`train_step` applies every optimizer's update (:mod:`training.engine.updates`)."""
-        return True
+    def updates_in_step(self, optimizer: str, device: str | torch.device) -> bool:
+        """Whether :meth:`train_step` updates each trial right after its own gradients (every
+        optimizer's update, :mod:`training.engine.updates`): on the CPU, yes (one trial's
+        gradients alive at a time, the compiled kernel's one-pass update, and a diverged trial
+        found by one read of its loss). On CUDA, no: a read of a trial's loss waits for the GPU's
+        queue, so that every trial-step would wait for the GPU and the host could never launch
+        ahead of it; there all trials' gradients are computed first, their losses read once per
+        step, and one stacked update applied (the loop's loss_and_grads path)."""
+        return torch.device(device).type == "cpu"
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                    idx: Tensor, update: StackUpdate, limit: Tensor,
@@ -239,3 +245,10 @@ class PerTrialProgram:
 
         return torch.stack(threads.spread(trial, range(idx.shape[0]),
                                           self.workers(idx.shape[0], idx.device)))
+
+
+def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> PerTrialProgram:
+    """The registry's builder (:mod:`training.engine.programs.registry`): any module, trials
+    side by side on torch's threads, channels-last where that was measured, in chunks."""
+    return PerTrialProgram(cell.model, cell.task, examples_per_chunk, eval_chunk, cell.loss,
+                           cell.random, cell.precision)

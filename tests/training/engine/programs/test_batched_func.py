@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import training
-from training.engine.batched import BatchedProgram
-from training.engine.cell_plan import build_program
-from training.engine.func import FuncProgram
+from training.engine.cell_plan import plan_cell
+from training.engine.programs.batched import BatchedProgram
+from training.engine.programs.func import FuncProgram
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def data():
                                            ("linear", {})])
 def test_sequential_program_matches_autograd(data, stacked, name, options):
     model = training.models.build(name, data, seed=0, **options).double()
-    fast = build_program(model, data.task)
+    fast = BatchedProgram.try_build(model, data.task)
     assert isinstance(fast, BatchedProgram)
     slow = FuncProgram(model, data.task)
     params = stacked(model, 3)
@@ -42,7 +42,7 @@ def test_regression_loss_gradient(stacked):
     model = training.models.build("mlp", ds, hidden=[6], seed=1).double()
     params = stacked(model, 2)
     x, y = ds.x_train[:8].double().view(2, 4, 4), ds.y_train[:8].double().view(2, 4)
-    loss_f, grads_f = build_program(model, ds.task).loss_and_grads(params, x, y)
+    loss_f, grads_f = BatchedProgram.try_build(model, ds.task).loss_and_grads(params, x, y)
     loss_s, grads_s = FuncProgram(model, ds.task).loss_and_grads(params, x, y)
     torch.testing.assert_close(loss_f, loss_s, rtol=1e-12, atol=0)
     for gf, gs in zip(grads_f, grads_s):
@@ -51,8 +51,10 @@ def test_regression_loss_gradient(stacked):
 
 def test_unsupported_layers_fall_back_to_torch_func(data):
     model = torch.nn.Sequential(torch.nn.Linear(40, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10))
-    assert isinstance(build_program(model, data.task), FuncProgram)
     dilated = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 40)),
                                   torch.nn.Conv1d(1, 2, 3, dilation=2), torch.nn.Flatten(),
                                   torch.nn.Linear(72, 10))
-    assert isinstance(build_program(dilated, data.task), FuncProgram)
+    for net in (model, dilated):
+        assert BatchedProgram.try_build(net, data.task) is None
+        plan = plan_cell(net, data.task, data.input_shape, 8, 2)
+        assert plan.name == "func" and isinstance(plan.program, FuncProgram)

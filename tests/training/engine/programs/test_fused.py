@@ -9,9 +9,9 @@ import training
 from training import Trial
 from training.engine.adam import AdamState
 from training.masks import mask_
-from training.engine.batched import BatchedProgram
-from training.engine.func import FuncProgram
-from training.engine.fused import CONV1D, LINEAR, RELU, TRANSPOSE, encode, try_build, working_set
+from training.engine.programs.batched import BatchedProgram
+from training.engine.programs.func import FuncProgram
+from training.engine.programs.fused import CONV1D, LINEAR, RELU, TRANSPOSE, encode, try_build, working_set
 from training.engine.updates import StackUpdate
 
 F64 = torch.float64

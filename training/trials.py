@@ -1,0 +1,192 @@
+"""The vectorized multi-trial trainer: N metaparameter points trained as one computation.
+
+``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances them
+with one program per step, chosen for each (model, batch size) cell by
+:func:`training.engine.cell_plan.plan_cell`: a compiled kernel, trials one after another through
+oneDNN, or batched kernels over the stack (the programs of :mod:`training.engine.programs`); the
+step loop is :mod:`training.engine.loop`. Each trial
+keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
+mask, and its data order, ``BatchOrder(trial_seed(run.seed, i), n_train, run.batch_size)``.
+Nothing in a step mixes trials, so trial i follows the same trajectory as
+``train_reference(..., trial_index=i)`` whatever other trials share its group.
+
+Modules with batch statistics or random draws (BatchNorm, Dropout) train as the plain loop trains
+them: each trial keeps its own buffers (running statistics) and draws from its own generator
+(:mod:`training.randomness`); training steps run in train mode, evaluations and the first
+mini-batch loss (the divergence reference) in eval mode.
+
+Steps-to-result (Shallue et al., 2019): the smallest step at which any non-diverged trial meets
+the goal on the validation split. The goal is evaluated on ``run.eval_schedule``; at the first
+evaluation where a trial meets it, that trial is replayed from the previous evaluation (from a
+snapshot of its weights and momentum or Adam moments) with an evaluation after every step, so
+its hit step is exact to the step. A trial whose metric dips below the target and back up
+between two scheduled evaluations is not seen, as with any evaluation schedule.
+
+Device and precision (``run.device``, ``run.precision``; :mod:`training.device`): the stacks, the
+data set and every step live on ``run.device`` (a data set already there is not copied); the
+precision's TF32 flags hold for the whole call and each program autocasts its forward passes
+and losses (the compiled kernel, float32 C++ on the CPU, never gets a ``bf16`` or CUDA cell).
+The step loop reads values back to the host at evaluations and, for the eager programs, once a
+step to drop diverged trials before their update (docs/guide/gpu.md lists every such read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from training import device, randomness
+from training.config import (
+    RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
+)
+from training.dataset import Dataset
+from training.engine import loop
+from training.engine.resume import check_data_seeds, check_start
+from training.errors import ConfigError
+from training.goal import as_goal
+from training.masks import check_mask
+from training.models import check_output, check_runnable
+from training.results import Curve
+from training.state import TrainState
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class TrialsResult:
+    """Outcome of :func:`train_trials` for a group of N trials.
+
+    ``steps_to_result``: Shallue et al.'s steps-to-result of the group, the smallest step at which
+    a non-diverged trial met the goal, exact to the step thanks to the replay (None if no trial
+    met it). ``best``: index of that trial (ties: lowest index), ``best_trial`` its
+    metaparameters. Per trial: ``status`` in {"reached", "not_reached", "diverged"},
+    ``hit_step`` (exact first step meeting the goal, or None), ``diverged_step`` (the update whose
+    mini-batch loss was non-finite or exploded; the weights are those before it),
+    ``steps_taken`` (updates applied), ``curves`` (scheduled evaluations, see
+    :class:`training.results.Curve`). ``steps_run``: steps the group ran. ``program``: the
+    program that computed the steps (a key of :data:`training.engine.programs.PROGRAMS`; ``batched`` where
+    the compiled kernel could not be built; under a batch-size schedule, those of its segments,
+    comma-separated). ``params``: final parameters stacked by name,
+    ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
+    stacked the same way (BatchNorm's running statistics; empty for the programs that run
+    modules without state). ``program_choice``: how the program was chosen, "ruled" (the cell
+    plan's rules) or "measured" (the fastest candidate on this machine,
+    :mod:`training.engine.choice`).
+    ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
+    ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
+    not stopped at their own hit), to resume or branch from; else None.
+    """
+
+    steps_to_result: int | None
+    best: int | None
+    best_trial: Trial | None
+    status: list[str]
+    hit_step: list[int | None]
+    diverged_step: list[int | None]
+    steps_taken: list[int]
+    curves: list[Curve]
+    steps_run: int
+    trials: list[Trial]
+    program: str
+    params: dict[str, Tensor] = field(repr=False)
+    end_state: TrainState | None = field(default=None, repr=False)
+    end_trials: tuple[int, ...] = ()
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    program_choice: str = "ruled"
+
+    def state(self, i: int) -> dict[str, Tensor]:
+        """Final parameters of trial ``i`` by name."""
+        return {name: p[i] for name, p in self.params.items()}
+
+
+def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+                 run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
+                 trials_per_chunk: int | None = None, first_index: int = 0,
+                 start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
+                 return_state: bool = False,
+                 step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
+    """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
+
+    ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
+    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
+    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    step budget, evaluation schedule, data seed, dtype and device
+    (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
+    evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
+    divergence or the budget; ``"never"`` trains every trial to divergence or the budget and
+    records each one's first hit.
+    ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
+    per trial), see :mod:`training.masks`.
+    ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
+    :func:`training.engine.cell_plan.plan_cell`, which also picks the program computing a stack's step);
+    between two evaluations the stacks run one after another, and nothing in a step mixes
+    trials, so results do not depend on it.
+    ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
+    seed is ``trial_seed(run.seed, first_index + k)``), so a group can be split across calls.
+    ``data_seeds``: each trial's data seed instead (e.g. branches sharing a base run's order).
+    ``start``: a :class:`training.state.TrainState` (one trial, shared by all, or N) to resume
+    from: weights, momentum buffers or Adam moments, step (lr schedule, Adam's bias
+    corrections), divergence reference and data position are the state's; ``run.max_steps``
+    counts from the run's beginning and evaluations resume after ``start.step``
+    (:mod:`training.engine.resume`). ``return_state``: put the final state in ``end_state``.
+    ``step_timer``: a reusable context manager entered around each stack's updates from one
+    evaluation to the next (data order, batch gathers, the program's steps, divergence checks,
+    updates), never around setup, the program choice, evaluations or replays: how the benchmark
+    times the steps alone (:class:`training.bench.measure.StepTimer`).
+    A process that trains many groups should call
+    :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
+    worker pools do). The caller's generator state is left as it was.
+    """
+    check_run(run, "train_trials")
+    check_runnable(model)   # before a forward pass, which would materialize lazy parameters
+    check_output(model, dataset, "train_trials")
+    random = randomness.draws(model, dataset.x_train[:2])
+    trial_list = check_trials(trials)
+    check_optimizer(run.optimizer, [t.momentum for t in trial_list],
+                    [t.weight_decay for t in trial_list])
+    batch_size = check_batch_size(run.batch_size, dataset.n_train)
+    if trials_per_chunk is not None and trials_per_chunk < 1:
+        raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
+    n = len(trial_list)
+    mask_map = check_mask(masks, model, trials=n)
+    goal = as_goal(run.goal, dataset.task)
+    first_index = check_index(first_index, "first_index")
+    start = check_start(start, model, run.optimizer, n, run.max_steps)
+    seeds = check_data_seeds(data_seeds, n)
+    # the process-wide generator is only ever touched (under its lock) for a model that draws
+    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
+          device.precision(run.precision, run.device)):
+        out = loop.run(model, dataset, trial_list, run, masks=mask_map, goal=goal,
+                       batch_size=batch_size, trials_per_stack=trials_per_chunk,
+                       first_index=first_index, start=start, data_seeds=seeds, random=random,
+                       return_state=return_state, step_timer=step_timer)
+    result = _result(trial_list, out.names, out.buffer_names, out.final, out.rows, out.hit,
+                     out.diverged, out.taken, out.steps_run, out.plan.name)
+    return replace(result, program_choice=out.plan.choice, end_state=out.end_state,
+                   end_trials=out.end_trials)
+
+
+def _result(trials: list[Trial], names: Sequence[str], buffer_names: Sequence[str],
+            final: dict[int, list[Tensor]], rows, hit, diverged, taken, steps_run: int,
+            program: str) -> TrialsResult:
+    """The result of ``trials`` whose final parameters ``names``, then module buffers
+    ``buffer_names`` (where a program kept them), are ``final[i]``."""
+    n = len(trials)
+    status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
+              else "not_reached" for i in range(n)]
+    reached = [i for i in range(n) if status[i] == "reached"]
+    best = min(reached, key=lambda i: (hit[i], i)) if reached else None
+    curves = [Curve.from_rows(rs) for rs in rows]
+    params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
+    buffers = {name: torch.stack([final[i][len(names) + j] for i in range(n)])
+               for j, name in enumerate(buffer_names) if len(final[0]) > len(names)}
+    return TrialsResult(
+        steps_to_result=None if best is None else hit[best], best=best,
+        best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
+        diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
+        steps_run=steps_run, trials=trials, program=program, params=params, buffers=buffers)
