@@ -1,8 +1,8 @@
 """The private multi-trial engine behind :func:`training.train_trials`: how N trials are stacked
 and stepped together.
 
-- :mod:`training.engine.loop`: the step loop: the cell's plan, the stacks' steps from one
-  evaluation to the next, the replay of a hit, what the call leaves.
+- :mod:`training.engine.loop`: the step loop: the cell's plan, the stacks of trials and their
+  steps from one evaluation to the next, the replay of a hit, what the call leaves.
 - :mod:`training.engine.cell_plan`: the rules that choose, for a (model, batch size) cell, which
   program computes a stack's step, how many trials share a stack, how many examples a chunk
   holds; :mod:`training.engine.choice`: the measured choice where no rule covers the cell.
@@ -11,8 +11,8 @@ and stepped together.
   ``batched``, ``func`` and ``plain``.
 - :mod:`training.engine.compiled_kernel`: builds and loads the compiled kernel (the C++
   extension in ``csrc/``); :mod:`training.engine.threads`: trials spread over host threads.
-- :mod:`training.engine.trial_stack`, :mod:`~training.engine.updates`,
-  :mod:`~training.engine.adam`: the state of a stack and its update.
+- :mod:`training.engine.updates`, :mod:`~training.engine.adam`: a stack's update;
+  :mod:`training.engine.module_state`: the module's own state per trial.
 - :mod:`training.engine.resume`: a saved state's rows into the stacks, and back.
 
 Nothing here is public API: names may change between releases.

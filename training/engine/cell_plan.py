@@ -187,33 +187,9 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
               device: str | torch.device = "cpu", optimizer: str = "momentum",
               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
               random: bool | None = None, precision: str = "fp32") -> CellPlan:
-    """The rules' plan for training ``n_trials`` trials of ``model`` at ``batch_size``
-    with ``optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules out
-    ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
-    ``random``: whether a training step of the model draws random numbers
-    (``training.randomness.draws``, which can also find randomness no layer type declares; None:
-    as its layer types declare): such a model runs per_trial, whole batches, with a generator per
-    trial. ``precision`` (:data:`training.device.PRECISIONS`): ``bf16`` rules out ``fused``."""
-    c = cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
-             random, precision)
-    stack = snapshot_limit(model, optimizer, c.itemsize, n_trials)
-    encoding = stacked_fused.encode(model, input_shape) if loss is None else None
-    if encoding is not None and not lowers(precision):   # the kernel is float32 C++
-        per_example = stacked_fused.working_set(encoding, math.prod(input_shape)) * c.itemsize
-        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
-        fused = _plan(c, "fused", stack, even_chunks(batch_size, limit), limit)
-        if fused is not None:
-            return fused
-    if runs_per_trial(model) or c.random:
-        chunk, limit = _per_trial_chunks(c)
-        stack = min(stack, resident_limit(model, optimizer, c.itemsize, n_trials))
-        return _plan(c, "per_trial", stack, chunk, limit)
-    floats = activation_floats(model, input_shape)
-    stack = min(stack, default_chunk(batch_size, floats),
-                memory_limit(batch_size, floats, c.itemsize))
-    # the hand-batched program where it takes the model, else torch.func's
-    return (_plan(c, "batched", stack, batch_size, batch_size)
-            or _plan(c, "func", stack, batch_size, batch_size))
+    """The rules' plan (:func:`rules`) of the :func:`cell` of these arguments."""
+    return rules(cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer,
+                      loss, random, precision))
 
 
 def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
@@ -221,9 +197,43 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
                     device: str | torch.device = "cpu", optimizer: str = "momentum",
                     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                     random: bool | None = None, precision: str = "fp32") -> list[CellPlan]:
+    """The :func:`candidates` of the :func:`cell` of these arguments."""
+    return candidates(cell(model, task, input_shape, batch_size, n_trials, dtype, device,
+                           optimizer, loss, random, precision))
+
+
+def rules(c: Cell) -> CellPlan:
+    """The rules' plan for training ``c.n_trials`` trials of ``c.model`` at ``c.batch_size``
+    with ``c.optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules
+    out ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
+    A model that draws random numbers in a training step (``c.random``, which
+    ``training.randomness.draws`` can also find where no layer type declares it) runs
+    per_trial, whole batches, with a generator per trial. ``bf16`` rules out ``fused``."""
+    model, batch_size = c.model, c.batch_size
+    stack = snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials)
+    encoding = stacked_fused.encode(model, c.input_shape) if c.loss is None else None
+    if encoding is not None and not lowers(c.precision):   # the kernel is float32 C++
+        per_example = stacked_fused.working_set(encoding, math.prod(c.input_shape)) * c.itemsize
+        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
+        fused = _plan(c, "fused", stack, even_chunks(batch_size, limit), limit)
+        if fused is not None:
+            return fused
+    if runs_per_trial(model) or c.random:
+        chunk, limit = _per_trial_chunks(c)
+        stack = min(stack, resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
+        return _plan(c, "per_trial", stack, chunk, limit)
+    floats = activation_floats(model, c.input_shape)
+    stack = min(stack, default_chunk(batch_size, floats),
+                memory_limit(batch_size, floats, c.itemsize))
+    # the hand-batched program where it takes the model, else torch.func's
+    return (_plan(c, "batched", stack, batch_size, batch_size)
+            or _plan(c, "func", stack, batch_size, batch_size))
+
+
+def candidates(c: Cell) -> list[CellPlan]:
     """The programs that can run a cell no rule covers, to be timed
     (:mod:`training.engine.choice`); empty where the compiled kernel's rule (``fused``) covers
-    it. First the rules' plan (:func:`plan_cell`), then, where they are not it:
+    it. First the rules' plan (:func:`rules`), then, where they are not it:
 
     - ``per_trial``: trials side by side on torch's threads, channels-last, in chunks;
     - ``plain``: the plain loop's program, always a candidate: one trial after another on all
@@ -233,15 +243,13 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
       random draws, recurrent or attention layers), in stacks whose activations fit in
       ACTIVATION_BUDGET floats (down to one trial).
     """
-    c = cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
-             random, precision)
-    ruled = plan_cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer,
-                      loss, c.random, precision)
+    ruled = rules(c)
     if ruled.name == "fused":
         return []
+    model, batch_size = c.model, c.batch_size
     chunk, limit = _per_trial_chunks(c)
-    resident = min(snapshot_limit(model, optimizer, c.itemsize, n_trials),
-                   resident_limit(model, optimizer, c.itemsize, n_trials))
+    resident = min(snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
+                   resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
     plans = [ruled]
     if ruled.name != "per_trial":
         plans.append(_plan(c, "per_trial", resident, chunk, limit))
@@ -249,11 +257,11 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
     batchable = not (batch_dependent(model) or c.random or any(
         isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
     if batchable and ruled.name not in ("func", "batched"):
-        floats = activation_floats(model, input_shape)
+        floats = activation_floats(model, c.input_shape)
         stack = 128
         while stack > 1 and stack * batch_size * floats > ACTIVATION_BUDGET:
             stack //= 2
-        stack = min(stack, snapshot_limit(model, optimizer, c.itemsize, n_trials),
+        stack = min(stack, snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
                     memory_limit(batch_size, floats, c.itemsize))
         plans.append(_plan(c, "func", stack, batch_size, batch_size))
     return plans

@@ -47,7 +47,8 @@ import torch
 from torch import nn
 
 from training.data import cache_dir
-from training.engine.cell_plan import CellPlan
+from training.engine.cell_plan import CellPlan, candidates, rules
+from training.engine.programs.base import Cell
 from training.engine.programs.registry import PROGRAMS
 from training.errors import ConfigError
 
@@ -168,3 +169,17 @@ def choose(candidates: Sequence[CellPlan], key: str, time_step: TimeStep,
                        "measured": time.strftime("%Y-%m-%d %H:%M:%S")})
     return replace(by_name[name], choice="measured"), seconds
 
+
+def plan(cell: Cell, time_step: TimeStep) -> CellPlan:
+    """The plan of ``cell``: the rules' where they cover it, else, as :func:`setting` says, the
+    fastest candidate measured by ``time_step`` (:func:`choose`; it runs a candidate's step on
+    a scratch copy of the first trials), the candidate named, or the rules' plan."""
+    setting_ = setting()
+    found = [] if setting_ == "rules" else candidates(cell)
+    if not found:
+        return rules(cell)
+    if setting_ != "measure":
+        return next((replace(c, choice="forced") for c in found if c.name == setting_), found[0])
+    key = cell_key(cell.model, cell.input_shape, cell.batch_size, cell.optimizer, cell.task,
+                   cell.dtype, cell.device, cell.loss is not None, cell.random, cell.precision)
+    return choose(found, key, time_step)[0]

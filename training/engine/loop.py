@@ -7,8 +7,8 @@ update to the last evaluation.
    cell plan's rules (:mod:`training.engine.cell_plan`) or measured among its candidates
    (:mod:`training.engine.choice`), every program built from one registry
    (:mod:`training.engine.programs`).
-2. **Stacks** (:mod:`training.engine.trial_stack`): the trials in stacks of that size, each
-   trial's weights, mask, optimizer state and data seed stacked along dim 0.
+2. **Stacks** (:class:`TrialStack`, :func:`make_stacks`): the trials in stacks of that size,
+   each trial's weights, mask, optimizer state and data seed stacked along dim 0.
 3. **Steps** (:class:`Runner`): between two evaluations of ``run.eval_schedule``, every stack
    takes its updates in turn (:meth:`Runner.steps`); a trial whose mini-batch loss diverges
    leaves its stack before that update.
@@ -20,23 +20,28 @@ update to the last evaluation.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from training import device
-from training.config import RunConfig, Trial
+from training import device, randomness
+from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
 from training.dataset import Dataset
 from training.engine import choice
-from training.engine.cell_plan import CellPlan, candidate_plans, plan_cell
+from training.engine.adam import AdamState
+from training.engine.cell_plan import CellPlan, cell
+from training.engine.module_state import ModuleState
 from training.engine.programs.base import Program
 from training.engine.programs.batched import stacked_loss_and_grad
 from training.engine.resume import DataOrigin, end_state, load_stack
-from training.engine.trial_stack import TrialStack, make_stacks
+from training.engine.updates import StackUpdate
 from training.goal import DIVERGENCE_FACTOR, Goal, goal_metric, metric_value
-from training.order import epoch_permutation
+from training.lr_schedule import lr_factor
+from training.masks import mask_
+from training.order import epoch_permutation, trial_seed
 from training.state import TrainState
 
 Tensor = torch.Tensor
@@ -76,6 +81,115 @@ class Outcome:
 
 
 @dataclass
+class TrialStack:
+    """The trials trained together (one stack of a group; ``ids``, their positions in it): their
+    parameters stacked along dim 0 (``[n, *shape]``), optimizer state (momentum buffers, or
+    Adam moments), masks and metaparameters as columns of n values, what the loop tracks per
+    trial between evaluations (initial loss, loss sum, data order) and, for a program that
+    ``takes_module_state``, the module's state per trial."""
+
+    ids: list[int]
+    params: list[Tensor]
+    bufs: list[Tensor] | None  # momentum buffers (None for sgd, adam, adamw)
+    masks: list[Tensor | None]
+    lr: Tensor            # [n] float64 base learning rates
+    mu: Tensor            # [n] momentum, model dtype
+    decay: Tensor | None  # [n] float64 decay steps (inf: constant), None if all constant
+    end: Tensor           # [n] float64 end factors
+    init_loss: Tensor     # [n] float64 first mini-batch loss at initialisation
+    loss_sum: Tensor      # [n] float64 mini-batch losses since the last evaluation
+    seeds: list[int]
+    perm: Tensor | None = None
+    perm_epoch: int = -1
+    adam: AdamState | None = None  # moments and metaparameters of adam / adamw
+    module: ModuleState | None = None  # the module's buffers and generators (per_trial only)
+
+    def select(self, rows: list[int]) -> "TrialStack":
+        """The stack restricted to positions ``rows``."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.lr.device)
+
+        def take(t):
+            return None if t is None else t.index_select(0, idx.to(t.device))
+
+        return TrialStack(
+            ids=[self.ids[r] for r in rows], params=[take(p) for p in self.params],
+            bufs=None if self.bufs is None else [take(b) for b in self.bufs],
+            masks=[m if m is None or m.dim() < self.params[j].dim() else take(m)
+                   for j, m in enumerate(self.masks)],
+            lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
+            init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
+            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.select(idx),
+            module=None if self.module is None else self.module.select(idx))
+
+    def clone(self) -> "TrialStack":
+        """A copy whose parameters and optimizer state can be advanced independently."""
+        return replace(self, ids=list(self.ids), params=[p.clone() for p in self.params],
+                       bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
+                       loss_sum=self.loss_sum.clone(),
+                       adam=None if self.adam is None else self.adam.clone(),
+                       module=None if self.module is None else self.module.clone())
+
+    def row(self, r: int, copy: bool = True) -> list[Tensor]:
+        """Position ``r``'s parameters, then its module buffers (if the stack keeps them)."""
+        rows = [p[r] for p in self.params] + ([] if self.module is None else
+                                              [b[r] for b in self.module.buffers])
+        return [t.clone() for t in rows] if copy else rows
+
+    def limit(self) -> Tensor:
+        """Every trial's divergence limit [n] (training.goal.is_diverged: not finite, or above
+        DIVERGENCE_FACTOR times the initial loss)."""
+        return DIVERGENCE_FACTOR * self.init_loss.clamp(min=1e-12)
+
+    def update(self, optimizer: str, step: int) -> StackUpdate:
+        """Update ``step`` (0-based) of this stack: learning rates on their schedule."""
+        lr = self.lr if self.decay is None else self.lr * lr_factor(step, self.decay, self.end)
+        return StackUpdate(optimizer, step, lr, self.mu, self.masks, self.bufs, self.adam)
+
+
+def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
+                first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
+                module_state: bool = False, random: bool = False) -> list[TrialStack]:
+    """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
+    with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``. With
+    ``module_state``, every stack also holds :class:`ModuleState` (for a ``random`` model,
+    trial i's generator seeded by ``randomness_seed(seed, first_index + i)``)."""
+    names = [name for name, _ in model.named_parameters()]
+    base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
+    mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
+                 for name in names]
+    stacks = []
+    for start in range(0, len(trials), chunk):
+        ids = list(range(start, min(start + chunk, len(trials))))
+        n = len(ids)
+        rows = torch.tensor(ids, device=device)
+        m_st: list[Tensor | None] = [
+            None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
+            for m, p in zip(mask_list, base)]
+        params = [p.unsqueeze(0).expand(n, *p.shape).clone() for p in base]
+        mask_(params, m_st)
+        decays = [trials[i].decay_steps for i in ids]
+        f64 = dict(dtype=torch.float64, device=device)
+        stacks.append(TrialStack(
+            ids=ids, params=params,
+            bufs=None if optimizer in ("sgd", *ADAM_OPTIMIZERS) else [
+                torch.zeros_like(p) for p in params],
+            adam=AdamState.zeros(params, [trials[i] for i in ids], optimizer == "adamw")
+            if optimizer in ADAM_OPTIMIZERS else None,
+            masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
+            mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
+            decay=None if all(d is None for d in decays) else torch.tensor(
+                [math.inf if d is None else float(d) for d in decays], **f64),
+            end=torch.tensor([trials[i].end_factor for i in ids], **f64),
+            init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
+            seeds=[trial_seed(seed, first_index + i) for i in ids],
+            module=ModuleState.initial(
+                model, [randomness.randomness_seed(seed, first_index + i) for i in ids], device,
+                dtype, random) if module_state else None))
+    return stacks
+
+
+@dataclass
 class Runner:
     """What every step of every stack of one group shares."""
 
@@ -112,10 +226,6 @@ class Runner:
         flat = idx.reshape(-1)
         return (self.x_train.index_select(0, flat).view(*idx.shape, *self.x_train.shape[1:]),
                 self.y_train.index_select(0, flat).view(*idx.shape, *self.y_train.shape[1:]))
-
-    def batch(self, st: TrialStack, step: int) -> tuple[Tensor, Tensor]:
-        """Inputs [n, B, ...] and targets [n, B] of batch ``step`` of every trial."""
-        return self.gather(self.batch_indices(st, step))
 
     def initial_loss(self, st: TrialStack) -> Tensor:
         """Every trial's first mini-batch loss at its initial weights, [n] float64, computed a
@@ -159,11 +269,11 @@ class Runner:
             idx = torch.stack([self.batch_indices(st, t) for t in range(s, s + k)])
             loss, taken = self.program.train_steps(
                 st.params, self.x_train, self.y_train, idx,
-                [st.update(self.optimizer, t) for t in range(s, s + k)], self.limit(st))
+                [st.update(self.optimizer, t) for t in range(s, s + k)], st.limit())
             taken = taken.tolist()
             keep = [r for r, t in enumerate(taken) if t == k]
             if len(keep) < len(taken):
-                dropped += [(s + t, st.ids[r], trial_tensors(st, r))
+                dropped += [(s + t, st.ids[r], st.row(r))
                             for r, t in enumerate(taken) if t < k]
                 st = st.select(keep)
             # one step after the other in float64, as a step a call adds its losses
@@ -176,7 +286,7 @@ class Runner:
              ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
         """Apply update ``step`` (0-based) to every trial of ``st`` (see :meth:`steps`); its
         diverged trials are returned as (id, parameters before the update)."""
-        limit = self.limit(st)
+        limit = st.limit()
         grads = None
         if self.update_in_step:  # the update runs inside, for the trials within their limit
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
@@ -184,14 +294,14 @@ class Runner:
                                            st.update(self.optimizer, step), limit,
                                            st.module)
         else:
-            loss, grads = self.program.loss_and_grads(st.params, *self.batch(st, step),
-                                                      st.module)
+            loss, grads = self.program.loss_and_grads(
+                st.params, *self.gather(self.batch_indices(st, step)), st.module)
         loss = loss.double()
         bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
         if bool(bad.any()):
             rows = bad.nonzero().flatten().tolist()
-            dropped = [(st.ids[r], trial_tensors(st, r)) for r in rows]
+            dropped = [(st.ids[r], st.row(r)) for r in rows]
             keep = (~bad).nonzero().flatten().tolist()
             st = st.select(keep)
             if not keep:
@@ -203,12 +313,6 @@ class Runner:
         if grads is not None:
             st.update(self.optimizer, step).apply_(st.params, grads)
         return st, dropped
-
-    @staticmethod
-    def limit(st: TrialStack) -> Tensor:
-        """Every trial's divergence limit [n] (training.goal.is_diverged: not finite, or above
-        DIVERGENCE_FACTOR times the initial loss)."""
-        return DIVERGENCE_FACTOR * st.init_loss.clamp(min=1e-12)
 
     @torch.no_grad()
     def evaluate(self, st: TrialStack) -> Tensor:
@@ -264,7 +368,7 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     final: dict[int, list[Tensor]] = {}
 
     def finish(st: TrialStack, r: int, step: int, copy: bool = True) -> None:
-        final[st.ids[r]] = trial_tensors(st, r, copy)
+        final[st.ids[r]] = st.row(r, copy)
         taken[st.ids[r]] = step
 
     def record(st: TrialStack, step: int, gap: int) -> list[int]:
@@ -322,21 +426,8 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
 def plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
          batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
          runner: Runner) -> CellPlan:
-    """The cell's plan: the rules' where they cover it, else the fastest candidate measured on
-    a scratch copy of the first trials (:mod:`training.engine.choice`)."""
-    args = (model, dataset.task, dataset.input_shape, batch_size, len(trials), run.dtype,
-            run.device)
-    options = dict(optimizer=run.optimizer, loss=dataset.loss, random=random,
-                   precision=run.precision)
-    setting = choice.setting()
-    candidates = [] if setting == "rules" else candidate_plans(*args, **options)
-    if not candidates:
-        return plan_cell(*args, **options)
-    if setting != "measure":
-        return next((replace(c, choice="forced") for c in candidates if c.name == setting),
-                    candidates[0])
-    key = choice.cell_key(model, dataset.input_shape, batch_size, run.optimizer, dataset.task,
-                          run.dtype, run.device, dataset.loss is not None, random, run.precision)
+    """The cell's plan (:func:`training.engine.choice.plan`): the rules' where they cover it,
+    else the fastest candidate, each timed by this loop's own step on a scratch stack."""
 
     def time_step(candidate: CellPlan) -> Callable[[], int]:
         # a scratch stack: new tensors made from the model, as the real ones are, with the
@@ -359,7 +450,9 @@ def plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig
 
         return step
 
-    return choice.choose(candidates, key, time_step)[0]
+    return choice.plan(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
+                            run.dtype, run.device, run.optimizer, dataset.loss, random,
+                            run.precision), time_step)
 
 
 def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
@@ -398,10 +491,3 @@ def replay(runner: Runner, snapshot: TrialStack | None, ids: list[int], start: i
             break
     # a trial not seen earlier first met the goal at ``end`` itself
     return {i: found.get(i, end) for i in ids}
-
-
-def trial_tensors(st: TrialStack, r: int, copy: bool = True) -> list[Tensor]:
-    """Row ``r``'s parameters, then its module buffers (if the stack keeps them)."""
-    rows = [p[r] for p in st.params] + ([] if st.module is None else
-                                        [b[r] for b in st.module.buffers])
-    return [t.clone() for t in rows] if copy else rows

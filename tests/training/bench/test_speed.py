@@ -128,10 +128,11 @@ def test_the_vectorized_trainers_timer_holds_its_step_loops_only(monkeypatch, mn
     """With the clock advanced 1000 units by each evaluation and one unit by each batch a stack
     draws, the timer holds the steps' units only: the evaluations at start and end, and the
     first batch drawn for the initial losses, are outside it."""
-    from training import models, trials
+    from training import models
+    from training.engine.loop import Runner
 
     now = [0.0]
-    evaluate, batch_indices = trials._Runner.evaluate, trials._Runner.batch_indices
+    evaluate, batch_indices = Runner.evaluate, Runner.batch_indices
 
     def slow_evaluate(self, st):
         now[0] += 1000.0
@@ -141,8 +142,8 @@ def test_the_vectorized_trainers_timer_holds_its_step_loops_only(monkeypatch, mn
         now[0] += 1.0
         return batch_indices(self, st, step)
 
-    monkeypatch.setattr(trials._Runner, "evaluate", slow_evaluate)
-    monkeypatch.setattr(trials._Runner, "batch_indices", counted)
+    monkeypatch.setattr(Runner, "evaluate", slow_evaluate)
+    monkeypatch.setattr(Runner, "batch_indices", counted)
     net = models.build("mlp", mnist1d_small, seed=0)
     timer = StepTimer(lambda: now[0])
     res = speed.vectorized(net, mnist1d_small, 8, 2, 12, trials_per_chunk=2, timer=timer)

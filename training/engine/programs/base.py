@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import nn
 
-from training.engine.trial_stack import ModuleState
+from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 
 Tensor = torch.Tensor
@@ -50,7 +50,7 @@ class Program(Protocol):
     """What the trainer needs of a stack's program: ``forward`` and ``loss_and_grads`` always;
     the rest are abilities, each declared here with the value of a program that lacks it."""
 
-    #: the trainer keeps each stack's :class:`~training.engine.trial_stack.ModuleState`
+    #: the trainer keeps each stack's :class:`~training.engine.module_state.ModuleState`
     #: (per-trial buffers and generators) and hands it to the program as ``module``
     takes_module_state: ClassVar[bool] = False
     #: :meth:`train_steps` takes many steps in one call (the loop hands it a budget's worth)

@@ -25,7 +25,7 @@ from torch import nn
 
 from training.device import autocast
 from training.engine.programs.base import Cell, Program
-from training.engine.trial_stack import ModuleState
+from training.engine.module_state import ModuleState
 from training.models import Flatten1dOutput
 
 Tensor = torch.Tensor

@@ -18,7 +18,7 @@ from torch import nn
 from training.device import autocast
 from training.engine.programs.base import Cell, Program
 from training.engine.programs.batched import widen
-from training.engine.trial_stack import ModuleState
+from training.engine.module_state import ModuleState
 from training.goal import loss_fn
 
 Tensor = torch.Tensor

@@ -31,7 +31,7 @@ from torch import nn
 
 from training.engine import compiled_kernel as kernels
 from training.engine.programs.base import Cell, Program
-from training.engine.trial_stack import ModuleState
+from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 from training.models import Flatten1dOutput
 

@@ -28,7 +28,7 @@ mini-batch gives the mini-batch gradient exactly (up to summation order). A modu
 statistics or random draws takes its mini-batch in one piece (the cell plan gives it chunks of
 the batch size), as the plain loop does.
 
-The module's state per trial (:class:`training.engine.trial_stack.ModuleState`): a training step
+The module's state per trial (:class:`training.engine.module_state.ModuleState`): a training step
 runs the module in train mode with the trial's own buffers (BatchNorm normalizes with the batch
 statistics and updates the trial's running statistics in place) and with the device's generator
 set to the trial's state (:mod:`training.randomness`); a forward pass for evaluation runs it in
@@ -64,7 +64,7 @@ from training.engine import threads
 from training.device import autocast
 from training.engine.programs.base import Cell, Program
 from training.engine.programs.batched import widen
-from training.engine.trial_stack import ModuleState
+from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 from training.goal import loss_fn
 
