@@ -216,7 +216,8 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
         # batch statistics and random draws see the whole mini-batch at once, as in the plain loop
         whole = batch_dependent(model) or random
         chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
+        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision,
+                                  device=device)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, updates_per_trial(device))
     floats = activation_floats(model, input_shape)
@@ -258,10 +259,11 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
     plans = [ruled]
     if ruled.name != "per_trial":
         chunk = batch_size if whole else even_chunks(batch_size, limit)
-        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)
+        program = PerTrialProgram(model, task, chunk, limit, loss, random, precision,
+                                  device=device)
         plans.append(CellPlan("per_trial", resident, chunk, program, updates_per_trial(device)))
     plain = PerTrialProgram(model, task, batch_size, limit, loss, random, precision,
-                            layout="nchw", spread=False)
+                            layout="nchw", spread=False, device=device)
     plans.append(CellPlan("plain", resident, batch_size, plain, updates_per_trial(device)))
     batchable = not (batch_dependent(model) or random or any(
         isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
