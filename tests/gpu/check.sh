@@ -15,7 +15,9 @@
 # Each phase has its own time limit inside one overall deadline (BUDGET seconds, default 460),
 # so the script ends inside the device tool's 10-minute command limit whatever happens.
 # PHASES (default all: gpu-tests bench-fp32 profile study-quickstart study-lee bench-tf32) runs
-# only those named; BENCH_MODELS (default mlp,cnn1d,lee_cnn,resnet8) the bench's models.
+# only those named; BENCH_MODELS (default mlp,cnn1d,lee_cnn,resnet8) the bench's models;
+# LIMIT_<phase, '-' as '_'> replaces a phase's own limit (LIMIT_study_quickstart=150);
+# PROFILE_CELL (default "lee_cnn 64") the model and batch size the profile phase looks at.
 set -u
 START=$(date +%s)
 BUDGET=${BUDGET:-460}
@@ -38,6 +40,7 @@ PHASES=${PHASES:-gpu-tests bench-fp32 profile study-quickstart study-lee bench-t
 phase() {
     local name=$1 max=$2; shift 2
     case " $PHASES " in *" $name "*) ;; *) return ;; esac
+    local own="LIMIT_${name//-/_}"; max=${!own:-$max}   # e.g. LIMIT_study_quickstart=150
     local limit; limit=$(left)
     [ "$limit" -gt "$max" ] && limit=$max
     if [ "$limit" -le 5 ]; then echo "skipped: no time left" > "$LOGS/$name.log"; echo "$name skipped 0" >> "$LOGS/phases.txt"; return; fi
@@ -75,9 +78,9 @@ phase gpu-tests 150 env OMP_NUM_THREADS=2 $PY -m pytest -m gpu tests/gpu -q -rs 
 BENCH=(--models "${BENCH_MODELS:-mlp,cnn1d,lee_cnn,resnet8}" --batch-sizes 8,64,512,4096 --trials 32 --seconds 0.5)
 phase bench-fp32 130 $PY -m experiments.cli bench --device cuda --precision fp32 "${BENCH[@]}"
 
-# where lee_cnn's step spends its time at B = 64 (the plain loop, the vectorized trainer, the
+# where a cell's step spends its time (default lee_cnn at B = 64: the plain loop, the vectorized trainer, the
 # host operations and waits)
-phase profile 40 $PY tests/gpu/profile_step.py lee_cnn 64
+phase profile 40 $PY tests/gpu/profile_step.py ${PROFILE_CELL:-lee_cnn 64}
 
 # 4. studies on the GPU, timed (lee_sparsity_mnist1d for at most 150 s: a rerun into the same
 #    folder goes on from there). A study folder brought back by an earlier check (its logs

@@ -173,3 +173,17 @@ def test_where_the_update_runs(mnist1d_small, images, monkeypatch, optimizer):
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     eager = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
     assert eager.name == "batched" and not eager.update_in_step
+
+
+def test_a_gpu_cell_never_builds_the_cpu_kernel(images, monkeypatch):
+    """Planning a cell for CUDA builds none of the compiled CPU kernel (20-60 s on a fresh
+    machine): the GPU check's profile phase once spent its whole 35 s compiling it. On the CPU
+    the same candidates ask for it."""
+    asked = []
+    monkeypatch.setattr(kernels, "fused_sequential", lambda: asked.append(1))
+    net = training.models.build("simple_cnn", images)
+    plans = cellplan.candidate_plans(net, "classification", (3, 32, 32), 8, 4, device="cuda")
+    assert {p.name for p in plans} >= {"per_trial", "plain"} and not asked
+    assert all(getattr(p.program, "kernel", None) is None for p in plans)
+    cellplan.candidate_plans(net, "classification", (3, 32, 32), 8, 4, device="cpu")
+    assert len(asked) == 2   # per_trial's and plain's

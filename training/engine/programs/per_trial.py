@@ -91,7 +91,7 @@ class PerTrialProgram(Program):
                  eval_chunk: int | None = None,
                  loss: Callable[[Tensor, Tensor], Tensor] | None = None,
                  random: bool | None = None, precision: str = "fp32", layout: str = "auto",
-                 spread: bool = True):
+                 spread: bool = True, device: str | torch.device = "cpu"):
         """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
@@ -101,7 +101,9 @@ class PerTrialProgram(Program):
         channels-last where that was measured, see below) or "nchw" (as given, the plain
         loop's). ``spread``: trials side by side on torch's threads, one intra-op thread each
         (:mod:`training.engine.threads`; never for a model that draws random numbers), else
-        one after another on all threads, as the plain loop runs its one model."""
+        one after another on all threads, as the plain loop runs its one model. ``device``: where
+        the stacks will live; the compiled kernel's one-pass update is CPU code, built (20-60 s
+        the first time on a machine) only for a CPU program."""
         self.precision = precision
         # a copy: the program sets its train / eval mode, never the caller's module's
         self.model, self.task = copy.deepcopy(model), task
@@ -121,8 +123,11 @@ class PerTrialProgram(Program):
         self.spread = spread and not random
         self.buffers = [b.detach() for _, b in model.named_buffers()]
         self.criterion = loss_fn(task, loss)
-        # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the torch update
-        self.kernel = kernels.fused_sequential()
+        # the compiled kernel's one-pass update (training.engine.compiled_kernel), or None: the
+        # torch update. Not on a GPU: the first GPU check's profile phase, on a fresh machine,
+        # spent its 35 s compiling CPU code it would never run
+        on_cpu = torch.device(device).type == "cpu"
+        self.kernel = kernels.fused_sequential() if on_cpu else None
 
     def _buffers(self, module: ModuleState | None, i: int) -> list[Tensor]:
         """Trial ``i``'s buffers: rows of the stacked ones (updated in place), or the module's."""
@@ -251,4 +256,4 @@ def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> PerTrialProgr
     """The registry's builder (:mod:`training.engine.programs.registry`): any module, trials
     side by side on torch's threads, channels-last where that was measured, in chunks."""
     return PerTrialProgram(cell.model, cell.task, examples_per_chunk, eval_chunk, cell.loss,
-                           cell.random, cell.precision)
+                           cell.random, cell.precision, device=cell.device)

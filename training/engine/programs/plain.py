@@ -9,6 +9,7 @@ a cell no rule covers, so the measured choice is never slower than the plain loo
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from training.engine.programs.base import Cell
@@ -21,13 +22,13 @@ class PlainProgram(PerTrialProgram):
 
     def __init__(self, model: nn.Module, task: str, examples_per_chunk: int,
                  eval_chunk: int | None = None, loss=None, random: bool | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", device: str | torch.device = "cpu"):
         super().__init__(model, task, examples_per_chunk, eval_chunk, loss, random, precision,
-                         layout="nchw", spread=False)
+                         layout="nchw", spread=False, device=device)
 
 
 def build(cell: Cell, examples_per_chunk: int, eval_chunk: int) -> PlainProgram:
     """The registry's builder (:mod:`training.engine.programs.registry`): the whole mini-batch in
     one piece, whatever ``examples_per_chunk`` says."""
     return PlainProgram(cell.model, cell.task, cell.batch_size, eval_chunk, cell.loss,
-                        cell.random, cell.precision)
+                        cell.random, cell.precision, cell.device)
