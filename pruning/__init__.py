@@ -6,6 +6,8 @@ Public API::
     mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)   # -> pruning.Mask
     mask.sparsity(); mask.apply(net)
     pruning.list_methods()   # random, magnitude, snip, grasp, synflow, imp, iterative_snip, force
+    @pruning.register("mine", needs=("dataset",))  # your own criterion: (model, params, context)
+    pruning.prune(net, "mymodule:mine", 0.9, dataset=ds)        # ... or named by import path
     pruning.prune(net, "snip", 0.9, dataset=ds, keep="lowest") # inverted criterion
     pruning.shuffle_layers(mask, seed=1); pruning.matched_random(mask, seed=1)
     pruning.reinitialize(net, seed=1, mask=mask)               # same mask, another init
@@ -25,12 +27,13 @@ from pruning.accounting import report
 from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
 from pruning.errors import MaskError, MaskIOError, PruningError
 from pruning.mask import Mask, prunable_parameters
-from pruning.methods import list_methods, prune
+from pruning.methods import prune
+from pruning.registry import Context, Criterion, list_methods, register
 from pruning.sanity import matched_random, reinitialize, shuffle_layers
 from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
-           "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "list_methods",
-           "prune", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
+           "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "Context",
+           "Criterion", "list_methods", "register", "prune", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

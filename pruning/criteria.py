@@ -3,7 +3,8 @@
 Every function takes the model and its prunable parameters (name -> Parameter) and returns
 name -> score tensor of the parameter's shape. None of them changes the model's weights or
 ``.grad`` (gradients come from ``torch.autograd.grad``). Which end of the scores is kept is stated
-per criterion (``methods.py`` turns them into keep-priorities).
+per criterion; each is registered below (:func:`pruning.register`) with a score function that
+turns it into keep-priorities, and its rules.
 
 - random: U(0, 1) scores from ``torch.Generator().manual_seed(seed)``, drawn per parameter in order.
 - magnitude: |w| (Han et al. 2015). Keep the largest.
@@ -31,11 +32,15 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from training.data import Dataset
 from training.goal import loss_fn
 from training.models import evaluation
 
 from pruning.errors import PruningError
+from pruning.iterative import default_train_fn, imp_score_fn
+from pruning.registry import Context, pruning_batch, register
+
+__all__ = ["pruning_batch", "random_scores", "magnitude_scores", "snip_scores", "force_scores",
+           "grasp_scores", "synflow_scores", "linearized_copy"]
 
 Params = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -44,22 +49,6 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SNIP_PER_CLASS = 10
 GRASP_PER_CLASS = 25
 GRASP_TEMPERATURE = 200.0
-
-
-def pruning_batch(dataset: Dataset, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The deterministic batch data-driven criteria score on: for classification, the first
-    ``per_class`` examples of every class in ``dataset.x_train`` order (fewer if a class has
-    fewer), classes in increasing order; for regression, the first ``per_class * 10`` examples."""
-    if per_class < 1:
-        raise PruningError(f"examples per class must be >= 1, got {per_class}")
-    if dataset.task == "classification":
-        idx = torch.cat([torch.nonzero(dataset.y_train == c).flatten()[:per_class]
-                         for c in range(dataset.num_classes)])
-    else:
-        idx = torch.arange(min(per_class * 10, dataset.n_train))
-    if idx.numel() == 0:
-        raise PruningError(f"data set {dataset.name!r} has no training examples to score on")
-    return dataset.x_train[idx], dataset.y_train[idx]
 
 
 def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: Params,
@@ -136,3 +125,66 @@ def linearized_copy(model: nn.Module, dtype: torch.dtype = torch.float64) -> nn.
     for p in work.parameters():
         p.abs_()
     return work
+
+
+# ----------------------------------------------------------------------------------------------
+# the registered criteria: each formula as keep-priorities, with its rules
+
+
+@register("random", summary="uniformly random weights kept (seeded)")
+def _random(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    return random_scores(params, context.seed)
+
+
+@register("magnitude", summary="largest |w| kept (Han et al. 2015)")
+def _magnitude(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    return magnitude_scores(params)
+
+
+def _snip(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    x, y = context.batch(work)
+    return snip_scores(work, params, x, y, context.dataset.task, context.dataset.loss)
+
+
+register("snip", needs=("dataset",), per_class=SNIP_PER_CLASS,
+         summary="largest |dL/dw * w| on 10 examples per class kept (Lee et al. 2019)")(_snip)
+
+
+@register("grasp", needs=("dataset",), per_class=GRASP_PER_CLASS,
+          records=("temperature",),
+          summary="smallest -w * (H g) on 25 examples per class, logits / 200, kept "
+                  "(Wang et al. 2020)")
+def _grasp(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    x, y = context.batch(work)
+    scores = grasp_scores(work, params, x, y, context.dataset.task, context.temperature,
+                          context.dataset.loss)
+    return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
+
+
+@register("synflow", needs=("input_shape",), rounds=100, work=linearized_copy,
+          summary="largest |w * dR/dw|, R = sum f(1) on |w|, 100 rounds with the exponential "
+                  "schedule (Tanaka et al. 2020)")
+def _synflow(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    return synflow_scores(work, params, context.input_shape)
+
+
+@register("imp", needs=("dataset|train_fn",), rounds=5,
+          summary="iterative magnitude pruning with rewinding to init, trained between rounds "
+                  "(Frankle & Carbin 2019)")
+def _imp(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    train = context.train_fn or default_train_fn(context.dataset, context.seed)
+    return imp_score_fn(train)(work, params, context.current)
+
+
+register("iterative_snip", needs=("dataset",), rounds=5, per_class=SNIP_PER_CLASS,
+         summary="SNIP re-scored on the remaining weights every round, 5 rounds with the "
+                 "exponential schedule (Verdenius et al. 2020)")(_snip)
+
+
+@register("force", needs=("dataset",), rounds=10, per_class=SNIP_PER_CLASS, revives=True,
+          summary="largest |w0 * dL/dw| at the pruned network, pruned weights can return, 10 "
+                  "rounds with the exponential schedule (de Jorge et al. 2021)")
+def _force(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
+    x, y = context.batch(work)
+    return force_scores(work, params, x, y, context.initial, context.dataset.task,
+                        context.dataset.loss)

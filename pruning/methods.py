@@ -1,19 +1,18 @@
-"""``prune(model, method, sparsity, ...) -> Mask``: the registry of pruning methods.
+"""``prune(model, method, sparsity, ...) -> Mask``: a registered criterion applied.
 
-Every method ranks the prunable weights (``mask.prunable_parameters``) by a keep-priority and
-keeps exactly round(N * (1 - sparsity)) of them (``select.top_k_mask``), in one round or in
-several with the exponential schedule (``iterative.prune_in_rounds``). ``keep="lowest"`` inverts
-any criterion (keeps what it ranks lowest: Frankle et al. 2021's sanity check). The caller's
-model is never modified: scores are computed on a copy. Every mask is checked for layer collapse
+Every criterion (:mod:`pruning.registry`; the built-in ones in :mod:`pruning.criteria`) ranks
+the prunable weights (``mask.prunable_parameters``) by a keep-priority, and ``prune`` keeps
+exactly round(N * (1 - sparsity)) of them (``select.top_k_mask``), in one round or in several
+with the exponential schedule (``iterative.prune_in_rounds``). ``keep="lowest"`` inverts any
+criterion (keeps what it ranks lowest: Frankle et al. 2021's sanity check). The caller's model
+is never modified: scores are computed on a copy. Every mask is checked for layer collapse
 (``diagnostics.check``: a ``LayerCollapseWarning`` when a layer is >= 99 % pruned or no input
 reaches an output).
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,105 +24,16 @@ from training.models import check_model, check_output
 from pruning import criteria
 from pruning.diagnostics import check
 from pruning.errors import PruningError
-from pruning.iterative import ScoreFn, TrainFn, default_train_fn, imp_score_fn, prune_in_rounds
+from pruning.iterative import ScoreFn, prune_in_rounds
 from pruning.mask import Mask, prunable_parameters
+from pruning.registry import Context, Criterion, TrainFn, criterion
 from pruning.select import check_scope, check_sparsity
 
-
-@dataclass(frozen=True)
-class Method:
-    """A pruning method: whether it needs a dataset, its default number of rounds, a summary."""
-
-    name: str
-    needs_data: bool
-    default_rounds: int
-    summary: str
-
-
-METHODS = {m.name: m for m in (
-    Method("random", False, 1, "uniformly random weights kept (seeded)"),
-    Method("magnitude", False, 1, "largest |w| kept (Han et al. 2015)"),
-    Method("snip", True, 1, "largest |dL/dw * w| on 10 examples per class kept (Lee et al. 2019)"),
-    Method("grasp", True, 1, "smallest -w * (H g) on 25 examples per class, logits / 200, kept "
-                             "(Wang et al. 2020)"),
-    Method("synflow", False, 100, "largest |w * dR/dw|, R = sum f(1) on |w|, 100 rounds with the "
-                                  "exponential schedule (Tanaka et al. 2020)"),
-    Method("imp", True, 5, "iterative magnitude pruning with rewinding to init, trained between "
-                           "rounds (Frankle & Carbin 2019)"),
-    Method("iterative_snip", True, 5, "SNIP re-scored on the remaining weights every round, 5 "
-                                      "rounds with the exponential schedule (Verdenius et al. "
-                                      "2020)"),
-    Method("force", True, 10, "largest |w0 * dL/dw| at the pruned network, pruned weights can "
-                              "return, 10 rounds with the exponential schedule (de Jorge et al. "
-                              "2021)"),
-)}
-
 KEEP = ("highest", "lowest")
-# methods whose rounds rank every weight again, pruned ones included (iterative.prune_in_rounds)
-REVIVING = ("force",)
 
 
-def list_methods() -> list[str]:
-    """Names accepted by :func:`prune`."""
-    return list(METHODS)
-
-
-@dataclass(frozen=True)
-class _Context:
-    dataset: Dataset | None
-    seed: int
-    per_class: int | None
-    temperature: float
-    input_shape: tuple[int, ...] | None
-    train_fn: TrainFn | None
-
-
-def _batch(ctx: _Context, work: nn.Module, default_per_class: int):
-    x, y = criteria.pruning_batch(ctx.dataset, ctx.per_class or default_per_class)
-    p = next(work.parameters())
-    return x.to(device=p.device, dtype=p.dtype), y.to(p.device)
-
-
-def _scorer(name: str, ctx: _Context) -> tuple[Callable[[nn.Module], nn.Module], ScoreFn]:
-    """(how to make the working copy, keep-priority score function) for method ``name``."""
-    if name == "random":
-        return copy.deepcopy, lambda work, params, cur: criteria.random_scores(params, ctx.seed)
-    if name == "magnitude":
-        return copy.deepcopy, lambda work, params, cur: criteria.magnitude_scores(params)
-    if name in ("snip", "iterative_snip"):
-        def snip(work, params, cur):
-            x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.snip_scores(work, params, x, y, ctx.dataset.task, ctx.dataset.loss)
-        return copy.deepcopy, snip
-    if name == "force":
-        original: dict[str, nn.Parameter] = {}
-
-        def copy_and_remember(model: nn.Module) -> nn.Module:
-            work = copy.deepcopy(model)
-            original.update({k: p.detach().clone() for k, p in work.named_parameters()})
-            return work
-
-        def force(work, params, cur):
-            x, y = _batch(ctx, work, criteria.SNIP_PER_CLASS)
-            return criteria.force_scores(work, params, x, y, original, ctx.dataset.task,
-                                         ctx.dataset.loss)
-        return copy_and_remember, force
-    if name == "grasp":
-        def grasp(work, params, cur):
-            x, y = _batch(ctx, work, criteria.GRASP_PER_CLASS)
-            scores = criteria.grasp_scores(work, params, x, y, ctx.dataset.task, ctx.temperature,
-                                           ctx.dataset.loss)
-            return {k: -v for k, v in scores.items()}  # GraSP removes the largest scores
-        return copy.deepcopy, grasp
-    if name == "synflow":
-        return criteria.linearized_copy, lambda work, params, cur: criteria.synflow_scores(
-            work, params, ctx.input_shape)
-    if name == "imp":
-        return copy.deepcopy, imp_score_fn(ctx.train_fn or default_train_fn(ctx.dataset, ctx.seed))
-    raise AssertionError(name)  # unreachable: names are checked against METHODS first
-
-
-def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | None = None,
+def prune(model: nn.Module, method: str | Criterion, sparsity: float,
+          dataset: Dataset | None = None,
           scope: str = "global", rounds: int | None = None, seed: int = 0,
           prune_biases: bool = False, *, per_class: int | None = None,
           temperature: float = criteria.GRASP_TEMPERATURE,
@@ -131,15 +41,18 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
           train_fn: TrainFn | None = None, keep: str = "highest") -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
-    - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas).
+    - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas), a criterion
+      registered with :func:`pruning.register`, or the import path of a score function,
+      ``"package.module:function"`` (:mod:`pruning.registry`).
     - ``dataset``: a ``training.Dataset``; required by snip, grasp, imp, iterative_snip and
       force. SNIP (and iterative SNIP, FORCE) score on the first 10 training examples of every
       class, GraSP on 25 per class (``per_class`` overrides both), see
       ``criteria.pruning_batch``. ``temperature``: GraSP's logit temperature (200).
     - ``scope``: ``"global"`` (one ranking across layers), ``"layer"`` (every layer at the same
       sparsity, within one weight) or ``"even"`` (every layer keeps the same number of weights,
-      ``select.even_quotas``). With ``method="random"`` these are the three random baselines:
-      uniform over all weights, uniform per-layer density, and an even split of the kept count.
+      ``select.even_quotas``), among those the criterion allows. With ``method="random"`` these
+      are the three random baselines: uniform over all weights, uniform per-layer density, and
+      an even split of the kept count.
     - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 10 for
       force, 5 for imp and iterative_snip, 1 otherwise). iterative_snip with one round is SNIP.
     - ``keep``: ``"highest"`` (the criterion's own choice) or ``"lowest"`` (inverted scores:
@@ -157,43 +70,43 @@ def prune(model: nn.Module, method: str, sparsity: float, dataset: Dataset | Non
     is not an ``nn.Module``, or does not fit ``dataset`` (checked on one example,
     ``training.models.check_output``), ``training.ModelError``, before anything is scored.
     """
-    if method not in METHODS:
-        raise PruningError(f"unknown pruning method {method!r}; allowed: {', '.join(METHODS)}")
+    spec = criterion(method)
     if keep not in KEEP:
         raise PruningError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
-    spec = METHODS[method]
     sparsity = check_sparsity(sparsity)
     check_scope(scope)
+    if scope not in spec.scopes:
+        raise PruningError(f"pruning method {spec.name!r} allows scope "
+                           f"{', '.join(spec.scopes)}; got {scope!r}")
     if dataset is None:
         check_model(model, "prune")
     else:
         check_output(model, dataset, "prune")
-    if spec.needs_data and dataset is None and not (method == "imp" and train_fn is not None):
-        raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
     if input_shape is None and dataset is not None:
         input_shape = tuple(dataset.input_shape)
-    if method == "synflow" and input_shape is None:
-        raise PruningError("pruning method 'synflow' needs input_shape=(...) or "
-                           "dataset=training.Dataset to build its all-ones input")
-    rounds = spec.default_rounds if rounds is None else rounds
-    ctx = _Context(dataset, int(seed), per_class, float(temperature), input_shape, train_fn)
-    make_work, score_fn = _scorer(method, ctx)
-    if keep == "lowest":
-        score_fn = _inverted(score_fn)
-    work = make_work(model)
+    context = Context(dataset, int(seed), per_class or spec.per_class, float(temperature),
+                      input_shape, train_fn)
+    missing = spec.missing(context)
+    if missing is not None:
+        raise PruningError(f"pruning method {spec.name!r} needs {missing}")
+    rounds = spec.rounds if rounds is None else rounds
+    work = spec.work(model)
     params = prunable_parameters(work, prune_biases)
-    entries = prune_in_rounds(work, params, score_fn, sparsity, rounds, scope,
-                              revive=method in REVIVING)
-    info: dict[str, Any] = {"method": method, "sparsity": sparsity, "scope": scope,
+    if spec.revives:
+        context = replace(context, initial={k: p.detach().clone() for k, p in params.items()})
+
+    def score_fn(work: nn.Module, params, current) -> dict[str, torch.Tensor]:
+        return dict(spec.score(work, params, replace(context, current=current)))
+
+    entries = prune_in_rounds(work, params, score_fn if keep == "highest" else _inverted(score_fn),
+                              sparsity, rounds, scope, revive=spec.revives)
+    info: dict[str, Any] = {"method": spec.name, "sparsity": sparsity, "scope": scope,
                             "rounds": rounds, "seed": int(seed), "prune_biases": prune_biases,
                             "keep": keep}
     if input_shape is not None:
         info["input_shape"] = list(input_shape)
-    if method in ("snip", "grasp", "iterative_snip", "force"):
-        info["per_class"] = per_class or (criteria.GRASP_PER_CLASS if method == "grasp"
-                                          else criteria.SNIP_PER_CLASS)
-    if method == "grasp":
-        info["temperature"] = float(temperature)
+    for name in (("per_class",) if spec.per_class is not None else ()) + spec.records:
+        info[name] = getattr(context, name)
     if dataset is not None:
         info["data"] = dataset.name
     mask = Mask(entries, info)

@@ -50,7 +50,8 @@ def machine_key(workload: Workload) -> dict[str, Any]:
             "torch": str(torch.__version__),
             "workload": {"dataset": workload.dataset, "dataset_options": workload.dataset_options,
                          "model": workload.model, "model_options": workload.model_options,
-                         **{f"{kind}_digest": d for kind, d in workload.digests.items()}}}
+                         **{f"{kind}_digest": d for kind, d in workload.digests.items()
+                            if kind != "criterion"}}}
 
 
 def cache_path(workload: Workload) -> Path:

@@ -12,7 +12,9 @@ measure are the same, bit for bit:
   source (:mod:`experiments.spec.factories`): the factory is never shipped, only its name;
 - the mask of (sparsity, seed) is ``pruning.prune`` of that model's initialization with the
   study's pruning method (Lee et al. 2021 prune at initialization and keep the mask fixed),
-  transformed by the series' sanity check if it has one (``experiments.spec.series.series_mask``).
+  transformed by the series' sanity check if it has one (``experiments.spec.series.series_mask``);
+  a criterion named by import path is imported, and checked against its digest, as a factory
+  is (its digest under the kind ``"criterion"``).
 
 A :class:`Workload` is plain picklable data: it is shipped to worker processes with each group.
 """
@@ -57,8 +59,10 @@ class Workload:
     @classmethod
     def of(cls, spec: Spec) -> "Workload":
         """The workload of a validated spec."""
+        criterion = spec.method_digests.get(spec.pruning_method)
+        digests = {**spec.digests, **({"criterion": criterion} if criterion else {})}
         return cls(spec.dataset, spec.model, dict(spec.dataset_options), dict(spec.model_options),
-                   spec.pruning_method, spec.pruning_sanity, dict(spec.digests), spec.folders)
+                   spec.pruning_method, spec.pruning_sanity, digests, spec.folders)
 
     def load_dataset(self, device: str = "cpu") -> training.Dataset:
         """The data set (cached per process; a factory's by its digest too), on ``device``: a
@@ -83,6 +87,9 @@ class Workload:
         the series' sanity check (``experiments.spec.series.series_mask``)."""
         if sparsity == 0:
             return None
+        if factories.is_path(self.pruning_method):   # imported here, from the spec's folders
+            factories.resolve("criterion", self.pruning_method, self.folders,
+                              self.digests.get("criterion"))
         return series_mask(self.pruning_method, self.pruning_sanity, sparsity, seed, dataset,
                            functools.partial(self.build_model, dataset))
 

@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import pruning
 from training.config import ADAM_KEYS, ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule
 from training.data import list_datasets
 from training.device import PRECISIONS, DeviceError, check_device
@@ -24,7 +23,6 @@ from training.goal import unreachable
 from training.models import list_models
 
 from experiments.spec.search import SCALES, SEARCH_KEYS, Dimension
-from experiments.spec.series import SANITY
 
 COMPARISONS = {"<": True, "<=": False}   # goal comparison -> Goal.strict
 
@@ -236,12 +234,8 @@ def _distinct(ck: Checker, path: str, raw: list, values: list) -> tuple | None:
 
 
 def registry(kind: str) -> list[str]:
-    """Names known to the data set, model and pruning registries."""
-    if kind == "dataset":
-        return list_datasets()
-    if kind == "model":
-        return list_models()
-    return list(pruning.list_methods())
+    """Names known to the data set and model registries."""
+    return list_datasets() if kind == "dataset" else list_models()
 
 
 def optimizers(ck: Checker, raw: Any) -> tuple[str | None, ...]:
@@ -278,46 +272,6 @@ def seeds(ck: Checker, raw: Any) -> tuple[int | None, ...] | None:
     if len(set(out)) != len(out):
         ck.add("seeds", f"found duplicates in {raw}; allowed: distinct values")
     return out
-
-
-def _names(ck: Checker, raw: Any, path: str, allowed: list[str] | tuple[str, ...],
-           single: bool) -> tuple[str, ...] | None:
-    """Distinct names from ``allowed`` in the order given (also one bare name when ``single``),
-    or None after recording the problem."""
-    if single and not isinstance(raw, list):
-        name = ck.choice(raw, path, allowed)
-        return None if name is None else (name,)
-    if not isinstance(raw, list) or (single and not raw):
-        ck.add(path, f"found {raw!r}; allowed: a {'name or a non-empty ' if single else ''}list "
-                     f"of {', '.join(allowed)}")
-        return None
-    names = tuple(ck.choice(v, f"{path}[{i}]", allowed) for i, v in enumerate(raw))
-    if None in names:
-        return None
-    if len(set(names)) != len(names):
-        ck.add(path, f"found duplicates in {raw}; allowed: distinct values")
-        return None
-    return names
-
-
-def pruning_series(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None
-                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The ``[pruning]`` table: (methods, sanity checks). ``method`` is a name or a list of
-    names from the pruning registry (checked only when a sparsity level is > 0), ``sanity`` a
-    list of ``experiments.spec.series.SANITY``; each method and check is a series
-    (``experiments.spec.series``)."""
-    table = ck.table(raw, "pruning", "pruning") or {}
-    ck.keys(table, "pruning", ("method", "sanity"))
-    sparse = bool(sparsities) and any(s > 0 for s in sparsities)
-    method = table.get("method", "snip")
-    methods = (_names(ck, method, "pruning.method", registry("pruning"), single=True)
-               if sparse else None)
-    sanity = _names(ck, table.get("sanity", []), "pruning.sanity", SANITY, single=False)
-    if sparsities and not sparse and (isinstance(method, list) or table.get("sanity")):
-        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
-                          "allowed: add one to sparsities")
-    fallback = (method,) if isinstance(method, str) else ("snip",)
-    return methods or fallback, sanity or ()
 
 
 def eval_schedule(ck: Checker, table: Mapping[str, Any]) -> EvalSchedule | None:

@@ -75,13 +75,18 @@ RETURNS: dict[str, tuple[type, str]] = {"model": (nn.Module, "a torch.nn.Module"
 _MAIN = ("__main__", "__mp_main__")
 
 
+# the spec key that names a factory of each kind (a pruning criterion is imported as they are)
+KEYS = {"model": "workload.model", "dataset": "workload.dataset", "criterion": "pruning.method"}
+
+
 class FactoryError(SparsescaleError, ValueError):
-    """A factory named by import path cannot be imported, called or used: one line naming the
-    ``[workload]`` key (``workload.<kind>``), the path and what is wrong (``detail``)."""
+    """A factory (or a pruning criterion) named by import path cannot be imported, called or
+    used: one line naming the spec key (``workload.<kind>``, ``pruning.method``), the path and
+    what is wrong (``detail``)."""
 
     def __init__(self, kind: str, detail: str):
         self.kind, self.detail = kind, detail
-        super().__init__(f"workload.{kind}: {detail}")
+        super().__init__(f"{KEYS.get(kind, kind)}: {detail}")
 
 
 Factory = str | Callable[..., Any]   # as given: a registered name, "module:factory", a callable

@@ -89,13 +89,15 @@ def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
 
 def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = None) -> str:
     """The plan as text: one line per (sparsity, batch size) with its step budget, and the total
-    cost in trial-steps (an upper bound: every trial running its whole budget). A factory named
-    by import path is listed with its source digest. ``stored``: the keys of the groups a run
+    cost in trial-steps (an upper bound: every trial running its whole budget). A factory or
+    pruning criterion named by import path is listed with its source digest. ``stored``: the keys of the groups a run
     folder holds; each line then says whether its group is ``new`` (to train) or ``stored``."""
     lines = [f"study {spec.name!r}: {spec.dataset} / {spec.model} / {spec.optimizer}, goal "
              f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
                for kind, digest in sorted(spec.digests.items())),
+             *(f"pruning criterion {path}: source sha256 {digest[:12]}"
+               for path, digest in sorted(spec.method_digests.items())),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
              f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
              f"{spec.trials} trials each",

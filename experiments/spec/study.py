@@ -26,7 +26,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     comparison = "<"                    # "<" (Shallue et al. 2019) or "<=" (Lee et al. 2021)
 
     [pruning]
-    method = "snip"                     # pruning.list_methods(), or a list of them
+    method = "snip"                     # pruning.list_methods(), "module:criterion", or a list
     sanity = []                         # shuffle | reinit | matched_random | invert: extra series
 
     [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
@@ -101,6 +101,7 @@ from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
 from experiments.spec.factories import Factory
+from experiments.spec.pruning_table import pruning_table
 
 
 class SpecError(SparsescaleError, ValueError):
@@ -225,6 +226,8 @@ class Spec(SpecCore):
     branching: Branching = Branching()
     # by kind, the SHA-256 of each factory's source (experiments.spec.factories): in the hash
     digests: dict[str, str] = field(default_factory=dict)
+    # by import path, the SHA-256 of each pruning criterion's module (the series' own is hashed)
+    method_digests: dict[str, str] = field(default_factory=dict)
     # where the groups train (not in the hash: like the worker count, it does not decide what
     # is measured; each group's row records its device) and in which arithmetic (in the hash,
     # and every group key, when not fp32: it changes the results)
@@ -234,8 +237,8 @@ class Spec(SpecCore):
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
-        A factory named by import path adds ``workload.<kind>_digest``; registered names add
-        nothing, so their hashes and group keys are those of every earlier version. A precision
+        A factory named by import path adds ``workload.<kind>_digest``, a pruning criterion named
+        by import path ``pruning.method_digest``; registered names add nothing, so their hashes and group keys are those of every earlier version. A precision
         other than fp32 adds ``workload.precision``; the device adds nothing."""
         overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
                                            for o, t in sorted(self.search_overrides.items())}}
@@ -247,6 +250,8 @@ class Spec(SpecCore):
         return {
             **core,
             "pruning": {"method": self.pruning_method,
+                        **({"method_digest": self.method_digests[self.pruning_method]}
+                           if self.pruning_method in self.method_digests else {}),
                         **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
             **({"series": self.series} if self.series else {}),
             "search": {"seed": self.search_seed,
@@ -302,7 +307,9 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
                                    "seeds", "workload")}
     raw["workload"], digests = factories.stored(c["workload"])
-    raw["pruning"] = {k: v for k, v in c["pruning"].items() if k != "sanity"}
+    raw["pruning"] = {k: v for k, v in c["pruning"].items()
+                      if k not in ("sanity", "method_digest")}
+    method_digest = c["pruning"].get("method_digest")
     check, series = c["pruning"].get("sanity"), c.get("series", "")
     raw["goal"] = {"metric": goal["metric"], "target": goal["target"],
                    "comparison": "<" if goal["strict"] else "<="}
@@ -314,7 +321,9 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     for table in ("eval", "probes", "branching"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
-    spec = validate(raw, toml_text=toml_text, digests=digests)
+    spec = validate(raw, toml_text=toml_text, digests=digests,
+                    method_digests={} if method_digest is None
+                    else {c["pruning"].get("method"): method_digest})
     if check is None and not series:
         return spec
     if (check is not None and check not in SANITY) or not isinstance(series, str):
@@ -339,10 +348,12 @@ TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sp
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
-             folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None) -> Spec:
+             folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None,
+             method_digests: Mapping[str, str] | None = None) -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
-    every problem. A factory named by import path is imported (from ``sys.path``, then
-    ``folders``) and its source digested; ``digests``: a stored spec's, taken as recorded."""
+    every problem. A factory or pruning criterion named by import path is imported (from
+    ``sys.path``, then ``folders``) and its source digested; ``digests`` (by kind) and
+    ``method_digests`` (by criterion path): a stored spec's, taken as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
@@ -363,7 +374,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
 
     # pruning
-    methods, sanity = checks.pruning_series(ck, raw, sparsities)
+    methods, sanity, method_digests = pruning_table(ck, raw, sparsities, folders,
+                                                    method_digests)
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -458,7 +470,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         eval=eval_schedule, seeds=seeds,
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
-        digests=found, folders=folders, device=device, precision=precision)
+        digests=found, method_digests=method_digests, folders=folders, device=device,
+        precision=precision)
 
 
 def reductions(spec: Spec) -> str:

@@ -112,6 +112,19 @@ def check_noise_monitor(out):
     assert b_simple == pytest.approx(210.6, rel=0.02)          # the value the page quotes
 
 
+def check_own_criterion(out):
+    assert out["criteria"].split()[-1] == "gradient_magnitude"     # registered after the rest
+    assert float(out["sparsity"]) == pytest.approx(0.9, abs=1e-6)
+    kept = dict(item.split("=") for item in out["kept per layer"].split())
+    assert sum(int(k) for k in kept.values()) == round(15_000 * 0.1)
+    assert 0 < float(out["kept by snip too"]) < 1                 # another criterion than SNIP
+    assert out["recorded"] == "gradient_magnitude 10"
+    method, digest = out["spec pruning table"].split()
+    assert method == "own_criterion:gradient_magnitude" and re.fullmatch(r"[0-9a-f]{12}", digest)
+    assert out["groups done"] == "4 of 4"                         # 2 sparsities x 2 batch sizes
+    assert all(re.fullmatch(r"0\.[05]/(16|64)=\d+", g) for g in out["steps to result"].split())
+
+
 CHECKS = {
     "train_trials.py": check_train_trials,
     "prune_and_train.py": check_prune_and_train,
@@ -120,6 +133,7 @@ CHECKS = {
     "own_model.py": check_own_model,
     "own_data.py": check_own_data,
     "noise_monitor.py": check_noise_monitor,
+    "own_criterion.py": check_own_criterion,
 }
 
 

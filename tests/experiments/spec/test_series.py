@@ -56,7 +56,7 @@ def test_variants_one_per_series_dense_only_in_the_first():
 def test_bad_pruning_tables_name_the_key():
     assert problems(with_pruning('method = ["snip", "snp"]')) == [
         "pruning.method[1]: found 'snp' (did you mean 'snip'?); allowed: "
-        + ", ".join(pruning.list_methods())]
+        + ", ".join(pruning.list_methods()) + ', or a criterion "package.module:function"']
     assert problems(with_pruning("method = []"))[0].startswith(
         "pruning.method: found []; allowed: a name or a non-empty list of random, magnitude")
     assert problems(with_pruning('sanity = ["shufle"]')) == [
