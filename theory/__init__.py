@@ -1,21 +1,34 @@
-"""sparsescale.theory"""
-from theory import bounds, branching, nqm, nqm_branching, predict, scaling
+"""sparsescale.theory: predictions from gradient noise and smoothness, by job.
+
+- :mod:`theory.estimators`: measurements of a network on a split: the flat loss, gradient noise,
+  curvature, their sampling, the MLP passes, the critical batch by branching.
+- :mod:`theory.monitor`: the noise scale inside any training loop (``NoiseScaleMonitor``).
+- :mod:`theory.models`: models and bounds: the SGD bound, the noisy quadratic model, the
+  scaling-curve fit, predictions per level, wall time.
+- :mod:`theory.verdicts`: where to probe a run and the probes along it, their summaries, and the
+  papers' claims judged against the measurements.
+
+Every public name is importable from ``theory`` itself, and so is each module by its name
+(``theory.noise``, ``theory.bounds``, ...).
+"""
 from theory.errors import TheoryError
-from theory.scaling import ScalingFit, fit_scaling
-from theory.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
-from theory import curvature, functional, noise
-from theory.curvature import (
+from theory.estimators import branching, curvature, example_norms, functional, mlp_passes, noise
+from theory.estimators import sampling
+from theory.estimators.curvature import (
     LocalLipschitz, TraceEstimate, hessian_top_eigenvalues, hessian_trace, lanczos_top,
     local_lipschitz,
 )
-from theory.noise import (
+from theory.estimators.noise import (
     NoiseEstimate, NoiseStream, gradient_noise, two_batch_estimates, two_batch_noise,
 )
-from theory import claims, probe_plan, sampling, summaries, trajectory
-from theory.claims import Verdict, judge_claims
-from theory.probe_plan import probe_batch_sizes, probe_steps
-from theory.sampling import SplitEstimate
-from theory.summaries import Summary, summarize
-from theory.trajectory import probe_trajectory
-from theory import layer_norms, monitor
-from theory.monitor import NoiseReading, NoiseScaleMonitor
+from theory.estimators.sampling import SplitEstimate
+from theory.models import bounds, nqm, nqm_branching, predict, scaling, walltime
+from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
+from theory.models.scaling import ScalingFit, fit_scaling
+from theory.monitor import layer_norms
+from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
+from theory.verdicts import claims, probe_points, summaries, trajectory
+from theory.verdicts.claims import Verdict, judge_claims
+from theory.verdicts.probe_points import probe_batch_sizes, probe_steps
+from theory.verdicts.summaries import Summary, summarize
+from theory.verdicts.trajectory import probe_trajectory

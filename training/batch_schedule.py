@@ -3,7 +3,7 @@
 Segment j runs from update ``start_step`` (inclusive) to the next segment's start at batch size
 ``batch_size`` and learning rate ``lr * lr_scale`` (the trial's own lr schedule multiplies on
 top). The last segment runs to the end of training. Built, for example, from a critical batch
-measured along a run (``theory.branching.warmup_schedule``, Merrill et al. 2025's batch-size
+measured along a run (``theory.estimators.branching.warmup_schedule``, Merrill et al. 2025's batch-size
 warmup); a trainer reads it with :meth:`BatchSchedule.at`.
 """
 

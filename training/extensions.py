@@ -6,7 +6,7 @@ CPU and the Python and torch versions; ``-O3 -march=native``, OpenMP; a stale bu
 removed), or returns None with one :class:`KernelWarning` saying why and what runs instead.
 The same switches hold for every kernel: ``SPARSESCALE_KERNELS=0`` or :func:`disabled` skips
 them silently, ``SPARSESCALE_REQUIRE_KERNEL=1`` makes a failed build a :class:`KernelError`.
-The noise monitor's per-example norms (:mod:`theory.norms_kernel`) use it; the trainer's own
+The noise monitor's per-example norms (:mod:`theory.monitor.kernel`) use it; the trainer's own
 kernel stays private to the engine.
 """
 

@@ -273,7 +273,7 @@ def plain_relu_mlp(model: nn.Module) -> list[nn.Linear] | None:
     """The Linear layers of ``model`` when it is ``nn.Sequential`` of an optional leading
     ``nn.Flatten()`` (default dims), then ``nn.Linear`` layers with bias and ``nn.ReLU`` between
     them, a Linear layer last (``mlp``, ``linear``), and no buffers; else None. The probes'
-    replay (``training.replay``) and passes (``theory.mlp_passes``) write such a network's
+    replay (``training.replay``) and passes (``theory.estimators.mlp_passes``) write such a network's
     backward pass out."""
     if type(model) is not nn.Sequential or any(True for _ in model.buffers()):
         return None

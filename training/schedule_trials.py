@@ -1,6 +1,6 @@
 """The vectorized trainer under a batch-size schedule: N trials follow one piecewise-constant
 :class:`training.batch_schedule.BatchSchedule` B(t) together (e.g. Merrill et al. 2025's
-batch-size warmup, :func:`theory.branching.warmup_schedule`).
+batch-size warmup, :func:`theory.estimators.branching.warmup_schedule`).
 
 Segment j of the schedule (updates ``start_step`` to the next segment's) is one
 :func:`training.train_trials` call at its batch size, from the state the previous segment ended in

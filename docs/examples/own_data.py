@@ -44,7 +44,7 @@ best = res.best
 trained.load_state_dict({**res.state(best), **{k: v[best] for k, v in res.buffers.items()}})
 noise = theory.gradient_noise(trained, ds, hessian_examples=0)   # float64, whole split
 print("b_simple:", f"{noise.b_simple:.4g}")
-print("definition:", theory.functional.probe_definition(trained))
+print("definition:", theory.estimators.functional.probe_definition(trained))
 
 # A per-example loss of your own (here label smoothing) replaces cross-entropy everywhere; the
 # compiled kernel knows only the task's losses, so a sequential ReLU network runs on an eager

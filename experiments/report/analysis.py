@@ -11,7 +11,7 @@ size), over the replicate seeds stored:
 
 Each series with at least three batch sizes on its curve is fitted with
 S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018, :func:`theory.fit_scaling`, over all
-seed-level points with bootstrap intervals); its regimes follow ``theory.scaling``. The fits are
+seed-level points with bootstrap intervals); its regimes follow ``theory.models.scaling``. The fits are
 computed once (:func:`fit_series`) and passed on to the theory view and the summary.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from theory.errors import TheoryError
-from theory.scaling import PERFECT_SLOPE, ScalingFit, batch_at_slope, fit_scaling
+from theory.models.scaling import PERFECT_SLOPE, ScalingFit, batch_at_slope, fit_scaling
 
 from experiments.spec.search import Dimension, at_edge
 
@@ -183,7 +183,7 @@ def fit_series(groups: pd.DataFrame, order: Sequence[str]) -> Fits:
 
 def perfect_scaling_until(b_crit: float) -> float:
     """Batch size where the fitted curve's slope -B_crit / (B + B_crit) reaches the perfect-scaling
-    threshold of ``theory.scaling`` (B_crit / 4 for a slope of -0.8)."""
+    threshold of ``theory.models.scaling`` (B_crit / 4 for a slope of -0.8)."""
     return batch_at_slope(b_crit, PERFECT_SLOPE)
 
 

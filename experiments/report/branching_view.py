@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from theory.errors import TheoryError
-from theory.summaries import find, summarize
+from theory.verdicts.summaries import find, summarize
 
 from experiments.report.formatting import fmt_interval, fmt_num, fmt_pct
 

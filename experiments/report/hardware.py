@@ -5,7 +5,7 @@ A run folder may hold ``cost_model.json`` (copied in by ``sparsescale study``,
 RUN_DIR/cost_model.json``, :mod:`training.distributed.costmodel`). For every series of that run, its measured
 steps-to-result S(B) (the median over the seeds that reached the goal, as in the report's
 steps table) and the cost model's seconds per step t(B, k) give, with
-:func:`theory.walltime.predict_time_to_result`,
+:func:`theory.models.walltime.predict_time_to_result`,
 
     T(B, k) = S(B) * t(B, k)        W(B, k) = k * T(B, k)  (worker-seconds),
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from theory.walltime import WallTime, predict_time_to_result
+from theory.models.walltime import WallTime, predict_time_to_result
 from training.distributed.costmodel import CostModel, load_cost_model, load_measurements
 
 from experiments.report.formatting import fmt_num

@@ -6,7 +6,7 @@ with ``name`` so several formulas can sit in one document; the output carries no
 software metadata, so the same formula always gives the same bytes, and no namespace URLs (the
 HTML parser supplies the SVG namespace), so a page holding it still holds no address.
 
-mathtext covers the LaTeX that sympy prints for ``theory.bounds`` except ``cases``, which is
+mathtext covers the LaTeX that sympy prints for ``theory.models.bounds`` except ``cases``, which is
 rewritten into a stack of rows behind a sized left brace (``\\left\\{ \\genfrac{}{}{0}{0}{..}{..}
 \\right.``). Fractions are set in display style, as in a displayed LaTeX equation.
 """

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from theory.scaling import MAXIMAL_SLOPE
+from theory.models.scaling import MAXIMAL_SLOPE
 
 from experiments.report.analysis import FIT_LEVEL, perfect_scaling_until
 from experiments.report.formatting import (

@@ -3,11 +3,11 @@ quadratic model, computed from the stacked stored tables and the measured curves
 
 - :func:`predictions`: per run, Lee et al. (2021)'s SGD bound calibrated by its one scale
   constant on the dense curve and evaluated with every sparse level's own probes
-  (``theory.predict.predict_levels``, given the fits :func:`experiments.report.analysis.fit_series`
+  (``theory.models.predict.predict_levels``, given the fits :func:`experiments.report.analysis.fit_series`
   computed once), and every level's critical batch from its noise scale B_simple
   (McCandlish et al. 2018);
 - :func:`probe_summary`: the probe values the theory needs per level;
-- :func:`formulas`: the bound's derivation (``theory.bounds``, sympy) as LaTeX and Unicode;
+- :func:`formulas`: the bound's derivation (``theory.models.bounds``, sympy) as LaTeX and Unicode;
 - :func:`nqm_curves`: the noisy quadratic model (Zhang et al. 2019) with SGD, heavy-ball momentum
   and Adam-like preconditioning, beside whatever the study ran.
 """
@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 import sympy as sp
 
-from theory import bounds, nqm
+from theory.models import bounds, nqm
 from theory.errors import TheoryError
-from theory.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
+from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
 
 from experiments.report.analysis import Fits, reached_groups
 
@@ -87,7 +87,7 @@ NQM_MOMENTA = 1.0 - np.logspace(-2.5, 0, 9)[:-1]
 NQM_PRECOND_LRS = np.logspace(-6, 1, 30)
 NQM_MAX_STEPS = 10**6
 # the NQM has heavy-ball momentum only (Nesterov studies are compared with it); Adam-type studies
-# with heavy ball under Adam-like diagonal preconditioning p_i = h_i^-1/2 (theory.nqm.ADAM_POWER)
+# with heavy ball under Adam-like diagonal preconditioning p_i = h_i^-1/2 (theory.models.nqm.ADAM_POWER)
 NQM_OPTIMIZER = {"sgd": "sgd", "momentum": "momentum", "nesterov": "momentum",
                  "adam": "preconditioned", "adamw": "preconditioned"}
 NQM_CURVES = ("sgd", "momentum", "preconditioned")
@@ -125,7 +125,7 @@ PROBE_DEFINITION_FILE = "probe_definition.txt"
 
 
 def probe_definition_text(run_dir: Path) -> str | None:
-    """What the probes of the run in ``run_dir`` measured (``theory.functional.probe_definition``),
+    """What the probes of the run in ``run_dir`` measured (``theory.estimators.functional.probe_definition``),
     when the run recorded it: for a model with batch normalization or dropout."""
     path = Path(run_dir) / PROBE_DEFINITION_FILE
     return path.read_text().strip() if path.exists() else None
@@ -138,7 +138,7 @@ NQM_NOTE = (f"NQM: loss ½ xᵀHx, h_i = 1/i, d = {NQM_DIM}, gradient noise C = 
 
 
 def formulas(optimizers: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(what, LaTeX, Unicode rendering) of the convergence-bound derivation (``theory.bounds``,
+    """(what, LaTeX, Unicode rendering) of the convergence-bound derivation (``theory.models.bounds``,
     sympy), with the momentum form of the optimal step when a study used momentum (heavy ball or
     Nesterov; Adam's step does not scale with 1 / (1 - beta1)). The Unicode
     form (sympy's pretty printer, sigma^2 written as a square) reads offline without a TeX engine."""
@@ -192,7 +192,7 @@ Q_RATIO = "steps / dense steps, median over B (bound)"
 
 def predictions(groups: pd.DataFrame, fits: Fits, inputs: pd.DataFrame, runs: Sequence[str]
                 ) -> tuple[pd.DataFrame, pd.DataFrame, list[RunPrediction]]:
-    """Theory beside measurement per run (``theory.predict.predict_levels``): the dense level
+    """Theory beside measurement per run (``theory.models.predict.predict_levels``): the dense level
     calibrates the bound's one scale constant, eps comes from the dense probes, every other level
     is predicted from its own probes; each level's measured curve keeps the fit of ``fits``.
     Returns the long table (series, quantity, predicted, measured, relative_error), the predicted

@@ -2,7 +2,7 @@
 
 Per run, :func:`verdicts` summarizes the probe table per level (``theory.summarize``: B_simple
 at the goal, L along the run, lambda_max, with hierarchical bootstrap intervals) and judges every
-claim of ``theory.claims`` against the fitted curves: McCandlish et al. (2018), Lee et al.
+claim of ``theory.verdicts.claims`` against the fitted curves: McCandlish et al. (2018), Lee et al.
 (2021)'s sparsity claim, and the shape of the curve (Shallue et al. 2019), each in the paper's
 tier and a strict one, with its interval and a verdict "holds", "does not hold" or
 "inconclusive". :func:`verdict_sentences` states each verdict in one sentence; when a claim
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from theory.claims import FAILS, judge_claims
+from theory.verdicts.claims import FAILS, judge_claims
 from theory.errors import TheoryError
-from theory.predict import MeasuredCurve
-from theory.summaries import find, summarize
+from theory.models.predict import MeasuredCurve
+from theory.verdicts.summaries import find, summarize
 
 from experiments.report.analysis import Fits, reached_groups
 from experiments.report.formatting import fmt_interval, fmt_num, sparsity_label

@@ -57,9 +57,9 @@ import torch
 from tqdm.auto import tqdm
 
 import training
-from theory.noise import gradient_noise
-from theory.scaling import regime_of_slope
-from theory.walltime import predict_time_to_result
+from theory.estimators.noise import gradient_noise
+from theory.models.scaling import regime_of_slope
+from theory.models.walltime import predict_time_to_result
 from training.distributed.costmodel import CostModel
 from training.errors import SparsescaleError
 from training.state import TrainState

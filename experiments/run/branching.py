@@ -1,7 +1,7 @@
 """The critical batch measured directly by branching from checkpoints (Merrill et al. 2025,
 "Critical Batch Size Revisited"), and the batch-size warmup it suggests, on a real network.
 
-:func:`branch_critical_batch` wires :mod:`theory.branching` (the rule, its intervals, checkpoints,
+:func:`branch_critical_batch` wires :mod:`theory.estimators.branching` (the rule, its intervals, checkpoints,
 windows and lr scaling) to the trainers:
 
 1. The base run (trial ``trial`` of ``run``: batch B, optimizer, data order of
@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 
 import training
-from theory.branching import (
+from theory.estimators.branching import (
     DEFAULT_CHECKPOINTS, DEFAULT_EPS, DEFAULT_MULTIPLIERS, DEFAULT_WINDOW_FRACTION, BranchingError,
     CriticalBatch, branch_factors, branch_lrs, checkpoint_steps, critical_batch, default_window,
     lr_scale, warmup_schedule,

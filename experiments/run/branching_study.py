@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 import training
-from theory.branching import branch_factors, critical_batch
+from theory.estimators.branching import branch_factors, critical_batch
 
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads

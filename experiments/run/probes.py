@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 import theory
 import training
 from theory.errors import TheoryError
-from theory.functional import changed_by_eval_mode, probe_definition
+from theory.estimators.functional import changed_by_eval_mode, probe_definition
 from training.config import ADAM_KEYS
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
@@ -53,11 +53,11 @@ def probe_network(model: torch.nn.Module, dataset: training.Dataset,
     ``g_sq``, ``trace_sigma``, ``b_simple``, ``b_noise`` (unbiased for the training split,
     ``theory.gradient_noise`` on ``examples`` examples, None: all), ``hessian_top`` (``lanczos``
     Lanczos steps) and ``loss``, all of the network in eval mode
-    (``theory.functional.probe_definition``)."""
+    (``theory.estimators.functional.probe_definition``)."""
     examples = None if examples is None else min(int(examples), dataset.n_train)
     noise = theory.gradient_noise(model, dataset, mask=mask, examples=examples, seed=seed,
                                   hessian_examples=16)
-    fl = theory.functional.flat_loss(model, dataset, mask=mask, examples=examples, seed=seed)
+    fl = theory.estimators.functional.flat_loss(model, dataset, mask=mask, examples=examples, seed=seed)
     return {"g_sq": noise.g_sq, "trace_sigma": noise.trace_sigma, "b_simple": noise.b_simple,
             "b_noise": noise.b_noise, "hessian_top": theory.lanczos_top(fl, lanczos, seed),
             "loss": noise.loss}
@@ -202,7 +202,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
 
 
 def record_definition(model: torch.nn.Module, run_dir: Path) -> None:
-    """Write what the probes of ``model`` measure (``theory.functional.probe_definition``) to
+    """Write what the probes of ``model`` measure (``theory.estimators.functional.probe_definition``) to
     ``run_dir/PROBE_DEFINITION_FILE`` when eval mode changes the model (batch normalization,
     dropout), for the report to state beside the probe values; otherwise write nothing."""
     if changed_by_eval_mode(model):

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from theory.branching import (
+from theory.estimators.branching import (
     DEFAULT_CHECKPOINTS, DEFAULT_EPS, DEFAULT_MULTIPLIERS, DEFAULT_WINDOW_FRACTION,
 )
 from training.config import is_int

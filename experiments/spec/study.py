@@ -91,7 +91,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from theory.probe_plan import BATCH_RULES
+from theory.verdicts.probe_points import BATCH_RULES
 from training.config import EvalSchedule, is_int
 from training.errors import SparsescaleError, SparsescaleIOError
 

@@ -110,7 +110,7 @@ CREATE TABLE IF NOT EXISTS warmup (
     trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
 """
 
-# theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
+# theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
 PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
                     "local_lipschitz", "loss")
 

@@ -3,7 +3,7 @@
 The loop: SGD with momentum on pre-drawn batches of 64, ``zero_grad``, forward, mean
 cross-entropy, ``backward``, ``monitor.step()``, ``optimizer.step()``; on the MNIST-1D MLP, a
 tiny transformer classifier (one block, width 16, 8 tokens) and a small one (two blocks, width
-128, 64 tokens) (tests/theory/monitor_models.py), one thread. With the default
+128, 64 tokens) (tests/theory/monitor/monitor_models.py), one thread. With the default
 ``--benchmark-disable`` each test runs once as a quick check of the readings.
 
 ``python tests/benchmarks/test_monitor_overhead.py`` prints the overhead table: the loop with and
@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:                 # run as a script
     sys.path.insert(0, str(ROOT))
 
 import training
-from tests.theory.monitor_models import TinyTransformer, token_dataset
+from tests.theory.monitor.monitor_models import TinyTransformer, token_dataset
 from theory import NoiseScaleMonitor
 
 BATCH = 64

@@ -24,7 +24,7 @@ API = {
                  "training.models.register", "training.data.register",
                  "training.dataset.Dataset.from_tensors", "training.dataset.Dataset.from_torch"],
     "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
-    "theory": ["theory.scaling.fit_scaling", "theory.noise.gradient_noise"],
+    "theory": ["theory.models.scaling.fit_scaling", "theory.estimators.noise.gradient_noise"],
     "experiments": ["experiments.run.runner.run_study", "experiments.store.database.load_results",
                     "experiments.spec.study.Spec", "experiments.report.write.write_report",
                     "experiments.spec.factories.FactoryError"],

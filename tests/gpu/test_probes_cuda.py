@@ -12,7 +12,7 @@ import torch
 import theory
 import training
 from experiments.run.branching import branch_critical_batch
-from theory.functional import flat_loss
+from theory.estimators.functional import flat_loss
 from training import EvalSchedule, RunConfig, Trial
 
 F64 = torch.float64

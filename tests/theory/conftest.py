@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-FRACTIONS = np.linspace(0, 1, 10)   # ten evenly spaced probe points, as theory.probe_plan
+FRACTIONS = np.linspace(0, 1, 10)   # ten evenly spaced probe points, as theory.verdicts.probe_points
 
 
 def run_rows(sparsity, seed, batch_size, horizon, **series):

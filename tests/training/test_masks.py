@@ -96,7 +96,7 @@ def test_the_same_bad_mask_raises_the_same_mask_error_everywhere():
         lambda: training.train_trials(net, ds, [Trial(lr=0.1)], run, masks=bad),
         lambda: pruning.Mask(bad),
         lambda: pruning.report(net, bad),
-        lambda: theory.functional.flat_loss(net, ds, mask=bad),
+        lambda: theory.estimators.functional.flat_loss(net, ds, mask=bad),
         lambda: apply_mask(net, bad),
     ]
     for call in calls:

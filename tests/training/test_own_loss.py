@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import pruning
 import training
-from theory.noise import gradient_noise
+from theory.estimators.noise import gradient_noise
 from training import EvalSchedule, Goal, RunConfig, Trial
 from training.order import BatchOrder, trial_seed
 

@@ -1,14 +1,14 @@
 """Curvature of the training loss: Hessian spectrum and trace, Lee et al.'s local Lipschitz constant.
 
 All functions take a model and a data set and work on the mean loss over a finite example set
-(the training split by default) through :mod:`theory.functional`: Hessian-vector products by
+(the training split by default) through :mod:`theory.estimators.functional`: Hessian-vector products by
 reverse-over-reverse differentiation on gradient graphs built once per point
 (:meth:`FlatLoss.hessian`), full-set quantities summed in chunks, and with a mask only
 the kept coordinates (the Hessian restricted to unpruned weights, ``P H P^T``; pruned weights held
 at zero). Computations run in float64 by default.
 
 Networks with batch normalization or randomness: the loss differentiated is that of the network
-in eval mode (:mod:`theory.functional`), a deterministic mean of per-example losses. Batch
+in eval mode (:mod:`theory.estimators.functional`), a deterministic mean of per-example losses. Batch
 normalization normalizes with its running statistics, buffers held fixed, so the Hessian has no
 term through batch statistics; dropout is the identity. lambda_max, tr(H) and Lee et al.'s L are
 therefore the eval-mode network's, at the running statistics the model holds; attention runs
@@ -30,7 +30,7 @@ from training.data import Dataset
 from training.models import check_output
 
 from theory.errors import TheoryError, check_int
-from theory.functional import FlatLoss, Weights, flat_loss, parameter_vector
+from theory.estimators.functional import FlatLoss, Weights, flat_loss, parameter_vector
 
 __all__ = ["hessian_operator", "hessian_top_eigenvalues", "hessian_trace", "TraceEstimate",
            "local_lipschitz", "LocalLipschitz", "LEE_GAMMAS"]

@@ -13,14 +13,14 @@ them and they are not updated), dropout and every other module that reads ``self
 as at inference. The loss is then a deterministic function of ``theta`` and a mean of
 per-example terms, so the per-example gradients g_i, their mean G and covariance Sigma exist,
 a mini-batch's gradient is the mean of its examples' g_i, and the estimators of
-:mod:`theory.noise` and :mod:`theory.sampling` are exactly unbiased for McCandlish et al.
+:mod:`theory.estimators.noise` and :mod:`theory.estimators.sampling` are exactly unbiased for McCandlish et al.
 (2018)'s B_simple = tr(Sigma) / |G|^2 of this loss; the Hessian, its top eigenvalues and trace
 and Lee et al. (2021)'s L are those of the same function. In train mode a batch-normalized
 loss is not a sum of per-example terms (each output depends on its batch's mean and variance)
 and dropout makes it random, so neither g_i nor Sigma is defined there; McCandlish et al.'s
 two-batch estimator (their appendix A.1) applied to train-mode batch gradients would measure
 another quantity, one that depends on how batches are formed and counts the dropout noise, and
-it is not what is measured here (:func:`theory.noise.two_batch_noise` also runs eval mode).
+it is not what is measured here (:func:`theory.estimators.noise.two_batch_noise` also runs eval mode).
 :func:`probe_definition` states this for a given model, for a report to print.
 
 The probes never change the model: module modes are restored after every evaluation, buffers

@@ -13,7 +13,7 @@ one forward and one backward pass of the summed loss,
 
 and the per-example squared gradient norms over kept coordinates (mask M_l of W_l, m_l of b_l)
 are sum_l (delta_li o delta_li)^T (M_l (a_{l-1,i} o a_{l-1,i}) + m_l) (Goodfellow 2015, as in
-:mod:`theory.example_norms`). Here the m points' weights are stacked ``[m, out, in]`` and each
+:mod:`theory.estimators.example_norms`). Here the m points' weights are stacked ``[m, out, in]`` and each
 layer is one batched matrix product over all points: one pass over the examples for the
 ``average`` noise points and the nine gamma points together, instead of ``average``
 per-example-norm passes and one ``vmap``-of-``grad`` pass. Same quantities: the values agree
@@ -37,7 +37,7 @@ from torch import nn
 from training.models import plain_relu_mlp
 
 from theory.errors import TheoryError
-from theory.functional import DEFAULT_CHUNK, FlatLoss
+from theory.estimators.functional import DEFAULT_CHUNK, FlatLoss
 
 __all__ = ["HESSIAN_ROWS", "MLP_CHUNK", "MlpPass", "mlp_hessian", "mlp_pass", "plain_mlp"]
 
@@ -72,7 +72,7 @@ class MlpPass:
     """What :func:`mlp_pass` returns: ``gradients`` ``[m, dim]``, the mean gradient of the set
     at each point over kept coordinates; ``parts`` for each of the first ``k`` points, the
     per-chunk moments ``(count, mean gradient, sum of squared deviations)`` that
-    :meth:`theory.sampling.GroupMoments.of_parts` takes; ``losses`` the summed loss of each
+    :meth:`theory.estimators.sampling.GroupMoments.of_parts` takes; ``losses`` the summed loss of each
     chunk at each of those points."""
 
     gradients: torch.Tensor

@@ -12,13 +12,13 @@ replacement has E|G_B|^2 = |G|^2 + tr(Sigma) / B, which gives the two-batch unbi
 What is estimated: the quantities of the *split* sampled (the training split by default), with
 Sigma = (1/N) sum_i (g_i - G)(g_i - G)^T over its N examples (divide by N), whatever the sample
 size. A probe on a subsample of n examples corrects its finite-set statistics with the
-finite-population correction of :mod:`theory.sampling` (unbiased |G|^2 and tr(Sigma), exact
+finite-population correction of :mod:`theory.estimators.sampling` (unbiased |G|^2 and tr(Sigma), exact
 when n = N); the finite-set statistics of the sample itself stay available
 (``NoiseEstimate.finite``, ``NoiseStream.finite_g_sq``). Averages over draws are ratios of
 averages: B_simple = mean tr(Sigma) / mean |G|^2, never a mean of ratios.
 
 Networks with batch normalization or randomness (dropout): every estimate here is of the network
-in eval mode (:mod:`theory.functional`: batch normalization with its running statistics, dropout
+in eval mode (:mod:`theory.estimators.functional`: batch normalization with its running statistics, dropout
 the identity), whose loss is a mean of per-example losses; g_i, G and Sigma are that loss's, and
 the estimators are exactly unbiased for its B_simple. The train-mode alternative, the two-batch
 estimator (McCandlish et al. 2018, appendix A.1) applied to gradients of train-mode batches, whose
@@ -47,9 +47,9 @@ from training.data import Dataset
 from training.models import check_output
 
 from theory.errors import TheoryError, check_int
-from theory.example_norms import chunk_moments, weighted_layers
-from theory.functional import FlatLoss, flat_loss, split_size
-from theory.sampling import (
+from theory.estimators.example_norms import chunk_moments, weighted_layers
+from theory.estimators.functional import FlatLoss, flat_loss, split_size
+from theory.estimators.sampling import (
     JACKKNIFE_GROUPS, GroupMoments, noise_scale, split_coefficients, split_estimate, to_split,
 )
 
@@ -113,8 +113,8 @@ def gradient_group_moments(fl: FlatLoss, chunk: int | None = None,
                            groups: int = JACKKNIFE_GROUPS,
                            losses: list[float] | None = None) -> GroupMoments:
     """Per-example gradient moments of ``fl``'s set in ``groups`` contiguous groups (for the
-    jackknife of :mod:`theory.sampling`), in one pass: from per-example gradient norms
-    (:mod:`theory.example_norms`) for Linear and Conv1d networks, else from chunked per-example
+    jackknife of :mod:`theory.estimators.sampling`), in one pass: from per-example gradient norms
+    (:mod:`theory.estimators.example_norms`) for Linear and Conv1d networks, else from chunked per-example
     gradients. ``losses``: a list that gets the summed loss of every chunk of the set when the
     pass computes them (the per-example-norm path), left empty otherwise."""
     bounds = np.linspace(0, fl.n, min(groups, fl.n) + 1).round().astype(int)
@@ -156,7 +156,7 @@ def gradient_noise(model: nn.Module, dataset: Dataset, mask: Mapping[str, torch.
 
         |G|^2 ~ |m|^2 - (1 - n/N) s^2 / n,    tr(Sigma) ~ (N - 1)/N s^2,    B_simple = ratio,
 
-    unbiased for every n >= 2 (:mod:`theory.sampling`), with delete-a-group jackknife standard
+    unbiased for every n >= 2 (:mod:`theory.estimators.sampling`), with delete-a-group jackknife standard
     errors; ``finite`` keeps the sample's own finite-set statistics. With ``mask`` only kept
     coordinates count (pruned weights are held at zero). Per-example gradients are computed
     ``chunk`` at a time (default: as many as fit ``functional.PER_EXAMPLE_BYTES``), so memory
@@ -227,7 +227,7 @@ def curvature_noise(fl: FlatLoss, mean: torch.Tensor, population: int,
     ``seed``; 0: skipped), with ``hessian`` = ``fl.hessian()`` when the caller already built it
     (a Lanczos run on the same set shares it). ``products``: another ``v -> H v`` of the same
     Hessian for tr(H Sigma)'s products (rows ``[r, dim]`` at once; e.g.
-    :func:`theory.mlp_passes.mlp_hessian`), G^T H G staying on ``hessian``."""
+    :func:`theory.estimators.mlp_passes.mlp_hessian`), G^T H G staying on ``hessian``."""
     m = fl.n if hessian_examples is None else min(hessian_examples, fl.n)
     set_h_sigma = set_g_h_g = math.nan
     if m > 0:
@@ -333,7 +333,7 @@ class NoiseStream:
     The draws estimate the finite set they are drawn from (``finite_g_sq``,
     ``finite_trace_sigma``). When that set is a sample of ``pool`` examples drawn without
     replacement from a split of ``population``, ``g_sq`` / ``trace_sigma`` / ``b_simple`` are
-    corrected to the split (:func:`theory.sampling.to_split`, linear, so still unbiased);
+    corrected to the split (:func:`theory.estimators.sampling.to_split`, linear, so still unbiased);
     otherwise they equal the finite-set ones. Standard errors (``*_se``) come from the spread of
     the draws (weighted variance of the mean; B_simple's by the delta method) and cover the
     batch draws only, not the choice of the pool.

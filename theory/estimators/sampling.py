@@ -18,7 +18,7 @@ covariance trace s^2 = sum_i |g_i - m|^2 / (n - 1)),
 are unbiased for every n >= 2, exact when n = N; B_simple ~ their ratio. Written with the sample's
 finite-set statistics (divide-by-n trace T_n = (n - 1)/n s^2) the map is linear
 (:func:`split_coefficients`), so it also turns any unbiased estimate of a finite pool's |m|^2 and
-T_n (the two-batch estimators of :mod:`theory.noise`) into unbiased estimates for the split.
+T_n (the two-batch estimators of :mod:`theory.estimators.noise`) into unbiased estimates for the split.
 
 Standard errors: delete-a-group jackknife (Quenouille 1956; Efron and Stein 1981) over
 ``groups`` contiguous groups of the sample, times the finite-population factor (1 - n/N):

@@ -1,11 +1,11 @@
 """Branching on the noisy quadratic model, exactly in expectation: a known answer for
-:mod:`theory.branching`.
+:mod:`theory.estimators.branching`.
 
-The NQM (Zhang et al. 2019; :mod:`theory.nqm`) gives the expected loss after any number of SGD or
+The NQM (Zhang et al. 2019; :mod:`theory.models.nqm`) gives the expected loss after any number of SGD or
 heavy-ball steps from any state of the per-coordinate moments (E x^2, E v^2, E xv), so the whole
 measurement runs without sampling: the base run at batch B and learning rate a to its goal, K
 checkpoints, branches at k B with lr a * k * m for a window of W examples, and the rule of
-:func:`theory.branching.critical_batch` on the expected losses (one "seed": the expectation).
+:func:`theory.estimators.branching.critical_batch` on the expected losses (one "seed": the expectation).
 A branch keeps the optimizer's momentum buffer, as a trainer resuming from a state does: torch's
 buffer is -v / a, so changing the lr from a to a' scales the NQM velocity by a' / a
 (E v^2 by (a' / a)^2, E xv by a' / a). A branch whose lr is unstable (a' max_i h_i p_i >= 2 (1 + b))
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory import nqm
-from theory.branching import (
+from theory.models import nqm
+from theory.estimators.branching import (
     DEFAULT_CHECKPOINTS, DEFAULT_EPS, DEFAULT_MULTIPLIERS, DEFAULT_WINDOW_FRACTION, BranchingError,
     CriticalBatch, branch_factors, branch_lrs, checkpoint_steps, critical_batch, default_window,
     window_steps,
@@ -45,7 +45,7 @@ from theory.branching import (
 class NQMBranching:
     """The branching measurement on the NQM beside the analytic critical batch.
 
-    ``result``: CBS(t) from :func:`theory.branching.critical_batch`; ``b_noise``: [K] analytic
+    ``result``: CBS(t) from :func:`theory.estimators.branching.critical_batch`; ``b_noise``: [K] analytic
     B_noise at each checkpoint; ``base_loss``: [K] and ``branch_loss``: [K, len(ks), multipliers]
     expected losses after the window; ``goal_step``: the base run's first step below the goal;
     ``window``: W in examples.

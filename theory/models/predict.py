@@ -1,6 +1,6 @@
 """Predicted steps-vs-batch curves per sparsity level from probe estimates, set beside measurements.
 
-Model (the SGD bound of :mod:`theory.bounds`, Lee et al. 2021's explanation): a network with
+Model (the SGD bound of :mod:`theory.models.bounds`, Lee et al. 2021's explanation): a network with
 smoothness L, per-example gradient variance sigma^2 and initial suboptimality Delta needs
 
     S(B) = c K*(B; L, sigma^2, Delta, eps),   K* = 8 L Delta sigma^2 / (eps^2 B)  (B <= 2 sigma^2/eps)
@@ -19,7 +19,7 @@ steps, or by default its asymptotic form c (2 L Delta / eps) (1 + 4 sigma^2 / (e
 Predicted for every non-reference level, with no further fitting: the critical batch
 4 sigma_s^2 / eps, the curve c K*_s(B), and the sparse/reference step ratio K*_s(B) / K*_ref(B)
 (independent of c). The noise-scale route B_crit ~ B_simple_s is reported beside it. Measured
-critical batches come from :func:`theory.scaling.fit_scaling` on each measured curve. On the
+critical batches come from :func:`theory.models.scaling.fit_scaling` on each measured curve. On the
 reference level the curve and critical batch are calibrated, not predicted
 (``LevelPrediction.is_reference``).
 """
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from theory import bounds
+from theory.models import bounds
 from theory.errors import TheoryError
-from theory.noise import NoiseEstimate
-from theory.scaling import ScalingFit, fit_scaling
+from theory.estimators.noise import NoiseEstimate
+from theory.models.scaling import ScalingFit, fit_scaling
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ProbeSummary:
 
     @classmethod
     def from_noise(cls, sparsity: float, noise: NoiseEstimate, L: float, delta: float | None = None) -> "ProbeSummary":
-        """From a :class:`theory.noise.NoiseEstimate` (``trace_sigma``, ``b_simple``, ``loss``) at
+        """From a :class:`theory.estimators.noise.NoiseEstimate` (``trace_sigma``, ``b_simple``, ``loss``) at
         the initial weights; ``delta`` defaults to that loss, i.e. f_inf = 0 (cross-entropy)."""
         return cls(sparsity=sparsity, L=float(L), sigma2=float(noise.trace_sigma),
                    delta=float(noise.loss if delta is None else delta), b_simple=float(noise.b_simple))

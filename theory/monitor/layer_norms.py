@@ -36,7 +36,7 @@ for a call whose output got no gradient) and returns ``[B]`` squared norms over 
 parameters that require gradients. :func:`layer_terms` adds the same to a :class:`Terms` without
 reducing them, so that a caller summing over the batch and over many layers (the noise monitor)
 takes all their norms in one fused call. :func:`job_function` gives, instead, the layer's job
-for the compiled routine of :mod:`theory.norms_kernel`, which computes the same sums over the
+for the kernel of :mod:`theory.monitor.kernel`, which computes the same sums over the
 batch in one call for all layers (tested against these terms and a float64 loop over the
 examples). :func:`unsupported` says why a layer is not one of these.
 """
@@ -274,7 +274,7 @@ def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
         terms.squares.append(g.sum(1))
 
 
-# -- the compiled routine's jobs (theory/csrc/example_norms.cpp computes the same sums) --------
+# -- the kernel's jobs (theory/monitor/csrc/example_norms.cpp computes the same sums) --------
 
 # a job's layer kind and flags, as the C++ routine reads them
 LINEAR, CONV, EMBEDDING, NORM = 0, 1, 2, 3
@@ -346,7 +346,7 @@ JobFunction = Callable[[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]], Job
 
 def job_function(module: nn.Module) -> JobFunction:
     """The function that turns ``module``'s calls' (input, output gradient) pairs into one job
-    of the compiled routine (:mod:`theory.norms_kernel`), which computes the sum over the batch
+    of the kernel (:mod:`theory.monitor.kernel`), which computes the sum over the batch
     of the squared norms that :func:`terms_function`'s terms hold: ``f(module, calls)``."""
     for kinds, job_of in _JOBS:
         if isinstance(module, kinds):

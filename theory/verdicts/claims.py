@@ -7,7 +7,7 @@ the paper's own tolerance, and a strict one (within 2x).
 
 - ``mccandlish`` (McCandlish et al. 2018 find that the simple noise scale predicts the critical
   batch size to within about an order of magnitude across tasks): B_simple at the goal
-  (:mod:`theory.summaries`) against the fitted B_crit. Paper: ratio within 10x; strict: 2x.
+  (:mod:`theory.verdicts.summaries`) against the fitted B_crit. Paper: ratio within 10x; strict: 2x.
 - ``lee_sparsity`` (Lee et al. 2021: sparser networks need more steps because their
   local Lipschitz constant L is larger; the bound's S_min is proportional to L Delta): the
   predicted sparse/reference ratio (L_s Delta_s) / (L_d Delta_d) against the measured one, as the
@@ -39,9 +39,9 @@ import numpy as np
 from scipy import stats
 
 from theory.errors import TheoryError, check_int
-from theory.predict import MeasuredCurve
-from theory.scaling import ScalingFit
-from theory.summaries import Summary, find
+from theory.models.predict import MeasuredCurve
+from theory.models.scaling import ScalingFit
+from theory.verdicts.summaries import Summary, find
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)

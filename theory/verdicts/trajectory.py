@@ -5,7 +5,7 @@ The run is replayed ONCE, to its last probed step, by the plain reference loop
 order, learning-rate schedule and mask as the trial it reproduces), snapshotting the weights at
 every probed step on the way, so the weights probed are the run's own. At each probe step t,
 on the full training split by default (``examples`` for a sample, estimates still unbiased for
-the split, :mod:`theory.sampling`):
+the split, :mod:`theory.estimators.sampling`):
 
 - ``g_sq``, ``trace_sigma``: |G|^2 and tr(Sigma) averaged over ``average`` consecutive weights
   w_t .. w_{t+a-1} (shifted left so they end at the horizon), ``b_simple`` = the ratio of those
@@ -17,11 +17,11 @@ the split, :mod:`theory.sampling`):
   weights only, ``theory.local_lipschitz``), reusing the noise pass's mean gradient;
 - ``loss``: the mean training loss at the window's first weights.
 
-Rows are long-format, with the columns of :data:`theory.summaries.PROBE_COLUMNS`; ``fraction`` =
+Rows are long-format, with the columns of :data:`theory.verdicts.summaries.PROBE_COLUMNS`; ``fraction`` =
 t / ``horizon`` (H, the run's steps-to-result).
 
 The replay trains as the trial did (train mode); every measurement is of the eval-mode network
-(:mod:`theory.functional`). Its buffers, batch normalization's running statistics, are those the
+(:mod:`theory.estimators.functional`). Its buffers, batch normalization's running statistics, are those the
 replayed state carries (``load_state_dict(strict=False)``); a state that holds only parameters
 leaves the model's own, those of step 0.
 
@@ -33,7 +33,7 @@ curvature sample, in float32 by default. On the quickstart (MNIST-1D MLP, 7,200 
 examples, 1,024-example curvature sample) a point is about 14 GFLOP: L 5.3, the noise passes
 2.4, the 37 Hessian-vector products 5.9; 10 points x 6 runs are about a quarter of the
 training's FLOPs (docs/benchmarks/log.md#probe-replay-floor). A plain ReLU MLP, the
-quickstart's network, takes :mod:`theory.mlp_passes`: the noise passes and L's gradients are
+quickstart's network, takes :mod:`theory.estimators.mlp_passes`: the noise passes and L's gradients are
 ONE batched pass over the split for all ``average`` + 9 points, and the Hessian products of
 Lanczos and tr(H Sigma) come from its R-operator (G^T H G stays on the autograd graph); its
 replay writes the backward pass out (``training.replay``, bit for bit). The values move within
@@ -57,15 +57,15 @@ from training.data import Dataset
 from training.models import check_output
 from training.replay import replay_snapshots
 
-from theory.curvature import (
+from theory.estimators.curvature import (
     LEE_GAMMAS, check_gammas, lanczos_top, lipschitz_of, lipschitz_step, local_lipschitz,
 )
 from theory.errors import TheoryError, check_int
-from theory.functional import flat_loss, parameter_vector, split_size
-from theory.noise import curvature_noise, gradient_noise
-from theory.mlp_passes import mlp_hessian, mlp_pass, plain_mlp
-from theory.sampling import GroupMoments, noise_scale, split_estimate
-from theory.summaries import PROBE_COLUMNS
+from theory.estimators.functional import flat_loss, parameter_vector, split_size
+from theory.estimators.noise import curvature_noise, gradient_noise
+from theory.estimators.mlp_passes import mlp_hessian, mlp_pass, plain_mlp
+from theory.estimators.sampling import GroupMoments, noise_scale, split_estimate
+from theory.verdicts.summaries import PROBE_COLUMNS
 
 QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
               "local_lipschitz", "loss")
@@ -117,7 +117,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     for lambda_max and B_noise (Lee's L always uses the full split); ``hessian_examples``: examples of B_noise's
     tr(H Sigma) sample (None: all); ``lanczos``: Lanczos steps for lambda_max. ``dtype``:
     precision of the measurements (the replay runs in ``run.dtype``, like the trial). Returns
-    long-format rows with the columns of :data:`theory.summaries.PROBE_COLUMNS`."""
+    long-format rows with the columns of :data:`theory.verdicts.summaries.PROBE_COLUMNS`."""
     check_output(model, dataset, "probe_trajectory")
     horizon = check_int(horizon, "horizon")
     average = check_int(average, "average")
@@ -150,7 +150,7 @@ def probe_trajectory(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
         # lambda_max and B_noise on the same set share its loss and Hessian graph; B_noise needs
         # only that set's mean gradient, not the noise pass's moments, jackknife and loss
         hess = sample.hessian()
-        # a plain MLP's Hessian products by its R-operator (theory.mlp_passes), tr(H Sigma)'s
+        # a plain MLP's Hessian products by its R-operator (theory.estimators.mlp_passes), tr(H Sigma)'s
         # all at once; G^T H G stays on the autograd graph (a near-cancellation at some weights)
         products = mlp_hessian(sample) if plain_mlp(sample) is not None else None
         if not same:
@@ -190,7 +190,7 @@ def _joint_pass(model: nn.Module, dataset: Dataset, net: nn.Module,
     """|G|^2 and tr(Sigma) averaged over the weights ``averaged`` (the first is ``net``'s), the
     mean loss and the mean gradient at the first, and Lee et al.'s L of the step from it to
     ``w_next``, all on the full training split from ONE pass over it for every point
-    (:func:`theory.mlp_passes.mlp_pass`); None when the network is not a plain ReLU MLP with
+    (:func:`theory.estimators.mlp_passes.mlp_pass`); None when the network is not a plain ReLU MLP with
     the classification loss (the caller then takes the separate passes of
     :func:`gradient_noise` and :func:`local_lipschitz`, which give the same values up to the
     order of float sums)."""

@@ -7,7 +7,7 @@ from experiments.report.analysis import FIT_COLUMNS
 from experiments.report.prose import (
     findings_text, optimizer_sentences, prediction_statement, scaling_sentence,
 )
-from theory.predict import Prediction
+from theory.models.predict import Prediction
 
 MISSING = pd.DataFrame(columns=["run", "sparsity", "batch_size", "seed", "state", "detail"])
 

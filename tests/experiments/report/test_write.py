@@ -17,7 +17,7 @@ from experiments.report import theory_figures as TF
 from experiments.report.write import ReportError, write_report
 from experiments.report.runs import load_runs
 from experiments.store.database import StoreError
-from theory.walltime import predict_time_to_result
+from theory.models.walltime import predict_time_to_result
 from training.distributed.costmodel import (
     CostModel, CostModelError, Measurements, StepTime, save_cost_model,
 )
@@ -240,7 +240,7 @@ def md_table(md: str, title: str) -> list[dict[str, str]]:
 
 
 def expected_prediction(run_dir, sparsity: float):
-    """theory.walltime on the store's steps: the median over the seeds that reached the goal,
+    """theory.models.walltime on the store's steps: the median over the seeds that reached the goal,
     a half step rounded up (read with SQL, independent of the report's tables)."""
     with sqlite3.connect(Path(run_dir) / "results.sqlite") as conn:
         g = pd.read_sql_query("SELECT batch_size, steps_to_result FROM groups WHERE sparsity = ? "

@@ -14,9 +14,9 @@ from experiments.run.advise import (
 )
 from experiments.run.workload import Workload
 from experiments.spec.study import loads
-from theory.branching import critical_batch
-from theory.noise import gradient_noise
-from theory.trajectory import replay_states
+from theory.estimators.branching import critical_batch
+from theory.estimators.noise import gradient_noise
+from theory.verdicts.trajectory import replay_states
 
 from ..conftest import TINY
 

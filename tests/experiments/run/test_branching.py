@@ -11,7 +11,7 @@ import training
 from experiments.run.branching import (
     branch_critical_batch, branch_data_seeds, steps_for_examples, warmup_comparison,
 )
-from theory.branching import BranchingError, CriticalBatch, branching_trial_steps, critical_batch
+from theory.estimators.branching import BranchingError, CriticalBatch, branching_trial_steps, critical_batch
 from training import EvalSchedule, RunConfig, Trial
 from training.batch_schedule import BatchSchedule, BatchSegment
 from training.order import trial_seed

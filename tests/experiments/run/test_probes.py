@@ -39,7 +39,7 @@ def test_probes_cover_three_batch_sizes_and_ten_points_per_level_and_seed(probed
     p, g = probed.probes, probed.groups
     assert list(p.columns[:7]) == ["sparsity", "seed", "batch_size", "step", "fraction", "quantity",
                                    "value"]
-    assert set(p.quantity) == set(theory.trajectory.QUANTITIES)
+    assert set(p.quantity) == set(theory.verdicts.trajectory.QUANTITIES)
     for (sparsity, seed), level in p.groupby(["sparsity", "seed"]):
         reached = g[(g.sparsity == sparsity) & (g.seed == seed) & g.steps_to_result.notna()]
         sizes = sorted(set(level.batch_size))

@@ -10,9 +10,9 @@ import training
 from theory import (
     TheoryError, hessian_top_eigenvalues, hessian_trace, lanczos_top, local_lipschitz,
 )
-from theory.curvature import LEE_GAMMAS
-from theory.curvature import dense_hessian as flat_dense_hessian
-from theory.functional import flat_loss, parameter_vector
+from theory.estimators.curvature import LEE_GAMMAS
+from theory.estimators.curvature import dense_hessian as flat_dense_hessian
+from theory.estimators.functional import flat_loss, parameter_vector
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 import training
-from theory.example_norms import chunk_moments, weighted_layers
-from theory.functional import flat_loss
-from theory.noise import gradient_group_moments
-from theory.sampling import GroupMoments
+from theory.estimators.example_norms import chunk_moments, weighted_layers
+from theory.estimators.functional import flat_loss
+from theory.estimators.noise import gradient_group_moments
+from theory.estimators.sampling import GroupMoments
 
 
 @pytest.fixture(scope="module")

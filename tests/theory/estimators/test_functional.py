@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import training
 from theory import TheoryError
 from theory import functional
-from theory.functional import flat_loss, parameter_vector
+from theory.estimators.functional import flat_loss, parameter_vector
 
 HIDDEN = 6
 

@@ -12,8 +12,8 @@ from theory import (
     gradient_noise, hessian_top_eigenvalues, hessian_trace, local_lipschitz, probe_trajectory,
     two_batch_noise,
 )
-from theory.functional import flat_loss, select_examples
-from theory.trajectory import replay_states
+from theory.estimators.functional import flat_loss, select_examples
+from theory.verdicts.trajectory import replay_states
 from training import DataError, ModelError, RunConfig, Trial
 
 RUN = RunConfig(batch_size=8, max_steps=2)

@@ -1,4 +1,4 @@
-"""The joint pass of a plain ReLU MLP (theory.mlp_passes) against float64 autograd loops over
+"""The joint pass of a plain ReLU MLP (theory.estimators.mlp_passes) against float64 autograd loops over
 single examples: gradients at many points, per-example gradient moments and losses, with a mask
 that leaves some layers dense; and which networks it takes."""
 
@@ -9,9 +9,9 @@ from torch import nn
 
 import training
 from theory import TheoryError
-from theory.functional import flat_loss
-from theory.mlp_passes import mlp_pass, plain_mlp
-from theory.sampling import GroupMoments
+from theory.estimators.functional import flat_loss
+from theory.estimators.mlp_passes import mlp_pass, plain_mlp
+from theory.estimators.sampling import GroupMoments
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_which_networks_it_takes(data):
 def test_r_operator_hessian_matches_the_autograd_hessian(data, masked):
     """mlp_hessian's products, one row and many rows at once, against FlatLoss.hessian's
     reverse-over-reverse products and a dense float64 autograd Hessian."""
-    from theory.mlp_passes import mlp_hessian
+    from theory.estimators.mlp_passes import mlp_hessian
 
     net = two_hidden(2)
     mask = {"3.weight": (torch.rand(6, 7, generator=torch.Generator().manual_seed(5)) > 0.5).float()

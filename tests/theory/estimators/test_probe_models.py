@@ -1,7 +1,7 @@
 """The probes on networks with batch normalization, dropout, attention and recurrent layers,
 against independent ground truth in float64: per-example gradients from a plain loop of
 ``torch.autograd.grad`` on an eval-mode copy of the model (the probes' definition, module
-docstring of ``theory.functional``), and a dense Hessian of an attention network's loss written
+docstring of ``theory.estimators.functional``), and a dense Hessian of an attention network's loss written
 by hand; and the probes leave the model, its buffers and the random number generator as they
 were."""
 
@@ -19,10 +19,10 @@ from theory import (
     TheoryError, gradient_noise, hessian_top_eigenvalues, hessian_trace, lanczos_top,
     local_lipschitz, two_batch_noise,
 )
-from theory.functional import flat_loss, parameter_vector, probe_definition
-from theory.trajectory import probe_trajectory
+from theory.estimators.functional import flat_loss, parameter_vector, probe_definition
+from theory.verdicts.trajectory import probe_trajectory
 
-from ..probe_models import (
+from ...probe_models import (
     BUILDERS, CLASSES, TinyAttention, build, dataset, eval_copy, loop_gradients, moments,
 )
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from theory import TheoryError
-from theory.sampling import GroupMoments, noise_scale, split_coefficients, split_estimate, to_split
+from theory.estimators.sampling import GroupMoments, noise_scale, split_coefficients, split_estimate, to_split
 
 
 def population(n, dim, seed, shift=0.7):

@@ -9,7 +9,7 @@ from torch.func import functional_call
 
 import training
 from theory import gradient_noise, lanczos_top
-from theory.functional import flat_loss
+from theory.estimators.functional import flat_loss
 
 F64 = torch.float64
 

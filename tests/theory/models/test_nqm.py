@@ -5,7 +5,7 @@ import pytest
 
 from theory import nqm
 from theory.errors import TheoryError
-from theory.scaling import fit_scaling
+from theory.models.scaling import fit_scaling
 
 BATCHES = 2.0 ** np.arange(0, 15)
 

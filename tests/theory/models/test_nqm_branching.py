@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from theory import nqm
-from theory.branching import DEFAULT_MULTIPLIERS, BranchingError, branch_lrs, critical_batch
-from theory.nqm_branching import branch_nqm, noise_scale
+from theory.estimators.branching import DEFAULT_MULTIPLIERS, BranchingError, branch_lrs, critical_batch
+from theory.models.nqm_branching import branch_nqm, noise_scale
 
 SPEC = nqm.paper_spectrum(1000)
 BATCH, GOAL = 4, 0.5

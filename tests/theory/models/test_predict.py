@@ -5,7 +5,7 @@ import pytest
 
 from theory import bounds
 from theory.errors import TheoryError
-from theory.predict import MeasuredCurve, ProbeSummary, predict_levels, predicted_steps
+from theory.models.predict import MeasuredCurve, ProbeSummary, predict_levels, predicted_steps
 
 BATCHES = tuple(2.0 ** np.arange(0, 14))
 PROBES = (
@@ -131,7 +131,7 @@ def test_predicted_steps_use_the_bound_functions():
 
 
 def test_probe_summary_from_a_noise_estimate():
-    from theory.noise import FiniteSetNoise, NoiseEstimate
+    from theory.estimators.noise import FiniteSetNoise, NoiseEstimate
 
     nan = float("nan")
     est = NoiseEstimate(g_sq=0.5, trace_sigma=4.0, b_simple=8.0, b_noise=nan, n=100, n_params=10,
@@ -158,7 +158,7 @@ def test_given_fits_are_used_instead_of_refitting():
     """``fits=``: a caller's fit of a level (e.g. with more replicates) is the one reported."""
     from dataclasses import replace
 
-    from theory.scaling import fit_scaling
+    from theory.models.scaling import fit_scaling
 
     curves = world()
     own = fit_scaling(curves[1].batch_sizes, curves[1].steps, n_boot=20)

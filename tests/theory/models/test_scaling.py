@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from theory.errors import TheoryError
-from theory.scaling import fit_scaling, largest_useful_batch, regime_of_slope
+from theory.models.scaling import fit_scaling, largest_useful_batch, regime_of_slope
 
 BATCHES = 2.0 ** np.arange(0, 13)
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from theory.walltime import WallTimeError, format_table, predict_time_to_result
+from theory.models.walltime import WallTimeError, format_table, predict_time_to_result
 from training.distributed.costmodel import CostModel
 
 S_MIN, B_CRIT = 1000, 256

@@ -1,4 +1,4 @@
-"""One rank of the monitor's DDP tests (run by tests/theory/test_monitor_ddp.py under torchrun,
+"""One rank of the monitor's DDP tests (run by tests/theory/monitor/test_ddp.py under torchrun,
 gloo on CPU, float64): for each configuration in CONFIGS trains a few steps of an MLP with the
 monitor's communication hook and saves, on rank 0, each step's weights, global batch and reading
 (and how the hook reduced the per-rank scalars) to the path in argv[1]. One step accumulates two
@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-import theory.monitor_ddp
+import theory.monitor.ddp
 from theory import NoiseScaleMonitor, TheoryError
 
 LOCAL, STEPS = 8, 4
@@ -66,9 +66,9 @@ def run(config: str, rank: int, world: int) -> dict:
                                   gradient_as_bucket_view=config == "bucket_view")
     user = CountingHook()
     kwargs = {"comm_hook": user.hook} if config == "user_hook" else {}
-    fold_max = theory.monitor_ddp.FOLD_MAX_NUMEL
+    fold_max = theory.monitor.ddp.FOLD_MAX_NUMEL
     if config == "separate":
-        theory.monitor_ddp.FOLD_MAX_NUMEL = 0
+        theory.monitor.ddp.FOLD_MAX_NUMEL = 0
     monitor = NoiseScaleMonitor(ddp, window=STEPS, **kwargs)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)          # the same global batches on every rank
@@ -93,7 +93,7 @@ def run(config: str, rank: int, world: int) -> dict:
             opt.step()
             saved.append({"state": state, "x": x, "y": y, "reading": reading})
     finally:
-        theory.monitor_ddp.FOLD_MAX_NUMEL = fold_max
+        theory.monitor.ddp.FOLD_MAX_NUMEL = fold_max
     hook = monitor._ddp_hook
     return {"steps": saved, "folded": hook._flat is not None, "separate": hook._pair is not None,
             "buckets": len(hook._slots), "user_buckets": user.backwards}

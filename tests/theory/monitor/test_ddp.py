@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.theory.monitor_ddp_worker import CONFIGS, LOCAL, STEPS, Net
+from tests.theory.monitor.ddp_worker import CONFIGS, LOCAL, STEPS, Net
 from theory import NoiseScaleMonitor, TheoryError, two_batch_estimates
-from theory.sampling import noise_scale
+from theory.estimators.sampling import noise_scale
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("monitor_ddp_worker.py")
+WORKER = Path(__file__).with_name("ddp_worker.py")
 WORLD = 2
 
 

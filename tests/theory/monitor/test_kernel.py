@@ -1,6 +1,6 @@
-"""theory.norms_kernel, the noise monitor's compiled routine (theory/csrc/example_norms.cpp):
+"""theory.monitor.kernel, the noise monitor's kernel (theory/monitor/csrc/example_norms.cpp):
 each layer kind's sum of per-example squared gradient norms against a float64 loop over the
-examples (one backward pass per example) and against the torch path (theory.layer_norms); the
+examples (one backward pass per example) and against the torch path (theory.monitor.layer_norms); the
 monitor's readings with the routine and without it (compiled_kernel.disabled()) on models of
 every layer kind, two models from the library that were not written for the monitor (ResNet8
 and the byte-level TransformerLM), and the fallback when the routine cannot be built."""
@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from theory import NoiseScaleMonitor, norms_kernel
-from theory.layer_norms import job_function, layer_sq_norms
+from theory import NoiseScaleMonitor
+from theory.monitor import kernel as norms_kernel
+from theory.monitor.layer_norms import job_function, layer_sq_norms
 from training import extensions as kernels
 from training.engine import compiled_kernel
 from training.models import ResNet8, TransformerLM
@@ -24,17 +25,17 @@ from .test_monitor import Mixed, sample_estimate, token_batch
 
 @pytest.fixture(scope="module")
 def routine():
-    """The compiled routine; skipped where it cannot be built, failed instead under
+    """The kernel; skipped where it cannot be built, failed instead under
     SPARSESCALE_REQUIRE_KERNEL=1 (as the trainer's kernel tests)."""
     try:
-        module = norms_kernel.kernel()
+        module = norms_kernel.load()
     except kernels.KernelError as exc:
         pytest.fail(f"{kernels.REQUIRE_ENV} is set and {exc}", pytrace=False)
     if module is None:
         if kernels.required():
             pytest.fail(f"{kernels.REQUIRE_ENV} is set but the kernels are switched off",
                         pytrace=False)
-        pytest.skip("the compiled routine cannot be built here")
+        pytest.skip("the kernel cannot be built here")
     return module
 
 

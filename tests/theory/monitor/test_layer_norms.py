@@ -1,4 +1,4 @@
-"""Per-example squared gradient norms of single layers (theory.layer_norms) against per-example
+"""Per-example squared gradient norms of single layers (theory.monitor.layer_norms) against per-example
 gradients from torch.func (vmap of grad), float64, to 1e-10 relative."""
 
 import pytest
@@ -7,7 +7,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from theory import layer_norms
-from theory.layer_norms import layer_sq_norms, outer_sq, unsupported
+from theory.monitor.layer_norms import layer_sq_norms, outer_sq, unsupported
 
 B = 6
 

@@ -16,7 +16,7 @@ from torch.func import functional_call, grad, vmap
 import theory
 import training
 from theory import NoiseReading, NoiseScaleMonitor, TheoryError, two_batch_estimates
-from theory.sampling import to_split
+from theory.estimators.sampling import to_split
 
 from .monitor_models import TinyTransformer, token_dataset
 
@@ -34,7 +34,7 @@ def example_gradients(model, x, y):
 
 
 def sample_estimate(model, x, y, population=None):
-    """Unbiased (|G|^2, tr Sigma) from one batch's per-example gradients (theory.sampling)."""
+    """Unbiased (|G|^2, tr Sigma) from one batch's per-example gradients (theory.estimators.sampling)."""
     g = example_gradients(model, x, y)
     n = g.shape[0]
     mean = g.mean(0)
@@ -160,13 +160,13 @@ def test_forwards_without_a_backward_pin_a_bounded_number_of_inputs():
     gen = torch.Generator().manual_seed(3)
     for _ in range(20):
         net(torch.randn(4, 5, generator=gen, dtype=torch.float64))
-    assert len(monitor._passes) == theory.monitor.MAX_PENDING_FORWARDS
+    assert len(monitor.capture.passes) == theory.monitor.capture.MAX_PENDING_FORWARDS
     x = torch.randn(16, 5, generator=gen, dtype=torch.float64)
     y = torch.randint(3, (16,), generator=gen)
     exact_step(monitor, net, x, y)
     net.zero_grad()
     first = F.cross_entropy(net(x), y)
-    for _ in range(theory.monitor.MAX_PENDING_FORWARDS):
+    for _ in range(theory.monitor.capture.MAX_PENDING_FORWARDS):
         net(x)
     first.backward()
     with pytest.raises(TheoryError, match="reached a forward that had been released after 8"):
@@ -271,7 +271,7 @@ def test_every_parameter_through_its_layer_passes_the_check_and_is_exact():
         gen = torch.Generator().manual_seed(step)
         exact_step(monitor, net, torch.randint(7, (16, 8), generator=gen),
                    torch.randint(7, (16,), generator=gen))
-    assert monitor._root_hook is None       # the check ran once, at the first step
+    assert monitor.capture._root_hook is None       # the check ran once, at the first step
 
 
 # -- accuracy at fixed weights ---------------------------------------------------------------------
@@ -387,7 +387,7 @@ def test_close_removes_the_hooks():
     monitor = NoiseScaleMonitor(net)
     monitor.close()
     F.cross_entropy(net(torch.randn(8, 3)), torch.randint(2, (8,))).backward()
-    assert monitor._backwards == [] and net._forward_pre_hooks == {}
+    assert monitor.capture.backwards == [] and net._forward_pre_hooks == {}
 
 
 # -- bad input ---------------------------------------------------------------------------------

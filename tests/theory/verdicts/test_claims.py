@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from theory import TheoryError
-from theory.claims import (
+from theory.verdicts.claims import (
     FAILS, HOLDS, INCONCLUSIVE, combine, judge, judge_claims, lee_sparsity, mccandlish,
     median_step_ratio, ordering, ratio_interval, shape, small_batch_slope,
 )
-from theory.predict import MeasuredCurve
-from theory.scaling import ScalingFit
-from theory.summaries import summarize
+from theory.models.predict import MeasuredCurve
+from theory.models.scaling import ScalingFit
+from theory.verdicts.summaries import summarize
 
-from .conftest import level_rows, table
+from ..conftest import level_rows, table
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024)
 

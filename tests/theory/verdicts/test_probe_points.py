@@ -3,7 +3,7 @@
 import pytest
 
 from theory import TheoryError
-from theory.probe_plan import probe_batch_sizes, probe_steps
+from theory.verdicts.probe_points import probe_batch_sizes, probe_steps
 
 
 def test_probe_steps_are_evenly_spaced_over_the_whole_run():

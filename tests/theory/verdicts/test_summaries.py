@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from theory import TheoryError
-from theory.summaries import STATISTICS, find, summarize
+from theory.verdicts.summaries import STATISTICS, find, summarize
 
-from .conftest import FRACTIONS, level_rows, run_rows, table
+from ..conftest import FRACTIONS, level_rows, run_rows, table
 
 
 def test_b_simple_is_a_ratio_of_sums_over_the_last_fifth_of_the_run():

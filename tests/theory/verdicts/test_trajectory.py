@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import pruning
 import training
 from theory import TheoryError
-from theory.summaries import PROBE_COLUMNS
-from theory.trajectory import QUANTITIES, probe_trajectory, replay_states, window
+from theory.verdicts.summaries import PROBE_COLUMNS
+from theory.verdicts.trajectory import QUANTITIES, probe_trajectory, replay_states, window
 
 TRIAL = training.Trial(lr=0.3, momentum=0.9)
 RUN = training.RunConfig(batch_size=8, optimizer="momentum", seed=3)
@@ -216,10 +216,10 @@ def test_float32_probes_on_a_curvature_sample_match_float64_loops(tiny):
 @pytest.mark.parametrize("sparse", [False, True])
 def test_plain_mlp_passes_give_the_separate_passes_values(monkeypatch, sparse):
     """The study's float32 protocol on a plain ReLU MLP: the joint pass (noise and Lee's L) and
-    the R-operator Hessian products (theory.mlp_passes) against the separate passes every other
+    the R-operator Hessian products (theory.estimators.mlp_passes) against the separate passes every other
     network takes (gradient_noise, local_lipschitz, the autograd Hessian): every value within
     float32 rounding (1e-5 relative), both within 1e-4 of the float64 protocol."""
-    import theory.trajectory as trajectory
+    import theory.verdicts.trajectory as trajectory
 
     ds = training.data.load("teacher", n=400, dim=10, num_classes=4, seed=2)
     net = training.models.build("mlp", ds, hidden=(24, 16), seed=1)

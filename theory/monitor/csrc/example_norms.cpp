@@ -1,5 +1,5 @@
 // The noise monitor's step in one call: the sum over a batch's examples of their squared
-// per-example gradient norms, layer by layer (theory/layer_norms.py states the formulas), and
+// per-example gradient norms, layer by layer (theory/monitor/layer_norms.py states the formulas), and
 // the squared norm of the accumulated gradient, all accumulated in double precision.
 //
 // theory.NoiseScaleMonitor calls `sums` once per measured step with every layer's captured
