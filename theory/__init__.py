@@ -22,7 +22,7 @@ from theory.estimators.noise import (
     NoiseEstimate, NoiseStream, gradient_noise, two_batch_estimates, two_batch_noise,
 )
 from theory.estimators.sampling import SplitEstimate
-from theory.models import bounds, nqm, nqm_branching, predict, scaling, walltime
+from theory.models import bounds, nqm, nqm_branching, predict, scaling
 from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
 from theory.models.scaling import ScalingFit, fit_scaling
 from theory.monitor import layer_norms
