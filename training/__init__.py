@@ -11,9 +11,8 @@ Public API::
     training.train_trials(net, ds, [trial, training.Trial(lr=0.3, momentum=0.9)], run)
 """
 
-from training import (
-    config, data, device, distributed, goal, lr_schedule, masks, models, order, process,
-)
+from training import config, data, device, distributed, goal, masks, models, process, schedules
+from training.schedules import lr_schedule, order
 from training.config import EvalSchedule, RunConfig, Trial
 from training.data import DataError, DataIOError, Dataset
 from training.distributed import train_distributed
@@ -26,7 +25,8 @@ from training.results import Curve, ReferenceResult
 from training.trials import TrialsResult, train_trials
 
 __all__ = [
-    "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order", "process",
+    "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order",
+    "process", "schedules",
     "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
     "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
     "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",

@@ -48,3 +48,8 @@ class DataError(SparsescaleError, ValueError):
 
 class DataIOError(SparsescaleIOError):
     """A data file cannot be read, or the data cache cannot be written: names the path."""
+
+
+class ModelError(SparsescaleError, ValueError):
+    """A model cannot be built for the given data set or options, or cannot be trained as given
+    (``training.models``): names the layer or the option and what to do."""

@@ -2,7 +2,7 @@
 module calls in its forward pass.
 
 Each trial draws from a generator of its own, seeded by :func:`randomness_seed` from the group's
-seed and the trial's index (as its data order is, :func:`training.order.trial_seed`, but a
+seed and the trial's index (as its data order is, :func:`training.schedules.order.trial_seed`, but a
 different stream), so results are reproducible and trials independent, whichever trials share
 a group. The trainers run a trial's training step with the device's default generator set to
 that trial's state and keep the state it leaves; the plain loop that matches trial ``i`` of

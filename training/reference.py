@@ -6,12 +6,12 @@ index a mini-batch, forward, backward, (mask the gradient), ``optimizer.step()``
 
 - :func:`train_reference`: one constant batch size (``run.batch_size``), from the model's weights;
 - :func:`train_schedule_reference`: the mini-batch size and an lr factor follow a
-  piecewise-constant :class:`training.batch_schedule.BatchSchedule` (e.g. Merrill et al. 2025's
+  piecewise-constant :class:`training.schedules.batch_schedule.BatchSchedule` (e.g. Merrill et al. 2025's
   batch-size warmup), and the run can start from a :class:`training.state.TrainState` and returns
   its final one, so branches of a checkpoint continue the base run exactly.
 
 Mini-batches come from :class:`training.state.DataStream`, which for one constant batch size
-takes exactly :class:`training.order.BatchOrder`'s batches (the batches of ``train_trials`` and
+takes exactly :class:`training.schedules.order.BatchOrder`'s batches (the batches of ``train_trials`` and
 ``train_distributed``).
 
 ``run.precision`` (:mod:`training.device`): the forward passes and losses run under
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.batch_schedule import BatchSchedule
+from training.schedules.batch_schedule import BatchSchedule
 from training.config import (
     ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
@@ -41,10 +41,10 @@ from training.goal import as_goal, goal_metric, is_diverged, loss_fn, metric_val
 from training.masks import apply_mask, mask_
 from training import randomness
 from training.device import autocast, precision as arithmetic
-from training.order import trial_seed
+from training.schedules.order import trial_seed
 from training.randomness import randomness_seed
 from training.results import Curve, ReferenceResult, ScheduleResult
-from training.lr_schedule import lr_factor
+from training.schedules.lr_schedule import lr_factor
 from training.state import DataPosition, DataStream, TrainState
 
 
@@ -96,7 +96,7 @@ def train_reference(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[s
     (optimizers ``sgd``, ``momentum``, ``nesterov``) or ``torch.optim.Adam`` / ``AdamW``
     (``adam``, ``adamw``: the trial's beta1, beta2, eps and weight_decay; :func:`make_optimizer`).
 
-    Mini-batches follow :class:`training.order.BatchOrder` with data seed
+    Mini-batches follow :class:`training.schedules.order.BatchOrder` with data seed
     ``trial_seed(run.seed, trial_index)``, exactly as trial ``trial_index`` of
     ``train_trials(..., run)``. The learning rate at update t is
     ``trial.lr * lr_factor(t, trial.decay_steps, trial.end_factor)``. Masked weights are zeroed
@@ -167,7 +167,7 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
     if schedule is None:
         schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))
     elif not isinstance(schedule, BatchSchedule):
-        raise ConfigError(f"schedule must be a training.batch_schedule.BatchSchedule or None, "
+        raise ConfigError(f"schedule must be a training.schedules.batch_schedule.BatchSchedule or None, "
                           f"got {type(schedule).__name__}")
     else:
         for segment in schedule.segments:

@@ -38,10 +38,10 @@ from training.data import Dataset
 from training.device import autocast, precision as arithmetic
 from training.errors import ConfigError
 from training.goal import classification_loss, is_diverged, loss_fn
-from training.lr_schedule import lr_factor
+from training.schedules.lr_schedule import lr_factor
 from training.masks import apply_mask, mask_
 from training.models import check_output, plain_relu_mlp
-from training.order import trial_seed
+from training.schedules.order import trial_seed
 from training.randomness import randomness_seed
 from training.reference import train_schedule_reference
 from training.state import DataPosition, DataStream

@@ -1,5 +1,5 @@
 """The vectorized trainer under a batch-size schedule: N trials follow one piecewise-constant
-:class:`training.batch_schedule.BatchSchedule` B(t) together (e.g. Merrill et al. 2025's
+:class:`training.schedules.batch_schedule.BatchSchedule` B(t) together (e.g. Merrill et al. 2025's
 batch-size warmup, :func:`theory.estimators.branching.warmup_schedule`).
 
 Segment j of the schedule (updates ``start_step`` to the next segment's) is one
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.batch_schedule import BatchSchedule
+from training.schedules.batch_schedule import BatchSchedule
 from training.config import RunConfig, Trial, check_batch_size, check_index, check_trials
 from training.data import Dataset
 from training.models import check_output
 from training.errors import ConfigError
 from training.masks import check_mask
-from training.order import trial_seed
+from training.schedules.order import trial_seed
 from training.engine.resume import check_data_seeds
 from training.state import TrainState
 from training.trials import TrialsResult, _result, train_trials
@@ -58,7 +58,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     if schedule is None:
         schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))
     elif not isinstance(schedule, BatchSchedule):
-        raise ConfigError(f"schedule must be a training.batch_schedule.BatchSchedule or None, "
+        raise ConfigError(f"schedule must be a training.schedules.batch_schedule.BatchSchedule or None, "
                           f"got {type(schedule).__name__}")
     for segment in schedule.segments:
         check_batch_size(segment.batch_size, dataset.n_train)

@@ -7,9 +7,9 @@ a leading trial dimension ``[N, *shape]``, as ``train_trials`` stacks its trials
 loop uses N = 1. Branches of a checkpoint (Merrill et al. 2025) all start from one state.
 
 Data order under a changing batch size: a position is (epoch, offset) into the epoch's
-permutation (:func:`training.order.epoch_permutation`). A batch of b examples takes
+permutation (:func:`training.schedules.order.epoch_permutation`). A batch of b examples takes
 ``perm[offset:offset + b]``; when fewer than b remain, they are dropped and the next epoch
-starts. For a constant b this is exactly :class:`training.order.BatchOrder`.
+starts. For a constant b this is exactly :class:`training.schedules.order.BatchOrder`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from training.config import ADAM_OPTIMIZERS
 from training.errors import ConfigError
-from training.order import epoch_permutation
+from training.schedules.order import epoch_permutation
 
 
 @dataclass(frozen=True)

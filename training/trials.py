@@ -44,7 +44,7 @@ from training import device, randomness
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 from training.engine import loop
 from training.engine.resume import check_data_seeds, check_start
 from training.errors import ConfigError

@@ -21,7 +21,7 @@ from training.bench import cuda as cuda_bench
 from training.bench import speed
 from training.bench.models import BENCH_ONLY
 from training.bench.speed import MODELS, VAL_EXAMPLES, bench_dataset, format_table
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 from training.config import OPTIMIZERS
 from training.device import device_info
 from training.distributed import costmodel

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from training.text import BYTE_LEVEL, bits_per_byte
+from training.data.text import BYTE_LEVEL, bits_per_byte
 
 from experiments.spec.external import ExternalSpec
 from experiments.spec.study import Budget, Spec

@@ -118,7 +118,7 @@ class Advice:
     bootstrap interval over branch seeds); ``lower_bound``: CBS reached k_max B_0 (the critical
     batch may be larger); ``at_base``: CBS stayed at B_0 (it may be smaller). ``trial`` /
     ``trial_index`` / ``lr_source``: the base run's metaparameters, its index in the search group
-    (its data order, ``training.order.trial_seed(seed, trial_index)``) and where they came from; ``goal_step``: its H.
+    (its data order, ``training.schedules.order.trial_seed(seed, trial_index)``) and where they came from; ``goal_step``: its H.
     ``noise``: B_simple along the run (columns step, fraction, b_simple, b_simple_se, g_sq,
     g_sq_se, trace_sigma, trace_sigma_se, loss); ``critical``: CBS(t) (step, fraction,
     critical_batch, low, high); ``predicted``: per batch size the predicted steps (and range),

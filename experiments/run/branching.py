@@ -49,8 +49,8 @@ from theory.estimators.branching import (
     CriticalBatch, branch_factors, branch_lrs, checkpoint_steps, critical_batch, default_window,
     lr_scale, warmup_schedule,
 )
-from training.batch_schedule import BatchSchedule
-from training.order import trial_seed
+from training.schedules.batch_schedule import BatchSchedule
+from training.schedules.order import trial_seed
 from training.schedule_trials import train_schedule_trials
 from training.state import TrainState
 

@@ -22,7 +22,7 @@ GUIDE = ["install", "studies", "spec", "reports", "data-models", "training", "ad
 API = {
     "training": ["training.trials.train_trials", "training.config.RunConfig",
                  "training.models.register", "training.data.register",
-                 "training.dataset.Dataset.from_tensors", "training.dataset.Dataset.from_torch"],
+                 "training.data.dataset.Dataset.from_tensors", "training.data.dataset.Dataset.from_torch"],
     "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
     "theory": ["theory.models.scaling.fit_scaling", "theory.estimators.noise.gradient_noise"],
     "experiments": ["experiments.run.runner.run_study", "experiments.store.database.load_results",

@@ -38,7 +38,7 @@ def test_every_project_exception_is_a_sparsescale_error():
     found = project_exceptions()
     # the named subclasses of each package are all there
     for name in ("training.errors.ConfigError", "training.masks.MaskError",
-                 "training.errors.DataError", "training.models.ModelError",
+                 "training.errors.DataError", "training.errors.ModelError",
                  "pruning.errors.PruningError", "theory.errors.TheoryError",
                  "experiments.spec.study.SpecError", "experiments.store.database.StoreError",
                  "experiments.store.database.StoreIOError",

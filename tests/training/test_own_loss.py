@@ -12,7 +12,7 @@ import pruning
 import training
 from theory.estimators.noise import gradient_noise
 from training import EvalSchedule, Goal, RunConfig, Trial
-from training.order import BatchOrder, trial_seed
+from training.schedules.order import BatchOrder, trial_seed
 
 F64 = torch.float64
 TRIALS = [Trial(lr=0.1, momentum=0.9), Trial(lr=0.3, momentum=0.5)]

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import training
 from training import ConfigError, EvalSchedule, MaskError, RunConfig, Trial
-from training.order import BatchOrder, trial_seed
-from training.lr_schedule import lr_factor
+from training.schedules.order import BatchOrder, trial_seed
+from training.schedules.lr_schedule import lr_factor
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 import training
 from training import ConfigError, EvalSchedule, RunConfig, Trial
-from training.order import trial_seed
+from training.schedules.order import trial_seed
 from training.reference import train_schedule_reference
 from training.engine.resume import DataOrigin
 from training.state import DataPosition, DataStream, TrainState
@@ -35,7 +35,7 @@ def test_data_origin_follows_the_stream():
     for step in range(7, 30):
         idx, after = stream.batch(pos, 48)
         epoch, offset = origin.locate(step, 48, 320)
-        assert torch.equal(stream._perm, training.order.epoch_permutation(3, epoch, 320))
+        assert torch.equal(stream._perm, training.schedules.order.epoch_permutation(3, epoch, 320))
         assert torch.equal(idx, stream._perm[offset:offset + 48])
         pos = after
         assert origin.position(step + 1, 48, 320) == pos

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import training
 from training import ConfigError, EvalSchedule, RunConfig, Trial
-from training.batch_schedule import BatchSchedule, BatchSegment
-from training.order import BatchOrder, epoch_permutation, trial_seed
+from training.schedules.batch_schedule import BatchSchedule, BatchSegment
+from training.schedules.order import BatchOrder, epoch_permutation, trial_seed
 from training.reference import train_schedule_reference
 from training.state import DataPosition, DataStream, TrainState
 
@@ -116,7 +116,7 @@ def test_state_checks_and_slicing(teacher320, net16):
         train_schedule_reference(other, teacher320, trial, run5, start=state)
     with pytest.raises(ConfigError, match="one per trial"):
         TrainState(state.params, state.buffers, 3, state.position, (1.0, 2.0))
-    with pytest.raises(ConfigError, match="schedule must be a training.batch_schedule.BatchSchedule"):
+    with pytest.raises(ConfigError, match="schedule must be a training.schedules.batch_schedule.BatchSchedule"):
         train_schedule_reference(net16, teacher320, trial, run5, schedule=16)
     with pytest.raises(ConfigError, match="start must be a training.state.TrainState"):
         train_schedule_reference(net16, teacher320, trial, run5, start=state.params)

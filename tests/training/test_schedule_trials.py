@@ -8,7 +8,7 @@ import torch
 
 import training
 from training import ConfigError, EvalSchedule, RunConfig, Trial
-from training.batch_schedule import BatchSchedule, BatchSegment
+from training.schedules.batch_schedule import BatchSchedule, BatchSegment
 from training.reference import train_schedule_reference
 from training.schedule_trials import train_schedule_trials
 
@@ -77,5 +77,5 @@ def test_stops_and_divergence_carry_across_segments(teacher320, net16):
     assert got.end_trials == () and got.steps_run == max(got.steps_taken)
     with pytest.raises(ConfigError, match=r"batch_size must be an integer in \[1, 320\]"):
         train_schedule_trials(net16, teacher320, trials, run, schedule=BatchSchedule.constant(400))
-    with pytest.raises(ConfigError, match="schedule must be a training.batch_schedule.BatchSchedule"):
+    with pytest.raises(ConfigError, match="schedule must be a training.schedules.batch_schedule.BatchSchedule"):
         train_schedule_trials(net16, teacher320, trials, run, schedule=[16])

@@ -13,7 +13,7 @@ from torch import nn
 import training
 from training import EvalSchedule, RunConfig, Trial
 from training.engine.programs.per_trial import PerTrialProgram
-from training.order import BatchOrder, trial_seed
+from training.schedules.order import BatchOrder, trial_seed
 from training.randomness import randomness_seed
 
 F64 = torch.float64
@@ -302,7 +302,7 @@ def test_a_module_no_program_can_train_is_refused_in_one_line(make, match):
 def test_batch_size_schedule_trainers_keep_the_running_statistics():
     """Under a batch-size schedule (segment after segment from the previous one's state) the
     vectorized trainer and the reference loop end with the same weights and statistics."""
-    from training.batch_schedule import BatchSchedule, BatchSegment
+    from training.schedules.batch_schedule import BatchSchedule, BatchSegment
     from training.reference import train_schedule_reference
     from training.schedule_trials import train_schedule_trials
 

@@ -68,7 +68,7 @@ from itertools import combinations_with_replacement
 import numpy as np
 from numpy.typing import ArrayLike
 
-from training.batch_schedule import BatchSchedule, BatchSegment
+from training.schedules.batch_schedule import BatchSchedule, BatchSegment
 
 from theory.errors import TheoryError, check_int
 

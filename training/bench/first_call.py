@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 
 
 def measure(net: nn.Module, ds: Dataset, batch_size: int, n_trials: int, optimizer: str,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 
 SEQUENCE, FEATURES, CLASSES = 32, 16, 10
 VALIDATION = 256

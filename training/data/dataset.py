@@ -6,7 +6,7 @@ tensors; the trainers index mini-batches from them directly (no DataLoader). Thr
 - a registered data set: ``training.data.load(name, **options)`` (:mod:`training.data`);
 - your own tensors or numpy arrays: :meth:`Dataset.from_tensors` ``(x, y)``;
 - your own map-style ``torch.utils.data.Dataset``: :meth:`Dataset.from_torch`, which reads it
-  once into tensors (:mod:`training.torch_data`) and goes on as ``from_tensors``.
+  once into tensors (:mod:`training.data.torch_data`) and goes on as ``from_tensors``.
 
 Without a given validation set, the validation split is carved from the data by one rule,
 :func:`split_validation`, the same for the registered loaders and for your own data.
@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.errors import DataError
-from training.torch_data import materialize
+from training.data.torch_data import materialize
 
 TASKS = ("classification", "regression")
 
@@ -138,7 +138,7 @@ class Dataset:
         an integer, float or tensor), e.g. a torchvision data set with ``transform=ToTensor()``.
 
         It reads ``dataset`` (and ``val_dataset``) once, item by item, into tensors
-        (:func:`training.torch_data.materialize`) and goes on as :meth:`from_tensors` with the
+        (:func:`training.data.torch_data.materialize`) and goes on as :meth:`from_tensors` with the
         same ``val_fraction``, ``seed``, ``task``, ``num_classes`` rules. Transforms therefore
         run once: a random augmentation is frozen into one draw per example. Memory: the inputs
         are held as float32, ``4 * n * prod(input_shape)`` bytes (about 190 MB for the 60,000

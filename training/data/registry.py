@@ -4,7 +4,7 @@
 trainers index mini-batches directly. A validation split is carved deterministically (by ``seed``)
 from the training data; the test split is only returned when asked (``test=True``).
 
-Your own data (:mod:`training.dataset`), with the same split rule:
+Your own data (:mod:`training.data.dataset`), with the same split rule:
 
 - ``Dataset.from_tensors(x, y, x_val=None, y_val=None, val_fraction=0.1, seed=0, task=None)``:
   tensors or numpy arrays; the task is inferred from the labels (integers: classification, floats:
@@ -33,7 +33,7 @@ A data set found nowhere is one ``DataError`` naming every folder looked in and 
 there (and, for Fashion-MNIST, the one-line install). ``DATA_FOLDERS`` and ``SYSTEM_FOLDERS``
 hold the search order.
 - ``python_source``: the running Python's standard-library ``.py`` files as next-byte windows
-  for a language model (:mod:`training.text`): labels ``[n, context]``, 256 classes.
+  for a language model (:mod:`training.data.text`): labels ``[n, context]``, 256 classes.
 - ``teacher``: labels from a random teacher MLP (synthetic classification).
 - ``linreg``: Gaussian linear regression y = x . w* + noise with known noise (theory ground truth).
 """
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 # Dataset, DataError and check_dataset are also this module's names (``training.data.Dataset``)
-from training.dataset import Dataset, check_dataset, split_dataset
+from training.data.dataset import Dataset, check_dataset, split_dataset
 from training.errors import DataError, DataIOError
 
 
@@ -452,8 +452,8 @@ def load_python_source(context: int = 64, stride: int | None = None, seed: int =
                        max_val_windows: int | None = None, root: str | None = None,
                        test: bool = False) -> Dataset:
     """The running Python's standard-library source as next-byte windows
-    (:func:`training.text.load_python_source`)."""
-    from training.text import load_python_source as load
+    (:func:`training.data.text.load_python_source`)."""
+    from training.data.text import load_python_source as load
 
     return load(context=context, stride=stride, seed=seed, val_fraction=val_fraction,
                 max_train_windows=max_train_windows, max_val_windows=max_val_windows,

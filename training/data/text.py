@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 from training.errors import DataError
 
 # path components that mark a file as not part of the corpus (besides any starting with "test")

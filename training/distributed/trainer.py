@@ -48,11 +48,11 @@ from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
-from training.order import BatchOrder, trial_seed
+from training.schedules.order import BatchOrder, trial_seed
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
 from training import randomness
-from training.lr_schedule import lr_factor
+from training.schedules.lr_schedule import lr_factor
 from training.randomness import randomness_seed
 
 LOOPBACK = "127.0.0.1"

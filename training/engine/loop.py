@@ -29,7 +29,7 @@ from torch import nn
 
 from training import device, randomness
 from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 from training.engine import choice
 from training.engine.adam import AdamState
 from training.engine.cell_plan import CellPlan, cell
@@ -39,9 +39,9 @@ from training.engine.programs.batched import stacked_loss_and_grad
 from training.engine.resume import DataOrigin, end_state, load_stack
 from training.engine.updates import StackUpdate
 from training.goal import DIVERGENCE_FACTOR, Goal, goal_metric, metric_value
-from training.lr_schedule import lr_factor
+from training.schedules.lr_schedule import lr_factor
 from training.masks import mask_
-from training.order import epoch_permutation, trial_seed
+from training.schedules.order import epoch_permutation, trial_seed
 from training.state import TrainState
 
 Tensor = torch.Tensor
@@ -210,7 +210,7 @@ class Runner:
     step_timer: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
 
     def batch_indices(self, st: TrialStack, step: int) -> Tensor:
-        """[n, B] indices: batch ``step`` of every trial's own data order (training.order)."""
+        """[n, B] indices: batch ``step`` of every trial's own data order (training.schedules.order)."""
         n = self.x_train.shape[0]
         epoch, offset = self.origin.locate(step, self.batch_size, n)
         if st.perm_epoch != epoch:

@@ -12,7 +12,7 @@ Data order from a position. :class:`training.state.DataStream` reads a batch of 
 epoch when fewer than b remain. For one constant batch size B from position (e0, o0) at step
 t0, update t0 + j therefore reads epoch e0 at offset o0 + j B while j < r = (n - o0) // B, then
 epoch e0 + 1 + q at offset k B with (q, k) = divmod(j - r, n // B). From (0, 0) at step 0 this
-is :class:`training.order.BatchOrder`'s divmod(step, n // B), so a run without a start state
+is :class:`training.schedules.order.BatchOrder`'s divmod(step, n // B), so a run without a start state
 reads exactly the batches it always did.
 """
 

@@ -1,6 +1,6 @@
 """The learning-rate schedule: linear decay from the trial's lr to ``end_factor`` times it over
 ``decay_steps`` updates, then constant (the evaluation schedule is
-:class:`training.config.EvalSchedule`, the batch-size schedule :mod:`training.batch_schedule`).
+:class:`training.config.EvalSchedule`, the batch-size schedule :mod:`training.schedules.batch_schedule`).
 
 One definition serves every trainer: the plain reference loop calls :func:`lr_factor` with Python
 scalars, the vectorized trainer with tensors (one entry per trial), so the arithmetic is the same.

@@ -13,8 +13,8 @@ from experiments.run.branching import (
 )
 from theory.estimators.branching import BranchingError, CriticalBatch, branching_trial_steps, critical_batch
 from training import EvalSchedule, RunConfig, Trial
-from training.batch_schedule import BatchSchedule, BatchSegment
-from training.order import trial_seed
+from training.schedules.batch_schedule import BatchSchedule, BatchSegment
+from training.schedules.order import trial_seed
 
 F64 = torch.float64
 

@@ -9,7 +9,7 @@ import pytest
 from theory import branching as br
 from theory.errors import TheoryError
 from training import SparsescaleError
-from training.batch_schedule import BatchSegment
+from training.schedules.batch_schedule import BatchSegment
 
 KS = np.array([1, 2, 4, 8])
 

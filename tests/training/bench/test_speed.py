@@ -11,7 +11,7 @@ from torch import nn
 from training.bench import speed
 from training.bench.measure import StepTimer
 from training.bench.speed import Row, format_table
-from training.dataset import Dataset
+from training.data.dataset import Dataset
 
 
 @pytest.fixture

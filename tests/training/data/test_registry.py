@@ -366,7 +366,7 @@ def test_from_torch_of_a_tensor_dataset_equals_from_tensors():
 
 
 def test_from_torch_shows_progress_only_for_large_sets(capsys):
-    n = training.torch_data.PROGRESS_ITEMS + 1
+    n = training.data.torch_data.PROGRESS_ITEMS + 1
     big = [(float(i % 7), i % 2) for i in range(n)]
     ds = training.Dataset.from_torch(big)
     assert "reading dataset" in capsys.readouterr().err and ds.n_train + ds.n_val == n
@@ -431,7 +431,7 @@ def test_from_torch_refuses_bad_data_in_one_line(dataset, message):
 @pytest.fixture
 def no_system_folders(monkeypatch):
     """No operating-system folder is searched (the real Fashion-MNIST package may be installed)."""
-    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {})
+    monkeypatch.setattr(training.data.registry, "SYSTEM_FOLDERS", {})
     monkeypatch.delenv("SPARSESCALE_DATA", raising=False)
 
 
@@ -440,7 +440,7 @@ def test_fashion_mnist_found_in_a_system_folder_with_no_configuration(tmp_path, 
     folder = tmp_path / "usr" / "share" / "datasets" / "fashion-mnist"
     folder.mkdir(parents=True)
     make_idx_folder(folder, gz=True)   # Debian's package ships the four files gzipped
-    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (folder,)})
+    monkeypatch.setattr(training.data.registry, "SYSTEM_FOLDERS", {"fashion_mnist": (folder,)})
     ds = training.data.load("fashion_mnist", test=True)
     assert ds.n_train + ds.n_val == 30 and ds.x_test.shape == (10, 1, 28, 28)
     assert ds.provenance["folder"] == str(folder)
@@ -456,7 +456,7 @@ def test_fashion_mnist_found_under_sparsescale_data(tmp_path, monkeypatch, no_sy
     system = tmp_path / "system"
     system.mkdir()
     make_idx_folder(system, n_train=40)
-    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
+    monkeypatch.setattr(training.data.registry, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
     monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path))
     ds = training.data.load("fashion_mnist")
     # $SPARSESCALE_DATA comes before the system folder
@@ -469,7 +469,7 @@ def test_fashion_mnist_found_under_sparsescale_data(tmp_path, monkeypatch, no_sy
 def test_fashion_mnist_not_found_names_every_place_and_the_install(tmp_path, monkeypatch,
                                                                    no_system_folders):
     system = tmp_path / "system"
-    monkeypatch.setattr(training.data, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
+    monkeypatch.setattr(training.data.registry, "SYSTEM_FOLDERS", {"fashion_mnist": (system,)})
     monkeypatch.setenv("SPARSESCALE_DATA", str(tmp_path / "data"))
     with pytest.raises(DataError) as err:
         training.data.load("fashion_mnist")

@@ -9,7 +9,7 @@ import torch
 
 import training
 from training.errors import DataError
-from training.text import is_corpus_file, load_python_source, stdlib_files, windows
+from training.data.text import is_corpus_file, load_python_source, stdlib_files, windows
 
 FILES = {
     "a.py": b"import os\nprint(os.sep)\n" * 3,

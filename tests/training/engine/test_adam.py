@@ -11,7 +11,7 @@ import training
 from training import ConfigError, EvalSchedule, RunConfig, Trial
 from training.engine.adam import AdamState
 from training.goal import loss_fn
-from training.order import BatchOrder, trial_seed
+from training.schedules.order import BatchOrder, trial_seed
 from training.reference import train_schedule_reference
 
 F64 = torch.float64

@@ -3,7 +3,7 @@
 import pytest
 
 from training import ConfigError
-from training.batch_schedule import BatchSchedule, BatchSegment
+from training.schedules.batch_schedule import BatchSchedule, BatchSegment
 
 
 def test_segments_are_looked_up_by_step_and_count_examples():

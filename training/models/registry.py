@@ -1,0 +1,86 @@
+"""The registry of models: ``register`` a builder under a name, ``build`` it seeded for a data set.
+
+Any ``nn.Module`` of your own works without registering: the registry names the bundled models
+(:mod:`training.models.zoo`) and a process's own, for studies and the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from training import randomness
+from training.data.dataset import Dataset, check_dataset
+from training.errors import ModelError
+
+
+Builder = Callable[..., nn.Module]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a model builder to the registry as ``name``: the way to add a named
+    model to this process.
+
+    The builder is called as ``fn(dataset, **options)``: ``dataset`` is the
+    :class:`training.Dataset` the model trains on (read ``input_shape``, ``task`` and
+    ``num_classes`` from it, or use :func:`output_size`), ``options`` are a study's
+    ``[workload] model_options`` (JSON values). It must return a fresh ``torch.nn.Module`` whose
+    parameters are drawn from torch's global generator, which :func:`build` seeds with the
+    study's seed (so every replicate seed gives its own initialization, the same in every
+    process). A study names it as ``[workload] model = "<name>"``.
+
+    A registration lives in the process that made it: the worker processes of a study (the
+    local pool, Dask) do not see one made in a notebook or a script. For a model of your own,
+    name its factory by import path instead (``model = "mymodels:mlp"``, same signature; see
+    :mod:`experiments.spec.factories`).
+    """
+
+    def add(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def list_models() -> list[str]:
+    """Names accepted by :func:`build`."""
+    return sorted(_REGISTRY)
+
+
+def output_size(dataset: Dataset) -> int:
+    """Output units: one per class, or one for regression."""
+    return dataset.num_classes if dataset.task == "classification" else 1
+
+
+def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Module:
+    """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
+    check_dataset(dataset, "build")
+    if name not in _REGISTRY:
+        raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
+    with seeded(seed):
+        try:
+            model = _REGISTRY[name](dataset, **options)
+        except TypeError as exc:
+            raise ModelError(f"bad options for model {name!r}: {exc}") from None
+    return model
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with torch's global CPU generator seeded by ``seed``, restored after.
+
+    One body at a time: the generator is process-wide, so models built by concurrent threads (a
+    thread pool running groups) each get their own seed's weights."""
+    with randomness.preserved("cpu"):
+        torch.manual_seed(seed)
+        yield
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters of ``model``."""
+    return sum(p.numel() for p in model.parameters())
