@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.report import figures as F
+from experiments.report.figures import measurement as F
 from experiments.report.formatting import fmt_interval, fmt_num
 from experiments.report.sections import Document, Figure, Paragraphs, Section, Table
 

@@ -22,7 +22,7 @@ from typing import ClassVar, Union
 import jinja2
 import pandas as pd
 
-from experiments.report.mathsvg import latex_svg
+from experiments.report.figures.mathsvg import latex_svg
 from experiments.report.runs import ReportError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -84,7 +84,7 @@ class Formula:
 
     @property
     def svg(self) -> str:
-        """The formula as an inline ``<svg>`` (:func:`experiments.report.mathsvg.latex_svg`), or ""."""
+        """The formula as an inline ``<svg>`` (:func:`experiments.report.figures.mathsvg.latex_svg`), or ""."""
         try:
             return latex_svg(self.tex, self.name)
         except ValueError:

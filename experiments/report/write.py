@@ -16,8 +16,8 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`
 computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
 :mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
 ``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
-B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures` and
-:mod:`experiments.report.theory_figures` the figures and
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
+:mod:`experiments.report.figures.theory` the figures and
 :mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
 
@@ -39,9 +39,9 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.report import analysis as A
-from experiments.report import figures as F
+from experiments.report.figures import measurement as F
 from experiments.report import tables as T
-from experiments.report import theory_figures as TF
+from experiments.report.figures import theory as TF
 from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.hardware import hardware_view, time_to_result_frame

@@ -1,6 +1,6 @@
 """The report's figures of the measurement (Figures 1-4, and 7 for studies that record their
 masks) and the style every figure shares: matplotlib (Agg) with seaborn styling and its
-colour-blind palette (Figures 5 and 6, the theory's, are in :mod:`experiments.report.theory_figures`).
+colour-blind palette (Figures 5 and 6, the theory's, are in :mod:`experiments.report.figures.theory`).
 
 Every function takes plain DataFrames (see :mod:`experiments.report.analysis`) and returns a matplotlib
 Figure; :func:`png_bytes` renders it deterministically (no software/time metadata), so the same

@@ -1,6 +1,6 @@
 """The report's theory figures: B_simple along the run against the fitted B_crit (Figure 5), L and
 lambda_max along the run (Figure 6), and the noisy quadratic model beside the measurement
-(Figure 7), in the style of :mod:`experiments.report.figures`.
+(Figure 7), in the style of :mod:`experiments.report.figures.measurement`.
 
 Each function takes plain DataFrames and returns a matplotlib Figure
 (:func:`experiments.report.figures.png_bytes` renders it deterministically).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import textwrap
 
-# first: experiments.report.figures selects the Agg backend before pyplot is loaded
-from experiments.report.figures import empty_panel, log2_axis, log10_axis, normalized_panel, style
+# first: experiments.report.figures.measurement selects the Agg backend before pyplot is loaded
+from experiments.report.figures.measurement import empty_panel, log2_axis, log10_axis, normalized_panel, style
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402

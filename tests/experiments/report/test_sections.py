@@ -6,7 +6,7 @@ import html
 import pandas as pd
 import pytest
 
-from experiments.report.mathsvg import latex_svg
+from experiments.report.figures.mathsvg import latex_svg
 from experiments.report.runs import ReportError
 from experiments.report.sections import (
     Code, Document, Figure, Formula, Paragraphs, Section, Table, render,

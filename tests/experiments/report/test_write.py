@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.report import figures as F
-from experiments.report import theory_figures as TF
+from experiments.report.figures import measurement as F
+from experiments.report.figures import theory as TF
 from experiments.report.write import ReportError, write_report
 from experiments.report.runs import load_runs
 from experiments.store.database import StoreError

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import experiments
-from experiments.report.mathsvg import latex_svg, to_mathtext
+from experiments.report.figures.mathsvg import latex_svg, to_mathtext
 from experiments.report.write import write_report
 from experiments.report.theory_view import formulas
 

@@ -4,13 +4,13 @@ report test checks the theory figures of a store without probes."""
 import numpy as np
 import pytest
 
-from experiments.report import figures as F
-from experiments.report import theory_figures as TF
+from experiments.report.figures import measurement as F
+from experiments.report.figures import theory as TF
 from experiments.report.runs import load_runs
 
 from experiments.report import analysis as A
 
-from ..synthetic import FRACTIONS, PROBED_BATCHES, PROBES, WOBBLE
+from ...synthetic import FRACTIONS, PROBED_BATCHES, PROBES, WOBBLE
 
 
 def test_b_simple_figure_draws_each_batch_size_against_the_fitted_band(full):
