@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from training.engine import cell_plan, compiled_kernel
+from training.engine import compiled_kernel, strategy
 
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -73,7 +73,7 @@ def compiled_kernel_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
     (once per process and source version, with one warning when it cannot be built); True for
     a model that needs none. A study's driver calls it before its workers start, so that they
     neither build nor warn."""
-    return cell_plan.kernels_ready(model, input_shape)
+    return strategy.kernels_ready(model, input_shape)
 
 
 @contextlib.contextmanager

@@ -47,7 +47,7 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
                           masks: Mapping[str, Tensor] | None = None,
                           start: TrainState | None = None, first_index: int = 0,
                           data_seeds: Sequence[int] | None = None,
-                          trials_per_chunk: int | None = None) -> TrialsResult:
+                          trials_per_stack: int | None = None) -> TrialsResult:
     """Train N trials together following ``schedule`` (None: ``run.batch_size`` throughout);
     see the module docstring. Arguments as :func:`training.train_trials`; the result's
     ``end_state`` holds the trials ``end_trials`` that ran to ``steps_run``.
@@ -77,14 +77,14 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     at_goal: set[int] = set()   # trials whose run ended at an evaluation meeting the goal
     state, active = start, list(range(n))
     step = 0 if start is None else start.step
-    programs: list[str] = []   # the programs of the segments (by batch size, training.engine.cell_plan)
+    programs: list[str] = []   # the programs of the segments (by batch size, training.engine.strategy)
     for seg, end in _spans(schedule, step, run.max_steps):
         sub = [m if m.dim() == dims[k] else m[active] for k, m in mask_map.items()]
         result = train_trials(
             model, dataset, [replace(trial_list[i], lr=trial_list[i].lr * seg.lr_scale) for i in active],
             replace(run, batch_size=seg.batch_size, max_steps=end),
             masks=dict(zip(mask_map, sub)) or None, start=state,
-            data_seeds=[seeds[i] for i in active], trials_per_chunk=trials_per_chunk,
+            data_seeds=[seeds[i] for i in active], trials_per_stack=trials_per_stack,
             first_index=first, return_state=True)
         for j, i in enumerate(active):
             last = step

@@ -2,7 +2,7 @@
 
 ``train_trials`` stacks N copies of the model's parameters (``[N, *shape]``) and advances them
 with one program per step, chosen for each (model, batch size) cell by
-:func:`training.engine.cell_plan.plan_cell`: a compiled kernel, trials one after another through
+:func:`training.engine.strategy.ruled_strategy`: a compiled kernel, trials one after another through
 oneDNN, or batched kernels over the stack (the programs of :mod:`training.engine.programs`); the
 step loop is :mod:`training.engine.loop`. Each trial
 keeps everything that makes it a trial of its own: its learning rate, momentum and schedule, its
@@ -74,8 +74,8 @@ class TrialsResult:
     comma-separated). ``params``: final parameters stacked by name,
     ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
     stacked the same way (BatchNorm's running statistics; empty for the programs that run
-    modules without state). ``program_choice``: how the program was chosen, "ruled" (the cell
-    plan's rules) or "measured" (the fastest candidate on this machine,
+    modules without state). ``program_choice``: how the program was chosen, "ruled" (the
+    strategy rules) or "measured" (the fastest candidate on this machine,
     :mod:`training.engine.choice`).
     ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
     ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
@@ -106,7 +106,7 @@ class TrialsResult:
 
 def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                  run: RunConfig, *, masks: Mapping[str, Tensor] | None = None,
-                 trials_per_chunk: int | None = None, first_index: int = 0,
+                 trials_per_stack: int | None = None, first_index: int = 0,
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
                  return_state: bool = False,
                  step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
@@ -122,8 +122,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     records each one's first hit.
     ``masks``: name -> 0/1 tensor shaped like the parameter (all trials) or ``[N, *shape]`` (one
     per trial), see :mod:`training.masks`.
-    ``trials_per_chunk``: trials stacked per computation (default: the cell plan of
-    :func:`training.engine.cell_plan.plan_cell`, which also picks the program computing a stack's step);
+    ``trials_per_stack``: trials stacked per computation (default: the strategy of
+    :func:`training.engine.strategy.ruled_strategy`, which also picks the program computing a stack's step);
     between two evaluations the stacks run one after another, and nothing in a step mixes
     trials, so results do not depend on it.
     ``first_index``: trial k of the list is trial ``first_index + k`` of the group (its data
@@ -150,8 +150,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
     batch_size = check_batch_size(run.batch_size, dataset.n_train)
-    if trials_per_chunk is not None and trials_per_chunk < 1:
-        raise ConfigError(f"trials_per_chunk must be >= 1, got {trials_per_chunk}")
+    if trials_per_stack is not None and trials_per_stack < 1:
+        raise ConfigError(f"trials_per_stack must be >= 1, got {trials_per_stack}")
     n = len(trial_list)
     mask_map = check_mask(masks, model, trials=n)
     goal = as_goal(run.goal, dataset.task)
@@ -162,12 +162,12 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           device.precision(run.precision, run.device)):
         out = loop.run(model, dataset, trial_list, run, masks=mask_map, goal=goal,
-                       batch_size=batch_size, trials_per_stack=trials_per_chunk,
+                       batch_size=batch_size, trials_per_stack=trials_per_stack,
                        first_index=first_index, start=start, data_seeds=seeds, random=random,
                        return_state=return_state, step_timer=step_timer)
     result = _result(trial_list, out.names, out.buffer_names, out.final, out.rows, out.hit,
-                     out.diverged, out.taken, out.steps_run, out.plan.name)
-    return replace(result, program_choice=out.plan.choice, end_state=out.end_state,
+                     out.diverged, out.taken, out.steps_run, out.strategy.name)
+    return replace(result, program_choice=out.strategy.choice, end_state=out.end_state,
                    end_trials=out.end_trials)
 
 

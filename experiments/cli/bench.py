@@ -25,7 +25,7 @@ from training.data.dataset import Dataset
 from training.config import OPTIMIZERS
 from training.device import device_info
 from training.distributed import costmodel
-from training.distributed.bench import BenchPlan, measure
+from training.distributed.bench import BenchProtocol, measure
 from training.distributed.trainer import backend_for
 from training.errors import ConfigError
 from training.process import setup_training_process
@@ -206,9 +206,9 @@ def run_ddp_bench(args: argparse.Namespace) -> int:
             raise costmodel.CostModelIOError(f"--out {args.out}: cannot create folder "
                                              f"{folder} ({exc.strerror or exc})") from None
     model, ds = build_workload(args)
-    plan = BenchPlan(args.per_worker_batch, args.allreduce_sizes, args.warmup, args.repeats,
-                     args.rounds)
-    meas = measure(model, ds, args.workers, plan, device=args.device, threads=args.threads)
+    protocol = BenchProtocol(args.per_worker_batch, args.allreduce_sizes, args.warmup,
+                             args.repeats, args.rounds)
+    meas = measure(model, ds, args.workers, protocol, device=args.device, threads=args.threads)
     fit = costmodel.fit(meas, backend=backend_for(args.device), device=args.device,
                         workload=f"{args.dataset}/{args.model}", threads=args.threads)
     print(costmodel.format_report(fit, meas))
@@ -225,13 +225,13 @@ def add_ddp_bench_parser(subparsers: Any, name: str = "ddp") -> Any:
         description=run_ddp_bench.__doc__)
     add_workload_arguments(p)
     p.add_argument("--workers", type=_ints, default=(1, 2), help="worker counts k, e.g. 1,2,4")
-    p.add_argument("--per-worker-batch", type=_ints, default=BenchPlan.per_worker_batches,
+    p.add_argument("--per-worker-batch", type=_ints, default=BenchProtocol.per_worker_batches,
                    help="per-worker batch sizes B / k")
-    p.add_argument("--allreduce-sizes", type=_ints, default=BenchPlan.allreduce_sizes,
+    p.add_argument("--allreduce-sizes", type=_ints, default=BenchProtocol.allreduce_sizes,
                    help="all-reduce message sizes in float32 elements")
-    p.add_argument("--repeats", type=int, default=BenchPlan.repeats)
-    p.add_argument("--warmup", type=int, default=BenchPlan.warmup)
-    p.add_argument("--rounds", type=int, default=BenchPlan.rounds)
+    p.add_argument("--repeats", type=int, default=BenchProtocol.repeats)
+    p.add_argument("--warmup", type=int, default=BenchProtocol.warmup)
+    p.add_argument("--rounds", type=int, default=BenchProtocol.rounds)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--out", type=Path, help="write the fitted cost model here (cost_model.json)")
     p.set_defaults(fn=run_ddp_bench)

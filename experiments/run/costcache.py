@@ -3,7 +3,7 @@
 ``sparsescale study`` calls :func:`ensure_cost_model` after training: it copies the cost model of
 this machine and the study's workload into the run folder as ``cost_model.json``, so the report's
 time-to-result section (:mod:`experiments.report.hardware`) needs no second command. The first study of
-a workload on a machine measures it with a short plan (:data:`QUICK_PLAN`,
+a workload on a machine measures it with a short protocol (:data:`QUICK_PROTOCOL`,
 :func:`training.distributed.bench.measure`; seconds of work) and fits t(B, k) (:mod:`training.distributed.costmodel`);
 later studies reuse the file cached under ``<cache>/cost-models/`` (``training.data.cache_dir``),
 keyed by the host name, the CPU model and count, the torch version and the workload. A run folder
@@ -27,14 +27,14 @@ import torch
 from training.device import cpu_name
 from training.distributed import costmodel
 from training.data import cache_dir
-from training.distributed.bench import BenchPlan, measure
+from training.distributed.bench import BenchProtocol, measure
 from training.distributed.trainer import backend_for
 
 from experiments.report.hardware import COST_MODEL_FILE
 from experiments.run.workload import Workload
 
 # Short: two per-worker batches fix t_fixed and t_example, two message sizes fix alpha and beta.
-QUICK_PLAN = BenchPlan(per_worker_batches=(32, 256), allreduce_sizes=(30_000, 3_000_000),
+QUICK_PROTOCOL = BenchProtocol(per_worker_batches=(32, 256), allreduce_sizes=(30_000, 3_000_000),
                        warmup=3, repeats=8, rounds=2)
 
 
@@ -63,14 +63,14 @@ def cache_path(workload: Workload) -> Path:
     return cache_dir() / "cost-models" / f"{name}.json"
 
 
-def measure_cost_model(workload: Workload, plan: BenchPlan = QUICK_PLAN,
+def measure_cost_model(workload: Workload, protocol: BenchProtocol = QUICK_PROTOCOL,
                        ) -> tuple[costmodel.CostModel, costmodel.Measurements]:
     """Measure DDP step times of ``workload``'s model (seed 0) on k = 1 and, with two or more
     CPUs, k = 2 workers (one thread each) and fit the cost model."""
     dataset = workload.load_dataset()
     model = workload.build_model(dataset, 0)
     workers = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
-    meas = measure(model, dataset, workers, plan)
+    meas = measure(model, dataset, workers, protocol)
     fit = costmodel.fit(meas, backend=backend_for("cpu"), device="cpu", threads=1,
                         workload=f"{workload.dataset}/{workload.model}",
                         source="measured by sparsescale study, cached per machine")

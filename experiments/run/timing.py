@@ -2,7 +2,7 @@
 
 ``run_study`` times each phase it runs with a :class:`PhaseClock` and reads from its store every
 finished group's own training time and trial-steps, summed per batch size, and the kernels that
-trained them (:mod:`training.engine.cell_plan`), and the summed seconds of each kind of task
+trained them (:mod:`training.engine.strategy`), and the summed seconds of each kind of task
 (:func:`task_seconds`: training groups, probed runs, branching measurements); :func:`record`
 writes them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
 clock of this invocation (a rerun that skips stored groups shows a short training phase); the

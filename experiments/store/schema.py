@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS groups (
     n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
     wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
-    kernel TEXT,    -- the program that trained the group (training.engine.cell_plan.PROGRAMS, under the column name of the first stores)
+    kernel TEXT,    -- the program that trained the group (training.engine.strategy.PROGRAMS, under the column name of the first stores)
     device TEXT, device_name TEXT,          -- training.device.device_info of the worker's device
     cuda_version TEXT, driver_version TEXT, -- NULL on the CPU
     precision TEXT);                        -- training.device.PRECISIONS

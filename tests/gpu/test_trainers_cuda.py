@@ -1,4 +1,4 @@
-"""Every model through every program the cell plan chooses on CUDA, with every optimizer, in
+"""Every model through every program the strategy chooses on CUDA, with every optimizer, in
 float64, against the plain torch.optim loop on the CPU (training.train_reference), trial by
 trial with shared and per-trial masks, within the CPU tests' tolerances
 (tests/training/test_trials_models.py); and each precision on CUDA against the float64 CPU loop
@@ -13,7 +13,7 @@ from torch import nn
 
 import training
 from training import EvalSchedule, RunConfig
-from training.engine.cell_plan import candidate_plans, plan_cell
+from training.engine.strategy import candidate_strategies, ruled_strategy
 
 # the CPU tests' trials, masks and tolerances (max |w - w_ref| / max |w_ref|): float64 on another
 # device sums in another order, which these bounds already allow for the CPU's programs
@@ -30,8 +30,8 @@ def check_on_cuda(net, ds, steps, batch_size, program, optimizer, monkeypatch,
     candidates; ``program``: the rules' plan, which is always one of them)."""
     trials = trials_for(optimizer)
     args = (net, ds.task, ds.input_shape, batch_size, len(trials), F64, "cuda")
-    assert plan_cell(*args, optimizer=optimizer).name == program
-    names = [c.name for c in candidate_plans(*args, optimizer=optimizer)] or [program]
+    assert ruled_strategy(*args, optimizer=optimizer).name == program
+    names = [c.name for c in candidate_strategies(*args, optimizer=optimizer)] or [program]
     masks = masks_for(net, len(trials))
     run = RunConfig(batch_size, optimizer, max_steps=steps, seed=3, dtype=F64,
                     eval_schedule=EvalSchedule(every=steps // 2))

@@ -1,6 +1,6 @@
 """Per-token classification (labels [n, T], outputs [n, T, classes], next-byte prediction): the
 loss and goal metrics against a float64 loop over positions, and every trainer and program the
-cell plan picks for a language model against the plain torch.optim loop."""
+strategy picks for a language model against the plain torch.optim loop."""
 
 import copy
 

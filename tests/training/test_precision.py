@@ -22,7 +22,7 @@ import torch
 
 import training
 from training import EvalSchedule, RunConfig
-from training.engine.cell_plan import plan_cell
+from training.engine.strategy import ruled_strategy
 
 from .test_trials_models import _Residual as Residual   # only the torch.func program runs it
 
@@ -115,13 +115,13 @@ def test_bf16_keeps_float32_weights_and_optimizer_state(mnist1d_small):
         assert {v.dtype for v in ref.state.values()} == {torch.float32}
 
 
-def test_the_cell_plan_never_gives_bf16_to_the_compiled_kernel(mnist1d_small, kernel_or_skip):
+def test_the_strategy_never_gives_bf16_to_the_compiled_kernel(mnist1d_small, kernel_or_skip):
     """The compiled kernel is float32 C++: a bf16 cell of a model it runs goes to the eager
     hand-batched program, which autocasts; fp32 and tf32 (fp32 on the CPU) keep the kernel."""
     kernel_or_skip()
     for name in ("mlp", "cnn1d", "linear"):
         net = training.models.build(name, mnist1d_small, seed=0)
-        plans = {p: plan_cell(net, "classification", mnist1d_small.input_shape, 64, 8,
+        plans = {p: ruled_strategy(net, "classification", mnist1d_small.input_shape, 64, 8,
                               precision=p) for p in ("fp32", "tf32", "bf16")}
         assert (plans["fp32"].name, plans["tf32"].name, plans["bf16"].name) == (
             "fused", "fused", "batched"), name
@@ -130,9 +130,9 @@ def test_the_cell_plan_never_gives_bf16_to_the_compiled_kernel(mnist1d_small, ke
 
 def test_programs_take_the_precision(mnist1d_small, tiny_images):
     cnn = training.models.build("simple_cnn", tiny_images, seed=0, width="narrow")
-    assert plan_cell(cnn, "classification", (1, 8, 8), 8, 2,
+    assert ruled_strategy(cnn, "classification", (1, 8, 8), 8, 2,
                      precision="bf16").program.precision == "bf16"
-    assert plan_cell(Residual(), "classification", (40,), 8, 2,
+    assert ruled_strategy(Residual(), "classification", (40,), 8, 2,
                      precision="bf16").program.precision == "bf16"
 
 

@@ -195,7 +195,7 @@ def test_optimizer_state_is_freed_before_the_final_weights_are_stacked(linreg, m
     monkeypatch.setattr(trials_mod, "_result", counted_result)
     net = training.models.build("linear", linreg, seed=0)
     run = RunConfig(16, "momentum", max_steps=40, seed=4, eval_schedule=EvalSchedule(every=20))
-    res = training.train_trials(net, linreg, TRIALS[:2], run, trials_per_chunk=1,
+    res = training.train_trials(net, linreg, TRIALS[:2], run, trials_per_stack=1,
                                 return_state=return_state)
     assert len(buffers) == 4 and alive == [0]
     assert (res.end_state is not None) == return_state
@@ -221,7 +221,7 @@ def test_group_composition_does_not_change_a_trial(teacher):
     run = RunConfig(16, "momentum", max_steps=120, seed=9, dtype=F64, goal=0.3, stop="all",
                     eval_schedule=EvalSchedule(every=25))
     group = training.train_trials(net, teacher, trials, run)
-    chunked = training.train_trials(net, teacher, trials, run, trials_per_chunk=2)
+    chunked = training.train_trials(net, teacher, trials, run, trials_per_stack=2)
     for i in (0, 3):
         alone = training.train_trials(net, teacher, trials[i:i + 1], run, first_index=i)
         for other in (group, chunked):
@@ -343,7 +343,7 @@ def test_generic_module_uses_torch_func_path(teacher):
      r"allowed: \(16, 8\) \(shared\) or \(1, 16, 8\)"),
     (dict(masks={"1.weight": torch.full((16, 8), 0.5)}), MaskError,
      "has values other than 0 and 1"),
-    (dict(trials_per_chunk=-2), ConfigError, "trials_per_chunk must be >= 1"),
+    (dict(trials_per_stack=-2), ConfigError, "trials_per_stack must be >= 1"),
     (dict(first_index=-1), ConfigError, "first_index must be an integer >= 0"),
 ])
 def test_bad_input_names_the_argument(teacher, kwargs, error, match):
@@ -366,12 +366,12 @@ def test_group_where_every_trial_diverges(teacher):
 
 
 def test_chunk_size_from_activation_budget(mnist1d_small):
-    from training.engine.cell_plan import activation_floats, default_chunk
+    from training.engine.strategy import activation_floats, trials_per_stack
 
     mlp = training.models.build("mlp", mnist1d_small)
     assert activation_floats(mlp, (40,)) == 40 + 4 * 100 + 10
     cnn = training.models.build("cnn1d", mnist1d_small)
     # outputs of unflatten, 3 x (conv, relu), flatten, linear, plus im2col patches
     assert activation_floats(cnn, (40,)) == 40 + 2 * (475 + 250 + 125) + 125 + 10 + (95 + 750 + 375)
-    assert [default_chunk(b, 450) for b in (8, 64, 512, 4096)] == [128, 128, 16, 8]
-    assert [default_chunk(b, 3095) for b in (8, 64, 512)] == [128, 16, 8]
+    assert [trials_per_stack(b, 450) for b in (8, 64, 512, 4096)] == [128, 128, 16, 8]
+    assert [trials_per_stack(b, 3095) for b in (8, 64, 512)] == [128, 16, 8]

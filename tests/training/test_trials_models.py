@@ -1,4 +1,4 @@
-"""Every model through every program the cell plan can choose, with every optimizer, float64,
+"""Every model through every program the strategy can choose, with every optimizer, float64,
 against the plain torch.optim loop (training.train_reference), trial by trial, with shared and
 per-trial masks."""
 
@@ -10,7 +10,7 @@ import training
 from training import EvalSchedule, RunConfig
 from training.engine import compiled_kernel as kernels
 from training.engine.programs.per_trial import PerTrialProgram
-from training.engine.cell_plan import plan_cell
+from training.engine.strategy import ruled_strategy
 
 F64 = torch.float64
 SGD_TRIALS = [
@@ -66,13 +66,13 @@ def match_reference(res, net, ds, trials, masks, run, tol):
 
 def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monkeypatch,
                             program=None):
-    """``kernel``: the rules' program (plan_cell); ``program``: the candidate the trainer is
+    """``kernel``: the rules' program (ruled_strategy); ``program``: the candidate the trainer is
     made to run (training.engine.choice; default the rules')."""
     if kernel == "batched":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     monkeypatch.setenv("SPARSESCALE_CHOICE", program or "rules")
     trials = trials_for(optimizer)
-    plan = plan_cell(net, ds.task, ds.input_shape, batch_size, len(trials), F64,
+    plan = ruled_strategy(net, ds.task, ds.input_shape, batch_size, len(trials), F64,
                      optimizer=optimizer)
     assert plan.name == kernel
     masks = masks_for(net, len(trials))
@@ -122,7 +122,7 @@ def test_image_models_match_reference(tiny_images, monkeypatch, name, options, o
     else:
         kernel_or_skip()
     net = training.models.build(name, tiny_images, seed=1, **options)
-    program = plan_cell(net, "classification", tiny_images.input_shape, 16, 3, F64).program
+    program = ruled_strategy(net, "classification", tiny_images.input_shape, 16, 3, F64).program
     assert (program.kernel is None) == (update != "kernel")
     check_against_reference(net, tiny_images, 20, 16, "per_trial", optimizer, monkeypatch,
                             candidate)

@@ -1,5 +1,5 @@
 """Models written only for the benchmark (not in the model registry), with their data: models
-of the kind a user brings, which no rule of the cell plan was written for.
+of the kind a user brings, which no rule of the strategy was written for.
 
 - :func:`transformer_classifier`: embedding, two ``nn.TransformerEncoderLayer`` (width 64,
   4 heads, feed-forward 128, no Dropout, batch first), mean over the sequence, LayerNorm,

@@ -38,7 +38,7 @@ when their files are present (``$SPARSESCALE_DATA``), else synthetic data of the
 
 Achieved GFLOP/s count the training FLOPs of the layers (forward 2 MAC, weight gradient 2 MAC,
 input gradient 2 MAC except for the first layer) against a measured fp32 GEMM peak. Each row
-names the program that ran (:mod:`training.engine.cell_plan`) and how it was chosen, and the
+names the program that ran (:mod:`training.engine.strategy`) and how it was chosen, and the
 peak resident memory of the process during the vectorized runs (``VmHWM``, reset before each,
 the largest kept): the memory a worker needs for that group.
 
@@ -90,7 +90,7 @@ ROUNDS = 3
 @dataclass(frozen=True)
 class Row:
     """One benchmark cell: both trainers' rates in the median round, the vectorized trainer's
-    GFLOP/s, the program that ran (training.engine.cell_plan), the peak resident memory of the
+    GFLOP/s, the program that ran (training.engine.strategy), the peak resident memory of the
     process while it ran and, for an optimizer other than momentum, the vectorized momentum rate
     beside it. ``ratio_rounds``: each round's ratio (vectorized over plain), in round order;
     ``slowdown_rounds``: each round's momentum rate over this optimizer's."""
@@ -109,7 +109,7 @@ class Row:
     device: str = "cpu"
     precision: str = "fp32"
     peak_gpu_mib: float = math.nan   # torch.cuda.max_memory_allocated (a GPU row's)
-    choice: str = ""   # how the program was chosen: "ruled" or "measured" (cell_plan.CHOICES)
+    choice: str = ""   # how the program was chosen: "ruled" or "measured" (strategy.CHOICES)
     ratio_rounds: tuple[float, ...] = ()
     slowdown_rounds: tuple[float, ...] = ()
 
@@ -201,7 +201,7 @@ def _plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: in
 
 
 def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: int,
-               steps: int, trials_per_chunk: int | None = None, optimizer: str = "momentum",
+               steps: int, trials_per_stack: int | None = None, optimizer: str = "momentum",
                device: str = "cpu", precision: str = "fp32", timer: StepTimer | None = None
                ) -> TrialsResult:
     """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials` (``ds`` on
@@ -211,7 +211,7 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
                     eval_schedule=EvalSchedule(every=max(steps, 1)), device=device,
                     precision=precision)
     return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
-                        trials_per_chunk=trials_per_chunk, step_timer=timer)
+                        trials_per_stack=trials_per_stack, step_timer=timer)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,

@@ -35,7 +35,7 @@ from training.reference import make_sgd
 
 
 @dataclass(frozen=True)
-class BenchPlan:
+class BenchProtocol:
     """What :func:`measure` times on k workers. Each configuration gets ``warmup`` untimed calls,
     then ``rounds`` rounds of ``repeats`` timed calls; its time is the smallest per-round median.
     Rounds interleave the configurations in time, and the minimum over rounds discards rounds
@@ -60,7 +60,7 @@ def _median_time(fn, repeats: int, sync) -> float:
 
 
 def _bench_rank(rank: int, world_size: int, model: nn.Module, dataset: Dataset,
-                plan: BenchPlan, device: str) -> dict[str, list]:
+                protocol: BenchProtocol, device: str) -> dict[str, list]:
     dev = rank_device(device, rank)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     data = dataset.to(dev, torch.float32)
@@ -86,16 +86,16 @@ def _bench_rank(rank: int, world_size: int, model: nn.Module, dataset: Dataset,
         buf = torch.ones(n, device=dev)
         return lambda: dist.all_reduce(buf)
 
-    configs = [("steps", b, train_step(b)) for b in plan.per_worker_batches]
+    configs = [("steps", b, train_step(b)) for b in protocol.per_worker_batches]
     if world_size > 1:
-        configs += [("allreduce", n * 4, allreduce(n)) for n in plan.allreduce_sizes]
+        configs += [("allreduce", n * 4, allreduce(n)) for n in protocol.allreduce_sizes]
     for _, _, fn in configs:
-        for _ in range(plan.warmup):
+        for _ in range(protocol.warmup):
             fn()
     best = [float("inf")] * len(configs)
-    for _ in range(plan.rounds):
+    for _ in range(protocol.rounds):
         for i, (_, _, fn) in enumerate(configs):
-            best[i] = min(best[i], _median_time(fn, plan.repeats, sync))
+            best[i] = min(best[i], _median_time(fn, protocol.repeats, sync))
     out: dict[str, list] = {"steps": [], "allreduce": []}
     for (kind, size, _), t in zip(configs, best):
         out[kind].append((size, t))
@@ -103,16 +103,16 @@ def _bench_rank(rank: int, world_size: int, model: nn.Module, dataset: Dataset,
 
 
 def measure(model: nn.Module, dataset: Dataset, workers: Sequence[int],
-            plan: BenchPlan = BenchPlan(), device: str = "cpu", threads: int = 1,
+            protocol: BenchProtocol = BenchProtocol(), device: str = "cpu", threads: int = 1,
             timeout: float = 300.0) -> costmodel.Measurements:
     """Time a DDP training step (forward, backward with gradient all-reduce, SGD update) for every
-    k in ``workers`` and per-worker batch in ``plan``, and a bare all-reduce of each message size.
+    k in ``workers`` and per-worker batch in ``protocol``, and a bare all-reduce of each message size.
     """
     steps, reduces = [], []
     for k in workers:
         if k < 1:
             raise ConfigError(f"workers must be >= 1, got {k}")
-        out = spawn(_bench_rank, k, backend_for(device), threads, k, model, dataset, plan, device,
+        out = spawn(_bench_rank, k, backend_for(device), threads, k, model, dataset, protocol, device,
                     timeout=timeout)
         steps += [costmodel.StepTime(k, b, t) for b, t in out["steps"]]
         reduces += [costmodel.AllReduceTime(k, n, t) for n, t in out["allreduce"]]

@@ -1,9 +1,9 @@
 """The private multi-trial engine behind :func:`training.train_trials`: how N trials are stacked
 and stepped together.
 
-- :mod:`training.engine.loop`: the step loop: the cell's plan, the stacks of trials and their
+- :mod:`training.engine.loop`: the step loop: the cell's strategy, the stacks of trials and their
   steps from one evaluation to the next, the replay of a hit, what the call leaves.
-- :mod:`training.engine.cell_plan`: the rules that choose, for a (model, batch size) cell, which
+- :mod:`training.engine.strategy`: the rules that choose, for a (model, batch size) cell, which
   program computes a stack's step, how many trials share a stack, how many examples a chunk
   holds; :mod:`training.engine.choice`: the measured choice where no rule covers the cell.
 - :mod:`training.engine.programs`: the five programs, one module each, behind one registry,

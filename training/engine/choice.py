@@ -1,8 +1,8 @@
 """The program of a cell no rule covers, chosen by measurement and cached per machine.
 
-The cell plan's rules (:mod:`training.engine.cell_plan`) were written for the models the
+The strategy rules (:mod:`training.engine.strategy`) were written for the models the
 library ships; for any other module (or a bundled one outside the compiled kernel's rule) the
-candidates of :func:`training.engine.cell_plan.candidate_plans` (``per_trial``, ``plain``, the
+candidates of :func:`training.engine.strategy.candidate_strategies` (``per_trial``, ``plain``, the
 plain loop's own program, which is always among them, and ``func`` where ``torch.func`` can
 batch the model) are each timed for a few training steps, and the fastest per trial-step wins.
 
@@ -22,7 +22,7 @@ optimizer, task, dtype, device (and a GPU's name), torch's thread count, whether
 brings its own loss or the model draws random numbers, and the torch version. On a GPU each
 timed step ends with ``torch.cuda.synchronize`` (the trainer's ``time_step``). A study pays for each cell once per
 machine; a change of the module's structure measures again. ``SPARSESCALE_CHOICE=rules`` turns
-measuring off (the rules' plan everywhere); ``SPARSESCALE_CHOICE=<program>`` runs that
+measuring off (the rules' strategy everywhere); ``SPARSESCALE_CHOICE=<program>`` runs that
 candidate wherever it is one (how the tests run each of them).
 
 **What it changes.** Speed only, in exact arithmetic: every program computes each trial's
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from training.data import cache_dir
-from training.engine.cell_plan import CellPlan, candidates, rules
+from training.engine.strategy import Strategy, candidates, rules
 from training.engine.programs.base import Cell
 from training.engine.programs.registry import PROGRAMS
 from training.errors import ConfigError
@@ -59,11 +59,11 @@ MEASURE_SECONDS = 0.3
 GIVE_UP = 4.0
 CACHE_NAME = "program-choices.json"
 
-TimeStep = Callable[[CellPlan], Callable[[], float]]
+TimeStep = Callable[[Strategy], Callable[[], float]]
 
 
 def setting() -> str:
-    """``SPARSESCALE_CHOICE``: "measure" (the default), "rules" (the rules' plan everywhere),
+    """``SPARSESCALE_CHOICE``: "measure" (the default), "rules" (the rules' strategy everywhere),
     or a program's name (that candidate wherever it is one, e.g. to test it; else the rules')."""
     value = os.environ.get("SPARSESCALE_CHOICE", "measure").strip() or "measure"
     if value not in ("measure", "rules", *PROGRAMS):
@@ -120,12 +120,12 @@ def _write(path: Path, key: str, entry: dict) -> None:
         pass   # a read-only cache costs a measurement per process, never a failure
 
 
-def measure(plan: CellPlan, time_step: TimeStep, best: float,
+def measure(candidate: Strategy, time_step: TimeStep, best: float,
             clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds per trial-step of ``plan``: ``time_step(plan)`` prepares a scratch stack and
+    """Seconds per trial-step of ``candidate``: ``time_step(candidate)`` prepares a scratch stack and
     returns a function running one step of it and returning its trial count; the first step is
     untimed, then the fastest of up to MEASURE_STEPS steps (within MEASURE_SECONDS) counts."""
-    step = time_step(plan)
+    step = time_step(candidate)
     start = clock()
     trials = step()
     first = (clock() - start) / trials
@@ -143,22 +143,22 @@ def measure(plan: CellPlan, time_step: TimeStep, best: float,
     return fastest
 
 
-def choose(candidates: Sequence[CellPlan], key: str, time_step: TimeStep,
+def choose(candidates: Sequence[Strategy], key: str, time_step: TimeStep,
            path: Path | None = None, clock: Callable[[], float] = time.perf_counter
-           ) -> tuple[CellPlan, dict[str, float]]:
+           ) -> tuple[Strategy, dict[str, float]]:
     """The fastest of ``candidates`` (marked ``choice="measured"``) and the seconds per
     trial-step measured for each (empty when the cache had the cell: ``key``, in ``path``,
     default :func:`cache_path`). A candidate that raises while timed is dropped; if all do,
-    the first (the rules' plan) is used."""
+    the first (the rules' strategy) is used."""
     path = cache_path() if path is None else path
     by_name = {c.name: c for c in candidates}
     cached = _read(path).get(key)
     if isinstance(cached, dict) and cached.get("program") in by_name:
         return replace(by_name[cached["program"]], choice="measured"), {}
     seconds: dict[str, float] = {}
-    for plan in candidates:
+    for candidate in candidates:
         try:
-            seconds[plan.name] = measure(plan, time_step, min(seconds.values(), default=math.inf),
+            seconds[candidate.name] = measure(candidate, time_step, min(seconds.values(), default=math.inf),
                                          clock)
         except (RuntimeError, NotImplementedError, ValueError):
             continue   # e.g. no batching rule for one of the model's operations
@@ -170,10 +170,10 @@ def choose(candidates: Sequence[CellPlan], key: str, time_step: TimeStep,
     return replace(by_name[name], choice="measured"), seconds
 
 
-def plan(cell: Cell, time_step: TimeStep) -> CellPlan:
-    """The plan of ``cell``: the rules' where they cover it, else, as :func:`setting` says, the
+def strategy(cell: Cell, time_step: TimeStep) -> Strategy:
+    """The strategy of ``cell``: the rules' where they cover it, else, as :func:`setting` says, the
     fastest candidate measured by ``time_step`` (:func:`choose`; it runs a candidate's step on
-    a scratch copy of the first trials), the candidate named, or the rules' plan."""
+    a scratch copy of the first trials), the candidate named, or the rules' strategy."""
     setting_ = setting()
     found = [] if setting_ == "rules" else candidates(cell)
     if not found:

@@ -3,8 +3,8 @@ update to the last evaluation.
 
 :func:`run` takes the checked call and returns its :class:`Outcome`:
 
-1. **Plan** (:func:`plan`): the cell's program, trials per stack and examples per chunk, by the
-   cell plan's rules (:mod:`training.engine.cell_plan`) or measured among its candidates
+1. **Strategy** (:func:`strategy`): the cell's program, trials per stack and examples per chunk, by the
+   strategy's rules (:mod:`training.engine.strategy`) or measured among its candidates
    (:mod:`training.engine.choice`), every program built from one registry
    (:mod:`training.engine.programs`).
 2. **Stacks** (:class:`TrialStack`, :func:`make_stacks`): the trials in stacks of that size,
@@ -32,7 +32,7 @@ from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
 from training.data.dataset import Dataset
 from training.engine import choice
 from training.engine.adam import AdamState
-from training.engine.cell_plan import CellPlan, cell
+from training.engine.strategy import Strategy, cell
 from training.engine.module_state import ModuleState
 from training.engine.programs.base import Program
 from training.engine.programs.batched import stacked_loss_and_grad
@@ -64,7 +64,7 @@ class Outcome:
     first met the goal ``hit[i]`` (or None), the update it diverged at ``diverged[i]`` (or None),
     the updates it took ``taken[i]``, and its final parameters ``names``, then module buffers
     ``buffer_names`` (where the program kept them), ``final[i]``; ``steps_run``, the steps the
-    group ran; the cell's ``plan``; with ``return_state``, the state after ``steps_run``
+    group ran; the cell's ``strategy``; with ``return_state``, the state after ``steps_run``
     updates of the trials ``end_trials``."""
 
     names: list[str]
@@ -75,7 +75,7 @@ class Outcome:
     taken: list[int]
     final: dict[int, list[Tensor]]
     steps_run: int
-    plan: CellPlan
+    strategy: Strategy
     end_state: TrainState | None = None
     end_trials: tuple[int, ...] = ()
 
@@ -194,7 +194,7 @@ class Runner:
     """What every step of every stack of one group shares."""
 
     program: Program
-    update_in_step: bool  # the program's train_step applies the update (CellPlan.update_in_step)
+    update_in_step: bool  # the program's train_step applies the update (Strategy.update_in_step)
     x_train: Tensor
     y_train: Tensor
     x_val: Tensor
@@ -345,7 +345,7 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
                     data.y_val, dataset.task, goal_metric(goal, dataset.task), batch_size,
                     run.optimizer, run.dtype, origin, dataset.loss,
                     step_timer or contextlib.nullcontext())
-    chosen = plan(model, dataset, trials, run, batch_size, random, masks, first_index, runner)
+    chosen = strategy(model, dataset, trials, run, batch_size, random, masks, first_index, runner)
     runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
     stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
                          trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
@@ -423,13 +423,13 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     return replace(outcome, end_state=state, end_trials=ids)
 
 
-def plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
+def strategy(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
          batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
-         runner: Runner) -> CellPlan:
-    """The cell's plan (:func:`training.engine.choice.plan`): the rules' where they cover it,
+         runner: Runner) -> Strategy:
+    """The cell's strategy (:func:`training.engine.choice.strategy`): the rules' where they cover it,
     else the fastest candidate, each timed by this loop's own step on a scratch stack."""
 
-    def time_step(candidate: CellPlan) -> Callable[[], int]:
+    def time_step(candidate: Strategy) -> Callable[[], int]:
         # a scratch stack: new tensors made from the model, as the real ones are, with the
         # real trials' metaparameters and masks; the step counter is the scratch stack's own
         program = candidate.program
@@ -450,7 +450,7 @@ def plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig
 
         return step
 
-    return choice.plan(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
+    return choice.strategy(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
                             run.dtype, run.device, run.optimizer, dataset.loss, random,
                             run.precision), time_step)
 

@@ -25,7 +25,7 @@ The choice follows rules, each with the measurements behind it:
 - ``batched`` (:class:`training.engine.programs.batched.BatchedProgram`, the eager fallback of ``fused``) and
   ``func`` (:class:`training.engine.programs.func.FuncProgram`, any other module): all activations of a stack
   are alive at once, so a stack holds the trials whose activations fit in ACTIVATION_BUDGET
-  floats (:func:`default_chunk`).
+  floats (:func:`trials_per_stack`).
 - Precision and device (:mod:`training.device`): the compiled kernel computes float32 (or
   float64) on the CPU only, so a CUDA cell, or a ``bf16`` cell on any device, never gets
   ``fused``: the same model then runs ``batched`` (hand-batched matmuls, autocast under bf16).
@@ -36,7 +36,7 @@ The choice follows rules, each with the measurements behind it:
   (:func:`snapshot_limit`), since a run with a goal keeps a copy of one stack per evaluation
   interval to find the exact step of a hit; the trials are then split into stacks of equal size.
 
-Where the update runs (``CellPlan.update_in_step``): the compiled kernel and the per-trial
+Where the update runs (``Strategy.update_in_step``): the compiled kernel and the per-trial
 program apply every optimizer's update (the SGD rules, Adam, AdamW) to each trial right after
 its backward pass, while its gradients are in cache and only one trial's are alive; the kernel's
 Adam reads and writes the moments of :class:`training.engine.adam.AdamState`, so resuming, branching
@@ -102,7 +102,7 @@ RESIDENT_BUDGET = 48 << 20
 
 
 @dataclass(frozen=True)
-class CellPlan:
+class Strategy:
     """How ``train_trials`` runs one cell: ``name`` (the program's, a key of
     :data:`~training.engine.programs.registry.PROGRAMS`), ``trials_per_stack``,
     ``examples_per_chunk`` (examples of one trial processed together in a training step; the
@@ -182,28 +182,28 @@ def cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: in
                 dtype, device, optimizer, loss, bool(random), precision)
 
 
-def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+def ruled_strategy(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
               n_trials: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", optimizer: str = "momentum",
               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-              random: bool | None = None, precision: str = "fp32") -> CellPlan:
-    """The rules' plan (:func:`rules`) of the :func:`cell` of these arguments."""
+              random: bool | None = None, precision: str = "fp32") -> Strategy:
+    """The rules' strategy (:func:`rules`) of the :func:`cell` of these arguments."""
     return rules(cell(model, task, input_shape, batch_size, n_trials, dtype, device, optimizer,
                       loss, random, precision))
 
 
-def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+def candidate_strategies(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
                     n_trials: int, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", optimizer: str = "momentum",
                     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                    random: bool | None = None, precision: str = "fp32") -> list[CellPlan]:
+                    random: bool | None = None, precision: str = "fp32") -> list[Strategy]:
     """The :func:`candidates` of the :func:`cell` of these arguments."""
     return candidates(cell(model, task, input_shape, batch_size, n_trials, dtype, device,
                            optimizer, loss, random, precision))
 
 
-def rules(c: Cell) -> CellPlan:
-    """The rules' plan for training ``c.n_trials`` trials of ``c.model`` at ``c.batch_size``
+def rules(c: Cell) -> Strategy:
+    """The rules' strategy for training ``c.n_trials`` trials of ``c.model`` at ``c.batch_size``
     with ``c.optimizer`` (see the module docstring). A per-example ``loss`` of the user's rules
     out ``fused`` and ``batched``, whose backward passes are written for the task's own losses.
     A model that draws random numbers in a training step (``c.random``, which
@@ -215,25 +215,25 @@ def rules(c: Cell) -> CellPlan:
     if encoding is not None and not lowers(c.precision):   # the kernel is float32 C++
         per_example = stacked_fused.working_set(encoding, math.prod(c.input_shape)) * c.itemsize
         limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
-        fused = _plan(c, "fused", stack, even_chunks(batch_size, limit), limit)
+        fused = _strategy(c, "fused", stack, even_chunks(batch_size, limit), limit)
         if fused is not None:
             return fused
     if runs_per_trial(model) or c.random:
         chunk, limit = _per_trial_chunks(c)
         stack = min(stack, resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
-        return _plan(c, "per_trial", stack, chunk, limit)
+        return _strategy(c, "per_trial", stack, chunk, limit)
     floats = activation_floats(model, c.input_shape)
-    stack = min(stack, default_chunk(batch_size, floats),
+    stack = min(stack, trials_per_stack(batch_size, floats),
                 memory_limit(batch_size, floats, c.itemsize))
     # the hand-batched program where it takes the model, else torch.func's
-    return (_plan(c, "batched", stack, batch_size, batch_size)
-            or _plan(c, "func", stack, batch_size, batch_size))
+    return (_strategy(c, "batched", stack, batch_size, batch_size)
+            or _strategy(c, "func", stack, batch_size, batch_size))
 
 
-def candidates(c: Cell) -> list[CellPlan]:
+def candidates(c: Cell) -> list[Strategy]:
     """The programs that can run a cell no rule covers, to be timed
     (:mod:`training.engine.choice`); empty where the compiled kernel's rule (``fused``) covers
-    it. First the rules' plan (:func:`rules`), then, where they are not it:
+    it. First the rules' strategy (:func:`rules`), then, where they are not it:
 
     - ``per_trial``: trials side by side on torch's threads, channels-last, in chunks;
     - ``plain``: the plain loop's program, always a candidate: one trial after another on all
@@ -250,10 +250,10 @@ def candidates(c: Cell) -> list[CellPlan]:
     chunk, limit = _per_trial_chunks(c)
     resident = min(snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
                    resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
-    plans = [ruled]
+    found = [ruled]
     if ruled.name != "per_trial":
-        plans.append(_plan(c, "per_trial", resident, chunk, limit))
-    plans.append(_plan(c, "plain", resident, batch_size, limit))
+        found.append(_strategy(c, "per_trial", resident, chunk, limit))
+    found.append(_strategy(c, "plain", resident, batch_size, limit))
     batchable = not (batch_dependent(model) or c.random or any(
         isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
     if batchable and ruled.name not in ("func", "batched"):
@@ -263,17 +263,17 @@ def candidates(c: Cell) -> list[CellPlan]:
             stack //= 2
         stack = min(stack, snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
                     memory_limit(batch_size, floats, c.itemsize))
-        plans.append(_plan(c, "func", stack, batch_size, batch_size))
-    return plans
+        found.append(_strategy(c, "func", stack, batch_size, batch_size))
+    return found
 
 
-def _plan(c: Cell, name: str, stack: int, chunk: int, eval_chunk: int) -> CellPlan | None:
-    """Program ``name`` of the registry built for ``c``, in a plan of ``stack`` trials a stack and
+def _strategy(c: Cell, name: str, stack: int, chunk: int, eval_chunk: int) -> Strategy | None:
+    """Program ``name`` of the registry built for ``c``, in a strategy of ``stack`` trials a stack and
     ``chunk`` examples a chunk; None where that program cannot run the cell."""
     program = build(name, c, chunk, eval_chunk)
     if program is None:
         return None
-    return CellPlan(name, stack, chunk, program, program.updates_in_step(c.optimizer, c.device))
+    return Strategy(name, stack, chunk, program, program.updates_in_step(c.optimizer, c.device))
 
 
 def _per_trial_chunks(c: Cell) -> tuple[int, int]:
@@ -310,7 +310,7 @@ def runs_per_trial(model: nn.Module) -> bool:
 ACTIVATION_BUDGET = 1 << 22
 
 
-def default_chunk(batch_size: int, floats_per_example: int) -> int:
+def trials_per_stack(batch_size: int, floats_per_example: int) -> int:
     """Trials per stack: more trials amortise per-kernel overhead at small batches, fewer keep
     the activations in cache at large ones; the limit is ACTIVATION_BUDGET floats. Measured
     (MNIST-1D, one thread, trial-steps/s with 8 / 16 / 32 / 64 / 128 trials per stack):

@@ -29,7 +29,7 @@ def measured(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARSESCALE_CACHE", str(tmp_path / "cache"))
     calls = []
 
-    def fake(workload, plan=costcache.QUICK_PLAN):
+    def fake(workload, protocol=costcache.QUICK_PROTOCOL):
         calls.append(workload)
         return KNOWN, MEAS
 
@@ -70,7 +70,7 @@ def test_a_cost_model_already_in_the_run_folder_is_kept(measured, tmp_path):
 def test_a_failed_measurement_warns_and_the_study_stands(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("SPARSESCALE_CACHE", str(tmp_path / "cache"))
 
-    def broken(workload, plan=costcache.QUICK_PLAN):
+    def broken(workload, protocol=costcache.QUICK_PROTOCOL):
         raise RuntimeError("no free port\nmore detail")
 
     monkeypatch.setattr(costcache, "measure_cost_model", broken)
@@ -101,4 +101,4 @@ def test_no_cost_model_skips_it(measured, tiny_toml, tmp_path):
 def test_real_measurement_fits_positive_constants():
     fit, meas = measure_cost_model(WORKLOAD)
     assert fit.t_fixed > 0 and fit.t_example >= 0 and fit.n_params == meas.n_params
-    assert {s.per_worker_batch for s in meas.steps} == set(costcache.QUICK_PLAN.per_worker_batches)
+    assert {s.per_worker_batch for s in meas.steps} == set(costcache.QUICK_PROTOCOL.per_worker_batches)

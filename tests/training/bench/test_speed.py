@@ -146,7 +146,7 @@ def test_the_vectorized_trainers_timer_holds_its_step_loops_only(monkeypatch, mn
     monkeypatch.setattr(Runner, "batch_indices", counted)
     net = models.build("mlp", mnist1d_small, seed=0)
     timer = StepTimer(lambda: now[0])
-    res = speed.vectorized(net, mnist1d_small, 8, 2, 12, trials_per_chunk=2, timer=timer)
+    res = speed.vectorized(net, mnist1d_small, 8, 2, 12, trials_per_stack=2, timer=timer)
     assert res.steps_run == 12 and timer.seconds == 12.0
     assert now[0] == 2 * 1000.0 + 12 + 1   # two evaluations, 12 steps, the initial losses' batch
 

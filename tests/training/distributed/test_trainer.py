@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import training
 from training import ConfigError, RunConfig, Trial
-from training.distributed.bench import BenchPlan, _bench_rank
+from training.distributed.bench import BenchProtocol, _bench_rank
 from training.distributed.trainer import (
     DistRun, check_world, forward_backward, train_distributed, train_rank, wrap_ddp,
 )
@@ -192,8 +192,8 @@ def test_hook_gives_autograd_gradients_and_loss(one_rank_group, mnist1d_small, b
 
 def test_bench_rank_times_every_batch(one_rank_group, mnist1d_small):
     net = training.models.build("mlp", mnist1d_small)
-    plan = BenchPlan((4, 16), (100,), warmup=1, repeats=3, rounds=2)
-    out = _bench_rank(0, 1, net, mnist1d_small, plan, "cpu")
+    protocol = BenchProtocol((4, 16), (100,), warmup=1, repeats=3, rounds=2)
+    out = _bench_rank(0, 1, net, mnist1d_small, protocol, "cpu")
     assert [b for b, _ in out["steps"]] == [4, 16]
     assert all(t > 0 for _, t in out["steps"])
     assert out["allreduce"] == []  # nothing to reduce on one worker

@@ -14,7 +14,7 @@ from torch import nn
 import training
 from training import EvalSchedule, RunConfig, Trial
 from training.engine import choice
-from training.engine.cell_plan import CellPlan, candidate_plans
+from training.engine.strategy import Strategy, candidate_strategies
 
 F64 = torch.float64
 
@@ -29,7 +29,7 @@ class FakeClock:
 
 def fake_candidates(seconds):
     """Plans whose one step advances the fake clock by ``seconds[name]`` per trial (2 trials)."""
-    return [CellPlan(name, 2, 8, program=object()) for name in seconds]
+    return [Strategy(name, 2, 8, program=object()) for name in seconds]
 
 
 def timer(clock, seconds, calls):
@@ -116,7 +116,7 @@ def test_the_trainer_measures_once_per_structure_and_trains_the_same(tmp_path, m
     ds = images()
     torch.manual_seed(1)
     net = SmallCNN()
-    names = [p.name for p in candidate_plans(net, ds.task, ds.input_shape, 8, 2, F64)]
+    names = [p.name for p in candidate_strategies(net, ds.task, ds.input_shape, 8, 2, F64)]
     assert set(names) == {"per_trial", "plain", "func"}
     before = torch.get_rng_state()
     res = training.train_trials(net, ds, TRIALS, RUN)

@@ -12,7 +12,7 @@ import torch
 import training
 from training import EvalSchedule, RunConfig, Trial
 from training.engine import compiled_kernel as kernels
-from training.engine.cell_plan import plan_cell
+from training.engine.strategy import ruled_strategy
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_a_failing_build_falls_back_with_one_warning(fresh_build, fallback_allow
     assert res.program == again.program == "batched"
     # the same numbers as the eager program chosen on purpose
     with kernels.disabled():
-        assert plan_cell(net, "classification", (40,), 16, 2).name == "batched"
+        assert ruled_strategy(net, "classification", (40,), 16, 2).name == "batched"
         eager = train(net, mnist1d_small)
     for name, p in eager.params.items():
         assert torch.equal(res.params[name], p)

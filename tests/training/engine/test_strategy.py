@@ -1,15 +1,15 @@
-"""The per-cell plan: which program runs a (model, batch size) cell and how it is chunked."""
+"""The per-strategy: which program runs a (model, batch size) cell and how it is chunked."""
 
 import pytest
 import torch
 from torch import nn
 
 import training
-from training.engine import cell_plan as cellplan
+from training.engine import strategy
 from training.engine import compiled_kernel as kernels
-from training.engine.cell_plan import even_chunks, plan_cell
+from training.engine.strategy import even_chunks, ruled_strategy
 from training.engine.programs.fused import encode, working_set
-from training.engine.cell_plan import activation_floats, default_chunk
+from training.engine.strategy import activation_floats, trials_per_stack
 
 # skipped without the kernel; failed instead under SPARSESCALE_REQUIRE_KERNEL=1 (tests/conftest.py)
 needs_kernel = pytest.mark.usefixtures("compiled_kernel")
@@ -33,9 +33,9 @@ def test_even_chunks(batch_size, limit, chunk):
 @pytest.mark.parametrize("name", ["mlp", "cnn1d", "linear"])
 def test_sequential_models_take_the_fused_kernel(mnist1d_small, name):
     net = training.models.build(name, mnist1d_small)
-    plan = plan_cell(net, mnist1d_small.task, (40,), 64, 300)
-    assert plan.name == "fused" and plan.trials_per_stack == cellplan.MAX_STACK
-    assert plan_cell(net, mnist1d_small.task, (40,), 64, 5).trials_per_stack == 5
+    plan = ruled_strategy(net, mnist1d_small.task, (40,), 64, 300)
+    assert plan.name == "fused" and plan.trials_per_stack == strategy.MAX_STACK
+    assert ruled_strategy(net, mnist1d_small.task, (40,), 64, 5).trials_per_stack == 5
 
 
 @needs_kernel
@@ -43,8 +43,8 @@ def test_fused_chunk_fills_half_the_l2_cache(mnist1d_small, monkeypatch):
     net = training.models.build("cnn1d", mnist1d_small)
     per_example = working_set(encode(net, (40,)), 40) * 4
     for l2 in (1 << 20, 4 << 20):
-        monkeypatch.setattr(cellplan, "l2_bytes", lambda l2=l2: l2)
-        plans = [plan_cell(net, "classification", (40,), b, 32) for b in (8, 4096)]
+        monkeypatch.setattr(strategy, "l2_bytes", lambda l2=l2: l2)
+        plans = [ruled_strategy(net, "classification", (40,), b, 32) for b in (8, 4096)]
         chunks = [p.examples_per_chunk for p in plans]
         assert chunks == [8, even_chunks(4096, (l2 // 2) // per_example)]
         assert chunks[1] * per_example <= l2 // 2
@@ -52,32 +52,32 @@ def test_fused_chunk_fills_half_the_l2_cache(mnist1d_small, monkeypatch):
         limit = (l2 // 2) // per_example
         assert plans[0].program.eval_chunk == plans[1].program.eval_chunk == limit
     # float64 holds half as many examples
-    assert plan_cell(net, "classification", (40,), 4096, 32, torch.float64
+    assert ruled_strategy(net, "classification", (40,), 4096, 32, torch.float64
                      ).examples_per_chunk < chunks[1]
 
 
 def test_disabled_kernel_falls_back_to_the_eager_program(mnist1d_small, monkeypatch):
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     net = training.models.build("cnn1d", mnist1d_small)
-    plan = plan_cell(net, mnist1d_small.task, (40,), 512, 32)
+    plan = ruled_strategy(net, mnist1d_small.task, (40,), 512, 32)
     assert plan.name == "batched" and plan.examples_per_chunk == 512
-    assert plan.trials_per_stack == default_chunk(512, activation_floats(net, (40,)))
+    assert plan.trials_per_stack == trials_per_stack(512, activation_floats(net, (40,)))
 
 
 @pytest.mark.parametrize("name", ["simple_cnn", "resnet8"])
 def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
     net = training.models.build(name, images)
     per_example = activation_floats(net, (3, 32, 32)) * 4
-    plan = plan_cell(net, "classification", (3, 32, 32), 4096, 32)
+    plan = ruled_strategy(net, "classification", (3, 32, 32), 4096, 32)
     assert plan.name == "per_trial"
-    assert plan.trials_per_stack == min(cellplan.snapshot_limit(net, "momentum", 4, 32),
-                                        cellplan.resident_limit(net, "momentum", 4, 32))
-    assert plan.examples_per_chunk * per_example <= cellplan.CHUNK_BUDGET
+    assert plan.trials_per_stack == min(strategy.snapshot_limit(net, "momentum", 4, 32),
+                                        strategy.resident_limit(net, "momentum", 4, 32))
+    assert plan.examples_per_chunk * per_example <= strategy.CHUNK_BUDGET
     assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
     assert plan.program.examples_per_chunk == plan.examples_per_chunk
-    small = plan_cell(net, "classification", (3, 32, 32), 8, 32)
+    small = ruled_strategy(net, "classification", (3, 32, 32), 8, 32)
     assert small.examples_per_chunk == 8
-    assert small.program.eval_chunk == cellplan.CHUNK_BUDGET // per_example
+    assert small.program.eval_chunk == strategy.CHUNK_BUDGET // per_example
 
 
 @pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
@@ -86,15 +86,15 @@ def test_a_stacks_state_fits_the_snapshot_budget(images, optimizer, copies):
     optimizer state stay within SNAPSHOT_BUDGET, in stacks of equal size."""
     net = training.models.build("simple_cnn", images)
     weights = sum(p.numel() for p in net.parameters())
-    assert cellplan.state_bytes(net, optimizer, 4) == copies * 4 * weights
-    stack = cellplan.snapshot_limit(net, optimizer, 4, 32)
-    assert plan_cell(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
+    assert strategy.state_bytes(net, optimizer, 4) == copies * 4 * weights
+    stack = strategy.snapshot_limit(net, optimizer, 4, 32)
+    assert ruled_strategy(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
                      ).trials_per_stack <= stack
-    fits = cellplan.SNAPSHOT_BUDGET // (copies * 4 * weights)
+    fits = strategy.SNAPSHOT_BUDGET // (copies * 4 * weights)
     assert 1 <= stack <= fits < 32
     assert -(-32 // stack) == -(-32 // fits)  # as few stacks as the budget allows, of equal size
     tiny = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
-    assert cellplan.snapshot_limit(tiny, optimizer, 4, 300) == cellplan.MAX_STACK
+    assert strategy.snapshot_limit(tiny, optimizer, 4, 300) == strategy.MAX_STACK
 
 
 @pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
@@ -104,18 +104,18 @@ def test_per_trial_stacks_stay_in_the_last_level_cache(images, optimizer, copies
     one stack."""
     big = training.models.build("simple_cnn", images)
     weights = 4 * sum(p.numel() for p in big.parameters())
-    stack = plan_cell(big, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+    stack = ruled_strategy(big, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
                       ).trials_per_stack
-    fits = (cellplan.RESIDENT_BUDGET - weights) // (copies * weights)
+    fits = (strategy.RESIDENT_BUDGET - weights) // (copies * weights)
     assert stack == max(1, fits) and stack in (1, 2)
     assert 32 % stack == 0
     if stack > 1:
-        assert stack * copies * weights + weights <= cellplan.RESIDENT_BUDGET
+        assert stack * copies * weights + weights <= strategy.RESIDENT_BUDGET
     small = training.models.build("resnet8", images)
-    assert plan_cell(small, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
+    assert ruled_strategy(small, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
                      ).trials_per_stack == 32
-    assert cellplan.resident_limit(small, optimizer, 4, 30) == 30
-    assert cellplan.resident_limit(big, optimizer, 4, 3) == (1 if fits <= 1 else 2)
+    assert strategy.resident_limit(small, optimizer, 4, 30) == 30
+    assert strategy.resident_limit(big, optimizer, 4, 3) == (1 if fits <= 1 else 2)
 
 
 def test_other_modules_take_torch_func():
@@ -123,16 +123,16 @@ def test_other_modules_take_torch_func():
     dilated = nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, 2, 3, dilation=2),
                             nn.Flatten(), nn.Linear(72, 10))
     for net in (tanh, dilated):
-        plan = plan_cell(net, "classification", (40,), 512, 64)
+        plan = ruled_strategy(net, "classification", (40,), 512, 64)
         assert plan.name == "func" and plan.examples_per_chunk == 512
-        assert plan.trials_per_stack == min(64, default_chunk(512, activation_floats(net, (40,))))
+        assert plan.trials_per_stack == min(64, trials_per_stack(512, activation_floats(net, (40,))))
 
 
 def test_a_vectorized_stack_fits_the_memory_budget_down_to_one_trial():
     """At a large batch the speed rule's 8 trials a stack would not fit in memory: the stack
     holds what STACK_MEMORY allows (activations x STACK_SAVED), down to one trial, in the rules'
     plan and in the measured choice's func candidate alike."""
-    from training.engine.cell_plan import candidate_plans, memory_limit
+    from training.engine.strategy import candidate_strategies, memory_limit
 
     # big activations, small weights: a dilated convolution (not the compiled kernel's)
     wide = nn.Sequential(nn.Unflatten(1, (1, 4000)), nn.Conv1d(1, 16, 3, dilation=2), nn.Tanh(),
@@ -140,22 +140,22 @@ def test_a_vectorized_stack_fits_the_memory_budget_down_to_one_trial():
     floats = activation_floats(wide, (4000,))
     stacks = {}
     for batch_size in (64, 256, 16384):
-        fits = max(1, cellplan.STACK_MEMORY // (batch_size * floats * 4 * cellplan.STACK_SAVED))
+        fits = max(1, strategy.STACK_MEMORY // (batch_size * floats * 4 * strategy.STACK_SAVED))
         assert memory_limit(batch_size, floats, 4) == fits
-        plan = plan_cell(wide, "classification", (4000,), batch_size, 32)
+        plan = ruled_strategy(wide, "classification", (4000,), batch_size, 32)
         assert plan.name == "func"
         stacks[batch_size] = plan.trials_per_stack
-        assert stacks[batch_size] == min(default_chunk(batch_size, floats), fits)
+        assert stacks[batch_size] == min(trials_per_stack(batch_size, floats), fits)
     assert stacks == {64: 8, 256: 2, 16384: 1}   # the speed rule alone gives 8 at each
     tanh = nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, 2, 3, dilation=2),
                          nn.Flatten(), nn.Linear(72, 10), nn.Tanh())
-    func = [p for p in candidate_plans(tanh, "classification", (40,), 1 << 22, 32)
+    func = [p for p in candidate_strategies(tanh, "classification", (40,), 1 << 22, 32)
             if p.name == "func"]
     assert func and func[0].trials_per_stack == memory_limit(1 << 22, activation_floats(tanh, (40,)), 4)
 
 
 def test_l2_size_is_read_or_defaulted():
-    assert cellplan.l2_bytes() >= 64 << 10
+    assert strategy.l2_bytes() >= 64 << 10
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam", "adamw"])
@@ -164,14 +164,14 @@ def test_where_the_update_runs(mnist1d_small, images, monkeypatch, optimizer):
     programs never (the trainer updates the stack)."""
     cnn = training.models.build("cnn1d", mnist1d_small)
     if kernels.fused_sequential() is not None:
-        plan = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+        plan = ruled_strategy(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
         assert plan.name == "fused"
         assert plan.update_in_step
-    image = plan_cell(training.models.build("simple_cnn", images), "classification",
+    image = ruled_strategy(training.models.build("simple_cnn", images), "classification",
                       (3, 32, 32), 64, 8, optimizer=optimizer)
     assert image.name == "per_trial" and image.update_in_step
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
-    eager = plan_cell(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
+    eager = ruled_strategy(cnn, "classification", (40,), 64, 8, optimizer=optimizer)
     assert eager.name == "batched" and not eager.update_in_step
 
 
@@ -182,8 +182,8 @@ def test_a_gpu_cell_never_builds_the_cpu_kernel(images, monkeypatch):
     asked = []
     monkeypatch.setattr(kernels, "fused_sequential", lambda: asked.append(1))
     net = training.models.build("simple_cnn", images)
-    plans = cellplan.candidate_plans(net, "classification", (3, 32, 32), 8, 4, device="cuda")
+    plans = strategy.candidate_strategies(net, "classification", (3, 32, 32), 8, 4, device="cuda")
     assert {p.name for p in plans} >= {"per_trial", "plain"} and not asked
     assert all(getattr(p.program, "kernel", None) is None for p in plans)
-    cellplan.candidate_plans(net, "classification", (3, 32, 32), 8, 4, device="cpu")
+    strategy.candidate_strategies(net, "classification", (3, 32, 32), 8, 4, device="cpu")
     assert len(asked) == 2   # per_trial's and plain's

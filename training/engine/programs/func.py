@@ -62,7 +62,7 @@ class FuncProgram(Program):
 
     def timed_trials(self, trials_per_stack: int) -> int:
         """vmap computes the whole stack at once, so its speed per trial depends on the stack:
-        it is timed at the plan's own stack size."""
+        it is timed at the strategy's own stack size."""
         return trials_per_stack
 
 

@@ -146,7 +146,7 @@ class FusedProgram(Program):
 
     def updates_in_step(self, optimizer: str, device: str | torch.device) -> bool:
         """Whether :meth:`train_step` applies ``optimizer``'s update inside the kernel: every
-        optimizer of :data:`training.config.OPTIMIZERS` (see :mod:`training.engine.cell_plan`)."""
+        optimizer of :data:`training.config.OPTIMIZERS` (see :mod:`training.engine.strategy`)."""
         return optimizer in OPTIMIZERS
 
     def train_steps(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,

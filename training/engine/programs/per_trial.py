@@ -25,7 +25,7 @@ Xeon with AVX-512, fp32, 32 trials, training FLOPs of the layer / wall time):
 
 Chunks: every layer of a batch-norm-free model acts on each example on its own, so a chunked
 mini-batch gives the mini-batch gradient exactly (up to summation order). A module with batch
-statistics or random draws takes its mini-batch in one piece (the cell plan gives it chunks of
+statistics or random draws takes its mini-batch in one piece (the strategy gives it chunks of
 the batch size), as the plain loop does.
 
 The module's state per trial (:class:`training.engine.module_state.ModuleState`): a training step
@@ -42,7 +42,7 @@ Under ``bf16`` each forward pass and loss runs in autocast and the backward pass
 ``torch.autocast``'s documentation asks; the gradients of the float32 parameters are float32.
 On the CPU the divergence check of a trial's loss is one read per trial-step: a diverged trial
 must not take its update, and the update of the next trial follows at once. On CUDA the cell
-plan runs every trial's forward and backward first (:meth:`PerTrialProgram.loss_and_grads`), then
+strategy runs every trial's forward and backward first (:meth:`PerTrialProgram.loss_and_grads`), then
 one read of all the losses and one stacked update (:meth:`PerTrialProgram.updates_in_step`), so the host
 launches a whole step's kernels without waiting for the GPU; trials are not spread over host
 threads there.
@@ -92,7 +92,7 @@ class PerTrialProgram(Program):
                  loss: Callable[[Tensor, Tensor], Tensor] | None = None,
                  random: bool | None = None, precision: str = "fp32", layout: str = "auto",
                  spread: bool = True, device: str | torch.device = "cpu"):
-        """Chunks of ``examples_per_chunk`` in a training step (the cell plan gives a module with
+        """Chunks of ``examples_per_chunk`` in a training step (the strategy gives a module with
         batch statistics or random draws its whole batch), ``eval_chunk`` (default the same) in
         a forward pass; ``loss``: the data set's own per-example loss; ``random``: whether the
         model draws random numbers in train mode (None: as its layer types declare); only then

@@ -1,10 +1,10 @@
 """The programs by name: one name -> builder table, every program in a module of its own.
 
-The cell plan's rules (:mod:`training.engine.cell_plan`) build the programs they pick from this
+The strategy rules (:mod:`training.engine.strategy`) build the programs they pick from this
 table, the measured choice (:mod:`training.engine.choice`) times the candidates it lists, and
 ``SPARSESCALE_CHOICE`` and the store name programs by its keys. A new program is a module with a
 :class:`~training.engine.programs.base.Program` subclass and a ``build(cell, examples_per_chunk,
-eval_chunk)``, added here, and a rule (or a candidacy) in the cell plan that picks it.
+eval_chunk)``, added here, and a rule (or a candidacy) in the strategy that picks it.
 """
 
 from __future__ import annotations

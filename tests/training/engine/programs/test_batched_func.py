@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import training
-from training.engine.cell_plan import plan_cell
+from training.engine.strategy import ruled_strategy
 from training.engine.programs.batched import BatchedProgram
 from training.engine.programs.func import FuncProgram
 
@@ -56,5 +56,5 @@ def test_unsupported_layers_fall_back_to_torch_func(data):
                                   torch.nn.Linear(72, 10))
     for net in (model, dilated):
         assert BatchedProgram.try_build(net, data.task) is None
-        plan = plan_cell(net, data.task, data.input_shape, 8, 2)
+        plan = ruled_strategy(net, data.task, data.input_shape, 8, 2)
         assert plan.name == "func" and isinstance(plan.program, FuncProgram)

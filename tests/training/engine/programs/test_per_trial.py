@@ -46,7 +46,7 @@ def test_batch_statistics_and_random_draws_take_the_whole_batch():
     """A module with BatchNorm or Dropout runs per_trial, one chunk a mini-batch (its batch
     statistics and its random draws are those of the whole batch, as in the plain loop); a
     batch-norm-free convolutional model is chunked."""
-    from training.engine.cell_plan import plan_cell
+    from training.engine.strategy import ruled_strategy
 
     with_bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(),
                             nn.Linear(72, 3))
@@ -54,7 +54,7 @@ def test_batch_statistics_and_random_draws_take_the_whole_batch():
     assert has_conv2d(with_bn)
     assert not has_conv2d(nn.Sequential(nn.Linear(3, 3)))
     for net, shape in ((with_bn, (1, 8, 8)), (with_dropout, (8,))):
-        plan = plan_cell(net, "classification", shape, 512, 4)
+        plan = ruled_strategy(net, "classification", shape, 512, 4)
         assert plan.name == "per_trial" and plan.examples_per_chunk == 512
     plain = nn.Sequential(nn.Conv2d(1, 64, 3), nn.Flatten(), nn.Linear(64 * 26 * 26, 3))
-    assert plan_cell(plain, "classification", (1, 28, 28), 4096, 4).examples_per_chunk < 4096
+    assert ruled_strategy(plain, "classification", (1, 28, 28), 4096, 4).examples_per_chunk < 4096
