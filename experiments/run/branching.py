@@ -245,11 +245,11 @@ def warmup_comparison(model: torch.nn.Module, dataset: training.Dataset, trial: 
     largest = max(s.batch_size for s in schedule.segments)
     fixed = [base_batch * 2**i for i in range(int(math.log2(largest // base_batch)) + 1)]
     rows, cost = [], 0
-    plans = [("warmup", largest, schedule)] + [
+    schedules = [("warmup", largest, schedule)] + [
         ("fixed", b, BatchSchedule(((replace(schedule.segments[0], batch_size=b,
                                              lr_scale=lr_scale(b / base_batch, run.optimizer))),)))
         for b in fixed]
-    for kind, b, sched in plans:
+    for kind, b, sched in schedules:
         max_steps = steps_for_examples(sched, budget)
         res = train_schedule_trials(model, dataset, [trial] * replicates,
                                     replace(run, stop="all", max_steps=max_steps), schedule=sched,

@@ -44,7 +44,7 @@ def test_site_builds_strict_with_every_page(tmp_path):
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     for page in GUIDE:
         assert (site / "guide" / page / "index.html").is_file(), page
-    for page in ("architecture", "protocols", "guarantees", "benchmarks/log", "design/cell-plan",
+    for page in ("architecture", "protocols", "guarantees", "benchmarks/log", "design/strategy",
                  "design/compiled-kernel", "design/measured-choices"):
         assert (site / page / "index.html").is_file(), page
     for package, names in API.items():

@@ -75,8 +75,8 @@ def linear(dataset: Dataset) -> nn.Module:
                  dataset)
 
 
-def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
-    return (length + 2 * padding - kernel) // stride + 1
+def _conv_out(length: int, size: int, stride: int, padding: int) -> int:
+    return (length + 2 * padding - size) // stride + 1
 
 
 @register("cnn1d")

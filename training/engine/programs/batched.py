@@ -143,7 +143,7 @@ class _Conv1d(_Layer):
     bias: bool
     stride: int
     padding: int
-    kernel: int
+    taps: int   # the convolution's kernel_size (torch's name), as positions
 
     @property
     def n_params(self) -> int:  # type: ignore[override]
@@ -151,7 +151,7 @@ class _Conv1d(_Layer):
 
     def _taps(self, length_out: int) -> list[slice]:
         span = self.stride * (length_out - 1) + 1
-        return [slice(j, j + span, self.stride) for j in range(self.kernel)]
+        return [slice(j, j + span, self.stride) for j in range(self.taps)]
 
     def forward(self, p, x):
         w = p[0]
@@ -159,7 +159,7 @@ class _Conv1d(_Layer):
         batch, length = x.shape[1], x.shape[3]
         xc = x.new_zeros(n, batch, length + 2 * self.padding, c_in)
         xc[:, :, self.padding:self.padding + length] = x.transpose(2, 3)
-        length_out = (xc.shape[2] - self.kernel) // self.stride + 1
+        length_out = (xc.shape[2] - self.taps) // self.stride + 1
         cols = torch.cat([xc[:, :, t] for t in self._taps(length_out)], -1)
         cols = cols.view(n, batch * length_out, -1)  # [N, B * Lout, k * C_in]
         w2 = w.permute(0, 3, 2, 1).reshape(n, -1, c_out)  # [N, k * C_in, C_out], tap-major
@@ -172,7 +172,7 @@ class _Conv1d(_Layer):
         n, c_out, c_in = w.shape[:3]
         length_out = dy.shape[3]
         dyc = dy.transpose(2, 3).reshape(n, -1, c_out)  # [N, B * Lout, C_out]
-        dw = torch.bmm(dyc.transpose(1, 2), cols).view(n, c_out, self.kernel, c_in)
+        dw = torch.bmm(dyc.transpose(1, 2), cols).view(n, c_out, self.taps, c_in)
         grads = [dw.transpose(2, 3).contiguous()]
         if self.bias:
             grads.append(dyc.sum(1))
@@ -180,7 +180,7 @@ class _Conv1d(_Layer):
             return None, grads
         # col2im: add every tap's patch gradient back onto the padded input
         dcols = torch.bmm(dyc, w.transpose(2, 3).reshape(n, c_out, -1)).view(
-            n, dy.shape[1], length_out, self.kernel, c_in)
+            n, dy.shape[1], length_out, self.taps, c_in)
         dxc = dcols.new_zeros(padded_shape)
         for j, t in enumerate(self._taps(length_out)):
             dxc[:, :, t] += dcols[:, :, :, j]
