@@ -21,7 +21,7 @@ GUIDE = ["install", "studies", "spec", "reports", "data-models", "training", "ad
 # one public name per package whose API entry must be rendered
 API = {
     "training": ["training.trials.train_trials", "training.config.RunConfig",
-                 "training.models.register", "training.data.register",
+                 "training.models.registry.register", "training.data.registry.register",
                  "training.data.dataset.Dataset.from_tensors", "training.data.dataset.Dataset.from_torch"],
     "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
     "theory": ["theory.models.scaling.fit_scaling", "theory.estimators.noise.gradient_noise"],
