@@ -23,6 +23,8 @@ from scipy.stats import qmc
 
 from training.config import ADAM_KEYS, ADAM_OPTIMIZERS
 
+from experiments.spec.errors import SpecError
+
 SCALES = ("log", "reverse-log", "linear")
 # the searchable metaparameters, in the order they take Sobol coordinates; the Adam keys come
 # last, so a spec without them draws the points it drew before they existed
@@ -105,7 +107,8 @@ def sample(space: Mapping[str, Dimension], n: int, seed: int, max_steps: int | N
             d = point["decay_steps"]
             if space["decay_steps"].relative:
                 if max_steps is None:
-                    raise ValueError("a relative decay_steps needs max_steps")
+                    raise SpecError(["search.decay_steps: relative = true needs a step budget "
+                                     "(max_steps) to be a fraction of"])
                 d = d * max_steps
             point["decay_steps"] = max(1, int(round(d)))
         else:

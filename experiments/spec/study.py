@@ -93,30 +93,15 @@ from typing import Any
 
 from theory.verdicts.probe_points import BATCH_RULES
 from training.config import EvalSchedule, is_int
-from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec import checks, factories
+from experiments.spec.errors import SpecError, SpecIOError
 from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
 from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
 from experiments.spec.factories import Factory
 from experiments.spec.pruning_table import pruning_table
-
-
-class SpecError(SparsescaleError, ValueError):
-    """A study spec is invalid. ``problems`` holds one line per problem (key path first)."""
-
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = list(problems)
-        self.source = source
-        head = f"{source}: " if source else ""
-        super().__init__(head + f"{len(self.problems)} problem(s) in the study spec:\n"
-                         + "\n".join(self.problems))
-
-
-class SpecIOError(SparsescaleIOError):
-    """A study spec file cannot be read (missing, unreadable, a folder): names the path."""
 
 
 # ---------------------------------------------------------------------------------------------

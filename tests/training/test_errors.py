@@ -40,7 +40,7 @@ def test_every_project_exception_is_a_sparsescale_error():
     for name in ("training.errors.ConfigError", "training.masks.MaskError",
                  "training.errors.DataError", "training.errors.ModelError",
                  "pruning.errors.PruningError", "theory.errors.TheoryError",
-                 "experiments.spec.study.SpecError", "experiments.store.database.StoreError",
+                 "experiments.spec.errors.SpecError", "experiments.store.database.StoreError",
                  "experiments.store.database.StoreIOError",
                  "experiments.store.database.StoreContentError"):
         assert name in found, name
@@ -62,10 +62,10 @@ def test_every_project_exception_is_a_value_error_or_an_os_error_not_both():
     io = {n for n, k in kinds.items() if k[1]}
     assert {"training.errors.ConfigError", "training.masks.MaskError", "training.errors.DataError",
             "pruning.errors.PruningError", "theory.errors.TheoryError",
-            "experiments.spec.study.SpecError", "experiments.store.database.StoreContentError",
+            "experiments.spec.errors.SpecError", "experiments.store.database.StoreContentError",
             "experiments.exchange.batch_science_tree.ArchiveError"} <= value
     assert {"training.errors.DataIOError", "experiments.store.database.StoreIOError",
-            "experiments.spec.study.SpecIOError", "pruning.errors.MaskIOError",
+            "experiments.spec.errors.SpecIOError", "pruning.errors.MaskIOError",
             "experiments.exchange.batch_science_tree.ArchiveIOError"} <= io
     assert issubclass(SparsescaleIOError, OSError) and issubclass(ConfigError, ValueError)
 

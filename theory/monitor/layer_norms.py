@@ -50,6 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from theory.errors import TheoryError
+
 # Up to this many token slots per example, an Embedding's norms come from the Gram matrix of its
 # output gradients (P^2 D per example, a few kernels); beyond it, from summing the rows of equal
 # tokens (P D, with a sort of the batch's tokens).
@@ -351,7 +353,7 @@ def job_function(module: nn.Module) -> JobFunction:
     for kinds, job_of in _JOBS:
         if isinstance(module, kinds):
             return job_of
-    raise TypeError(f"{type(module).__name__} is not supported (layer_norms.SUPPORTED)")
+    raise TheoryError(f"{type(module).__name__} is not supported (layer_norms.SUPPORTED)")
 
 
 _LAYERS = ((nn.Linear, _linear), ((nn.Conv1d, nn.Conv2d), _conv), (nn.Embedding, _embedding),
@@ -370,7 +372,7 @@ def terms_function(module: nn.Module) -> TermsFunction:
     for kinds, terms_of in _LAYERS:
         if isinstance(module, kinds):
             return terms_of
-    raise TypeError(f"{type(module).__name__} is not supported (layer_norms.SUPPORTED)")
+    raise TheoryError(f"{type(module).__name__} is not supported (layer_norms.SUPPORTED)")
 
 
 def layer_terms(terms: Terms, module: nn.Module, inputs: Sequence[torch.Tensor],

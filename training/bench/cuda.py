@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from training.device import autocast, precision as arithmetic, resolve_device
+from training.device import DeviceError, autocast, precision as arithmetic, resolve_device
 
 # 8192^3: 1.1 TFLOP a product, long enough (ms) that launch overhead does not count, and the
 # size the device notes of this workplace report (bf16 788-798 TFLOP/s on H100 / H200)
@@ -29,7 +29,7 @@ def matmul_peak(device: str = "cuda", precision: str = "fp32", size: int = PEAK_
     autocast gives them), from CUDA events over at least ``seconds``."""
     dev = resolve_device(device)
     if dev.type != "cuda":
-        raise ValueError("training.bench.cuda.matmul_peak measures a CUDA device; use "
+        raise DeviceError("training.bench.cuda.matmul_peak measures a CUDA device; use "
                          "training.bench.measure.matmul_peak on the CPU")
     g = torch.Generator(device=dev).manual_seed(0)
     a = torch.randn(size, size, device=dev, generator=g)

@@ -28,6 +28,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from training.errors import ConfigError
+
 # a run of ``steps`` updates -> the seconds its step loop took
 Run = Callable[[int], float]
 MAX_STEPS = 1 << 20
@@ -78,11 +80,11 @@ def warm_up(run: Run, round_seconds: float, name: str = "", order: list | None =
 def interleave(runs: Mapping[str, Run], seconds: float, rounds: int = 3) -> Rounds:
     """Time the trainers ``runs`` (name -> run) in ``rounds`` interleaved rounds after a warm-up
     of each (see the module docstring): every trainer's step loops total about ``seconds``
-    over the rounds. Raises ValueError for ``rounds`` < 1 or ``seconds`` <= 0."""
+    over the rounds. Raises ConfigError for ``rounds`` < 1 or ``seconds`` <= 0."""
     if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+        raise ConfigError(f"rounds must be >= 1, got {rounds}")
     if not seconds > 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+        raise ConfigError(f"seconds must be > 0, got {seconds}")
     per_round = seconds / rounds
     order: list[tuple[str, int]] = []
     steps = {name: warm_up(run, per_round, name, order) for name, run in runs.items()}
@@ -98,6 +100,6 @@ def median_index(values: Sequence[float]) -> int:
     """Index of the lower median of ``values`` (the middle one of an odd count): a value that
     was measured, so the rates of its round can be reported beside it."""
     if not values:
-        raise ValueError("median of no values")
+        raise ConfigError("median of no values")
     ranked = sorted(range(len(values)), key=lambda i: values[i])
     return ranked[(len(values) - 1) // 2]
