@@ -10,7 +10,7 @@ mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)     # a pruning.Mask
 print("sparsity:", round(mask.sparsity(), 6))                   # exactly round(N * 0.1) kept
 print("kept per layer:", " ".join(f"{name}={mask.kept(name)}" for name in mask))
 
-run = training.RunConfig(batch_size=64, optimizer="momentum", max_steps=4000, goal=0.4,
+run = training.RunConfig(batch_size=64, optimizer="momentum", max_steps=8000, goal=0.4,
                          eval_schedule=training.EvalSchedule(every=20))
 trials = [training.Trial(lr=lr, momentum=0.9) for lr in (0.01, 0.03, 0.1, 0.3)]
 dense = training.train_trials(net, ds, trials, run)

@@ -1,7 +1,12 @@
 """The runnable examples of the documentation (docs/examples/*.py) run and print what the pages
 say they print, so they cannot rot. Each runs in a fresh interpreter, as a reader would run it,
-from a scratch folder (an example that writes a run folder writes it there)."""
+from a scratch folder (an example that writes a run folder writes it there).
 
+Each page shows its example's output too (``docs/examples/output/<name>.txt``, included after the
+code): that output passes the example's own check and prints the same lines as a fresh run, and
+``SPARSESCALE_WRITE_DOCS=1`` rewrites it from the fresh run."""
+
+import os
 import re
 import subprocess
 import sys
@@ -11,15 +16,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
+OUTPUT = EXAMPLES / "output"
 
 
-def run_example(name: str, cwd: Path) -> dict[str, str]:
-    """Run ``docs/examples/<name>`` and return its ``key: value`` output lines as a dict."""
+def run_example(name: str, cwd: Path) -> str:
+    """Run ``docs/examples/<name>`` and return what it prints."""
     proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def parse(text: str) -> dict[str, str]:
+    """The ``key: value`` lines of an example's output, as a dict."""
     out = {}
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition(": ")
         if sep:
             out[key.strip()] = value.strip()
@@ -138,14 +149,31 @@ CHECKS = {
 
 
 def test_every_example_is_checked_and_shown():
-    """Each example file has a check here and is included in a page (pymdownx.snippets)."""
+    """Each example file has a check here and is included in a page (pymdownx.snippets), with
+    its output."""
     files = sorted(p.name for p in EXAMPLES.glob("*.py"))
     assert files == sorted(CHECKS)
     pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     for name in files:
         assert f'--8<-- "{name}"' in pages, f"{name} is not included in any page"
+        shown = f'--8<-- "output/{name.removesuffix(".py")}.txt"'
+        assert shown in pages, f"{name}'s output is not shown in any page"
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_shown_output_is_one_the_example_prints(name):
+    """The output a page shows passes the example's check (the run that makes it is
+    :func:`test_example_runs`)."""
+    CHECKS[name](parse((OUTPUT / f"{name.removesuffix('.py')}.txt").read_text()))
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_example_runs(name, tmp_path):
-    CHECKS[name](run_example(name, tmp_path))
+    printed = run_example(name, tmp_path)
+    CHECKS[name](parse(printed))
+    shown = OUTPUT / f"{name.removesuffix('.py')}.txt"
+    if os.environ.get("SPARSESCALE_WRITE_DOCS") == "1":
+        shown.parent.mkdir(exist_ok=True)
+        shown.write_text(printed)
+    # the page shows the lines a run prints, in order (their values may differ by machine)
+    assert list(parse(shown.read_text())) == list(parse(printed))
