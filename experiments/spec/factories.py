@@ -64,6 +64,7 @@ from torch import nn
 
 from training.data import Dataset
 from training.errors import SparsescaleError
+from training.initialization import initialize
 from training.models import seeded
 
 from experiments.spec.checks import Checker, did_you_mean, registry
@@ -347,11 +348,15 @@ def stored(workload: Any) -> tuple[Any, dict[str, str]]:
 
 
 def build_model(path: str, dataset: Dataset, seed: int, options: dict[str, Any],
-                folders: Iterable[str] = (), digest: str | None = None) -> nn.Module:
-    """The model of the factory ``path`` for ``dataset``, initialized with ``seed``."""
+                folders: Iterable[str] = (), digest: str | None = None,
+                init: str = "torch") -> nn.Module:
+    """The model of the factory ``path`` for ``dataset``, initialized with ``seed`` by scheme
+    ``init`` (``"torch"``: as the factory makes it; ``"lee"``: Lee et al. 2021's rule by layer
+    kind, :mod:`training.initialization`)."""
     factory = resolve("model", path, folders, digest)
     with seeded(seed):
-        return _checked("model", path, lambda: factory.fn(dataset, **options))
+        model = _checked("model", path, lambda: factory.fn(dataset, **options))
+    return initialize(model, init, seed)
 
 
 def load_dataset(path: str, options: dict[str, Any], folders: Iterable[str] = (),
