@@ -82,15 +82,16 @@ def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: P
 def summed_gradients(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                      mean: LossFn, chunk: int) -> list[torch.Tensor]:
     """sum_b dL_b/dw over the consecutive chunks b of ``chunk`` examples of (x, y) (the last one
-    may be smaller), L_b = ``mean`` loss of chunk b, model in eval mode; accumulated in the
-    parameters' dtype, one chunk in memory at a time."""
+    may be smaller), L_b = ``mean`` loss of chunk b, model in eval mode; each chunk's gradient
+    in the parameters' dtype, the sum in float64 (so that 540 float32 additions do not move a
+    score), one chunk in memory at a time."""
     if chunk < 1:
         raise PruningError(f"chunk must be >= 1 examples, got {chunk}")
-    total = [torch.zeros_like(p) for p in params.values()]
+    total = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params.values()]
     for a in range(0, x.shape[0], chunk):
         xb, yb = x[a:a + chunk], y[a:a + chunk].to(x.device)
         grads = _eval_mode_grad(model, lambda out: mean(out, yb), xb, params)
-        torch._foreach_add_(total, [g.detach() for g in grads])
+        torch._foreach_add_(total, [g.detach().double() for g in grads])
     return total
 
 

@@ -284,7 +284,8 @@ def workload_table(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...]
     model_options: dict[str, Any] | None = {}
     if wl is not None:
         ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options",
-                                 "device", "precision"))   # the last two: checks.device_keys
+                                 "device", "precision",   # these two: checks.device_keys
+                                 "init"))                  # checks.init_key
         for kind in names:
             names[kind] = _name(ck, wl.get(kind), kind, folders, digests, found)
         dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
