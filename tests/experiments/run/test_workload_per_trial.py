@@ -1,0 +1,82 @@
+"""``[pruning] mask_per_trial`` with Lee et al.'s initialization and SNIP: every trial of a group
+its own initialization seed and its own mask, and trial i's mask is SNIP of trial i's own
+initialization on the whole training split (an independent float64 computation,
+``tests/lee_snip.py``)."""
+
+import numpy as np
+import torch
+
+import training
+from experiments.run.runner import GroupTask, run_group
+from experiments.run.workload import Workload
+from experiments.spec.plan import plan
+from experiments.spec.study import loads
+from training.initialization import trial_init_seed
+
+from ..conftest import TINY
+from ...lee_snip import lee_snip_mask
+
+LEE_TINY = TINY.replace('model_options = {hidden = [16]}\n',
+                        'model_options = {hidden = [16]}\ninit = "lee"\n').replace(
+    "[goal]", '[pruning]\nmethod = "snip"\nexamples = "all"\nprune_biases = true\n'
+              'mask_per_trial = true\n\n[goal]')
+
+
+def trial_model(ds, seed, i):
+    return training.models.build("mlp", ds, seed=trial_init_seed(seed, i), init="lee",
+                                 hidden=[16])
+
+
+def test_trial_i_mask_is_snip_of_its_own_initialization_on_the_whole_split():
+    spec = loads(LEE_TINY)
+    w = Workload.of(spec)
+    assert w.trials == spec.trials == 4 and w.mask_per_trial
+    ds = w.load_dataset()
+    masks = w.masks(ds, [(0.5, 0), (0.0, 0)])
+    assert masks[(0.0, 0)] is None
+    stacked = masks[(0.5, 0)]
+    names = [k for k, _ in trial_model(ds, 0, 0).named_parameters()]
+    assert set(stacked) == set(names)   # weights and biases
+    rows = []
+    for i in range(spec.trials):
+        want = lee_snip_mask(trial_model(ds, 0, i), ds.x_train, ds.y_train, 0.5)
+        row = w.trial_mask(stacked, i)
+        assert all(torch.equal(row[k].double(), want[k]) for k in names), i
+        n = sum(v.numel() for v in want.values())
+        assert sum(int(v.sum()) for v in row.values()) == round(n * 0.5)
+        rows.append(torch.cat([row[k].flatten() for k in names]))
+    assert len({tuple(r.tolist()) for r in rows}) == spec.trials   # four different masks
+
+
+def test_each_trial_starts_from_its_own_initialization():
+    spec = loads(LEE_TINY)
+    w = Workload.of(spec)
+    ds = w.load_dataset()
+    inits = w.init_params(ds, 0, 3)
+    for i in range(3):
+        assert w.init_seed(0, i) == trial_init_seed(0, i) != 0
+        for k, p in trial_model(ds, 0, i).named_parameters():
+            assert torch.equal(inits[k][i], p.detach())
+    shared = Workload.of(loads(TINY))
+    assert shared.init_params(ds, 0, 3) is None and shared.init_seed(0, 2) == 0
+
+
+def test_a_group_trains_trial_i_from_its_own_init_under_its_own_mask():
+    spec = loads(LEE_TINY)
+    w = Workload.of(spec)
+    ds = w.load_dataset()
+    group = next(g for g in plan(spec) if g.sparsity == 0.5 and g.batch_size == 128)
+    mask = w.masks(ds, [(0.5, 0)])[(0.5, 0)]
+    rec = run_group(GroupTask(group, w, mask))
+    assert rec.status == "done", rec.error
+    run = training.RunConfig(128, "momentum", max_steps=group.max_steps, seed=0,
+                             goal=training.Goal("error", 0.3),
+                             eval_schedule=training.EvalSchedule(every=10))
+    for i, t in enumerate(group.trials):
+        ref = training.train_reference(trial_model(ds, 0, i), ds, training.Trial.from_dict(t),
+                                       run, mask=w.trial_mask(mask, i), trial_index=i)
+        got = rec.trials[i].curve
+        steps = [row[0] for row in got]
+        assert steps == ref.curve.step.tolist()[:len(steps)]
+        np.testing.assert_allclose([row[1] for row in got],
+                                   ref.curve.train_loss[:len(steps)], rtol=1e-4)
