@@ -4,6 +4,7 @@ initialization on the whole training split (an independent float64 computation,
 ``tests/lee_snip.py``)."""
 
 import numpy as np
+import pytest
 import torch
 
 import training
@@ -80,3 +81,39 @@ def test_a_group_trains_trial_i_from_its_own_init_under_its_own_mask():
         assert steps == ref.curve.step.tolist()[:len(steps)]
         np.testing.assert_allclose([row[1] for row in got],
                                    ref.curve.train_loss[:len(steps)], rtol=1e-4)
+
+
+def test_a_study_probes_its_best_trial_from_that_trials_init_and_mask(tmp_path):
+    """End to end: the masks' record names trial 0, and the probes' loss at step 0 is the loss
+    of the best trial's own initialization under its own mask (not the seed's)."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import experiments
+
+    text = LEE_TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [32]").replace(
+        "[probes]\nenabled = false", '[probes]\nenabled = true\npoints = 2\n'
+                                     'batch_sizes = ["smallest"]')
+    spec = loads(text)
+    run = experiments.run_study(spec, out=tmp_path / "run", executor=ThreadPoolExecutor(1),
+                                quiet=True, report=False)
+    res = experiments.load_results(run)
+    recorded = json.loads((run / "masks.json").read_text())["masks"]
+    assert [(m["sparsity"], m["info"]["trial"], m["info"]["mask_per_trial"]) for m in recorded] \
+        == [(0.5, 0, True)]
+    w = Workload.of(spec)
+    ds = w.load_dataset()
+    mask = w.masks(ds, [(0.5, 0)])[(0.5, 0)]
+    for sparsity in (0.0, 0.5):
+        group = res.groups[res.groups.sparsity == sparsity].iloc[0]
+        best = int(group.best_trial)
+        net = trial_model(ds, 0, best)
+        if sparsity:
+            with torch.no_grad():
+                for k, p in net.named_parameters():
+                    p.mul_(w.trial_mask(mask, best)[k])
+        with torch.no_grad():
+            want = float(torch.nn.functional.cross_entropy(net(ds.x_train), ds.y_train))
+        p = res.probes
+        got = p[(p.sparsity == sparsity) & (p.step == 0) & (p.quantity == "loss")].value
+        assert float(got.iloc[0]) == pytest.approx(want, rel=1e-5), sparsity
