@@ -155,6 +155,10 @@ def plan(model: nn.Module) -> dict[str, Rule]:
     out = {}
     for name, p in model.named_parameters():
         module, local = owners[id(p)]
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise InitError(f"init 'lee': parameter {name!r} of {type(module).__name__} is "
+                            f"uninitialized (lazy): call the model once on an example batch "
+                            f"first, or use init = 'torch'")
         rule = _rule(module, local, p)
         if rule is None:
             raise InitError(

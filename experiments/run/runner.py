@@ -279,7 +279,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                 if todo:
                     with clock.phase("masks"):
                         masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
-                                               record=out)
+                                               record=out, executor=ex)
                     tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
                                        spec.device) for g in todo]
                     with clock.phase("training"):

@@ -30,11 +30,13 @@ A :class:`Workload` is plain picklable data: it is shipped to worker processes w
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -140,34 +142,63 @@ class Workload:
         return _plain(self.pruned(dataset, sparsity, seed))
 
     def masks(self, dataset: training.Dataset, keys: Iterable[tuple[float, int]],
-              record: str | os.PathLike | None = None) -> dict[tuple[float, int], Mask | None]:
+              record: str | os.PathLike | None = None, executor: Executor | None = None
+              ) -> dict[tuple[float, int], Mask | None]:
         """One mask per distinct (sparsity, seed) of ``keys``, every level of a seed from one
         scoring; with ``mask_per_trial`` the masks of the seed's ``trials`` trials stacked,
         ``[trials, *shape]`` (trial i's pruned from its own initialization, seed
-        :meth:`init_seed`). ``record``: a run folder to write the masks' recipes and
-        diagnoses into (``masks.json``, ``experiments.spec.series.record_masks``; with
-        ``mask_per_trial``, trial 0's mask of each (sparsity, seed))."""
+        :meth:`init_seed`; :meth:`trial_masks`). ``record``: a run folder to write the masks'
+        recipes and diagnoses into (``masks.json``, ``experiments.spec.series.record_masks``;
+        with ``mask_per_trial``, trial 0's mask of each (sparsity, seed)). ``executor``: where
+        the per-trial masks are computed, one (seed, trial) a task."""
         keys = sorted(set(keys))
-        rows = range(self.trials) if self.mask_per_trial else [None]
-        made: dict[tuple[float, int], list[pruning.Mask | None]] = {k: [] for k in keys}
+        if self.mask_per_trial:
+            return self.trial_masks(dataset, keys, record, executor)
+        made: dict[tuple[float, int], pruning.Mask | None] = {}
         for seed in sorted({seed for _, seed in keys}):
             levels = [s for s, k in keys if k == seed]
-            for trial in rows:
-                init = seed if trial is None else self.init_seed(seed, trial)
-                for s, m in zip(levels, self.pruned_levels(dataset, levels, init)):
-                    if m is not None and trial is not None:
-                        m.info.update(mask_per_trial=True, trial=trial, init_seed=init)
-                    made[(s, seed)].append(m)
-        first = {key: ms[0] for key, ms in made.items() if ms[0] is not None}
-        if record is not None and first:
+            made.update({(s, seed): m for s, m in zip(levels, self.pruned_levels(dataset,
+                                                                                  levels, seed))})
+        sparse = {key: m for key, m in made.items() if m is not None}
+        if record is not None and sparse:
+            record_masks(record, series_label(self.pruning_method, self.pruning_sanity), sparse,
+                         functools.partial(self.build_model, dataset))
+        return {key: _plain(m) for key, m in made.items()}
+
+    def trial_masks(self, dataset: training.Dataset, keys: list[tuple[float, int]],
+                    record: str | os.PathLike | None = None, executor: Executor | None = None
+                    ) -> dict[tuple[float, int], Mask | None]:
+        """:meth:`masks` with ``mask_per_trial``: name -> ``[trials, *shape]`` per (sparsity,
+        seed), trial i's row the mask of the initialization of seed ``init_seed(seed, i)``,
+        every level of a (seed, trial) from one scoring (in ``executor``'s workers when given:
+        each loads the workload's data set itself). Kept for this process
+        (``_TRIAL_MASKS``): the probes and the branching measurement after the training find
+        the masks the groups trained under without scoring every trial again."""
+        memo = {key: _memo_key(self, key) for key in keys if key[0] > 0}
+        todo = sorted({key[1] for key, m in memo.items() if m not in _TRIAL_MASKS})
+        jobs = [(seed, trial, sorted(s for s, k in memo if k == seed))
+                for seed in todo for trial in range(self.trials)]
+        args = [(self, levels, self.init_seed(seed, trial)) for seed, trial, levels in jobs]
+        if executor is None:
+            results = [self.pruned_levels(dataset, levels, init) for _, levels, init in args]
+        else:
+            results = list(executor.map(_trial_levels, *zip(*args))) if args else []
+        made: dict[tuple[float, int], list[pruning.Mask]] = {}
+        for (seed, trial, levels), masks in zip(jobs, results):
+            for s, m in zip(levels, masks):
+                m.info.update(mask_per_trial=True, trial=trial,
+                              init_seed=self.init_seed(seed, trial))
+                made.setdefault((s, seed), []).append(m)
+        for key, ms in made.items():
+            _TRIAL_MASKS[memo[key]] = (pruning.Mask.stack(ms), ms[0])
+            while len(_TRIAL_MASKS) > TRIAL_MASKS_KEPT:
+                _TRIAL_MASKS.popitem(last=False)
+        if record is not None and memo:
             build = functools.partial(self.build_model, dataset)
-            record_masks(record, series_label(self.pruning_method, self.pruning_sanity), first,
-                         build if not self.mask_per_trial else
+            record_masks(record, series_label(self.pruning_method, self.pruning_sanity),
+                         {key: _TRIAL_MASKS[m][1] for key, m in memo.items()},
                          lambda seed: build(self.init_seed(seed, 0)))
-        if not self.mask_per_trial:
-            return {key: _plain(ms[0]) for key, ms in made.items()}
-        return {key: None if ms[0] is None else pruning.Mask.stack(ms)
-                for key, ms in made.items()}
+        return {key: _TRIAL_MASKS[memo[key]][0] if key in memo else None for key in keys}
 
     def trial_mask(self, mask: Mask | None, trial: int) -> Mask | None:
         """Trial ``trial``'s mask of a group's ``mask`` (one of :meth:`masks`): its row with
@@ -175,6 +206,24 @@ class Workload:
         if mask is None or not self.mask_per_trial:
             return mask
         return {k: v[trial] for k, v in mask.items()}
+
+
+# the per-trial masks this process made (Workload.trial_masks): stacked, and trial 0's
+# pruning.Mask (with its recipe, for masks.json); the oldest dropped first
+TRIAL_MASKS_KEPT = 64
+_TRIAL_MASKS: collections.OrderedDict[str, tuple[Mask, pruning.Mask]] = collections.OrderedDict()
+
+
+def _memo_key(workload: Workload, key: tuple[float, int]) -> str:
+    """What identifies a (sparsity, seed)'s per-trial masks: the whole workload and the key."""
+    return canonical_json([asdict(workload), float(key[0]), int(key[1])])
+
+
+def _trial_levels(workload: Workload, levels: list[float], init: int
+                  ) -> list[pruning.Mask | None]:
+    """One trial's masks at every level of ``levels`` (a worker's task: the workload's own data
+    set, loaded once per process)."""
+    return workload.pruned_levels(workload.load_dataset(), levels, init)
 
 
 def _plain(mask: pruning.Mask | None) -> Mask | None:

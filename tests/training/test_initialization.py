@@ -190,3 +190,8 @@ def test_trial_init_seeds_are_fixed_distinct_and_not_the_group_seed():
     # pinned: a change would re-initialize every stored per-trial study
     assert trial_init_seed(0, 0) == int(np.random.SeedSequence([0, 0, 0x1417])
                                         .generate_state(1, dtype=np.uint32)[0])
+
+
+def test_a_lazy_layer_is_refused_in_one_line():
+    with pytest.raises(InitError, match=r"'0.weight' of LazyLinear is uninitialized \(lazy\)"):
+        lee_init_(nn.Sequential(nn.LazyLinear(3)), seed=0)

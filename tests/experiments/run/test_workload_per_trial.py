@@ -117,3 +117,22 @@ def test_a_study_probes_its_best_trial_from_that_trials_init_and_mask(tmp_path):
         p = res.probes
         got = p[(p.sparsity == sparsity) & (p.step == 0) & (p.quantity == "loss")].value
         assert float(got.iloc[0]) == pytest.approx(want, rel=1e-5), sparsity
+
+
+def test_per_trial_masks_in_an_executor_are_the_same_and_kept_for_the_probes():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from experiments.run import workload as wl
+
+    w = Workload.of(loads(LEE_TINY))
+    ds = w.load_dataset()
+    wl._TRIAL_MASKS.clear()
+    here = w.masks(ds, [(0.5, 0), (0.0, 0)])
+    wl._TRIAL_MASKS.clear()
+    with ThreadPoolExecutor(2) as ex:
+        there = w.masks(ds, [(0.5, 0), (0.0, 0)], executor=ex)
+    assert there[(0.0, 0)] is None
+    assert all(torch.equal(here[(0.5, 0)][k], there[(0.5, 0)][k]) for k in here[(0.5, 0)])
+    # asked again (the probes after the training), nothing is scored: the same tensors come back
+    again = w.masks(ds, [(0.5, 0)])
+    assert all(again[(0.5, 0)][k] is there[(0.5, 0)][k] for k in there[(0.5, 0)])
