@@ -100,6 +100,11 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
              f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
                for kind, digest in sorted(spec.digests.items())),
+             *([f"init {spec.init}"] if spec.init != "torch" else []),
+             *([f"pruning {spec.pruning_method}: " + ", ".join(
+                 f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
+                 for k, v in spec.pruning_options.canonical().items())]
+               if spec.pruning_options.canonical() else []),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
              f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
              f"{spec.trials} trials each",

@@ -81,3 +81,15 @@ def test_bad_values_are_one_line_naming_the_key_and_what_is_allowed(workload, pr
     with pytest.raises(SpecError) as err:
         loads(text)
     assert err.value.problems == [problem]
+
+
+def test_the_plan_names_the_protocol_only_when_set():
+    from experiments.spec.plan import format_plan
+
+    lee = loads(with_keys(LEE["workload"], LEE["pruning"]))
+    lines = format_plan(lee, plan(lee)).splitlines()
+    assert lines[1:3] == ["init lee", "pruning snip: examples = 'all', prune_biases = true, "
+                                      "mask_per_trial = true"]
+    base = loads(with_keys())
+    assert not any(line.startswith(("init", "pruning")) for line in
+                   format_plan(base, plan(base)).splitlines())
