@@ -214,7 +214,8 @@ def _prune(model: nn.Module, method: str, sparsities: list[float], dataset: Data
         check_model(model, "prune")
     else:
         check_output(model, dataset, "prune")
-    if spec.needs_data and dataset is None and not (method == "imp" and o["train_fn"]):
+    imp_without_data = method == "imp" and o["train_fn"] is not None
+    if spec.needs_data and dataset is None and not imp_without_data:
         raise PruningError(f"pruning method {method!r} needs dataset=training.Dataset")
     input_shape = o["input_shape"]
     if input_shape is None and dataset is not None:
@@ -277,8 +278,9 @@ def check_examples(examples: object, method: str) -> None:
         raise PruningError(f"examples must be 'all' (the whole training split) or None (the "
                            f"criterion's own batch), got {examples!r}")
     if method not in WHOLE_SPLIT:
+        scores = "its own batch" if METHODS[method].needs_data else "no data"
         raise PruningError(f"examples='all' applies to {', '.join(WHOLE_SPLIT)}; method "
-                           f"{method!r} scores {'no data' if not METHODS[method].needs_data else 'its own batch'}")
+                           f"{method!r} scores {scores}")
 
 
 def weights_first(model: nn.Module, params: dict[str, nn.Parameter]) -> dict[str, nn.Parameter]:

@@ -293,8 +293,9 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
     starts from ``model``'s weights, or with ``init_params`` (name -> ``[N, *shape]`` for
     every parameter) trial i from row i (each trial its own initialization, as Lee et al.
-    2021's runs; the module's buffers are still ``model``'s). ``run``: batch size, optimizer (the update rules of
-    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    2021's runs; the module's buffers are still ``model``'s). ``run``: batch size, optimizer
+    (the update rules of ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for
+    ``adam`` / ``adamw``), goal,
     step budget, evaluation schedule, data seed, dtype and device
     (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
     evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,

@@ -68,9 +68,10 @@ def pruning_options(ck: Checker, raw: Mapping[str, Any],
     examples = table.get("examples")
     if examples is not None:
         if examples not in EXAMPLES:
-            ck.add("pruning.examples", f"found {examples!r}{did_you_mean(str(examples), EXAMPLES)}; "
-                                       f"allowed: 'all' (the whole training split, in chunks of "
-                                       f"100), or leave it out (the criterion's own batch)")
+            near = did_you_mean(str(examples), EXAMPLES)
+            ck.add("pruning.examples", f"found {examples!r}{near}; allowed: 'all' (the whole "
+                                       f"training split, in chunks of 100), or leave it out "
+                                       f"(the criterion's own batch)")
             examples = None
         else:
             wrong = [m for m in methods if m not in WHOLE_SPLIT]
