@@ -5,8 +5,9 @@ default: Kaiming-uniform with a = sqrt(5) for Linear / Conv weights, std 1 / sqr
 non-zero uniform biases; ``transformer_lm``: GPT-2's).
 
 ``"lee"`` is Lee, Ajanthan, Torr & Jaggi (2021)'s initialization, read from their released code
-(``namhoonlee/effect-dps-public``, ``edps/network.py``, ``Network.construct_weights``): every
-weight variable (rank > 1) is drawn by TensorFlow 1.x's ``tf.variance_scaling_initializer()``
+(``namhoonlee/effect-dps-public``, ``edps/network.py``, ``Network.construct_weights``; their
+README asks for TensorFlow >= 1.14): every weight variable (rank > 1) is drawn by TensorFlow
+1.x's ``tf.variance_scaling_initializer()``
 at its defaults, scale 1.0, mode ``"fan_in"``, distribution ``"truncated_normal"``, and every
 bias (rank 1) is ``tf.zeros_initializer()``. TensorFlow's VarianceScaling draws
 ``tf.truncated_normal(shape, 0, sigma)`` with
