@@ -93,3 +93,31 @@ def test_the_plan_names_the_protocol_only_when_set():
     base = loads(with_keys())
     assert not any(line.startswith(("init", "pruning")) for line in
                    format_plan(base, plan(base)).splitlines())
+
+
+def test_a_model_by_import_path_gets_lees_initialization(own_project):
+    """The user's factory (Linear, LayerNorm, Linear) through the workload: weights by their
+    fan-in's rule, LayerNorm weight one, every bias zero; ``init = "torch"`` leaves it as the
+    factory made it."""
+    import torch
+
+    from experiments.run.workload import Workload
+    from experiments.spec.study import load
+    from training.initialization import TF_TRUNCATED_STD
+
+    text = (own_project / "own.toml").read_text()
+    (own_project / "lee.toml").write_text(text.replace('model = "mymodels:mlp"',
+                                                      'model = "mymodels:mlp"\ninit = "lee"'))
+    lee, torch_spec = load(own_project / "lee.toml"), load(own_project / "own.toml")
+    assert lee.init == "lee" and lee.digests == torch_spec.digests and lee.hash != torch_spec.hash
+    w = Workload.of(lee)
+    ds = w.load_dataset()
+    net = w.build_model(ds, 0)
+    params = {k: p.detach() for k, p in net.named_parameters()}
+    for name, fan_in in (("0.weight", 6), ("3.weight", 16)):
+        bound = 2 * (1 / fan_in) ** 0.5 / TF_TRUNCATED_STD
+        assert float(params[name].abs().max()) <= bound * (1 + 1e-6)
+    assert torch.equal(params["1.weight"], torch.ones(16))
+    assert all(torch.count_nonzero(p) == 0 for k, p in params.items() if k.endswith("bias"))
+    made = Workload.of(torch_spec).build_model(ds, 0)
+    assert any(torch.count_nonzero(p) for k, p in made.named_parameters() if k == "0.bias")
