@@ -7,6 +7,8 @@ Public API::
     mask.sparsity(); mask.apply(net)
     pruning.list_methods()   # random, magnitude, snip, grasp, synflow, imp, iterative_snip, force
     pruning.prune(net, "snip", 0.9, dataset=ds, keep="lowest") # inverted criterion
+    pruning.prune(net, "snip", 0.9, dataset=ds, examples="all", prune_biases=True)  # Lee et al.
+    pruning.prune_levels(net, "snip", [0.5, 0.9], dataset=ds)  # one scoring, several levels
     pruning.shuffle_layers(mask, seed=1); pruning.matched_random(mask, seed=1)
     pruning.reinitialize(net, seed=1, mask=mask)               # same mask, another init
     pruning.diagnose(net, mask)   # per-layer density, dead units, input-output paths
@@ -25,12 +27,12 @@ from pruning.accounting import report
 from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
 from pruning.errors import MaskError, MaskIOError, PruningError
 from pruning.mask import Mask, prunable_parameters
-from pruning.methods import list_methods, prune
+from pruning.methods import list_methods, prune, prune_levels
 from pruning.sanity import matched_random, reinitialize, shuffle_layers
 from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
            "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "list_methods",
-           "prune", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
+           "prune", "prune_levels", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

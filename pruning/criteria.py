@@ -9,6 +9,14 @@ per criterion (``methods.py`` turns them into keep-priorities).
 - magnitude: |w| (Han et al. 2015). Keep the largest.
 - SNIP (Lee, Ajanthan & Torr 2019): |dL/dw * w| on one mini-batch, model in eval mode. Keep the
   largest (normalising by the global sum, as the paper does, does not change the ranking).
+  On the whole training split as Lee et al. (2021) ran it (``examples="all"``, their code's
+  ``edps/prune.py`` and ``edps/model.py``): the gradient of the mean loss of each consecutive
+  chunk of SNIP_CHUNK = 100 examples with respect to an all-ones mask c (w * c in the forward
+  pass), summed over the chunks, then its absolute value: |sum_b dL_b/dc| = |w * sum_b dL_b/dw|
+  (gradients summed before the absolute value, not |.| summed per chunk). With equal chunks this
+  is |w * dL/dw| of the mean loss over the split times the number of chunks; a smaller last
+  chunk weighs its examples more, as in their code. Lee et al. draw the chunks from a shuffled
+  order, which changes only the floating-point order of the sum; here they follow the split.
 - GraSP (Wang, Zhang & Grosse 2020): S = -w * (H g), g = dL_T/dw and H = d^2 L_T/dw^2 of the
   cross-entropy on logits / T (T = 200), over the prunable weights only, model in eval mode.
   Remove the LARGEST S, i.e. keep the smallest.
@@ -42,6 +50,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Pruning batches (Synaptic-Flow's choices, Tanaka et al. 2020; Wang et al. 2020 for GraSP).
 SNIP_PER_CLASS = 10
+# SNIP on the whole training split: Lee et al. (2021)'s chunk (edps/prune.py: batch_size = 100)
+SNIP_CHUNK = 100
 GRASP_PER_CLASS = 25
 GRASP_TEMPERATURE = 200.0
 
@@ -69,6 +79,22 @@ def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: P
         return torch.autograd.grad(loss, list(params.values()), create_graph=create_graph)
 
 
+def summed_gradients(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                     mean: LossFn, chunk: int) -> list[torch.Tensor]:
+    """sum_b dL_b/dw over the consecutive chunks b of ``chunk`` examples of (x, y) (the last one
+    may be smaller), L_b = ``mean`` loss of chunk b, model in eval mode; each chunk's gradient
+    in the parameters' dtype, the sum in float64 (so that 540 float32 additions do not move a
+    score), one chunk in memory at a time."""
+    if chunk < 1:
+        raise PruningError(f"chunk must be >= 1 examples, got {chunk}")
+    total = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params.values()]
+    for a in range(0, x.shape[0], chunk):
+        xb, yb = x[a:a + chunk], y[a:a + chunk].to(x.device)
+        grads = _eval_mode_grad(model, lambda out: mean(out, yb), xb, params)
+        torch._foreach_add_(total, [g.detach().double() for g in grads])
+    return total
+
+
 def random_scores(params: Params, seed: int) -> dict[str, torch.Tensor]:
     """U(0, 1) scores, reproducible from ``seed``."""
     g = torch.Generator().manual_seed(int(seed))
@@ -81,21 +107,27 @@ def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
 
 
 def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                task: str = "classification", loss: LossFn | None = None
-                ) -> dict[str, torch.Tensor]:
+                task: str = "classification", loss: LossFn | None = None,
+                chunk: int | None = None) -> dict[str, torch.Tensor]:
     """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y) (``loss``:
-    the data set's own per-example loss, if any)."""
-    return force_scores(model, params, x, y, params, task, loss)
+    the data set's own per-example loss, if any). ``chunk``: L is instead the sum of the mean
+    losses of consecutive chunks of ``chunk`` examples (Lee et al. 2021's SNIP on the whole
+    split, module docstring)."""
+    return force_scores(model, params, x, y, params, task, loss, chunk)
 
 
 def force_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                 weights: Params, task: str = "classification", loss: LossFn | None = None
-                 ) -> dict[str, torch.Tensor]:
+                 weights: Params, task: str = "classification", loss: LossFn | None = None,
+                 chunk: int | None = None) -> dict[str, torch.Tensor]:
     """FORCE's foresight connection sensitivity |w0 * dL/dw|: the gradient of the mean training
     loss on (x, y) at ``model`` (whose ``params`` hold the pruned weights w0 * c) times
-    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score."""
+    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score.
+    ``chunk``: the gradients of the chunks' mean losses summed (:func:`summed_gradients`)."""
     mean = loss_fn(task, loss)
-    grads = _eval_mode_grad(model, lambda out: mean(out, y.to(x.device)), x, params)
+    if chunk is None:
+        grads = _eval_mode_grad(model, lambda out: mean(out, y.to(x.device)), x, params)
+    else:
+        grads = summed_gradients(model, params, x, y, mean, chunk)
     return {k: (g * weights[k].to(g)).detach().abs() for k, g in zip(params, grads)}
 
 

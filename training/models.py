@@ -1,9 +1,12 @@
 """Models as plain ``torch.nn.Module`` objects, behind a registry.
 
-``build(name, dataset, seed=0, **options)``. Initialisation is PyTorch's default for every layer
-(Linear / Conv: weights Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in));
-biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from a generator seeded by ``seed`` without
-touching the caller's global RNG state.
+``build(name, dataset, seed=0, init="torch", **options)``. Initialisation is PyTorch's default
+for every layer (Linear / Conv: weights Kaiming-uniform with a = sqrt(5), i.e.
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)); biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from a
+generator seeded by ``seed`` without touching the caller's global RNG state. ``init="lee"``:
+Lee et al. (2021)'s initialization instead (TensorFlow's variance scaling, truncated normal,
+fan-in, scale 1, for weights; zero biases), :mod:`training.initialization`, which states the rule
+of each layer kind.
 
 - ``mlp``: flatten -> Linear/ReLU per hidden width (default 100-100) -> Linear; the MNIST-1D
   baseline (Greydanus 2020).
@@ -44,6 +47,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training import randomness
+from training.initialization import initialize
 from training.dataset import Dataset, check_dataset
 from training.errors import DataError, SparsescaleError
 
@@ -91,8 +95,11 @@ def output_size(dataset: Dataset) -> int:
     return dataset.num_classes if dataset.task == "classification" else 1
 
 
-def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Module:
-    """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
+def build(name: str, dataset: Dataset, seed: int = 0, *, init: str = "torch",
+          **options: Any) -> nn.Module:
+    """Build model ``name`` for ``dataset`` (input shape and output size taken from it),
+    initialized with ``seed`` by scheme ``init`` (``"torch"``: as the builder makes it;
+    ``"lee"``: :func:`training.initialization.lee_init_`)."""
     check_dataset(dataset, "build")
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
@@ -101,7 +108,7 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
             model = _REGISTRY[name](dataset, **options)
         except TypeError as exc:
             raise ModelError(f"bad options for model {name!r}: {exc}") from None
-    return model
+    return initialize(model, init, seed)
 
 
 # layers whose batching over examples needs a loop (no vmap rule), and cuDNN off for double backward

@@ -54,7 +54,7 @@ from training.results import Curve
 from training.engine.resume import DataOrigin, check_data_seeds, check_start, end_state, load_stack
 from training.engine.batched import stacked_loss_and_grad
 from training.state import TrainState
-from training.engine.trial_stack import ModuleState, TrialStack, make_stacks
+from training.engine.trial_stack import ModuleState, TrialStack, check_init_params, make_stacks
 from training import device, randomness
 
 Tensor = torch.Tensor
@@ -286,12 +286,16 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  trials_per_chunk: int | None = None, first_index: int = 0,
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
                  return_state: bool = False,
-                 step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
+                 step_timer: contextlib.AbstractContextManager | None = None,
+                 init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
-    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
-    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    starts from ``model``'s weights, or with ``init_params`` (name -> ``[N, *shape]`` for
+    every parameter) trial i from row i (each trial its own initialization, as Lee et al.
+    2021's runs; the module's buffers are still ``model``'s). ``run``: batch size, optimizer
+    (the update rules of ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for
+    ``adam`` / ``adamw``), goal,
     step budget, evaluation schedule, data seed, dtype and device
     (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
     evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
@@ -327,14 +331,15 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           device.precision(run.precision, run.device)):
         return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
-                             start, data_seeds, return_state, random, step_timer)
+                             start, data_seeds, return_state, random, step_timer, init_params)
 
 
 def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                   run: RunConfig, masks: Mapping[str, Tensor] | None,
                   trials_per_chunk: int | None, first_index: int, start: TrainState | None,
                   data_seeds: Sequence[int] | None, return_state: bool, random: bool,
-                  step_timer: contextlib.AbstractContextManager | None) -> TrialsResult:
+                  step_timer: contextlib.AbstractContextManager | None,
+                  init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -348,6 +353,10 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     first_index = check_index(first_index, "first_index")
     start = check_start(start, model, run.optimizer, n, run.max_steps)
     seeds = check_data_seeds(data_seeds, n)
+    inits = check_init_params(init_params, model, n)
+    if inits and start is not None:
+        raise ConfigError("init_params and start exclude each other (a start state holds the "
+                          "weights); allowed: one of them")
     origin = DataOrigin.of(start)
     data = dataset.to(run.device, run.dtype)
     runner = _Runner(None, False, data.x_train, data.y_train, data.x_val,
@@ -359,7 +368,7 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
                          chunk, run.device, run.dtype,
-                         getattr(plan.program, "takes_module_state", False), random)
+                         getattr(plan.program, "takes_module_state", False), random, inits)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:

@@ -130,7 +130,9 @@ def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> 
     """Probe one run (worker side, or in the driver with its ``dataset``), with
     ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
-        dataset, model = on_device(task.workload, task.spec.device, dataset, int(task.group.seed))
+        # the trial's own initialization with [pruning] mask_per_trial, else the seed's
+        seed = task.workload.init_seed(int(task.group.seed), int(task.trial.trial))
+        dataset, model = on_device(task.workload, task.spec.device, dataset, seed)
         return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
 
 
@@ -163,8 +165,9 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
         for b in theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
                                           spec.probes.batch_sizes):
             group = mine[mine.batch_size == b].iloc[0]
-            tasks.append(ProbeTask(spec, workload, group, best_trial(store, group.key),
-                                   masks[seed]))
+            trial = best_trial(store, group.key)
+            tasks.append(ProbeTask(spec, workload, group, trial,
+                                   workload.trial_mask(masks[seed], int(trial.trial))))
     return tasks
 
 

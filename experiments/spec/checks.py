@@ -21,6 +21,7 @@ from training.data import list_datasets
 from training.device import PRECISIONS, DeviceError, check_device
 from training.errors import SparsescaleError
 from training.goal import unreachable
+from training.initialization import INITS
 from training.models import list_models
 
 from experiments.spec.search import SCALES, SEARCH_KEYS, Dimension
@@ -300,6 +301,10 @@ def _names(ck: Checker, raw: Any, path: str, allowed: list[str] | tuple[str, ...
     return names
 
 
+# the keys of ``[pruning]`` that say how a mask is made (experiments.spec.pruning_options)
+PRUNING_OPTION_KEYS = ("examples", "prune_biases", "mask_per_trial")
+
+
 def pruning_series(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None
                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The ``[pruning]`` table: (methods, sanity checks). ``method`` is a name or a list of
@@ -307,7 +312,7 @@ def pruning_series(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float,
     list of ``experiments.spec.series.SANITY``; each method and check is a series
     (``experiments.spec.series``)."""
     table = ck.table(raw, "pruning", "pruning") or {}
-    ck.keys(table, "pruning", ("method", "sanity"))
+    ck.keys(table, "pruning", ("method", "sanity", *PRUNING_OPTION_KEYS))
     sparse = bool(sparsities) and any(s > 0 for s in sparsities)
     method = table.get("method", "snip")
     methods = (_names(ck, method, "pruning.method", registry("pruning"), single=True)
@@ -362,3 +367,16 @@ def device_keys(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, str]:
                                      f"allowed: {', '.join(PRECISIONS)}")
         precision = "fp32"
     return device, precision
+
+
+def init_key(ck: Checker, raw: Mapping[str, Any]) -> str:
+    """``[workload] init``: how the model's weights are initialized,
+    :data:`training.initialization.INITS` (``"torch"`` default: as the model's builder makes
+    them; ``"lee"``: Lee et al. 2021's, TensorFlow's variance scaling with zero biases)."""
+    wl = raw.get("workload")
+    init = wl.get("init", "torch") if isinstance(wl, Mapping) else "torch"
+    if init not in INITS:
+        ck.add("workload.init", f"found {init!r}{did_you_mean(str(init), INITS)}; allowed: "
+                                f"{', '.join(INITS)}")
+        return "torch"
+    return init

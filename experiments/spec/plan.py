@@ -38,12 +38,16 @@ class GroupPlan:
 
 def group_config(spec: Spec, sparsity: float, batch_size: int, seed: int, max_steps: int,
                  trials: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything that determines a group's results (its key is this dict's hash)."""
+    """Everything that determines a group's results (its key is this dict's hash). With
+    ``[pruning] mask_per_trial`` every trial starts from its own initialization, the dense
+    level's too: its groups say so (``mask_per_trial``, absent otherwise, so that older keys
+    stay valid)."""
     c = spec.canonical()
+    per_trial = {"mask_per_trial": True} if spec.pruning_options.mask_per_trial else {}
     return {"workload": c["workload"], "optimizer": spec.optimizer, "goal": c["goal"],
             "pruning": c["pruning"] if sparsity > 0 else None, "sparsity": sparsity,
             "batch_size": batch_size, "seed": seed, "max_steps": max_steps, "eval": c["eval"],
-            "trials": trials}
+            "trials": trials, **per_trial}
 
 
 def plan(spec: Spec) -> list[GroupPlan]:
@@ -96,6 +100,11 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
              f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
                for kind, digest in sorted(spec.digests.items())),
+             *([f"init {spec.init}"] if spec.init != "torch" else []),
+             *([f"pruning {spec.pruning_method}: " + ", ".join(
+                 f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
+                 for k, v in spec.pruning_options.canonical().items())]
+               if spec.pruning_options.canonical() else []),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
              f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
              f"{spec.trials} trials each",

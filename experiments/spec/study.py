@@ -19,6 +19,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     model_options = {}                  # (experiments.spec.factories: your own, by import path)
     device = "cpu"                      # cpu | cuda | cuda:N (not in the hash: results agree)
     precision = "fp32"                  # fp32 | tf32 | bf16 (in the hash when not fp32)
+    init = "torch"                      # torch | lee (Lee et al. 2021's; in the hash when lee)
 
     [goal]
     metric = "error"                    # error | loss
@@ -28,6 +29,9 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     [pruning]
     method = "snip"                     # pruning.list_methods(), or a list of them
     sanity = []                         # shuffle | reinit | matched_random | invert: extra series
+    examples = "all"                    # SNIP on the whole training split (default: 10 per class)
+    prune_biases = true                 # biases scored and pruned too (default false)
+    mask_per_trial = true               # each trial its own init and mask (default false)
 
     [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
     seed = 0
@@ -101,6 +105,7 @@ from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
 from experiments.spec.factories import Factory
+from experiments.spec.pruning_options import PruningOptions, pruning_options
 
 
 class SpecError(SparsescaleError, ValueError):
@@ -231,12 +236,18 @@ class Spec(SpecCore):
     device: str = "cpu"
     precision: str = "fp32"
     folders: tuple[str, ...] = field(default=(), compare=False)   # searched after sys.path
+    # how the model is initialized (training.initialization.INITS) and how masks are made
+    # (experiments.spec.pruning_options): in the hash only when not the defaults
+    init: str = "torch"
+    pruning_options: PruningOptions = PruningOptions()
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
         A factory named by import path adds ``workload.<kind>_digest``; registered names add
         nothing, so their hashes and group keys are those of every earlier version. A precision
-        other than fp32 adds ``workload.precision``; the device adds nothing."""
+        other than fp32 adds ``workload.precision``, an init other than torch
+        ``workload.init``, and each ``[pruning]`` option not at its default its key under
+        ``pruning``; the device adds nothing."""
         overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
                                            for o, t in sorted(self.search_overrides.items())}}
                      if self.search_overrides else {})   # only a multi-optimizer spec has them
@@ -244,10 +255,13 @@ class Spec(SpecCore):
         core["workload"].update({f"{kind}_digest": d for kind, d in self.digests.items()})
         if self.precision != "fp32":
             core["workload"]["precision"] = self.precision
+        if self.init != "torch":
+            core["workload"]["init"] = self.init
         return {
             **core,
             "pruning": {"method": self.pruning_method,
-                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
+                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {}),
+                        **self.pruning_options.canonical()},
             **({"series": self.series} if self.series else {}),
             "search": {"seed": self.search_seed,
                        **{k: asdict(d) for k, d in sorted(self.search.items())}},
@@ -353,6 +367,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     dataset, model, dataset_options, model_options, found = factories.workload_table(
         ck, raw, folders, digests)
     device, precision = checks.device_keys(ck, raw)
+    init = checks.init_key(ck, raw)
     optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
     metric, target, comparison = checks.goal(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
@@ -364,6 +379,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # pruning
     methods, sanity = checks.pruning_series(ck, raw, sparsities)
+    options = pruning_options(ck, raw, methods)
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -458,7 +474,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         eval=eval_schedule, seeds=seeds,
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
-        digests=found, folders=folders, device=device, precision=precision)
+        digests=found, folders=folders, device=device, precision=precision, init=init,
+        pruning_options=options)
 
 
 def reductions(spec: Spec) -> str:

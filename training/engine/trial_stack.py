@@ -11,13 +11,16 @@ state of its random draws).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from training import randomness
 from training.config import ADAM_OPTIMIZERS, Trial
+from training.errors import ConfigError
 from training.engine.adam import AdamState
 from training.engine.updates import StackUpdate
 from training.lr_schedule import lr_factor
@@ -121,15 +124,44 @@ class TrialStack:
         return StackUpdate(optimizer, step, lr, self.mu, self.masks, self.bufs, self.adam)
 
 
+def check_init_params(init_params: Any, model: nn.Module, n_trials: int) -> dict[str, Tensor]:
+    """``init_params`` as name -> ``[n_trials, *shape]`` floating-point tensor for exactly
+    ``model``'s parameters ({} for None), else one :class:`ConfigError` line."""
+    if init_params is None:
+        return {}
+    if not isinstance(init_params, Mapping):
+        raise ConfigError(f"init_params must be a mapping name -> [N, *shape] tensor (one row "
+                          f"per trial), got {type(init_params).__name__}")
+    shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
+    if set(init_params) != set(shapes):
+        missing = sorted(set(shapes) - set(init_params))
+        extra = sorted(set(init_params) - set(shapes))
+        raise ConfigError(f"init_params must hold every parameter of the model and no other; "
+                          f"missing {missing}, not parameters {extra}")
+    out = {}
+    for name, shape in shapes.items():
+        t = init_params[name]
+        if not isinstance(t, Tensor) or not t.is_floating_point() \
+                or tuple(t.shape) != (n_trials, *shape):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ConfigError(f"init_params[{name!r}] must be a floating-point tensor of shape "
+                              f"{(n_trials, *shape)} (one row per trial), got {got}")
+        out[name] = t.detach()
+    return out
+
+
 def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
-                module_state: bool = False, random: bool = False) -> list[TrialStack]:
+                module_state: bool = False, random: bool = False,
+                init_params: Mapping[str, Tensor] | None = None) -> list[TrialStack]:
     """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
-    with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``. With
-    ``module_state``, every stack also holds :class:`ModuleState` (for a ``random`` model,
-    trial i's generator seeded by ``randomness_seed(seed, first_index + i)``)."""
+    (or from its row of ``init_params``, name -> ``[N, *shape]``) with its mask applied; trial
+    i's data seed is ``trial_seed(seed, first_index + i)``. With ``module_state``, every stack
+    also holds :class:`ModuleState` (for a ``random`` model, trial i's generator seeded by
+    ``randomness_seed(seed, first_index + i)``)."""
     names = [name for name, _ in model.named_parameters()]
     base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
+    rows_of = [None if not init_params else init_params[name] for name in names]
     mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
                  for name in names]
     stacks = []
@@ -140,7 +172,9 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
         m_st: list[Tensor | None] = [
             None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
             for m, p in zip(mask_list, base)]
-        params = [p.unsqueeze(0).expand(n, *p.shape).clone() for p in base]
+        params = [p.unsqueeze(0).expand(n, *p.shape).clone() if r is None else
+                  r.index_select(0, rows.to(r.device)).to(device=device, dtype=dtype)
+                  for p, r in zip(base, rows_of)]
         mask_(params, m_st)
         decays = [trials[i].decay_steps for i in ids]
         f64 = dict(dtype=torch.float64, device=device)
