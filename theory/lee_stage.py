@@ -18,6 +18,9 @@ size); a *point* is a step k N of it.
   :data:`STAGE_START` that every run of both levels at its batch size reached (so every run
   contributes the same steps), the difference of the levels' means per batch size (Welch), then
   averaged over batch sizes (strata), exponentiated.
+- :func:`initialization_ratio` and :func:`early_ratio`: the same ratio at step 0 and along the
+  early probes (the K points of [0, H], at equal fractions of each run), each on its own row
+  beside the stage's, never pooled with it.
 - :func:`stage_verdicts`: the claim in two parts, in the paper's tier (a direction): ``L rises
   with sparsity`` (the overall ratio's interval above 1: holds; below: does not hold) and
   ``L explains the steps`` (the measured step ratio lies on one side of 1 and the L ratio on
@@ -160,11 +163,16 @@ def point_ratios(table: pd.DataFrame, reference: float = 0.0, start: int = STAGE
 
 
 def overall_ratio(table: pd.DataFrame, sparsity: float, reference: float = 0.0,
-                  start: int = STAGE_START, level: float = 0.9) -> StageRatio:
+                  start: int = STAGE_START, level: float = 0.9,
+                  by_batch_size: bool = True) -> StageRatio:
     """L_sparsity / L_reference over the stage (module docstring): per batch size the steps
     every run of both levels reached, each run's mean log L over them, Welch per batch size,
-    averaged over the batch sizes that have such steps. NaN value when none has."""
+    averaged over the batch sizes that have such steps. NaN value when none has. Without
+    ``by_batch_size`` the runs of every batch size form one stratum (runs compared at equal
+    fractions, :func:`early_ratio`)."""
     rows = stage_table(table, start=start)
+    if not by_batch_size:
+        rows = rows.assign(trial=rows.batch_size * 1_000_000 + rows.trial, batch_size=0)
     diffs, variances, dfs, steps, runs = [], [], [], set(), [0, 0]
     for b, g in rows[rows.sparsity.isin([sparsity, reference])].groupby("batch_size"):
         per_run = g.groupby(["sparsity", "seed", "trial"]).step.apply(set)
@@ -208,6 +216,20 @@ def initialization_ratio(probes: pd.DataFrame, sparsity: float, reference: float
     d, var, df = _welch(a, r)
     return StageRatio(sparsity, reference, None, 0, math.exp(d),
                       _ratio_interval(d, var, df, level), (len(a), len(r)), (0,))
+
+
+def early_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
+                level: float = 0.9) -> StageRatio:
+    """L_sparsity / L_reference along the early probes (``theory.summaries``' table, the K
+    points of [0, H] of one run per (seed, batch size)) at equal fractions of each run: the
+    k-th point of every run stands for fraction ~ k / (K - 1), step 0 (k = 0) left out; then
+    :func:`overall_ratio` over the points every run has, the runs of all batch sizes in one
+    stratum (at equal fractions the batch sizes line up; the summaries of
+    :mod:`theory.summaries` pool them too). ``steps`` holds the point indices."""
+    rows = probes[probes.quantity == QUANTITY].sort_values(["sparsity", "seed", "batch_size",
+                                                            "step"])
+    rows = rows.assign(trial=0, step=rows.groupby(["sparsity", "seed", "batch_size"]).cumcount())
+    return overall_ratio(rows, sparsity, reference, start=1, level=level, by_batch_size=False)
 
 
 def _side(interval: Interval) -> int:

@@ -9,7 +9,7 @@ from scipy import stats
 
 from theory import TheoryError
 from theory.lee_stage import (
-    initialization_ratio, overall_ratio, point_ratios, stage_points, stage_verdicts,
+    early_ratio, initialization_ratio, overall_ratio, point_ratios, stage_points, stage_verdicts,
 )
 from theory.predict import MeasuredCurve
 
@@ -123,3 +123,18 @@ def test_initialization_is_its_own_ratio_from_the_probes_at_step_0():
         columns=["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"])
     r = initialization_ratio(probes, 0.9)
     assert r.step == 0 and r.runs == (2, 2) and r.value == pytest.approx(0.5)
+
+
+def test_the_early_stage_compares_equal_fractions_of_each_run_without_step_0():
+    def run(sparsity, seed, horizon, values):
+        steps = np.rint(np.linspace(0, horizon, len(values))).astype(int)
+        return [(sparsity, seed, 64, int(t), t / horizon, "local_lipschitz", v)
+                for t, v in zip(steps, values)]
+
+    # step 0 is 100x in the sparse runs: it must not move the early ratio
+    probes = pd.DataFrame(
+        run(0.0, 0, 90, [5.0, 2.0, 2.0]) + run(0.0, 1, 60, [5.0, 4.0, 4.0])
+        + run(0.9, 0, 150, [500.0, 4.0, 4.0]) + run(0.9, 1, 120, [500.0, 8.0, 8.0]),
+        columns=["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"])
+    r = early_ratio(probes, 0.9)
+    assert r.steps == (1, 2) and r.runs == (2, 2) and r.value == pytest.approx(2.0)
