@@ -160,7 +160,7 @@ def build(runs: RunSet) -> Report:
         _theory_section(runs, fits, judged, stage),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
         Section("Tables", 2, (
-            _table("Steps to result", T.steps_table(points, edges)),
+            _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
                    "intervals, regime boundaries)", T.fits_table(fits)),
             _table("Structure of the bound (not scored)", T.predictions_table(theory.table),
@@ -192,6 +192,30 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()))
+
+
+STOP_WORDS = {
+    "first": "stop = \"first\": a group stops at the first evaluation where any trial meets the "
+             "goal (Shallue et al.'s steps-to-result), so one trial reaches it by construction",
+    "all": "stop = \"all\": each trial trained to its own first hit, so \"trials reached\" "
+           "counts the trials that met the goal within the budget",
+}
+
+
+def _stop_note(runs: RunSet) -> str:
+    """What produced the "trials reached" column: each run's stop rule, and whether diverged
+    trials were replaced (an imported workload says neither)."""
+    parts = []
+    for r in runs.runs:
+        stop = getattr(r.spec, "stop", None)
+        if stop is None:
+            continue
+        complete = getattr(r.spec, "complete_trials", False)
+        parts.append(f"{r.label}: {STOP_WORDS[stop]}; "
+                     + ("diverged trials replaced until the trials per group completed "
+                        "(Shallue et al.'s count)" if complete else
+                        "diverged trials count toward the trials per group"))
+    return ("Trials reached: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
