@@ -13,9 +13,9 @@ from theory.noise import (
 )
 from theory import claims, probe_plan, sampling, summaries, trajectory
 from theory.claims import Verdict, judge_claims
-from theory.probe_plan import probe_batch_sizes, probe_steps
+from theory.probe_plan import probe_batch_sizes, probe_steps, schedule_steps
 from theory.sampling import SplitEstimate
 from theory.summaries import Summary, summarize
-from theory.trajectory import probe_trajectory
+from theory.trajectory import probe_trajectory, replay_states
 from theory import layer_norms, monitor
 from theory.monitor import NoiseReading, NoiseScaleMonitor

@@ -29,6 +29,7 @@ from training.config import ADAM_KEYS
 from training.process import compiled_kernel_ready, without_compiled_kernel
 
 from experiments.run import timing
+from experiments.run.complete import train_group
 from experiments.run.executors import (
     LocalPool, dask_executor, default_workers, local_pool, torch_threads,
 )
@@ -87,15 +88,16 @@ def run_group(task: GroupTask) -> GroupRecord:
             run = training.RunConfig(
                 p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
                 eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed,
-                device=task.device, precision=precision)
-            res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask,
-                                        init_params=inits)
+                device=task.device, precision=precision, stop=cfg.get("stop", "first"))
+            res = train_group(model, ds, list(p.trials), run, masks=task.mask,
+                              complete=cfg.get("complete_trials", False), reserve=p.reserve,
+                              init_params=inits)
             where = training.device.device_info(task.device)
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)
     rows = []
-    for i, t in enumerate(p.trials):
+    for i, t in enumerate(res.points):
         curve = res.curves[i]
         hit = res.hit_step[i]
         rows.append(TrialRow(

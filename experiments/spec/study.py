@@ -11,6 +11,9 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     sparsities = [0.0, 0.9]             # fractions in [0, 1)
     trials = 16                         # metaparameter points per batch size (same at every B)
     seeds = [0]                         # replicate seeds (model init, masks, data order)
+    stop = "first"                      # first | all: a group stops at its first hit, or each
+                                        # trial at its own (experiments.spec.schedule)
+    complete_trials = false             # count only trials that did not diverge (Shallue et al.)
 
     [workload]
     dataset = "mnist1d"                 # training.data.list_datasets(), or "module:factory"
@@ -66,6 +69,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     curvature_examples = 1024           # lambda_max and B_noise sample (default: full split)
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
+    lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the goal
+    lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.schedule)
+    lipschitz_trials = 3                # ... reached trials per probed group
+    lipschitz_check = [0.0]             # ... levels whose first run checks L on the whole split
 
     [branching]                         # CBS(t) by branching (experiments.spec.branching)
     enabled = true
@@ -104,6 +111,9 @@ from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
 from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
+from experiments.spec.schedule import (
+    LIPSCHITZ_DEFAULTS, lipschitz_canonical, lipschitz_keys, trial_rules, trial_rules_canonical,
+)
 from experiments.spec.factories import Factory
 from experiments.spec.pruning_options import PruningOptions, pruning_options
 
@@ -151,7 +161,9 @@ class Probes:
     (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
     [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
     the noise and the Hessian quantities (None: the full training split; the noise estimates
-    are unbiased for the split either way); Lee's L always uses the full split."""
+    are unbiased for the split either way); Lee's L uses the full split. ``lipschitz_*``: L at
+    Lee et al.'s own stage, every ``lipschitz_every`` steps up to the goal
+    (:mod:`experiments.spec.schedule`)."""
 
     enabled: bool = True
     batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
@@ -161,6 +173,17 @@ class Probes:
     curvature_examples: int | None = None
     hessian_examples: int = 16
     lanczos: int = 20
+    lipschitz_every: int | None = None
+    lipschitz_examples: int | None = None
+    lipschitz_trials: int = 1
+    lipschitz_check: tuple[float, ...] = ()
+
+    def canonical(self) -> dict[str, Any]:
+        """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
+        studies without them stay those of earlier versions."""
+        plain = {k: v for k, v in asdict(self).items() if k not in LIPSCHITZ_DEFAULTS}
+        return (plain | {"batch_sizes": list(self.batch_sizes)}
+                | lipschitz_canonical(asdict(self)))
 
 
 @dataclass(frozen=True)
@@ -240,6 +263,9 @@ class Spec(SpecCore):
     # (experiments.spec.pruning_options): in the hash only when not the defaults
     init: str = "torch"
     pruning_options: PruningOptions = PruningOptions()
+    # what a group does at the goal, and whether diverged trials count (experiments.spec.schedule)
+    stop: str = "first"
+    complete_trials: bool = False
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -269,7 +295,8 @@ class Spec(SpecCore):
             "budget": asdict(self.budget),
             "eval": asdict(self.eval),
             "seeds": list(self.seeds),
-            "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
+            "probes": self.probes.canonical(),
+            **trial_rules_canonical(self.stop, self.complete_trials),
             **overrides,
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
@@ -314,7 +341,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     c = canonical
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
-                                   "seeds", "workload")}
+                                   "seeds", "workload", "stop", "complete_trials") if key in c}
     raw["workload"], digests = factories.stored(c["workload"])
     raw["pruning"] = {k: v for k, v in c["pruning"].items() if k != "sanity"}
     check, series = c["pruning"].get("sanity"), c.get("series", "")
@@ -348,8 +375,8 @@ MAX_TRIALS = 2**16
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
-            "workload", "goal", "pruning", "search", "budget", "eval", "probes", "branching",
-            "executor")
+            "stop", "complete_trials", "workload", "goal", "pruning", "search", "budget", "eval",
+            "probes", "branching", "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -376,10 +403,16 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     sparsities = checks.sparsities(ck, raw.get("sparsities", [0.0]))
     trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
+    stop, complete = trial_rules(ck, raw)
 
     # pruning
     methods, sanity = checks.pruning_series(ck, raw, sparsities)
     options = pruning_options(ck, raw, methods)
+    if complete and options.mask_per_trial:
+        # a replacement trial would need its own initialization and mask, drawn after the group
+        # started: not built (Lee et al. count every run, Shallue et al. share one network)
+        ck.add("complete_trials", "cannot be combined with [pruning] mask_per_trial = true; "
+               "allowed: one of the two")
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -443,7 +476,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
                     hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
                                                 "probes.hessian_examples", 0),
                     lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
-                    **sizes)
+                    **sizes, **lipschitz_keys(ck, pb, sparsities, trials, stop,
+                                              len(seeds or ())))
 
     branch = branching(ck, raw, batch_sizes)
 
@@ -475,7 +509,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, folders=folders, device=device, precision=precision, init=init,
-        pruning_options=options)
+        pruning_options=options, stop=stop, complete_trials=complete)
 
 
 def reductions(spec: Spec) -> str:
