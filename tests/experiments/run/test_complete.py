@@ -32,7 +32,7 @@ class Fake:
     program: str = "fake"
 
 
-def fake_train(model, dataset, points, run, masks=None, first_index=0):
+def fake_train(model, dataset, points, run, masks=None, first_index=0, init_params=None):
     hits = [p.get("hit") for p in points]
     dies = [p.get("diverge") for p in points]
     stop = run.max_steps
@@ -118,3 +118,11 @@ def test_a_study_counts_complete_trials_as_one_call_with_every_drawn_point(tmp_p
         assert t.status.tolist() == one.status
         assert g.steps_to_result == one.steps_to_result
     assert grew, "no group had a diverged trial to replace: widen the learning-rate range"
+
+
+def test_complete_trials_refuse_per_trial_initializations():
+    """A replacement trial has no initialization of its own: refused, never trained on the
+    first trial's."""
+    with pytest.raises(training.ConfigError, match="replacement trial"):
+        train_group(None, None, [{}], RUN, complete=True, init_params={"w": None},
+                    train=fake_train)

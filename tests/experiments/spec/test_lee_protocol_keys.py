@@ -121,3 +121,10 @@ def test_a_model_by_import_path_gets_lees_initialization(own_project):
     assert all(torch.count_nonzero(p) == 0 for k, p in params.items() if k.endswith("bias"))
     made = Workload.of(torch_spec).build_model(ds, 0)
     assert any(torch.count_nonzero(p) for k, p in made.named_parameters() if k == "0.bias")
+
+
+def test_complete_trials_with_a_mask_per_trial_is_one_line():
+    text = "complete_trials = true\n" + with_keys("", "mask_per_trial = true")
+    with pytest.raises(SpecError, match="complete_trials: cannot be combined with "
+                                        r"\[pruning\] mask_per_trial"):
+        loads(text)
