@@ -17,8 +17,8 @@ tasks: a study probes them in its worker pool, one run per task.
 At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.schedule`) the
 same replay also measures, at steps N, 2N, ... up to the run's own goal step
 (``theory.schedule_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
-(on ``lipschitz_examples`` fixed examples, or the split), and the noise and loss at the same
-weights; and it does so for the ``lipschitz_trials`` reached trials of each probed group with
+(on ``lipschitz_examples`` fixed examples, or the split: the same sample for L along [0, H]),
+and the noise and loss at the same weights; and it does so for the ``lipschitz_trials`` reached trials of each probed group with
 the fewest steps (each its own replay and task; the best one is the run the points along
 [0, H] are measured on). ``lipschitz_check`` adds L on the whole split at the first point of
 each listed level's first probed run (lowest seed, smallest probed batch size, best trial).
@@ -139,15 +139,15 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
                                   int(trial.trial))
     common = dict(mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
                   average=p.average, examples=p.examples, sample_seed=int(group.seed),
-                  states=states)
+                  states=states, lipschitz_seed=LIPSCHITZ_SAMPLE_SEED)
+    # L on lipschitz_examples (when set) along [0, H] too: one sample for every L of the study
     rows = theory.probe_trajectory(
         model, dataset, stored_trial(trial), run, along, max(horizon, 1),
         curvature_examples=p.curvature_examples, hessian_examples=p.hessian_examples,
-        lanczos=p.lanczos, **common) if along else None
+        lanczos=p.lanczos, lipschitz_examples=p.lipschitz_examples, **common) if along else None
     stage = [theory.probe_trajectory(
         model, dataset, stored_trial(trial), run, lee, horizon, quantities=SCHEDULE_MEASURED,
-        lipschitz_update="into", lipschitz_examples=p.lipschitz_examples,
-        lipschitz_seed=LIPSCHITZ_SAMPLE_SEED, **common)] if lee else []
+        lipschitz_update="into", lipschitz_examples=p.lipschitz_examples, **common)] if lee else []
     if lee and check:
         full = theory.probe_trajectory(
             model, dataset, stored_trial(trial), run, lee[:1], horizon,

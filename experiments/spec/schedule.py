@@ -4,7 +4,7 @@ that decide which trials a group counts.
 In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measured)::
 
     lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the goal
-    lipschitz_examples = 8000     # L's full-batch gradients on a fixed sample (default: the split)
+    lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
     lipschitz_trials = 3          # reached trials probed per probed group (fewest steps first)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
 
@@ -27,7 +27,8 @@ it by construction. ``complete_trials``: Shallue et al. count "the first 100 com
 at each batch size; a diverged trial is replaced by the next point of the search's Sobol
 sequence until ``trials`` trials completed (:mod:`experiments.run.complete`).
 
-Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
+``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
+alone; the other three need ``lipschitz_every``. Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
 of studies without them do not move.
 """
 
@@ -55,7 +56,7 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     every = table.get("lipschitz_every")
     if every is not None:
         out["lipschitz_every"] = ck.integer(every, "probes.lipschitz_every", 1)
-    for key in ("lipschitz_examples", "lipschitz_trials", "lipschitz_check"):
+    for key in ("lipschitz_trials", "lipschitz_check"):
         if key in table and every is None:
             ck.add(f"probes.{key}", "only used with probes.lipschitz_every; allowed: set "
                                     "lipschitz_every = N (steps between L's points) or remove it")

@@ -116,3 +116,26 @@ def test_a_stored_L_equals_lees_formula_on_the_reference_loops_weights(staged):
     assert library == pytest.approx(written, rel=1e-9)
     # the study measured in float32 (theory.probe_trajectory's default precision)
     assert point.value == pytest.approx(written, rel=1e-4)
+
+
+def test_the_probes_along_the_run_take_L_on_the_same_sample(staged):
+    """lipschitz_examples applies to L along [0, H] too: the dense level's best run at its
+    smallest batch size, its middle point (the update out of step t), on the 150 examples."""
+    p, g, t = staged.probes, staged.groups, staged.trials
+    mine = p[(p.sparsity == 0.0) & (p.quantity == "local_lipschitz")]
+    b = int(mine.batch_size.min())
+    mine = mine[mine.batch_size == b].sort_values("step")
+    step = int(mine.step.iloc[1])
+    group = g[(g.sparsity == 0.0) & (g.batch_size == b)].iloc[0]
+    row = t[(t.group_key == group.key) & (t.trial == group.best_trial)].iloc[0]
+    assert 0 < step < int(group.steps_to_result)
+    ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16)
+    net = training.models.build("mlp", ds, seed=0, hidden=[16])
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    ref = training.reference.train_schedule_reference(
+        net, ds, training.Trial(lr=float(row.lr), momentum=float(row.momentum),
+                                decay_steps=decay, end_factor=float(row.end_factor)),
+        training.RunConfig(b, "momentum", max_steps=step + 1, seed=0),
+        trial_index=int(row.trial), snapshots=[step, step + 1])
+    written = _lee_lipschitz(net, ds, {}, ref.snapshots[step], ref.snapshots[step + 1], SAMPLE)
+    assert mine.value.iloc[1] == pytest.approx(written, rel=1e-4)

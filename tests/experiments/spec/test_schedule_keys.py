@@ -21,7 +21,7 @@ def edit(text: str, old: str, new: str) -> str:
 @pytest.mark.parametrize("text, key, word", [
     (edit(STAGE, "lipschitz_every = 1000", "lipschitz_every = 0"), "probes.lipschitz_every",
      "integer >= 1"),
-    (edit(TINY, "enabled = false", "lipschitz_examples = 8000"), "probes.lipschitz_examples",
+    (edit(TINY, "enabled = false", "lipschitz_trials = 2"), "probes.lipschitz_trials",
      "only used with probes.lipschitz_every"),
     (edit(STAGE, "lipschitz_every = 1000", "lipschitz_every = 1000\nlipschitz_examples = 1"),
      "probes.lipschitz_examples", "integer >= 2"),
