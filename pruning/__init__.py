@@ -9,6 +9,8 @@ Public API::
     @pruning.register("mine", needs=("dataset",))  # your own criterion: (model, params, context)
     pruning.prune(net, "mymodule:mine", 0.9, dataset=ds)        # ... or named by import path
     pruning.prune(net, "snip", 0.9, dataset=ds, keep="lowest") # inverted criterion
+    pruning.prune(net, "snip", 0.9, dataset=ds, examples="all", prune_biases=True)  # Lee et al.
+    pruning.prune_levels(net, "snip", [0.5, 0.9], dataset=ds)  # one scoring, several levels
     pruning.shuffle_layers(mask, seed=1); pruning.matched_random(mask, seed=1)
     pruning.reinitialize(net, seed=1, mask=mask)               # same mask, another init
     pruning.diagnose(net, mask)   # per-layer density, dead units, input-output paths
@@ -27,13 +29,14 @@ from pruning.accounting import report
 from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure, diagnose
 from pruning.errors import MaskError, MaskIOError, PruningError
 from pruning.mask import Mask, prunable_parameters
-from pruning.methods import prune
-from pruning.registry import Context, Criterion, list_methods, register
+from pruning.methods import prune, prune_levels
+from pruning.registry import Context, Criterion, list_methods, register, whole_split
 from pruning.sanity import matched_random, reinitialize, shuffle_layers
 from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
            "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "Context",
-           "Criterion", "list_methods", "register", "prune", "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
+           "Criterion", "list_methods", "register", "whole_split", "prune", "prune_levels",
+           "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

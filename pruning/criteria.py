@@ -10,6 +10,14 @@ turns it into keep-priorities, and its rules.
 - magnitude: |w| (Han et al. 2015). Keep the largest.
 - SNIP (Lee, Ajanthan & Torr 2019): |dL/dw * w| on one mini-batch, model in eval mode. Keep the
   largest (normalising by the global sum, as the paper does, does not change the ranking).
+  On the whole training split as Lee et al. (2021) ran it (``examples="all"``, their code's
+  ``edps/prune.py`` and ``edps/model.py``): the gradient of the mean loss of each consecutive
+  chunk of SNIP_CHUNK = 100 examples with respect to an all-ones mask c (w * c in the forward
+  pass), summed over the chunks, then its absolute value: |sum_b dL_b/dc| = |w * sum_b dL_b/dw|
+  (gradients summed before the absolute value, not |.| summed per chunk). With equal chunks this
+  is |w * dL/dw| of the mean loss over the split times the number of chunks; a smaller last
+  chunk weighs its examples more, as in their code. Lee et al. draw the chunks from a shuffled
+  order, which changes only the floating-point order of the sum; here they follow the split.
 - GraSP (Wang, Zhang & Grosse 2020): S = -w * (H g), g = dL_T/dw and H = d^2 L_T/dw^2 of the
   cross-entropy on logits / T (T = 200), over the prunable weights only, model in eval mode.
   Remove the LARGEST S, i.e. keep the smallest.
@@ -37,9 +45,9 @@ from training.models import evaluation
 
 from pruning.errors import PruningError
 from pruning.iterative import default_train_fn, imp_score_fn
-from pruning.registry import Context, pruning_batch, register
+from pruning.registry import SNIP_CHUNK, Context, pruning_batch, register
 
-__all__ = ["pruning_batch", "random_scores", "magnitude_scores", "snip_scores", "force_scores",
+__all__ = ["SNIP_CHUNK", "pruning_batch", "summed_gradients", "random_scores", "magnitude_scores", "snip_scores", "force_scores",
            "grasp_scores", "synflow_scores", "linearized_copy"]
 
 Params = Mapping[str, torch.Tensor]
@@ -58,6 +66,22 @@ def _eval_mode_grad(model: nn.Module, loss_of_output, x: torch.Tensor, params: P
         return torch.autograd.grad(loss, list(params.values()), create_graph=create_graph)
 
 
+def summed_gradients(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                     mean: LossFn, chunk: int) -> list[torch.Tensor]:
+    """sum_b dL_b/dw over the consecutive chunks b of ``chunk`` examples of (x, y) (the last one
+    may be smaller), L_b = ``mean`` loss of chunk b, model in eval mode; each chunk's gradient
+    in the parameters' dtype, the sum in float64 (so that 540 float32 additions do not move a
+    score), one chunk in memory at a time."""
+    if chunk < 1:
+        raise PruningError(f"chunk must be >= 1 examples, got {chunk}")
+    total = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params.values()]
+    for a in range(0, x.shape[0], chunk):
+        xb, yb = x[a:a + chunk], y[a:a + chunk].to(x.device)
+        grads = _eval_mode_grad(model, lambda out: mean(out, yb), xb, params)
+        torch._foreach_add_(total, [g.detach().double() for g in grads])
+    return total
+
+
 def random_scores(params: Params, seed: int) -> dict[str, torch.Tensor]:
     """U(0, 1) scores, reproducible from ``seed``."""
     g = torch.Generator().manual_seed(int(seed))
@@ -70,21 +94,27 @@ def magnitude_scores(params: Params) -> dict[str, torch.Tensor]:
 
 
 def snip_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                task: str = "classification", loss: LossFn | None = None
-                ) -> dict[str, torch.Tensor]:
+                task: str = "classification", loss: LossFn | None = None,
+                chunk: int | None = None) -> dict[str, torch.Tensor]:
     """SNIP connection sensitivity |dL/dw * w|, L the mean training loss on (x, y) (``loss``:
-    the data set's own per-example loss, if any)."""
-    return force_scores(model, params, x, y, params, task, loss)
+    the data set's own per-example loss, if any). ``chunk``: L is instead the sum of the mean
+    losses of consecutive chunks of ``chunk`` examples (Lee et al. 2021's SNIP on the whole
+    split, module docstring)."""
+    return force_scores(model, params, x, y, params, task, loss, chunk)
 
 
 def force_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
-                 weights: Params, task: str = "classification", loss: LossFn | None = None
-                 ) -> dict[str, torch.Tensor]:
+                 weights: Params, task: str = "classification", loss: LossFn | None = None,
+                 chunk: int | None = None) -> dict[str, torch.Tensor]:
     """FORCE's foresight connection sensitivity |w0 * dL/dw|: the gradient of the mean training
     loss on (x, y) at ``model`` (whose ``params`` hold the pruned weights w0 * c) times
-    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score."""
+    ``weights`` (the original w0, by name). With ``weights=params`` it is SNIP's score.
+    ``chunk``: the gradients of the chunks' mean losses summed (:func:`summed_gradients`)."""
     mean = loss_fn(task, loss)
-    grads = _eval_mode_grad(model, lambda out: mean(out, y.to(x.device)), x, params)
+    if chunk is None:
+        grads = _eval_mode_grad(model, lambda out: mean(out, y.to(x.device)), x, params)
+    else:
+        grads = summed_gradients(model, params, x, y, mean, chunk)
     return {k: (g * weights[k].to(g)).detach().abs() for k, g in zip(params, grads)}
 
 
@@ -143,10 +173,11 @@ def _magnitude(work: nn.Module, params: Params, context: Context) -> dict[str, t
 
 def _snip(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
     x, y = context.batch(work)
-    return snip_scores(work, params, x, y, context.dataset.task, context.dataset.loss)
+    return snip_scores(work, params, x, y, context.dataset.task, context.dataset.loss,
+                       context.chunk)
 
 
-register("snip", needs=("dataset",), per_class=SNIP_PER_CLASS,
+register("snip", needs=("dataset",), per_class=SNIP_PER_CLASS, whole_split=True,
          summary="largest |dL/dw * w| on 10 examples per class kept (Lee et al. 2019)")(_snip)
 
 
@@ -177,14 +208,16 @@ def _imp(work: nn.Module, params: Params, context: Context) -> dict[str, torch.T
 
 
 register("iterative_snip", needs=("dataset",), rounds=5, per_class=SNIP_PER_CLASS,
+         whole_split=True,
          summary="SNIP re-scored on the remaining weights every round, 5 rounds with the "
                  "exponential schedule (Verdenius et al. 2020)")(_snip)
 
 
 @register("force", needs=("dataset",), rounds=10, per_class=SNIP_PER_CLASS, revives=True,
+          whole_split=True,
           summary="largest |w0 * dL/dw| at the pruned network, pruned weights can return, 10 "
                   "rounds with the exponential schedule (de Jorge et al. 2021)")
 def _force(work: nn.Module, params: Params, context: Context) -> dict[str, torch.Tensor]:
     x, y = context.batch(work)
     return force_scores(work, params, x, y, context.initial, context.dataset.task,
-                        context.dataset.loss)
+                        context.dataset.loss, context.chunk)

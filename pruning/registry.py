@@ -44,6 +44,10 @@ TrainFn = Callable[[nn.Module, Any], nn.Module]   # (model, pruning.Mask) -> tra
 # what a context value must be for a criterion that needs it, as its error names it
 # Examples per class of a scoring batch when neither the call nor the criterion says (SNIP's).
 DEFAULT_PER_CLASS = 10
+# Scoring on the whole training split (``examples="all"``): gradients summed over chunks of this
+# many examples, Lee et al. (2021)'s (edps/prune.py: batch_size = 100)
+SNIP_CHUNK = 100
+EXAMPLES = ("all",)
 NEEDS = {"dataset": "dataset=training.Dataset",
          "input_shape": "input_shape=(...) or dataset=training.Dataset",
          "train_fn": "train_fn=f(model, mask) -> trained model"}
@@ -54,8 +58,10 @@ class Context:
     """What one call of :func:`pruning.prune` gives a criterion's score function: the data set
     (or None), the seed, the examples per class of its scoring batch (``per_class``, the call's
     or the criterion's), GraSP's ``temperature``, one example's ``input_shape``, IMP's
-    ``train_fn``, and, per round, the ``current`` 0/1 mask; for a criterion that ``revives``
-    pruned weights, the weights before the first round (``initial``)."""
+    ``train_fn``, ``examples`` (``"all"``: score on the whole training split, in chunks of
+    :attr:`chunk` examples; None: the scoring batch), and, per round, the ``current`` 0/1 mask;
+    for a criterion that ``revives`` pruned weights, the weights before the first round
+    (``initial``)."""
 
     dataset: Dataset | None = None
     seed: int = 0
@@ -63,13 +69,23 @@ class Context:
     temperature: float = 200.0
     input_shape: tuple[int, ...] | None = None
     train_fn: TrainFn | None = None
+    examples: str | None = None
     current: Mapping[str, torch.Tensor] = field(default_factory=dict)
     initial: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
+    @property
+    def chunk(self) -> int | None:
+        """Examples per chunk whose gradients are summed (whole split), or None (one batch)."""
+        return SNIP_CHUNK if self.examples == "all" else None
+
     def batch(self, like: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scoring batch (:func:`pruning_batch`) of ``per_class`` examples per class, on the
-        device and in the dtype of ``like``'s parameters when given."""
-        x, y = pruning_batch(self.dataset, self.per_class or DEFAULT_PER_CLASS)
+        """The examples a criterion scores on: the whole training split with ``examples="all"``,
+        else the scoring batch (:func:`pruning_batch`) of ``per_class`` examples per class; on
+        the device and in the dtype of ``like``'s parameters when given."""
+        if self.examples == "all":
+            x, y = self.dataset.x_train, self.dataset.y_train
+        else:
+            x, y = pruning_batch(self.dataset, self.per_class or DEFAULT_PER_CLASS)
         if like is None:
             return x, y
         p = next(like.parameters())
@@ -106,7 +122,9 @@ class Criterion:
     ``info`` records;
     ``work``, how the working copy is made from the caller's model; ``revives``: every round
     ranks every weight again, pruned ones included, from the original weights
-    (``iterative.prune_in_rounds``); ``summary``, one line for ``sparsescale list``."""
+    (``iterative.prune_in_rounds``); ``whole_split``: it can score on the whole training split
+    (``examples="all"``: its batch is then the split, its gradients summed over
+    :attr:`Context.chunk`-example chunks); ``summary``, one line for ``sparsescale list``."""
 
     name: str
     score: Score
@@ -117,6 +135,7 @@ class Criterion:
     records: tuple[str, ...] = ()
     work: Callable[[nn.Module], nn.Module] = copy.deepcopy
     revives: bool = False
+    whole_split: bool = False
     summary: str = ""
 
     def missing(self, context: Context) -> str | None:
@@ -133,7 +152,7 @@ _REGISTRY: dict[str, Criterion] = {}
 def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] = SCOPES,
              rounds: int = 1, per_class: int | None = None, records: tuple[str, ...] = (),
              work: Callable[[nn.Module], nn.Module] = copy.deepcopy, revives: bool = False,
-             summary: str = "") -> Callable[[Score], Score]:
+             whole_split: bool = False, summary: str = "") -> Callable[[Score], Score]:
     """Decorator: register the score function as criterion ``name`` with these rules
     (:class:`Criterion`); the function is returned as it is. A name already taken by another
     function raises :class:`pruning.PruningError` (the same function again, from the same file
@@ -156,7 +175,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] 
             raise PruningError(f"criterion {name!r} is already registered by "
                                f"{_origin(old.score)}")
         _REGISTRY[name] = Criterion(name, score, tuple(needs), tuple(scopes), rounds, per_class,
-                                    tuple(records), work, revives, summary)
+                                    tuple(records), work, revives, whole_split, summary)
         return score
 
     return add
@@ -166,6 +185,11 @@ def list_methods() -> list[str]:
     """Names accepted by :func:`pruning.prune`: the built-in criteria, then those registered
     since, in order of registration."""
     return list(_REGISTRY)
+
+
+def whole_split() -> list[str]:
+    """The registered criteria that can score on the whole training split (``examples="all"``)."""
+    return [name for name, c in _REGISTRY.items() if c.whole_split]
 
 
 def is_path(method: str) -> bool:

@@ -9,7 +9,7 @@
   papers' claims judged against the measurements.
 
 Every public name is importable from ``theory`` itself, and so is each module by its name
-(``theory.noise``, ``theory.bounds``, ...).
+(``theory.estimators.noise``, ``theory.models.bounds``, ...).
 """
 from theory.errors import TheoryError
 from theory.estimators import branching, curvature, example_norms, functional, mlp_passes, noise
@@ -29,6 +29,6 @@ from theory.monitor import layer_norms
 from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
 from theory.verdicts import claims, probe_points, summaries, trajectory
 from theory.verdicts.claims import Verdict, judge_claims
-from theory.verdicts.probe_points import probe_batch_sizes, probe_steps
+from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, schedule_steps
 from theory.verdicts.summaries import Summary, summarize
-from theory.verdicts.trajectory import probe_trajectory
+from theory.verdicts.trajectory import probe_trajectory, replay_states

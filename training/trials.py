@@ -46,7 +46,7 @@ from training.config import (
 )
 from training.data.dataset import Dataset
 from training.engine import loop
-from training.engine.resume import check_data_seeds, check_start
+from training.engine.resume import check_data_seeds, check_init_params, check_start
 from training.errors import ConfigError
 from training.goal import as_goal
 from training.masks import check_mask
@@ -109,12 +109,16 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  trials_per_stack: int | None = None, first_index: int = 0,
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
                  return_state: bool = False,
-                 step_timer: contextlib.AbstractContextManager | None = None) -> TrialsResult:
+                 step_timer: contextlib.AbstractContextManager | None = None,
+                 init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
-    starts from ``model``'s weights. ``run``: batch size, optimizer (the update rules of
-    ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for ``adam`` / ``adamw``), goal,
+    starts from ``model``'s weights, or with ``init_params`` (name -> ``[N, *shape]`` for
+    every parameter) trial i from row i (each trial its own initialization, as Lee et al.
+    2021's runs; the module's buffers are still ``model``'s). ``run``: batch size, optimizer
+    (the update rules of ``torch.optim.SGD``, or of ``torch.optim.Adam`` / ``AdamW`` for
+    ``adam`` / ``adamw``), goal,
     step budget, evaluation schedule, data seed, dtype and device
     (:class:`training.RunConfig`). ``run.stop``: ``"first"`` ends the group at the first
     evaluation where any trial meets the goal; ``"all"`` trains each trial to its own first hit,
@@ -158,13 +162,17 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     first_index = check_index(first_index, "first_index")
     start = check_start(start, model, run.optimizer, n, run.max_steps)
     seeds = check_data_seeds(data_seeds, n)
+    inits = check_init_params(init_params, model, n)
+    if inits and start is not None:
+        raise ConfigError("init_params and start exclude each other (a start state holds the "
+                          "weights); allowed: one of them")
     # the process-wide generator is only ever touched (under its lock) for a model that draws
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           device.precision(run.precision, run.device)):
         out = loop.run(model, dataset, trial_list, run, masks=mask_map, goal=goal,
                        batch_size=batch_size, trials_per_stack=trials_per_stack,
                        first_index=first_index, start=start, data_seeds=seeds, random=random,
-                       return_state=return_state, step_timer=step_timer)
+                       return_state=return_state, step_timer=step_timer, init_params=inits)
     result = _result(trial_list, out.names, out.buffer_names, out.final, out.rows, out.hit,
                      out.diverged, out.taken, out.steps_run, out.strategy.name)
     return replace(result, program_choice=out.strategy.choice, end_state=out.end_state,

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.report.figures import measurement as F
-from experiments.report.formatting import fmt_interval, fmt_num
+from experiments.report.formatting import fmt_interval, fmt_num, grid_interval
 from experiments.report.sections import Document, Figure, Paragraphs, Section, Table
 
 FIGURE_NAME = "advice"
@@ -61,9 +61,11 @@ def advice_figure(noise: pd.DataFrame, critical: pd.DataFrame, predicted: pd.Dat
 
 def advice_document(title: str, headline: list[str], noise: pd.DataFrame, critical: pd.DataFrame,
                     predicted: pd.DataFrame, cost: pd.DataFrame, base_batch: int, goal_step: int,
-                    recommended: float, interval: tuple[float, float], notes: list[str]) -> Document:
+                    recommended: float, interval: tuple[float, float], notes: list[str],
+                    top: float | None = None) -> Document:
     """The advice report: the headline, the figure, and the tables of B_simple and CBS along the
-    run, the prediction per batch size and the cost; ``notes``: how it was measured."""
+    run, the prediction per batch size and the cost; ``notes``: how it was measured; ``top``:
+    the largest batch branched (a CBS there is a lower bound; None: not known)."""
     png = advice_figure(noise, critical, predicted, base_batch, goal_step, recommended, interval)
     along = pd.DataFrame({
         "fraction of H": [fmt_num(f, 3) for f in noise.fraction],
@@ -71,7 +73,7 @@ def advice_document(title: str, headline: list[str], noise: pd.DataFrame, critic
         "B_simple ± SE": [f"{fmt_num(v, 3)} ± {fmt_num(e, 2)}" for v, e in zip(noise.b_simple, noise.b_simple_se)],
         "|G|² ± SE": [f"{fmt_num(v, 3)} ± {fmt_num(e, 2)}" for v, e in zip(noise.g_sq, noise.g_sq_se)],
         "tr Σ ± SE": [f"{fmt_num(v, 3)} ± {fmt_num(e, 2)}" for v, e in zip(noise.trace_sigma, noise.trace_sigma_se)],
-        "CBS(t) [interval]": [_cbs(critical, s) for s in noise.step]})
+        "CBS(t) [interval] (grid)": [_cbs(critical, s, top) for s in noise.step]})
     pred = pd.DataFrame({
         "batch size": [fmt_num(int(b)) for b in predicted.batch_size],
         "predicted steps [range]": [f"{fmt_num(round(s))} {fmt_interval(round(lo), round(hi))}"
@@ -95,12 +97,14 @@ def advice_document(title: str, headline: list[str], noise: pd.DataFrame, critic
     return Document(title, sections)
 
 
-def _cbs(critical: pd.DataFrame, step: int) -> str:
+def _cbs(critical: pd.DataFrame, step: int, top: float | None = None) -> str:
+    """CBS at ``step`` with its interval and the branching grid's resolution."""
     row = critical[critical.step == step]
     if row.empty:
         return "–"
     r = row.iloc[0]
-    return f"{fmt_num(r.critical_batch)} {fmt_interval(r.low, r.high)}"
+    return grid_interval(r.critical_batch, r.low, r.high,
+                         open_above=top is not None and r.critical_batch >= top)
 
 
 def cost_frame(parts: dict[str, int], sweep: int) -> pd.DataFrame:

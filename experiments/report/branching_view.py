@@ -24,7 +24,7 @@ import pandas as pd
 from theory.errors import TheoryError
 from theory.verdicts.summaries import find, summarize
 
-from experiments.report.formatting import fmt_interval, fmt_num, fmt_pct
+from experiments.report.formatting import fmt_interval, fmt_num, fmt_pct, grid_interval
 
 CRITICAL_COLUMNS = ["run", "series", "sparsity", "seed", "base_batch", "goal_step", "k_max", "n_seeds",
                     "cbs", "cbs_low", "cbs_high", "upper_end", "b_simple", "b_simple_low", "b_simple_high",
@@ -118,7 +118,7 @@ def branching_sentences(critical: pd.DataFrame, warm: pd.DataFrame) -> list[str]
     the warmup against the best fixed B, with intervals, whatever they show."""
     out = []
     for r in critical.itertuples(index=False):
-        cbs = f"{'≥ ' if r.upper_end else ''}{fmt_num(r.cbs, 4)} {fmt_interval(r.cbs_low, r.cbs_high)}"
+        cbs = grid_interval(r.cbs, r.cbs_low, r.cbs_high, open_above=bool(r.upper_end))
         out.append(f"{r.series}, seed {r.seed}: the critical batch measured by branching at the goal "
                    f"(step H = {r.goal_step} of the best B = {r.base_batch} run; k up to {r.k_max}, "
                    f"{r.n_seeds} branch seeds) is CBS = {cbs}"

@@ -41,6 +41,35 @@ def fmt_interval(lo: float, hi: float) -> str:
     return f"[{fmt_num(lo, 3)}, {fmt_num(hi, 3)}]"
 
 
+# the ratio of neighbouring values on the branching grid (k B, k = 1, 2, 4, ...:
+# theory.estimators.branching.branch_factors)
+DOUBLINGS = 2.0
+GRID_NAMES = {2.0: "doublings"}
+
+
+def grid_interval(value: float, low: float, high: float, ratio: float = DOUBLINGS,
+                  open_above: bool = False, digits: int = 3) -> str:
+    """A value measured on a geometric grid of batch sizes (neighbours ``ratio`` apart) with
+    its interval, stating the grid's resolution: the grid cannot tell a point from anything
+    between the geometric midpoints to its neighbours, v / sqrt(r) and v sqrt(r), so the
+    interval is widened to those edges ('256 (grid of doublings: between 181 and 362)' when
+    every resample landed on 256; '256 [128, 256] (grid of doublings: between 90.5 and 362)'
+    otherwise). 0 (below the grid's first point) has no lower edge; ``open_above``: the value
+    is the grid's last point that passed (a lower bound), so there is no upper edge."""
+    if value is None or pd.isna(value):
+        return "–"
+    if high == 0:
+        return f"{fmt_num(value, 4)} (below the grid's first batch size)"
+    half = math.sqrt(ratio)
+    name = GRID_NAMES.get(ratio, f"x{fmt_num(ratio, 3)} steps")
+    lo_edge = low / half if low > 0 else 0.0
+    edges = (f"{fmt_num(lo_edge, digits)} or more" if open_above else
+             f"between {fmt_num(lo_edge, digits)} and {fmt_num(high * half, digits)}")
+    point = fmt_num(value, 4) if low == high == value else \
+        f"{fmt_num(value, 4)} {fmt_interval(low, high)}"
+    return f"{'≥ ' if open_above else ''}{point} (grid of {name}: {edges})"
+
+
 def sparsity_label(sparsity: float) -> str:
     """'dense' or '90 % sparse'."""
     return "dense" if sparsity == 0 else f"{fmt_pct(sparsity)} sparse"

@@ -13,7 +13,7 @@ import pandas as pd
 
 from experiments.report.analysis import Fits
 from experiments.report.formatting import (
-    budget_text, fmt_interval, fmt_num, goal_text, sparsity_label,
+    budget_text, fmt_interval, fmt_num, goal_text, grid_interval, sparsity_label,
 )
 from experiments.report.hardware import HardwarePart
 from experiments.report.runs import Run
@@ -202,8 +202,9 @@ def critical_table(critical: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "series": critical["series"], "seed": critical["seed"],
         "base B, H": [f"{b}, {h}" for b, h in zip(critical["base_batch"], critical["goal_step"])],
-        "CBS at the goal": [("≥ " if u else "") + _with_interval(v, lo, hi, 3) for v, lo, hi, u in
-                            zip(critical["cbs"], critical["cbs_low"], critical["cbs_high"], critical["upper_end"])],
+        "CBS at the goal": [grid_interval(v, lo, hi, open_above=bool(u)) for v, lo, hi, u in
+                            zip(critical["cbs"], critical["cbs_low"], critical["cbs_high"],
+                                critical["upper_end"])],
         "B_simple at the goal": [_with_interval(v, lo, hi, 3) for v, lo, hi in
                                  zip(critical["b_simple"], critical["b_simple_low"], critical["b_simple_high"])],
         "fitted B_crit": [_with_interval(v, lo, hi, 3) for v, lo, hi in

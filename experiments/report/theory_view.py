@@ -161,7 +161,8 @@ def formulas(optimizers: Sequence[str]) -> list[tuple[str, str, str]]:
 
 def probe_summary(probes: pd.DataFrame) -> pd.DataFrame:
     """Per (run, series, sparsity) the probe values the bound needs, from the probes along the
-    runs: L = Lee et al.'s local Lipschitz constant (trajectory mean, their summary), sigma2 =
+    runs: L = Lee et al.'s local Lipschitz constant (trajectory mean after step 0, their summary:
+    they never measure at initialization, theory.verdicts.summaries), sigma2 =
     tr(Sigma) and B_simple (ratio of sums) over the last 20 % of the runs, Delta = the loss at
     step 0 (f_inf taken as 0), B_noise (median along the runs)."""
     rows = []
@@ -170,7 +171,8 @@ def probe_summary(probes: pd.DataFrame) -> pd.DataFrame:
         def values(quantity: str, late: bool = False) -> pd.Series:
             return g[(g["quantity"] == quantity) & ((g["fraction"] >= 0.8) if late else True)]["value"]
 
-        lipschitz, loss0 = values("local_lipschitz"), g[(g["quantity"] == "loss") & (g["step"] == 0)]
+        lipschitz = g[(g["quantity"] == "local_lipschitz") & (g["step"] > 0)]["value"]
+        loss0 = g[(g["quantity"] == "loss") & (g["step"] == 0)]
         sigma2, g_sq = values("trace_sigma", True), values("g_sq", True)
         rows.append({"run": run, "series": series, "sparsity": float(sparsity),
                      "L": float(lipschitz.mean()) if len(lipschitz) else math.nan,

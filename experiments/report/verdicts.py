@@ -47,9 +47,7 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
         if mine.empty or not level_fits:
             skipped.append(f"{run}: no claim judged ({'no probes' if mine.empty else 'no fitted curve'}).")
             continue
-        curves = [MeasuredCurve(s, tuple(c["batch_size"].astype(float)),
-                                tuple(c["steps_to_result"].astype(float)))
-                  for s, c in g.sort_values(["batch_size", "seed"]).groupby("sparsity")]
+        curves = level_curves(g)
         try:
             summaries = summarize(mine)
             probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
@@ -63,6 +61,13 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
                   "allowed_high": v.threshold[1], "verdict": v.verdict, "reason": v.reason}
                  for v in judged]
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS), skipped
+
+
+def level_curves(reached: pd.DataFrame) -> list[MeasuredCurve]:
+    """One measured curve per sparsity level of one run's reached groups (every seed's point)."""
+    return [MeasuredCurve(s, tuple(c["batch_size"].astype(float)),
+                          tuple(c["steps_to_result"].astype(float)))
+            for s, c in reached.sort_values(["batch_size", "seed"]).groupby("sparsity")]
 
 
 def _has(summaries, sparsity: float) -> bool:
@@ -83,6 +88,46 @@ def verdict_table(table: pd.DataFrame) -> pd.DataFrame:
                     for a, b in zip(table["allowed_low"], table["allowed_high"])],
         "verdict": table["verdict"]}, columns=["series", "claim", "tier", "value [90 % interval]",
                                                "allowed", "verdict"])
+
+
+# the claims in words, with the paper each comes from (theory.verdicts.claims, theory.verdicts.lee_stage)
+CLAIM_WORDS = {
+    "mccandlish": "B_simple at the goal predicts B_crit (McCandlish et al. 2018)",
+    "lee_sparsity (S_min ratio)": "L Δ explains the sparse/dense S_min ratio, early probes "
+                                  "(Lee et al. 2021)",
+    "lee_sparsity (median step ratio)": "L Δ explains the sparse/dense step ratio, early probes "
+                                        "(Lee et al. 2021)",
+    "shape_slope": "perfect scaling at small batch sizes (Shallue et al. 2019)",
+    "shape_plateau": "a plateau at the largest batch size (Shallue et al. 2019)",
+}
+
+
+def claim_words(claim: str) -> str:
+    """A claim id in words; the ones at Lee et al.'s stage carry their steps."""
+    if claim in CLAIM_WORDS:
+        return CLAIM_WORDS[claim]
+    for prefix, words in (("lee_L_rises", "L larger when sparse"),
+                          ("lee_L_explains", "L explains the sparse/dense step ratio")):
+        if claim.startswith(prefix):
+            where = claim[len(prefix):].strip(" ()")
+            return f"{words}, at Lee's stage ({where}) (Lee et al. 2021)"
+    return claim
+
+
+def findings_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts as the Findings open: claim (with its series), tier, verdict and the
+    numbers (value [90 % interval], and the allowed range)."""
+    def numbers(r) -> str:
+        allowed = (f"; allowed {fmt_interval(r.allowed_low, r.allowed_high)}"
+                   if np.isfinite(r.allowed_low) else "")
+        interval = fmt_interval(r.low, r.high) if np.isfinite(r.low) else "(no interval)"
+        return f"{fmt_num(r.value, 3)} {interval}{allowed}"
+
+    return pd.DataFrame({
+        "claim": [f"{claim_words(r.claim)}: {r.series}" for r in table.itertuples(index=False)],
+        "tier": table["tier"], "verdict": table["verdict"],
+        "the numbers": [numbers(r) for r in table.itertuples(index=False)]},
+        columns=["claim", "tier", "verdict", "the numbers"])
 
 
 def verdict_sentences(table: pd.DataFrame) -> list[str]:

@@ -58,8 +58,9 @@ from experiments.report.theory_view import (
 )
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
-    STEPS_DEFINITION, failure_sentences, verdict_sentences, verdict_table, verdicts,
+    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts,
 )
+from experiments.report.lee_stage_view import StagePart, stage_sentences, stage_tables, stage_view
 
 __all__ = ["write_report", "write_document", "build", "ReportError", "ReportIOError"]
 
@@ -135,21 +136,31 @@ def build(runs: RunSet) -> Report:
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
-    theory_words = verdict_sentences(judged) + failure_sentences(judged, runs.probes) + unjudged
+    stage = stage_view(runs)
+    # the claim at Lee et al.'s stage beside the early probes' claims
+    judged = pd.concat([judged, stage.verdicts], ignore_index=True) if len(stage.verdicts) \
+        else judged
     critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
     warm = warmup_table(runs.warmup)
+    prose = (
+        findings_text(points, fits.table, ratios, missing, order, labels),
+        stage_sentences(stage) + failure_sentences(judged, runs.probes) + unjudged,
+        optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
+                            sorted({s for r in runs.runs for s in r.spec.sparsities}))
+        + sanity_sentences(sanity.table) + branching_sentences(critical, warm))
     sections = (
         Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs))),
-        Section("Findings", 2, (Paragraphs(tuple(findings_text(
-            points, fits.table, ratios, missing, order, labels) + theory_words
-            + optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
-                                  sorted({s for r in runs.runs for s in r.spec.sparsities}))
-            + sanity_sentences(sanity.table) + branching_sentences(critical, warm)), "findings"),)),
+        Section("Findings", 2, (
+            *((Table(findings_table(judged)), Paragraphs((FINDINGS_NOTE,), "note"))
+              if len(judged) else ()),
+            # the prose below the table: one paragraph per theme (scaling and the cost of
+            # sparsity; the theory; optimizers, sanity checks and branching)
+            Paragraphs(tuple(" ".join(p) for p in prose if p)))),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
-        _theory_section(runs, fits, judged),
+        _theory_section(runs, fits, judged, stage),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
         Section("Tables", 2, (
-            _table("Steps to result", T.steps_table(points, edges)),
+            _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
                    "intervals, regime boundaries)", T.fits_table(fits)),
             _table("Structure of the bound (not scored)", T.predictions_table(theory.table),
@@ -183,6 +194,30 @@ def build(runs: RunSet) -> Report:
         time_to_result=time_to_result_frame(hardware, runs.info()))
 
 
+STOP_WORDS = {
+    "first": "stop = \"first\": a group stops at the first evaluation where any trial meets the "
+             "goal (Shallue et al.'s steps-to-result), so one trial reaches it by construction",
+    "all": "stop = \"all\": each trial trained to its own first hit, so \"trials reached\" "
+           "counts the trials that met the goal within the budget",
+}
+
+
+def _stop_note(runs: RunSet) -> str:
+    """What produced the "trials reached" column: each run's stop rule, and whether diverged
+    trials were replaced (an imported workload says neither)."""
+    parts = []
+    for r in runs.runs:
+        stop = getattr(r.spec, "stop", None)
+        if stop is None:
+            continue
+        complete = getattr(r.spec, "complete_trials", False)
+        parts.append(f"{r.label}: {STOP_WORDS[stop]}; "
+                     + ("diverged trials replaced until the trials per group completed "
+                        "(Shallue et al.'s count)" if complete else
+                        "diverged trials count toward the trials per group"))
+    return ("Trials reached: " + "; ".join(parts) + ".") if parts else ""
+
+
 def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
     """Each run's ``reductions`` text (how its design is reduced from the paper's), once per
     distinct text, as a note under the overview."""
@@ -190,9 +225,18 @@ def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
     return (Paragraphs(tuple(texts), "note"),) if texts else ()
 
 
-def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section:
-    """Theory vs measurement: the steps-to-result definition used, the tiered verdict table and
-    the two figures along the runs."""
+FINDINGS_NOTE = (
+    "Each paper's claim in its own terms (Theory vs measurement gives the reasons): \"holds\": "
+    "the whole interval lies inside the allowed range; \"does not hold\": wholly outside; "
+    "\"inconclusive\": it straddles the line. Lee et al.'s claim is judged twice: on the probes "
+    "along [0, H] (the early stage, step 0 left out) and, where the study measured it, at "
+    "their own stage (steps >= 1,000).")
+
+
+def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
+                    stage: StagePart | None = None) -> Section:
+    """Theory vs measurement: the steps-to-result definition used, the tiered verdict table,
+    the two figures along the runs, and L at Lee et al.'s stage when it was measured."""
     order = list(runs.order)
     cmap = F.colors(order)
     evals = "; ".join(dict.fromkeys(f"{r.label}: {eval_text(r.spec)}"
@@ -220,6 +264,22 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame) -> Section
                "one line per series (colour) and probed batch size (line style), median over "
                "seeds at each point of the run.",
                F.png_bytes(TF.smoothness_figure(runs.probes, order, cmap))),
+        *([_stage_section(stage, order, cmap)] if stage is not None and stage.measured else []),
+    ))
+
+
+def _stage_section(stage: StagePart, order: list[str], cmap: dict) -> Section:
+    """L at Lee et al.'s stage: its tables and Figure 10."""
+    return Section("L at Lee et al.'s stage", 3, (
+        *(Section(title, 4, (*((Table(frame),) if len(frame) else ()), Paragraphs((note,), "note")))
+          for title, frame, note in stage_tables(stage)),
+        Figure("fig10_lipschitz_stage", "Figure 10. L every N steps of the runs, Lee et al.'s view",
+               "Lee et al. (2021)'s local Lipschitz constant of the update into each step k N of "
+               "the probed runs (their edps/train.py), up to each run's goal; one panel per probed "
+               "batch size, one line per series: the geometric mean over its runs (seeds and "
+               "trials), band: its 90 % t interval; log scale. ×: L on the whole training split "
+               "where the study checked its sample.",
+               F.png_bytes(TF.stage_figure(stage.points, stage.check, order, cmap))),
     ))
 
 

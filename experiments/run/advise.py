@@ -65,6 +65,7 @@ from training.errors import SparsescaleError
 from training.state import TrainState
 
 from experiments.report.advice import advice_document, cost_frame
+from experiments.report.formatting import grid_interval
 from experiments.report.write import write_document
 from experiments.run.branching import BranchResult, branch_critical_batch
 from experiments.run.runner import load_workload
@@ -159,11 +160,13 @@ class Advice:
             if self.at_base else ""
         where = "at the goal" if self.at == 1.0 else f"at {self.at:g} of the way to the goal"
         noise = self.noise.iloc[-1]
+        # CBS is one of k B_0, k = 1, 2, 4, ...: say what a doubling grid cannot tell apart
+        cbs = grid_interval(self.recommended, self.low, self.high, open_above=self.lower_bound)
         return "\n".join([
             f"{self.name}: {self.workload}, {self.goal}, {self.optimizer}"
             + (f", {self.sparsity:.0%} sparse" if self.sparsity else ""),
-            f"recommended batch size: {self.recommended:g} [{self.low:g}, {self.high:g}] "
-            f"(critical batch by branching {where}, {self.level:.0%} interval){bound}",
+            f"recommended batch size: {cbs}; the critical batch by branching {where}, "
+            f"{self.level:.0%} interval over the branch seeds{bound}",
             f"base run: B = {self.base_batch}, lr {self.trial.lr:.4g} ({self.lr_source}), "
             f"{self.goal_step} steps to the goal; B_simple there {noise.b_simple:.4g} "
             f"+- {noise.b_simple_se:.2g}",
@@ -197,7 +200,8 @@ def write_advice(advice: Advice, out: str | Path) -> Path:
         f"{c.total:,} ({c.fraction:.1%}).",
     ]
     doc = advice_document(f"Batch-size advice: {a.name}", a.summary().splitlines(), a.noise, a.critical,
-                          a.predicted, cost, a.base_batch, a.goal_step, a.recommended, (a.low, a.high), notes)
+                          a.predicted, cost, a.base_batch, a.goal_step, a.recommended, (a.low, a.high), notes,
+                          top=float(a.branching.critical.ks[-1] * a.base_batch))
     return write_document(doc, out, {"noise": a.noise, "critical": a.critical, "predicted": a.predicted,
                                      "cost": cost})
 

@@ -75,8 +75,10 @@ def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask
               f"{group.steps_to_result} steps, too few for {settings.checkpoints} distinct checkpoints",
               file=sys.stderr)
         return None
-    return BranchTask(spec, Workload.of(spec), sparsity, seed, mask, settings, group,
-                      best_trial(store, group.key))
+    trial = best_trial(store, group.key)
+    workload = Workload.of(spec)
+    return BranchTask(spec, workload, sparsity, seed, workload.trial_mask(mask, int(trial.trial)),
+                      settings, group, trial)
 
 
 def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
@@ -85,7 +87,9 @@ def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
     its ``dataset``), with ``PROBE_THREADS`` torch threads; each branching row carries the
     measurement's wall time (``seconds``, as the probes' rows do: the study's timing sums it)."""
     with torch_threads(PROBE_THREADS):
-        dataset, model = on_device(task.workload, task.spec.device, dataset, task.seed)
+        # the trial's own initialization with [pruning] mask_per_trial, else the seed's
+        seed = task.workload.init_seed(task.seed, int(task.trial.trial))
+        dataset, model = on_device(task.workload, task.spec.device, dataset, seed)
         start = time.perf_counter()
         rows, warm = branch_level(task, dataset, model)
         seconds = time.perf_counter() - start

@@ -13,6 +13,16 @@ Rows go to the store's ``probes`` table (columns ``sparsity, seed, batch_size, s
 quantity, value`` and ``seconds``, the wall time of that run's replay and measurements), one
 transaction per sparsity level; a rerun skips levels already probed. The runs are independent
 tasks: a study probes them in its worker pool, one run per task.
+
+At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.schedule`) the
+same replay also measures, at steps N, 2N, ... up to the run's own goal step
+(``theory.schedule_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
+(on ``lipschitz_examples`` fixed examples, or the split: the same sample for L along [0, H]),
+and the noise and loss at the same weights; and it does so for the ``lipschitz_trials`` reached trials of each probed group with
+the fewest steps (each its own replay and task; the best one is the run the points along
+[0, H] are measured on). ``lipschitz_check`` adds L on the whole split at the first point of
+each listed level's first probed run (lowest seed, smallest probed batch size, best trial).
+These rows go to the ``schedule_probes`` table in the level's transaction.
 """
 
 from __future__ import annotations
@@ -32,11 +42,12 @@ import theory
 import training
 from theory.errors import TheoryError
 from theory.estimators.functional import changed_by_eval_mode, probe_definition
+from theory.verdicts.trajectory import needed_steps
 from training.config import ADAM_KEYS
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
-from experiments.store.schema import ProbeRow
+from experiments.store.schema import ProbeRow, ScheduleRow
 from experiments.spec.study import Spec
 from experiments.store.database import Store
 from experiments.run.workload import Workload
@@ -44,6 +55,10 @@ from experiments.run.workload import Workload
 # Torch threads while probing: on the loaded 2-core machine a second intra-op thread multiplied
 # the probes' CPU time (spinning workers), and the operations are small.
 PROBE_THREADS = 1
+# what is measured at each point of Lee et al.'s stage (no Hessian: their schedule never had one)
+SCHEDULE_MEASURED = ("g_sq", "trace_sigma", "b_simple", "local_lipschitz", "loss")
+# L's fixed sample at Lee's stage: the same examples for every run, level and point
+LIPSCHITZ_SAMPLE_SEED = 0
 
 
 def probe_network(model: torch.nn.Module, dataset: training.Dataset,
@@ -79,10 +94,19 @@ def level_b_crit(groups: pd.DataFrame, sparsity: float) -> float | None:
 
 def best_trial(store: Store, key: str) -> pd.Series:
     """The stored row of group ``key``'s best (goal-reaching) trial."""
+    return best_trials(store, key, 1)[0]
+
+
+def best_trials(store: Store, key: str, k: int) -> list[pd.Series]:
+    """The stored rows of group ``key``'s best trial and then its other reached trials, fewest
+    steps first (ties: lower index), at most ``k`` in all."""
     groups, trials = store.frame("groups"), store.frame("trials")
     g = groups[groups.key == key].iloc[0]
     t = trials[trials.group_key == key]
-    return t[t.trial == int(g.best_trial)].iloc[0]
+    best = t[t.trial == int(g.best_trial)].iloc[0]
+    others = t[(t.status == "reached") & (t.trial != int(g.best_trial))].sort_values(
+        ["hit_step", "trial"], kind="stable")
+    return [best] + [r for _, r in others.head(max(k - 1, 0)).iterrows()]
 
 
 def stored_trial(row: pd.Series) -> training.Trial:
@@ -95,43 +119,79 @@ def stored_trial(row: pd.Series) -> training.Trial:
 
 
 def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
-              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None) -> list[ProbeRow]:
-    """Replay one group's best trial and probe it along [0, H] (module docstring)."""
+              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None, early: bool = True,
+              check: bool = False) -> tuple[list[ProbeRow], list[ScheduleRow]]:
+    """Replay one reached trial of a group once and probe it: along [0, H] when ``early`` (the
+    group's best trial), and at Lee et al.'s stage when the spec asks for it, with L on the
+    whole split at its first point when ``check`` (module docstring)."""
     start = time.perf_counter()
-    horizon = int(group.steps_to_result)
+    horizon = int(trial.hit_step) if not pd.isna(trial.hit_step) else int(group.steps_to_result)
     p = spec.probes
+    run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
+                             device=spec.device, precision=spec.precision)
+    along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
+    lee = theory.schedule_steps(horizon, p.lipschitz_every) if p.lipschitz_every else ()
+    needed = set(needed_steps(along, max(horizon, 1), p.average) if along else ())
+    needed |= set(needed_steps(lee, horizon, p.average, "into") if lee else ())
+    if not needed:
+        return [], []
+    states = theory.replay_states(model, dataset, stored_trial(trial), run, sorted(needed), mask,
+                                  int(trial.trial))
+    common = dict(mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
+                  average=p.average, examples=p.examples, sample_seed=int(group.seed),
+                  states=states, lipschitz_seed=LIPSCHITZ_SAMPLE_SEED)
+    # L on lipschitz_examples (when set) along [0, H] too: one sample for every L of the study
     rows = theory.probe_trajectory(
-        model, dataset, stored_trial(trial),
-        training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
-                           device=spec.device, precision=spec.precision),
-        theory.probe_steps(horizon, p.points) if horizon > 0 else (0,), max(horizon, 1),
-        mask=mask, sparsity=float(group.sparsity), trial_index=int(trial.trial),
-        average=p.average, examples=p.examples, curvature_examples=p.curvature_examples,
-        hessian_examples=p.hessian_examples, lanczos=p.lanczos, sample_seed=int(group.seed))
+        model, dataset, stored_trial(trial), run, along, max(horizon, 1),
+        curvature_examples=p.curvature_examples, hessian_examples=p.hessian_examples,
+        lanczos=p.lanczos, lipschitz_examples=p.lipschitz_examples, **common) if along else None
+    stage = [theory.probe_trajectory(
+        model, dataset, stored_trial(trial), run, lee, horizon, quantities=SCHEDULE_MEASURED,
+        lipschitz_update="into", lipschitz_examples=p.lipschitz_examples, **common)] if lee else []
+    if lee and check:
+        full = theory.probe_trajectory(
+            model, dataset, stored_trial(trial), run, lee[:1], horizon,
+            quantities=("local_lipschitz",), lipschitz_update="into", **common)
+        stage.append(full.assign(quantity="local_lipschitz_full"))
     seconds = time.perf_counter() - start
-    return [ProbeRow(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.step),
-                     float(r.fraction), r.quantity, float(r.value), seconds)
-            for r in rows.itertuples(index=False)]
+    early_rows = [] if rows is None else [
+        ProbeRow(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.step),
+                 float(r.fraction), r.quantity, float(r.value), seconds)
+        for r in rows.itertuples(index=False)]
+    sizes = {"local_lipschitz": p.lipschitz_examples, "local_lipschitz_full": None}
+    stage_rows = [ScheduleRow(float(r.sparsity), int(r.seed), int(r.batch_size),
+                              int(trial.trial), int(r.step), horizon, r.quantity, float(r.value),
+                              sizes.get(r.quantity, p.examples), seconds)
+                  for frame in stage for r in frame.itertuples(index=False)]
+    return early_rows, stage_rows
 
 
 @dataclass(frozen=True)
 class ProbeTask:
     """One probed run, everything a worker process needs: the spec, its workload, the group's
-    and its best trial's stored rows, and the level's mask for that seed."""
+    and the trial's stored rows, and the level's mask for that seed; ``early``: also along
+    [0, H] (the best trial); ``check``: L on the whole split at its first point of Lee's
+    stage."""
 
     spec: Spec
     workload: Workload
     group: pd.Series
     trial: pd.Series
     mask: Mapping[str, torch.Tensor] | None
+    early: bool = True
+    check: bool = False
 
 
-def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None) -> list[ProbeRow]:
+def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None
+                   ) -> tuple[list[ProbeRow], list[ScheduleRow]]:
     """Probe one run (worker side, or in the driver with its ``dataset``), with
     ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
-        dataset, model = on_device(task.workload, task.spec.device, dataset, int(task.group.seed))
-        return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask)
+        # the trial's own initialization with [pruning] mask_per_trial, else the seed's
+        seed = task.workload.init_seed(int(task.group.seed), int(task.trial.trial))
+        dataset, model = on_device(task.workload, task.spec.device, dataset, seed)
+        return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask,
+                         task.early, task.check)
 
 
 def on_device(workload: Workload, device: str, dataset: training.Dataset | None, seed: int
@@ -154,17 +214,23 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     groups = store.frame("groups")
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
-    tasks = []
+    p = spec.probes
+    k = p.lipschitz_trials if p.lipschitz_every else 1
+    tasks: list[ProbeTask] = []
     for seed in spec.seeds:
         mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
                       & (groups.status == "done") & groups.steps_to_result.notna()]
         if mine.empty:
             continue
         for b in theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
-                                          spec.probes.batch_sizes):
+                                          p.batch_sizes):
             group = mine[mine.batch_size == b].iloc[0]
-            tasks.append(ProbeTask(spec, workload, group, best_trial(store, group.key),
-                                   masks[seed]))
+            for i, trial in enumerate(best_trials(store, group.key, k)):
+                # the level's first run checks L's sample against the whole split
+                check = not tasks and i == 0 and sparsity in p.lipschitz_check
+                tasks.append(ProbeTask(spec, workload, group, trial,
+                                       workload.trial_mask(masks[seed], int(trial.trial)),
+                                       early=i == 0, check=check))
     return tasks
 
 
@@ -193,10 +259,12 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
                 results = ((f.result() for f in submitted[sparsity]) if submitted
                            else (run_probe_task(t, dataset) for t in tasks))
                 rows: list[ProbeRow] = []
-                for run_rows in results:
+                stage: list[ScheduleRow] = []
+                for run_rows, stage_rows in results:
                     rows += run_rows
+                    stage += stage_rows
                     bar.update()
-                store.write_probes(sparsity, rows)
+                store.write_probes(sparsity, rows, stage)
 
     return finish
 
@@ -218,8 +286,18 @@ def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool 
     start_probes(spec, dataset, store, executor)(quiet)
 
 
-def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame) -> tuple[float, float]:
+def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame,
+               schedule: pd.DataFrame | None = None) -> tuple[float, float]:
     """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
-    replay and measurement time, and the sum of the groups' wall times."""
+    replay and measurement time (the runs probed only at Lee's stage from ``schedule``), and
+    the sum of the groups' wall times."""
     runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
-    return float(np.nansum(runs.seconds)), float(groups.wall_time.sum())
+    seconds = float(np.nansum(runs.seconds))
+    if schedule is not None and len(schedule):
+        # the best trial's run is in both tables, with the same seconds: count it once
+        key = ["sparsity", "seed", "batch_size", "seconds"]
+        stage = schedule.drop_duplicates(["sparsity", "seed", "batch_size", "trial"])
+        both = stage[key].merge(runs[key].drop_duplicates(), how="left", indicator=True)
+        seconds += float(np.nansum(stage.seconds.to_numpy()[both["_merge"].to_numpy()
+                                                            == "left_only"]))
+    return seconds, float(groups.wall_time.sum())

@@ -29,6 +29,7 @@ from training.config import ADAM_KEYS
 from training.process import compiled_kernel_ready, without_compiled_kernel
 
 from experiments.run import timing
+from experiments.run.complete import train_group
 from experiments.run.executors import (
     LocalPool, dask_executor, default_workers, local_pool, torch_threads,
 )
@@ -45,7 +46,8 @@ from experiments.run.workload import Mask, Workload
 
 @dataclass(frozen=True)
 class GroupTask:
-    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask,
+    """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask (with
+    ``[pruning] mask_per_trial``, one per trial, ``[N, *shape]``),
     whether the compiled kernel is usable (the driver built it or found it missing, once), and
     the device to train on (``"cuda"``: the worker's own GPU, :func:`executors.local_pool`)."""
 
@@ -76,21 +78,26 @@ def run_group(task: GroupTask) -> GroupRecord:
     start = time.perf_counter()
     try:
         with torch_threads(1), contextlib.nullcontext() if task.kernels else without_compiled_kernel():
-            model = task.workload.build_model(task.workload.load_dataset(), p.seed)
+            cpu = task.workload.load_dataset()
+            model = task.workload.build_model(cpu, p.seed)
+            # mask_per_trial: every trial from its own initialization (its mask is its row)
+            inits = task.workload.init_params(cpu, p.seed, len(p.trials))
             ds = task.workload.load_dataset(task.device)   # on a GPU: copied once per worker
             goal = training.Goal(**cfg["goal"])
             precision = cfg["workload"].get("precision", "fp32")
             run = training.RunConfig(
                 p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
                 eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed,
-                device=task.device, precision=precision)
-            res = training.train_trials(model, ds, list(p.trials), run, masks=task.mask)
+                device=task.device, precision=precision, stop=cfg.get("stop", "first"))
+            res = train_group(model, ds, list(p.trials), run, masks=task.mask,
+                              complete=cfg.get("complete_trials", False), reserve=p.reserve,
+                              init_params=inits)
             where = training.device.device_info(task.device)
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)
     rows = []
-    for i, t in enumerate(p.trials):
+    for i, t in enumerate(res.points):
         curve = res.curves[i]
         hit = res.hit_step[i]
         rows.append(TrialRow(
@@ -274,7 +281,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                 if todo:
                     with clock.phase("masks"):
                         masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
-                                               record=out)
+                                               record=out, executor=ex)
                     tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
                                        spec.device) for g in todo]
                     with clock.phase("training"):

@@ -20,6 +20,7 @@ from training.data import list_datasets
 from training.device import PRECISIONS, DeviceError, check_device
 from training.errors import SparsescaleError
 from training.goal import unreachable
+from training.models.initialization import INITS
 from training.models import list_models
 
 from experiments.spec.search import SCALES, SEARCH_KEYS, Dimension
@@ -316,3 +317,16 @@ def device_keys(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, str]:
                                      f"allowed: {', '.join(PRECISIONS)}")
         precision = "fp32"
     return device, precision
+
+
+def init_key(ck: Checker, raw: Mapping[str, Any]) -> str:
+    """``[workload] init``: how the model's weights are initialized,
+    :data:`training.models.initialization.INITS` (``"torch"`` default: as the model's builder makes
+    them; ``"lee"``: Lee et al. 2021's, TensorFlow's variance scaling with zero biases)."""
+    wl = raw.get("workload")
+    init = wl.get("init", "torch") if isinstance(wl, Mapping) else "torch"
+    if init not in INITS:
+        ck.add("workload.init", f"found {init!r}{did_you_mean(str(init), INITS)}; allowed: "
+                                f"{', '.join(INITS)}")
+        return "torch"
+    return init

@@ -64,6 +64,7 @@ from torch import nn
 
 from training.data import Dataset
 from training.errors import SparsescaleError
+from training.models.initialization import initialize
 from training.models import seeded
 
 from experiments.spec.checks import Checker, did_you_mean, registry
@@ -288,7 +289,8 @@ def workload_table(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...]
     model_options: dict[str, Any] | None = {}
     if wl is not None:
         ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options",
-                                 "device", "precision"))   # the last two: checks.device_keys
+                                 "device", "precision",   # these two: checks.device_keys
+                                 "init"))                  # checks.init_key
         for kind in names:
             names[kind] = _name(ck, wl.get(kind), kind, folders, digests, found)
         dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
@@ -352,11 +354,15 @@ def stored(workload: Any) -> tuple[Any, dict[str, str]]:
 
 
 def build_model(path: str, dataset: Dataset, seed: int, options: dict[str, Any],
-                folders: Iterable[str] = (), digest: str | None = None) -> nn.Module:
-    """The model of the factory ``path`` for ``dataset``, initialized with ``seed``."""
+                folders: Iterable[str] = (), digest: str | None = None,
+                init: str = "torch") -> nn.Module:
+    """The model of the factory ``path`` for ``dataset``, initialized with ``seed`` by scheme
+    ``init`` (``"torch"``: as the factory makes it; ``"lee"``: Lee et al. 2021's rule by layer
+    kind, :mod:`training.models.initialization`)."""
     factory = resolve("model", path, folders, digest)
     with seeded(seed):
-        return _checked("model", path, lambda: factory.fn(dataset, **options))
+        model = _checked("model", path, lambda: factory.fn(dataset, **options))
+    return initialize(model, init, seed)
 
 
 def load_dataset(path: str, options: dict[str, Any], folders: Iterable[str] = (),

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.spec import search
+from experiments.spec.schedule import trial_rules_canonical
 from experiments.spec.study import Spec, canonical_json
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One group to run: everything a worker needs except the workload and the mask."""
+    """One group to run: everything a worker needs except the workload and the mask.
+    ``reserve``: with ``complete_trials``, the next points of the search's sequence, trained in
+    place of diverged trials (:mod:`experiments.run.complete`); empty otherwise."""
 
     key: str
     sparsity: float
@@ -29,6 +32,7 @@ class GroupPlan:
     max_steps: int
     trials: tuple[dict[str, Any], ...]
     config_json: str
+    reserve: tuple[dict[str, Any], ...] = ()
 
     @property
     def cost(self) -> int:
@@ -38,12 +42,18 @@ class GroupPlan:
 
 def group_config(spec: Spec, sparsity: float, batch_size: int, seed: int, max_steps: int,
                  trials: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything that determines a group's results (its key is this dict's hash)."""
+    """Everything that determines a group's results (its key is this dict's hash). With
+    ``[pruning] mask_per_trial`` every trial starts from its own initialization, the dense
+    level's too: its groups say so (``mask_per_trial``, absent otherwise, so that older keys
+    stay valid); the trial rules (``stop``, ``complete_trials``) only when set, so other groups
+    keep their keys."""
     c = spec.canonical()
+    per_trial = {"mask_per_trial": True} if spec.pruning_options.mask_per_trial else {}
     return {"workload": c["workload"], "optimizer": spec.optimizer, "goal": c["goal"],
             "pruning": c["pruning"] if sparsity > 0 else None, "sparsity": sparsity,
             "batch_size": batch_size, "seed": seed, "max_steps": max_steps, "eval": c["eval"],
-            "trials": trials}
+            "trials": trials, **per_trial,
+            **trial_rules_canonical(spec.stop, spec.complete_trials)}
 
 
 def plan(spec: Spec) -> list[GroupPlan]:
@@ -52,15 +62,19 @@ def plan(spec: Spec) -> list[GroupPlan]:
     for sparsity in spec.sparsities:
         for b in spec.batch_sizes:
             max_steps = spec.budget.steps(b)
-            trials = search.sample(spec.search, spec.trials, spec.search_seed, max_steps,
-                                   momentum_used=spec.optimizer != "sgd")
+            # a Sobol sequence's first N points do not depend on how many are drawn: the
+            # reserve is the same sequence continued (as many points again)
+            drawn = search.sample(spec.search, spec.trials * (2 if spec.complete_trials else 1),
+                                  spec.search_seed, max_steps,
+                                  momentum_used=spec.optimizer != "sgd")
+            trials, reserve = drawn[:spec.trials], drawn[spec.trials:]
             for seed in spec.seeds:
                 cfg = group_config(spec, sparsity, b, seed, max_steps, trials)
                 text = canonical_json(cfg)
                 groups.append(GroupPlan(key=hashlib.sha256(text.encode()).hexdigest()[:20],
                                         sparsity=sparsity, batch_size=b, seed=seed,
                                         max_steps=max_steps, trials=tuple(trials),
-                                        config_json=text))
+                                        config_json=text, reserve=tuple(reserve)))
     return groups
 
 
@@ -98,6 +112,11 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
                for kind, digest in sorted(spec.digests.items())),
              *(f"pruning criterion {path}: source sha256 {digest[:12]}"
                for path, digest in sorted(spec.method_digests.items())),
+             *([f"init {spec.init}"] if spec.init != "torch" else []),
+             *([f"pruning {spec.pruning_method}: " + ", ".join(
+                 f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
+                 for k, v in spec.pruning_options.canonical().items())]
+               if spec.pruning_options.canonical() else []),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
              f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
              f"{spec.trials} trials each",

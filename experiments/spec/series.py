@@ -53,17 +53,33 @@ def series_label(method: str, transform: str | None) -> str:
 
 
 def series_mask(method: str, transform: str | None, sparsity: float, seed: int,
-                dataset: training.Dataset, build: Callable[[int], nn.Module]) -> pruning.Mask:
+                dataset: training.Dataset, build: Callable[[int], nn.Module],
+                **options: Any) -> pruning.Mask:
     """The mask of series (``method``, ``transform``) at (``sparsity``, ``seed``) for the model
-    ``build(seed)`` trains (see the module docstring for each transform). An unknown transform
-    raises ``pruning.PruningError``."""
+    ``build(seed)`` trains (see the module docstring for each transform). ``options``: further
+    arguments of ``pruning.prune`` (a study's ``[pruning]`` options: ``examples``,
+    ``prune_biases``). An unknown transform raises ``pruning.PruningError``."""
+    return series_masks(method, transform, [sparsity], seed, dataset, build, **options)[0]
+
+
+def series_masks(method: str, transform: str | None, sparsities: list[float], seed: int,
+                 dataset: training.Dataset, build: Callable[[int], nn.Module],
+                 **options: Any) -> list[pruning.Mask]:
+    """:func:`series_mask` at every level of ``sparsities``, the criterion scored once
+    (``pruning.prune_levels``)."""
     if transform not in (None, *SANITY):
         raise pruning.PruningError(f"unknown sanity check {transform!r}; allowed: "
                                    f"{', '.join(SANITY)}")
     init_seed = seed + REINIT_SEED_OFFSET if transform == "reinit" else seed
     keep = "lowest" if transform == "invert" else "highest"
-    mask = pruning.prune(build(init_seed), method, sparsity, dataset=dataset, seed=seed,
-                         keep=keep)
+    masks = pruning.prune_levels(build(init_seed), method, sparsities, dataset=dataset,
+                                 seed=seed, keep=keep, **options)
+    return [_transformed(m, transform, seed, init_seed) for m in masks]
+
+
+def _transformed(mask: pruning.Mask, transform: str | None, seed: int, init_seed: int
+                 ) -> pruning.Mask:
+    """The criterion's ``mask`` under the series' sanity check."""
     if transform == "shuffle":
         return pruning.shuffle_layers(mask, seed)
     if transform == "matched_random":

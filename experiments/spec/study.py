@@ -11,6 +11,9 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     sparsities = [0.0, 0.9]             # fractions in [0, 1)
     trials = 16                         # metaparameter points per batch size (same at every B)
     seeds = [0]                         # replicate seeds (model init, masks, data order)
+    stop = "first"                      # first | all: a group stops at its first hit, or each
+                                        # trial at its own (experiments.spec.schedule)
+    complete_trials = false             # count only trials that did not diverge (Shallue et al.)
 
     [workload]
     dataset = "mnist1d"                 # training.data.list_datasets(), or "module:factory"
@@ -19,6 +22,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     model_options = {}                  # (experiments.spec.factories: your own, by import path)
     device = "cpu"                      # cpu | cuda | cuda:N (not in the hash: results agree)
     precision = "fp32"                  # fp32 | tf32 | bf16 (in the hash when not fp32)
+    init = "torch"                      # torch | lee (Lee et al. 2021's; in the hash when lee)
 
     [goal]
     metric = "error"                    # error | loss
@@ -28,6 +32,9 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     [pruning]
     method = "snip"                     # pruning.list_methods(), "module:criterion", or a list
     sanity = []                         # shuffle | reinit | matched_random | invert: extra series
+    examples = "all"                    # SNIP on the whole training split (default: 10 per class)
+    prune_biases = true                 # biases scored and pruned too (default false)
+    mask_per_trial = true               # each trial its own init and mask (default false)
 
     [search]                            # each: {scale = log|reverse-log|linear, min, max} or a value
     seed = 0
@@ -62,6 +69,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     curvature_examples = 1024           # lambda_max and B_noise sample (default: full split)
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
+    lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the goal
+    lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.schedule)
+    lipschitz_trials = 3                # ... reached trials per probed group
+    lipschitz_check = [0.0]             # ... levels whose first run checks L on the whole split
 
     [branching]                         # CBS(t) by branching (experiments.spec.branching)
     enabled = true
@@ -100,8 +111,11 @@ from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
 from experiments.spec.series import SANITY, series_label, series_names
 from experiments.spec.branching import Branching, branching
 from experiments.spec.checks import COMPARISONS, Checker
+from experiments.spec.schedule import (
+    LIPSCHITZ_DEFAULTS, lipschitz_canonical, lipschitz_keys, trial_rules, trial_rules_canonical,
+)
 from experiments.spec.factories import Factory
-from experiments.spec.pruning_table import pruning_table
+from experiments.spec.pruning_table import PruningOptions, pruning_options, pruning_table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +146,9 @@ class Probes:
     (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
     [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
     the noise and the Hessian quantities (None: the full training split; the noise estimates
-    are unbiased for the split either way); Lee's L always uses the full split."""
+    are unbiased for the split either way); Lee's L uses the full split. ``lipschitz_*``: L at
+    Lee et al.'s own stage, every ``lipschitz_every`` steps up to the goal
+    (:mod:`experiments.spec.schedule`)."""
 
     enabled: bool = True
     batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
@@ -142,6 +158,17 @@ class Probes:
     curvature_examples: int | None = None
     hessian_examples: int = 16
     lanczos: int = 20
+    lipschitz_every: int | None = None
+    lipschitz_examples: int | None = None
+    lipschitz_trials: int = 1
+    lipschitz_check: tuple[float, ...] = ()
+
+    def canonical(self) -> dict[str, Any]:
+        """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
+        studies without them stay those of earlier versions."""
+        plain = {k: v for k, v in asdict(self).items() if k not in LIPSCHITZ_DEFAULTS}
+        return (plain | {"batch_sizes": list(self.batch_sizes)}
+                | lipschitz_canonical(asdict(self)))
 
 
 @dataclass(frozen=True)
@@ -219,12 +246,22 @@ class Spec(SpecCore):
     device: str = "cpu"
     precision: str = "fp32"
     folders: tuple[str, ...] = field(default=(), compare=False)   # searched after sys.path
+    # how the model is initialized (training.models.initialization.INITS) and how masks are made
+    # (experiments.spec.pruning_table): in the hash only when not the defaults
+    init: str = "torch"
+    pruning_options: PruningOptions = PruningOptions()
+    # what a group does at the goal, and whether diverged trials count (experiments.spec.schedule)
+    stop: str = "first"
+    complete_trials: bool = False
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
         A factory named by import path adds ``workload.<kind>_digest``, a pruning criterion named
-        by import path ``pruning.method_digest``; registered names add nothing, so their hashes and group keys are those of every earlier version. A precision
-        other than fp32 adds ``workload.precision``; the device adds nothing."""
+        by import path ``pruning.method_digest``; registered names add nothing, so their hashes
+        and group keys are those of every earlier version. A precision other than fp32 adds
+        ``workload.precision``, an init other than torch ``workload.init``, and each
+        ``[pruning]`` option not at its default its key under ``pruning``; the device adds
+        nothing."""
         overrides = ({"search_overrides": {o: {k: asdict(d) for k, d in sorted(t.items())}
                                            for o, t in sorted(self.search_overrides.items())}}
                      if self.search_overrides else {})   # only a multi-optimizer spec has them
@@ -232,12 +269,15 @@ class Spec(SpecCore):
         core["workload"].update({f"{kind}_digest": d for kind, d in self.digests.items()})
         if self.precision != "fp32":
             core["workload"]["precision"] = self.precision
+        if self.init != "torch":
+            core["workload"]["init"] = self.init
         return {
             **core,
             "pruning": {"method": self.pruning_method,
                         **({"method_digest": self.method_digests[self.pruning_method]}
                            if self.pruning_method in self.method_digests else {}),
-                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {})},
+                        **({"sanity": self.pruning_sanity} if self.pruning_sanity else {}),
+                        **self.pruning_options.canonical()},
             **({"series": self.series} if self.series else {}),
             "search": {"seed": self.search_seed,
                        **{k: asdict(d) for k, d in sorted(self.search.items())}},
@@ -245,7 +285,8 @@ class Spec(SpecCore):
             "budget": asdict(self.budget),
             "eval": asdict(self.eval),
             "seeds": list(self.seeds),
-            "probes": asdict(self.probes) | {"batch_sizes": list(self.probes.batch_sizes)},
+            "probes": self.probes.canonical(),
+            **trial_rules_canonical(self.stop, self.complete_trials),
             **overrides,
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
@@ -290,7 +331,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     c = canonical
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
-                                   "seeds", "workload")}
+                                   "seeds", "workload", "stop", "complete_trials") if key in c}
     raw["workload"], digests = factories.stored(c["workload"])
     raw["pruning"] = {k: v for k, v in c["pruning"].items()
                       if k not in ("sanity", "method_digest")}
@@ -328,8 +369,8 @@ MAX_TRIALS = 2**16
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
-            "workload", "goal", "pruning", "search", "budget", "eval", "probes", "branching",
-            "executor")
+            "stop", "complete_trials", "workload", "goal", "pruning", "search", "budget", "eval",
+            "probes", "branching", "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -349,6 +390,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     dataset, model, dataset_options, model_options, found = factories.workload_table(
         ck, raw, folders, digests)
     device, precision = checks.device_keys(ck, raw)
+    init = checks.init_key(ck, raw)
     optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
     metric, target, comparison = checks.goal(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
@@ -357,10 +399,17 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     sparsities = checks.sparsities(ck, raw.get("sparsities", [0.0]))
     trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
+    stop, complete = trial_rules(ck, raw)
 
     # pruning
     methods, sanity, method_digests = pruning_table(ck, raw, sparsities, folders,
                                                     method_digests)
+    options = pruning_options(ck, raw, methods)
+    if complete and options.mask_per_trial:
+        # a replacement trial would need its own initialization and mask, drawn after the group
+        # started: not built (Lee et al. count every run, Shallue et al. share one network)
+        ck.add("complete_trials", "cannot be combined with [pruning] mask_per_trial = true; "
+               "allowed: one of the two")
 
     # search space
     se = ck.table(raw, "search", "search") or {}
@@ -424,7 +473,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
                     hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
                                                 "probes.hessian_examples", 0),
                     lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
-                    **sizes)
+                    **sizes, **lipschitz_keys(ck, pb, sparsities, trials, stop,
+                                              len(seeds or ())))
 
     branch = branching(ck, raw, batch_sizes)
 
@@ -456,7 +506,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, method_digests=method_digests, folders=folders, device=device,
-        precision=precision)
+        precision=precision, init=init, pruning_options=options, stop=stop,
+        complete_trials=complete)
 
 
 def reductions(spec: Spec) -> str:

@@ -39,8 +39,8 @@ from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.spec.external import StudySpec, external_spec, is_external
 from experiments.store.schema import (
-    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEMA, SORT_KEYS, BranchRow,
-    GroupRecord, ProbeRow, StudyInfo, WarmupRow,
+    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEDULE_QUANTITIES, SCHEMA,
+    SORT_KEYS, BranchRow, GroupRecord, ProbeRow, ScheduleRow, StudyInfo, WarmupRow,
 )
 from experiments.spec.study import SpecError, from_canonical
 
@@ -279,21 +279,30 @@ class Store:
     def probed_sparsities(self) -> set[float]:
         return {float(r[0]) for r in self.conn.execute("SELECT DISTINCT sparsity FROM probes")}
 
-    def write_probes(self, sparsity: float, rows: Sequence[ProbeRow]) -> None:
-        """Write all probe rows of one sparsity level in one transaction (replacing old ones)."""
-        bad = sorted({r.quantity for r in rows} - set(PROBE_QUANTITIES))
-        if bad:
-            raise StoreContentError(f"probe quantities {bad}; allowed: "
-                                    f"{', '.join(PROBE_QUANTITIES)}")
+    def write_probes(self, sparsity: float, rows: Sequence[ProbeRow],
+                     schedule: Sequence[ScheduleRow] = ()) -> None:
+        """Write all probe rows of one sparsity level, and its rows at Lee et al.'s stage
+        (``schedule``), in one transaction (replacing old ones)."""
+        for given, allowed in ((rows, PROBE_QUANTITIES), (schedule, SCHEDULE_QUANTITIES)):
+            bad = sorted({r.quantity for r in given} - set(allowed))
+            if bad:
+                raise StoreContentError(f"probe quantities {bad}; allowed: {', '.join(allowed)}")
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
-            c.execute("DELETE FROM probes WHERE sparsity = ?", (float(sparsity),))
+            for table in ("probes", "schedule_probes"):
+                c.execute(f"DELETE FROM {table} WHERE sparsity = ?", (float(sparsity),))
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['probes']))})",
                 [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
                   r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
+            c.executemany(
+                f"INSERT INTO schedule_probes ({', '.join(COLUMNS['schedule_probes'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['schedule_probes']))})",
+                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
+                  int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv,
+                  tv) for r in schedule])
 
         self._write(tx)
 
@@ -463,8 +472,9 @@ class Results:
     trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
     ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
     (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
-    size, replicate) of the warmup comparison; ``predictions`` is empty unless something stored
-    predictions.
+    size, replicate) of the warmup comparison; ``schedule_probes`` one per quantity at each
+    step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
+    ``predictions`` is empty unless something stored predictions.
     """
 
     run_dir: Path
@@ -477,6 +487,8 @@ class Results:
     warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: StudySpec | None = None
+    schedule_probes: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["schedule_probes"])))
 
 
 def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:

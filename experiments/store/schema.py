@@ -3,7 +3,8 @@
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
 (:func:`experiments.store.database.load_results`) and the report: columns are added, never renamed.
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s, the branching measurement :class:`BranchRow` s and
+probes produce :class:`ProbeRow` s (and, on Lee et al.'s step schedule, :class:`ScheduleRow` s),
+the branching measurement :class:`BranchRow` s and
 :class:`WarmupRow` s; :class:`StudyInfo` is the study's one row.
 """
 
@@ -25,6 +26,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
+    "schedule_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
+                        "value", "examples", "seconds", "lib_version", "torch_version"),
     "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
                   "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
                   "lib_version", "torch_version", "seconds"),
@@ -37,12 +40,14 @@ SORT_KEYS: dict[str, list[str]] = {
     "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
+    "schedule_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
     "branching": ["sparsity", "seed", "step"],
     "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
-NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result")
+NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result",
+                "examples")
 
 # Columns added after their table was first written: (name, SQL type), nullable. A store written
 # before them gains them when opened for writing (its rows read NULL); a read-only reader of
@@ -94,6 +99,14 @@ CREATE TABLE IF NOT EXISTS probes (
     quantity TEXT NOT NULL, value REAL, seconds REAL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
     PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
+CREATE TABLE IF NOT EXISTS schedule_probes (   -- L at Lee et al.'s stage: every N steps to the goal
+    sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
+    trial INTEGER NOT NULL, step INTEGER NOT NULL,
+    horizon INTEGER NOT NULL,   -- the trial's own steps-to-result: the run ends there
+    quantity TEXT NOT NULL, value REAL,
+    examples INTEGER,           -- the sample L's gradients used (NULL: the whole training split)
+    seconds REAL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
+    PRIMARY KEY (sparsity, seed, batch_size, trial, step, quantity));
 CREATE TABLE IF NOT EXISTS branching (
     sparsity REAL NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
     critical_batch REAL NOT NULL, low REAL NOT NULL, high REAL NOT NULL,
@@ -113,6 +126,10 @@ CREATE TABLE IF NOT EXISTS warmup (
 # theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
 PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
                     "local_lipschitz", "loss")
+# at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
+# same points, and L on the whole split where lipschitz_check asks for it
+SCHEDULE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
+                       "b_simple", "loss")
 
 
 @dataclass(frozen=True)
@@ -181,6 +198,25 @@ class ProbeRow:
     fraction: float
     quantity: str
     value: float | None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One measurement at Lee et al.'s stage: trial ``trial`` of the group (sparsity, seed,
+    batch_size), at step ``step`` = k N of its run, which reached the goal at ``horizon``;
+    ``examples``: the sample L's gradients used (None: the whole training split; rows of
+    ``local_lipschitz_full`` always None); ``seconds``: that run's replay and measurements."""
+
+    sparsity: float
+    seed: int
+    batch_size: int
+    trial: int
+    step: int
+    horizon: int
+    quantity: str
+    value: float | None
+    examples: int | None = None
     seconds: float | None = None
 
 

@@ -46,6 +46,18 @@ TINY = textwrap.dedent("""\
     """)
 
 
+def run_text(tmp, text: str, name: str):
+    """Run the study ``text`` (written to ``tmp/<name>.toml``) in one thread into ``tmp/run``,
+    without a report, and load its results."""
+    import experiments
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp / f"{name}.toml").write_text(text)
+    run_dir = experiments.run_study(tmp / f"{name}.toml", out=tmp / "run",
+                                    executor=ThreadPoolExecutor(1), quiet=True, report=False)
+    return experiments.load_results(run_dir)
+
+
 @pytest.fixture
 def tiny_toml(tmp_path):
     path = tmp_path / "tiny.toml"

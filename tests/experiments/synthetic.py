@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from experiments.store.schema import GroupRecord, ProbeRow, StudyInfo, TrialRow
+from experiments.store.schema import GroupRecord, ProbeRow, ScheduleRow, StudyInfo, TrialRow
 from experiments.spec.study import loads
 from experiments.store.database import open_store
 
@@ -60,12 +60,13 @@ def noisy_steps(sparsity: float, batch_size: int, seed: int, momentum_gain: floa
 # Probes consistent with TRUTH under the bound S = c (2 L Delta / eps) (1 + 4 sigma^2 / (eps B)):
 # B_simple = the true B_crit, tr(Sigma) proportional to it (so 4 sigma^2 / eps = B_crit at every
 # level) and L proportional to S_min (same Delta). L and B_simple wobble along the run by factors
-# whose mean is 1 (so L's trajectory mean is exact); in the last 20 % of the run B_simple is exact.
+# whose mean is 1 with and without step 0 (so L's trajectory mean after step 0 is exact); in the
+# last 20 % of the run B_simple is exact.
 PROBES = {0.0: {"trace_sigma": 50.0, "b_simple": 200.0, "local_lipschitz": 2.0},
           0.9: {"trace_sigma": 25.0, "b_simple": 100.0, "local_lipschitz": 4.4}}
 PROBED_BATCHES = (8, 32, 256)
 FRACTIONS = np.linspace(0.0, 1.0, 10)
-WOBBLE = np.array([0.8, 1.2] * 4 + [1.0, 1.0])
+WOBBLE = np.array([1.0] + [0.8, 1.2] * 3 + [1.0, 1.0, 1.0])
 
 
 def probe_rows(sparsity: float, seeds=(0,), horizon: int = 900) -> list[ProbeRow]:
@@ -86,10 +87,42 @@ def probe_rows(sparsity: float, seeds=(0,), horizon: int = 900) -> list[ProbeRow
     return rows
 
 
+# L at Lee et al.'s stage: three trials per probed batch size with L = level value x these
+# factors (geometric mean 1) at steps 1,000 .. 4,000; a trial of the 8 x batch ends at 3,000
+STAGE_TRIALS = (0.8, 1.0, 1.25)
+STAGE_BATCHES = (8, 32)
+STAGE_STEPS = (1000, 2000, 3000, 4000)
+
+
+def stage_rows(sparsity: float, value: float, seeds=(0,), check: float | None = None
+               ) -> list[ScheduleRow]:
+    """Schedule rows of one level (module constants), on a sample of 500 examples; ``check``:
+    L on the whole split at the first point of the first run, this factor times its sample's."""
+    rows = []
+    for seed in seeds:
+        for b in STAGE_BATCHES:
+            for trial, factor in enumerate(STAGE_TRIALS):
+                steps = STAGE_STEPS[:3] if (b, trial) == (8, 2) else STAGE_STEPS
+                for step in steps:
+                    L = value * factor
+                    rows.append(ScheduleRow(sparsity, seed, b, trial, step, steps[-1],
+                                            "local_lipschitz", L, 500, 2.0))
+                    rows.append(ScheduleRow(sparsity, seed, b, trial, step, steps[-1], "g_sq",
+                                            1.0, 500, 2.0))
+    if check is not None:
+        first = rows[0]
+        rows.append(ScheduleRow(sparsity, first.seed, first.batch_size, first.trial, first.step,
+                                first.horizon, "local_lipschitz_full", first.value * check,
+                                None, 2.0))
+    return rows
+
+
 def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(), fail=(),
-               unreached=(), probes=True, momentum_gain=1.0):
+               unreached=(), probes=True, momentum_gain=1.0, stage=None):
     """Write a synthetic study. ``skip``: (sparsity, B) groups left out (an interrupted run);
-    ``fail``: groups stored as failed; ``unreached``: groups where no trial met the goal."""
+    ``fail``: groups stored as failed; ``unreached``: groups where no trial met the goal;
+    ``stage``: sparsity -> L at Lee's stage (:func:`stage_rows`; the dense level's first run
+    also on the whole split, 1.1 x its sample's)."""
     mom = "{scale = \"reverse-log\", min = 0.5, max = 0.99}" if optimizer != "sgd" else "0.0"
     spec = loads(spec_text(name, optimizer, seeds, mom))
     info = StudyInfo(spec.name, spec.toml, spec.hash, spec.to_json())
@@ -124,5 +157,7 @@ def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(
                                                   20000, float(rng.uniform(1, 2)), 6 * (steps or 20000),
                                                   cfg, tuple(trials)))
             if probes:
-                store.write_probes(sparsity, probe_rows(sparsity, spec.seeds))
+                store.write_probes(sparsity, probe_rows(sparsity, spec.seeds),
+                                   stage_rows(sparsity, stage[sparsity], spec.seeds,
+                                              1.1 if sparsity == 0 else None) if stage else ())
     return run_dir

@@ -14,7 +14,10 @@ Statistics (:data:`STATISTICS`):
   numerator and denominator separately); ``b_simple_at_h`` the same at step H only;
   ``b_simple_run`` over the whole run;
 - ``L_mean`` (Lee et al.'s summary: the trajectory mean), ``L_median``, ``L_max``: each run's
-  mean / median / max of L along its trajectory, averaged over runs;
+  mean / median / max of L along its trajectory after step 0, averaged over runs. Lee et al.
+  never measure L at initialization (their ``edps/train.py`` logs it from step 1,000 on), and
+  at step 0 it can be 10-30x its later values (issue 40's runs): the initialization is
+  ``L_init``, its own statistic, never averaged into the trajectory's;
 - ``lambda_max_mean``, ``lambda_max_max``: the same for the top Hessian eigenvalue;
 - ``delta``: the training loss at step 0, Delta = f(w_0) - f_inf with f_inf = 0 (cross-entropy).
 
@@ -37,6 +40,8 @@ from theory.errors import TheoryError, check_int
 
 PROBE_COLUMNS = ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value")
 GOAL_WINDOW = 0.2
+# the first fraction after step 0: the trajectory statistics of L start here
+_AFTER_START = 1e-12
 # a probe at step H has fraction exactly 1; allow for float round-off in stored fractions
 _AT_END = 1.0 - 1e-9
 
@@ -62,9 +67,10 @@ STATISTICS: dict[str, Statistic] = {
     "b_simple_goal": Statistic("trace_sigma", "goal", denominator="g_sq"),
     "b_simple_at_h": Statistic("trace_sigma", _AT_END, denominator="g_sq"),
     "b_simple_run": Statistic("trace_sigma", denominator="g_sq"),
-    "L_mean": Statistic("local_lipschitz", reduce=lambda a: a.mean(-1)),
-    "L_median": Statistic("local_lipschitz", reduce=lambda a: np.median(a, -1)),
-    "L_max": Statistic("local_lipschitz", reduce=lambda a: a.max(-1)),
+    "L_mean": Statistic("local_lipschitz", _AFTER_START, reduce=lambda a: a.mean(-1)),
+    "L_median": Statistic("local_lipschitz", _AFTER_START, reduce=lambda a: np.median(a, -1)),
+    "L_max": Statistic("local_lipschitz", _AFTER_START, reduce=lambda a: a.max(-1)),
+    "L_init": Statistic("local_lipschitz", 0.0, 0.0, reduce=lambda a: a.mean(-1)),
     "lambda_max_mean": Statistic("hessian_top", reduce=lambda a: a.mean(-1)),
     "lambda_max_max": Statistic("hessian_top", reduce=lambda a: a.max(-1)),
     "delta": Statistic("loss", 0.0, 0.0, reduce=lambda a: a.mean(-1)),

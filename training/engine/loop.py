@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -149,13 +149,16 @@ class TrialStack:
 
 def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
-                module_state: bool = False, random: bool = False) -> list[TrialStack]:
+                module_state: bool = False, random: bool = False,
+                init_params: Mapping[str, Tensor] | None = None) -> list[TrialStack]:
     """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
-    with its mask applied; trial i's data seed is ``trial_seed(seed, first_index + i)``. With
-    ``module_state``, every stack also holds :class:`ModuleState` (for a ``random`` model,
-    trial i's generator seeded by ``randomness_seed(seed, first_index + i)``)."""
+    (or from its row of ``init_params``, name -> ``[N, *shape]``) with its mask applied; trial
+    i's data seed is ``trial_seed(seed, first_index + i)``. With ``module_state``, every stack
+    also holds :class:`ModuleState` (for a ``random`` model, trial i's generator seeded by
+    ``randomness_seed(seed, first_index + i)``)."""
     names = [name for name, _ in model.named_parameters()]
     base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
+    rows_of = [None if not init_params else init_params[name] for name in names]
     mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
                  for name in names]
     stacks = []
@@ -166,7 +169,9 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
         m_st: list[Tensor | None] = [
             None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
             for m, p in zip(mask_list, base)]
-        params = [p.unsqueeze(0).expand(n, *p.shape).clone() for p in base]
+        params = [p.unsqueeze(0).expand(n, *p.shape).clone() if r is None else
+                  r.index_select(0, rows.to(r.device)).to(device=device, dtype=dtype)
+                  for p, r in zip(base, rows_of)]
         mask_(params, m_st)
         decays = [trials[i].decay_steps for i in ids]
         f64 = dict(dtype=torch.float64, device=device)
@@ -336,7 +341,8 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
         masks: dict[str, Tensor], goal: Goal | None, batch_size: int,
         trials_per_stack: int | None, first_index: int, start: TrainState | None,
         data_seeds: list[int] | None, random: bool, return_state: bool,
-        step_timer: contextlib.AbstractContextManager | None) -> Outcome:
+        step_timer: contextlib.AbstractContextManager | None,
+        init_params: Mapping[str, Tensor] | None = None) -> Outcome:
     """Train ``trials`` of ``model`` together, as :func:`training.train_trials` checked them
     (its docstring says what each argument is); see the module docstring."""
     origin = DataOrigin.of(start)
@@ -349,7 +355,7 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
     stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
                          trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
-                         chosen.program.takes_module_state, random)
+                         chosen.program.takes_module_state, random, init_params)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:

@@ -18,7 +18,7 @@ reads exactly the batches it always did.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,3 +152,29 @@ def end_state(stacks: Sequence[Any], names: list[str], step: int, origin: DataOr
                        tuple(s for st in live for s in st.module.rng)
                        if module and live[0].module.rng is not None else ())
     return state, tuple(i for st in live for i in st.ids)
+
+
+def check_init_params(init_params: Any, model: torch.nn.Module, n_trials: int) -> dict[str, Tensor]:
+    """``init_params`` as name -> ``[n_trials, *shape]`` floating-point tensor for exactly
+    ``model``'s parameters ({} for None), else one :class:`ConfigError` line."""
+    if init_params is None:
+        return {}
+    if not isinstance(init_params, Mapping):
+        raise ConfigError(f"init_params must be a mapping name -> [N, *shape] tensor (one row "
+                          f"per trial), got {type(init_params).__name__}")
+    shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
+    if set(init_params) != set(shapes):
+        missing = sorted(set(shapes) - set(init_params))
+        extra = sorted(set(init_params) - set(shapes))
+        raise ConfigError(f"init_params must hold every parameter of the model and no other; "
+                          f"missing {missing}, not parameters {extra}")
+    out = {}
+    for name, shape in shapes.items():
+        t = init_params[name]
+        if not isinstance(t, Tensor) or not t.is_floating_point() \
+                or tuple(t.shape) != (n_trials, *shape):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ConfigError(f"init_params[{name!r}] must be a floating-point tensor of shape "
+                              f"{(n_trials, *shape)} (one row per trial), got {got}")
+        out[name] = t.detach()
+    return out

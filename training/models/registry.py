@@ -16,6 +16,7 @@ from torch import nn
 from training import randomness
 from training.data.dataset import Dataset, check_dataset
 from training.errors import ModelError
+from training.models.initialization import initialize
 
 
 Builder = Callable[..., nn.Module]
@@ -57,8 +58,11 @@ def output_size(dataset: Dataset) -> int:
     return dataset.num_classes if dataset.task == "classification" else 1
 
 
-def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Module:
-    """Build model ``name`` for ``dataset`` (input shape and output size taken from it)."""
+def build(name: str, dataset: Dataset, seed: int = 0, *, init: str = "torch",
+          **options: Any) -> nn.Module:
+    """Build model ``name`` for ``dataset`` (input shape and output size taken from it),
+    initialized with ``seed`` by scheme ``init`` (``"torch"``: as the builder makes it;
+    ``"lee"``: :func:`training.models.initialization.lee_init_`)."""
     check_dataset(dataset, "build")
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
@@ -67,7 +71,7 @@ def build(name: str, dataset: Dataset, seed: int = 0, **options: Any) -> nn.Modu
             model = _REGISTRY[name](dataset, **options)
         except TypeError as exc:
             raise ModelError(f"bad options for model {name!r}: {exc}") from None
-    return model
+    return initialize(model, init, seed)
 
 
 @contextlib.contextmanager

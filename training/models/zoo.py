@@ -1,9 +1,12 @@
 """The bundled models, registered by name (:mod:`training.models.registry`).
 
-``build(name, dataset, seed=0, **options)``. Initialisation is PyTorch's default for every layer
-(Linear / Conv: weights Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in));
-biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from a generator seeded by ``seed`` without
-touching the caller's global RNG state.
+``build(name, dataset, seed=0, init="torch", **options)``. Initialisation is PyTorch's default
+for every layer (Linear / Conv: weights Kaiming-uniform with a = sqrt(5), i.e.
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)); biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from a
+generator seeded by ``seed`` without touching the caller's global RNG state. ``init="lee"``:
+Lee et al. (2021)'s initialization instead (TensorFlow's variance scaling, truncated normal,
+fan-in, scale 1, for weights; zero biases), :mod:`training.models.initialization`, which states
+the rule of each layer kind.
 
 - ``mlp``: flatten -> Linear/ReLU per hidden width (default 100-100) -> Linear; the MNIST-1D
   baseline (Greydanus 2020).

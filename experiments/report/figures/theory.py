@@ -92,6 +92,41 @@ def smoothness_figure(probes: pd.DataFrame, series: list[str], cmap: dict[str, t
         return fig
 
 
+def stage_figure(points: pd.DataFrame, check: pd.DataFrame, series: list[str],
+                 cmap: dict[str, tuple]):
+    """Lee et al. (2021)'s view of L(t): L every N steps of the runs (x: step, y: log scale), one
+    panel per probed batch size, one line per series (the geometric mean over its runs at each
+    step) with its interval as a band; x: L on the whole training split where the study
+    checked its sample against it."""
+    sizes = sorted(set(points["batch_size"])) or [0]
+    with style():
+        fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 3.6), squeeze=False,
+                                 layout="constrained")
+        for ax, b in zip(axes[0], sizes):
+            d = points[points["batch_size"] == b]
+            if not len(d):
+                empty_panel(ax, "L was not measured at Lee's stage")
+                continue
+            for name in [s for s in series if s in set(d["series"])]:
+                g = d[d["series"] == name].sort_values("step")
+                ax.plot(g["step"], g["value"], marker="o", ms=3, lw=1.3, color=cmap[name],
+                        label=name)
+                band = g[np.isfinite(g["low"].astype(float))]
+                if len(band):
+                    ax.fill_between(band["step"], band["low"].astype(float),
+                                    band["high"].astype(float), color=cmap[name], alpha=0.18, lw=0)
+            c = check[check["batch_size"] == b]
+            if len(c):
+                ax.plot(c["step"], c["full"], "x", color="black", ms=6,
+                        label="L on the whole split")
+            log10_axis(ax.yaxis)
+            ax.set_xlabel("step")
+            ax.set_ylabel("local Lipschitz constant L")
+            ax.set_title(f"B = {int(b)}")
+            ax.legend(loc="best", fontsize=7)
+        return fig
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. noisy quadratic model beside the measured curves
 

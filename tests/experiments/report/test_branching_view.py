@@ -48,8 +48,11 @@ def branched(tmp_path_factory):
 def test_section_table_and_figure(branched):
     md = (branched / "report.md").read_text()
     section = md.split(f"## {BRANCHING_HEADING}")[1].split("\n## ")[0]
-    assert "| dense | 0 | 8, 100 | ≥ 64 [32, 64] |" in section
-    assert "| 90 % sparse | 0 | 8, 100 | 32 [16, 32] |" in section
+    # CBS lies on the grid k B (k = 1, 2, 4, 8): the interval states the grid's resolution,
+    # out to the geometric midpoints of its neighbours (32 / sqrt 2 = 22.6, 32 sqrt 2 = 45.3)
+    assert "| dense | 0 | 8, 100 | ≥ 64 [32, 64] (grid of doublings: 22.6 or more) |" in section
+    assert ("| 90 % sparse | 0 | 8, 100 | 32 [16, 32] (grid of doublings: between 11.3 and "
+            "45.3) |") in section
     # cost: 5000 of the sweep's trial-steps per level
     sweep = int(load_results(branched).groups.trial_steps.sum())
     assert f"| 5000 | {100 * 5000 / sweep:.3g} |" in section
@@ -63,7 +66,8 @@ def test_section_table_and_figure(branched):
 def test_findings_give_the_numbers(branched):
     findings = (branched / "report.md").read_text().split("## Findings")[1].split("## Figures")[0]
     assert ("dense, seed 0: the critical batch measured by branching at the goal (step H = 100 of the best "
-            "B = 8 run; k up to 8, 3 branch seeds) is CBS = ≥ 64 [32, 64] (the largest branch passed: "
+            "B = 8 run; k up to 8, 3 branch seeds) is CBS = ≥ 64 [32, 64] (grid of doublings: 22.6 or "
+            "more) (the largest branch passed: "
             "a lower bound); the sweep's fitted B_crit is") in findings
     sweep = int(load_results(branched).groups.trial_steps.sum())
     assert f"branching cost 10000 trial-steps, {round(100 * 10000 / sweep, 1):g} % of the sweep's {sweep}" \

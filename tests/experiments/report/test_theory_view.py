@@ -21,8 +21,8 @@ def view(run_dir):
 
 
 def test_probe_summary_reads_the_runs():
-    """L: trajectory mean; sigma2 and B_simple over the last 20 % (ratio of sums); Delta: loss
-    at step 0."""
+    """L: trajectory mean after step 0 (the initialization's 1.0 left out); sigma2 and B_simple
+    over the last 20 % (ratio of sums); Delta: loss at step 0."""
     rows = [(0, 0.0, "loss", 2.3), (0, 0.0, "local_lipschitz", 1.0), (5, 0.5, "local_lipschitz", 3.0),
             (9, 0.9, "local_lipschitz", 2.0), (5, 0.5, "trace_sigma", 100.0), (5, 0.5, "g_sq", 1.0),
             (9, 0.9, "trace_sigma", 6.0), (9, 0.9, "g_sq", 2.0), (10, 1.0, "trace_sigma", 8.0),
@@ -30,7 +30,7 @@ def test_probe_summary_reads_the_runs():
     probes = pd.DataFrame([("r", "dense", 0.0, *r) for r in rows],
                           columns=["run", "series", "sparsity", "step", "fraction", "quantity", "value"])
     s = V.probe_summary(probes).set_index("series").loc["dense"]
-    assert (s.L, s.L_source, s.delta) == (2.0, "local_lipschitz", 2.3)
+    assert (s.L, s.L_source, s.delta) == (2.5, "local_lipschitz", 2.3)
     assert (s.sigma2, s.b_simple) == (7.0, 14.0 / 4.0)
     assert math.isnan(s.b_noise)
 

@@ -5,6 +5,7 @@ import pytest
 
 from experiments.report import analysis as A
 from experiments.report import verdicts as V
+from experiments.report.formatting import fmt_interval, fmt_num
 from experiments.report.write import build
 from experiments.report.runs import load_runs
 
@@ -42,7 +43,8 @@ def test_every_claim_is_judged_per_level_with_an_interval(judged):
     assert (table.low <= table.high).all()
 
 
-def test_the_report_section_holds_the_table_the_figures_and_one_sentence_per_verdict(judged, full):
+def test_the_report_section_holds_the_table_the_figures_and_the_findings_open_with_the_verdicts(
+        judged, full):
     runs, _, table, _ = judged
     report = build(runs)
     (section,) = [s for s in report.document.sections if s.title == "Theory vs measurement"]
@@ -53,9 +55,18 @@ def test_the_report_section_holds_the_table_the_figures_and_one_sentence_per_ver
     assert len(shown) == len(table) and list(shown.verdict) == list(table.verdict)
     assert (fig_b.name, fig_l.name) == ("fig5_b_simple", "fig6_smoothness")
     (findings,) = [s for s in report.document.sections if s.title == "Findings"]
-    text = findings.blocks[0].texts
-    assert sum(t.endswith(".") and "tier): " in t for t in text) == len(table)
-    assert not any("held" in t for t in text)   # nothing scored that the papers do not claim
+    # Findings open with the verdict table (claim | tier | verdict | the numbers), prose below
+    top, note, prose = findings.blocks
+    shown = top.frame
+    assert list(shown.columns) == ["claim", "tier", "verdict", "the numbers"]
+    assert list(shown.verdict) == list(table.verdict) and list(shown.tier) == list(table.tier)
+    first = table.iloc[0]
+    assert shown.claim.iloc[0] == f"{V.claim_words(first.claim)}: {first.series}"
+    assert shown["the numbers"].iloc[0].startswith(
+        f"{fmt_num(first.value, 3)} {fmt_interval(first.low, first.high)}")
+    assert note.style == "note" and prose.style == ""
+    assert not any("tier): " in t for t in prose.texts)   # the sentences gave way to the table
+    assert not any("held" in t for t in prose.texts)   # nothing scored the papers do not claim
 
 
 def test_a_failed_claim_gets_the_quantities_and_a_plain_statement(judged):

@@ -356,3 +356,12 @@ def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
     (sgd / "cost_model.json").write_text('{"format": "something else"}')
     with pytest.raises(CostModelError, match="cost_model.json.*'format'"):
         hardware_view(runs.runs, runs.order, points)
+
+
+def test_the_steps_table_says_which_stop_rule_produced_its_trials_reached(full):
+    md = (full / "report.md").read_text()
+    steps = md.split("### Steps to result")[1].split("###")[0]
+    assert ('Trials reached: synthetic (sgd): stop = "first": a group stops at the first '
+            "evaluation where any trial meets the goal (Shallue et al.'s steps-to-result), so one "
+            "trial reaches it by construction; diverged trials count toward the trials per "
+            "group.") in steps

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import training
+from experiments.report.formatting import fmt_num
 from experiments.run.advise import (
     AdviceError, advise, default_base_batch, predicted_steps, sweep_trial_steps, write_advice,
 )
@@ -112,6 +113,14 @@ def test_report_files(advice, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert html == tmp_path / "report.html" and html.read_text().count("data:image/png;base64") == 1
     assert "recommended batch size" in md and "figures/advice.png" in md
+    # CBS is one of k B_0 (k = 1, 2, 4, ...): the summary states the doubling grid's resolution,
+    # out to the geometric midpoints of the interval's ends and their neighbours
+    a = advice
+    edge = (f"{fmt_num(a.low / math.sqrt(2), 3)} or more" if a.lower_bound else
+            f"between {fmt_num(a.low / math.sqrt(2), 3)} and {fmt_num(a.high * math.sqrt(2), 3)}")
+    line = a.summary().splitlines()[1]
+    assert line.startswith("recommended batch size: ") and f"(grid of doublings: {edge})" in line
+    assert f"(grid of doublings: {edge})" in md
     assert (tmp_path / "figures" / "advice.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("noise", "critical", "predicted", "cost"):
         assert (tmp_path / f"{name}.csv").exists()

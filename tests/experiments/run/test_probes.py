@@ -16,7 +16,7 @@ from experiments.run.probes import probe_cost, probe_network
 from experiments.run.timing import TIMING_FILE
 
 from ...probe_models import build, loop_gradients, moments
-from ..conftest import TINY
+from ..conftest import TINY, run_text
 
 PROBED = (TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [4, 8, 16, 32]")
               .replace("target = 0.3", "target = 0.2")
@@ -29,10 +29,7 @@ PROBED = (TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [4, 8, 16, 3
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("probed")
-    (tmp / "probed.toml").write_text(PROBED)
-    run_dir = experiments.run_study(tmp / "probed.toml", out=tmp / "run",
-                                    executor=ThreadPoolExecutor(1), quiet=True, report=False)
-    return experiments.load_results(run_dir)
+    return run_text(tmp, PROBED, "probed")
 
 
 def test_probes_cover_three_batch_sizes_and_ten_points_per_level_and_seed(probed):

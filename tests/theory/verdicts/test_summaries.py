@@ -36,9 +36,12 @@ def test_L_lambda_and_delta_per_run_then_mean_over_runs():
     rows = (run_rows(0.5, 0, 64, 900, local_lipschitz=L1, hessian_top=L1 / 2, loss=np.linspace(2.3, 1, 10))
             + run_rows(0.5, 1, 64, 900, local_lipschitz=L2, hessian_top=L2 / 2, loss=np.linspace(2.1, 1, 10)))
     s = summarize(table(rows), n_boot=50)
-    assert find(s, 0.5, "L_mean").value == pytest.approx((L1.mean() + 4.0) / 2)
-    assert find(s, 0.5, "L_median").value == pytest.approx((5.5 + 4.0) / 2)
+    # L along the run leaves step 0 out (Lee et al. never measured there): it is L_init
+    assert find(s, 0.5, "L_mean").value == pytest.approx((L1[1:].mean() + 4.0) / 2)
+    assert find(s, 0.5, "L_median").value == pytest.approx((6.0 + 4.0) / 2)
     assert find(s, 0.5, "L_max").value == pytest.approx((30 + 4.0) / 2)
+    assert find(s, 0.5, "L_init").value == pytest.approx((1.0 + 4.0) / 2)
+    assert find(s, 0.5, "L_mean").points == 18 and find(s, 0.5, "L_init").points == 2
     assert find(s, 0.5, "lambda_max_mean").value == pytest.approx((L1.mean() + 4.0) / 4)
     assert find(s, 0.5, "lambda_max_max").value == pytest.approx((15 + 2.0) / 2)
     assert find(s, 0.5, "delta").value == pytest.approx(2.2)
@@ -67,7 +70,7 @@ def test_bootstrap_is_reproducible_and_levels_are_separate():
     assert [x.interval for x in a] == [x.interval for x in b]
     assert {x.sparsity for x in a} == {0.0, 0.9} and len(a) == 2 * len(STATISTICS)
     assert find(a, 0.9, "L_mean").value == pytest.approx(5.0)
-    assert find(a, 0.9, "L_mean").runs == 9 and find(a, 0.9, "L_mean").points == 90
+    assert find(a, 0.9, "L_mean").runs == 9 and find(a, 0.9, "L_mean").points == 81
     per_b = summarize(table(rows), n_boot=20, by_batch_size=True, statistics=("b_simple_goal",))
     assert len(per_b) == 6 and find(per_b, 0.0, "b_simple_goal", batch_size=64).runs == 3
 

@@ -1,0 +1,228 @@
+"""Lee et al. (2021)'s L at their own stage, for the report: the store's ``schedule_probes``
+(L every N steps of each probed run up to its goal, :mod:`experiments.run.probes`) read by
+:mod:`theory.verdicts.lee_stage`, beside the initialization and the early probes.
+
+- :func:`stage_view`: per run of the report, each level's L per (batch size, step) with its
+  interval over runs (Figure 10), the sparse/dense ratio at every common step, the ratio stage by
+  stage (initialization: step 0 of the early probes; the early stage: the early probes' points
+  after step 0 at equal fractions of each run; Lee's stage: steps >= 1,000), the verdict rows of
+  the claim at Lee's stage (the columns of :data:`experiments.report.verdicts.VERDICT_COLUMNS`),
+  and L on its fixed sample against the whole split where the study measured both.
+- :func:`stage_tables`: those tables as displayed.
+
+Every number says where it comes from: the store's tables, ``theory.verdicts.lee_stage``'s intervals (t
+on log L over runs: a run is one (seed, trial) of a level at one batch size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE
+from theory.errors import TheoryError
+from theory.verdicts.lee_stage import (
+    STAGE_START, StageRatio, early_ratio, initialization_ratio, overall_ratio, point_ratios,
+    stage_points, stage_verdicts,
+)
+
+from experiments.report.analysis import reached_groups
+from experiments.report.formatting import fmt_interval, fmt_num, series_label
+from experiments.report.runs import RunSet
+from experiments.report.verdicts import VERDICT_COLUMNS, level_curves
+
+POINT_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high", "runs"]
+RATIO_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high",
+                 "runs", "reference_runs"]
+STAGE_COLUMNS = ["run", "series", "sparsity", "stage", "where", "value", "low", "high", "runs",
+                 "reference_runs", "verdict"]
+CHECK_COLUMNS = ["run", "series", "batch_size", "trial", "step", "examples", "sample", "full"]
+STAGES = ("initialization (step 0)", "early stage (probes along [0, H], after step 0)",
+          f"Lee's stage (steps >= {STAGE_START:,})")
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """The frames of :func:`stage_view` (empty when no run measured L at Lee's stage)."""
+
+    points: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=POINT_COLUMNS))
+    ratios: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RATIO_COLUMNS))
+    stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STAGE_COLUMNS))
+    verdicts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VERDICT_COLUMNS))
+    check: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CHECK_COLUMNS))
+    samples: tuple[str, ...] = ()
+
+    @property
+    def measured(self) -> bool:
+        return bool(len(self.points))
+
+
+def stage_view(runs: RunSet, level: float = 0.9) -> StagePart:
+    """The stage's frames for every run that stored L at Lee's stage (module docstring)."""
+    parts: dict[str, list] = {k: [] for k in ("points", "ratios", "stages", "verdicts", "check")}
+    samples = []
+    for r in runs.runs:
+        mine = runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule) else runs.schedule
+        if not len(mine):
+            continue
+        label = lambda s: series_label(r.label, s, runs.combined)   # noqa: E731
+        probes = runs.probes[runs.probes["run"] == r.label]
+        parts["points"] += [(r.label, label(p.sparsity), p.sparsity, p.batch_size, p.step, p.value,
+                             *p.interval, p.runs) for p in stage_points(mine, level=level)]
+        levels = sorted(set(mine["sparsity"]))
+        reference = 0.0 if 0.0 in levels else None
+        if reference is not None:
+            parts["ratios"] += [_ratio_row(r.label, label(x.sparsity), x)
+                                for x in point_ratios(mine, reference, level=level)]
+            parts["stages"] += _stage_rows(r.label, label, mine, probes, levels, reference, level)
+            reached = reached_groups(runs.groups)
+            try:
+                judged = stage_verdicts(mine, level_curves(reached[reached["run"] == r.label]),
+                                        reference, level=level)
+            except TheoryError:
+                judged = ()
+            parts["verdicts"] += [{"run": r.label, "series": label(v.sparsity),
+                                   "sparsity": v.sparsity, "claim": v.claim, "tier": v.tier,
+                                   "value": v.value, "low": v.interval[0], "high": v.interval[1],
+                                   "allowed_low": v.threshold[0], "allowed_high": v.threshold[1],
+                                   "verdict": v.verdict, "reason": v.reason} for v in judged]
+        parts["check"] += _check_rows(r.label, label, mine)
+        examples = mine.loc[mine["quantity"] == "local_lipschitz", "examples"].dropna()
+        samples.append(f"{r.label}: L's gradients on "
+                       + (f"a fixed sample of {int(examples.iloc[0]):,} training examples (the "
+                          "same for every run and point)" if len(examples) else
+                          "the whole training split"))
+    return StagePart(pd.DataFrame(parts["points"], columns=POINT_COLUMNS),
+                     pd.DataFrame(parts["ratios"], columns=RATIO_COLUMNS),
+                     pd.DataFrame(parts["stages"], columns=STAGE_COLUMNS),
+                     pd.DataFrame(parts["verdicts"], columns=VERDICT_COLUMNS),
+                     pd.DataFrame(parts["check"], columns=CHECK_COLUMNS), tuple(samples))
+
+
+def _ratio_row(run: str, series: str, x: StageRatio) -> tuple:
+    return (run, series, x.sparsity, x.batch_size, x.step, x.value, *x.interval, *x.runs)
+
+
+def _direction(x: StageRatio) -> str:
+    """The stage's verdict on "L is larger when sparse" from its ratio's interval."""
+    lo, hi = x.interval
+    if math.isnan(lo) or math.isnan(hi):
+        return INCONCLUSIVE
+    return HOLDS if lo > 1 else FAILS if hi < 1 else INCONCLUSIVE
+
+
+def _stage_rows(run: str, label, table: pd.DataFrame, probes: pd.DataFrame,
+                levels: list[float], reference: float, level: float) -> list[tuple]:
+    """Per sparse level the three stages' L ratio, each on its own row."""
+    out = []
+    for s in levels:
+        if s == reference:
+            continue
+        init = initialization_ratio(probes, s, reference, level) if len(probes) else None
+        early = early_ratio(probes, s, reference, level) if len(probes) else None
+        stage = overall_ratio(table, s, reference, level=level)
+        for name, x, where in (
+                (STAGES[0], init, "step 0"),
+                (STAGES[1], early, None if early is None or not early.steps else
+                 f"points {early.steps[0]}-{early.steps[-1]} of each run"),
+                (STAGES[2], stage, None if not stage.steps else
+                 f"steps {stage.steps[0]:,}-{stage.steps[-1]:,}")):
+            if x is None or math.isnan(x.value):
+                out.append((run, label(s), s, name, "not measured", math.nan, math.nan, math.nan,
+                            0, 0, "–"))
+                continue
+            # Lee et al. make no claim at initialization: its row is shown, not judged
+            verdict = "not judged (Lee et al. never measured here)" if x.step == 0 else _direction(x)
+            out.append((run, label(s), s, name, where or "step 0", x.value, *x.interval, *x.runs,
+                        verdict))
+    return out
+
+
+def _check_rows(run: str, label, table: pd.DataFrame) -> list[tuple]:
+    """L on its sample beside L on the whole split, where the study measured both."""
+    full = table[table["quantity"] == "local_lipschitz_full"]
+    sample = table[table["quantity"] == "local_lipschitz"].set_index(
+        ["sparsity", "seed", "batch_size", "trial", "step"])
+    out = []
+    for r in full.itertuples(index=False):
+        key = (r.sparsity, r.seed, r.batch_size, r.trial, r.step)
+        if key in sample.index:
+            s = sample.loc[key]
+            out.append((run, label(r.sparsity), int(r.batch_size), int(r.trial), int(r.step),
+                        int(s.examples) if not pd.isna(s.examples) else None, float(s.value),
+                        float(r.value)))
+    return out
+
+
+def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
+    """(title, table, note) of the stage, in order: the three stages, the ratio at every common
+    step, and the sample against the whole split (when measured)."""
+    if not part.measured:
+        return []
+    stages = pd.DataFrame({
+        "series": part.stages["series"], "stage": part.stages["stage"],
+        "where": part.stages["where"],
+        "L / dense L [90 % interval]": [_value(v, lo, hi) for v, lo, hi in zip(
+            part.stages["value"], part.stages["low"], part.stages["high"])],
+        "runs (level, dense)": [f"{a}, {b}" for a, b in zip(part.stages["runs"],
+                                                           part.stages["reference_runs"])],
+        "L larger when sparse?": part.stages["verdict"]})
+    ratios = part.ratios.sort_values(["run", "sparsity", "batch_size", "step"], kind="stable")
+    points = pd.DataFrame({
+        "series": ratios["series"], "B": [str(int(b)) for b in ratios["batch_size"]],
+        "step": [f"{int(t):,}" for t in ratios["step"]],
+        "L / dense L [90 % interval]": [_value(v, lo, hi) for v, lo, hi in zip(
+            ratios["value"], ratios["low"], ratios["high"])],
+        "runs (level, dense)": [f"{a}, {b}" for a, b in zip(ratios["runs"],
+                                                           ratios["reference_runs"])]})
+    out = [("Lee et al.'s L, stage by stage", stages,
+            "Ratio of geometric means of L over runs (a run: one seed and trial at one batch "
+            "size), with a 90 % t interval on log L (Welch, per batch size, then averaged over "
+            "batch sizes). Initialization: step 0 of the probes along [0, H], shown, never "
+            "averaged in. Early stage: the K probe points of each run after step 0, compared at "
+            "equal fractions of each run. Lee's stage: L every N steps of each run up to its "
+            f"goal (their edps/train.py), the steps >= {STAGE_START:,} that every run of both "
+            "levels reached. " + " ".join(part.samples) + "."),
+           ("L at Lee's stage, point by point", points,
+            "At each step both levels reached at one batch size: the ratio of the levels' "
+            "geometric means of L with its 90 % Welch t interval on log L; one run on a side "
+            "gives no interval.")]
+    if len(part.check):
+        c = part.check
+        check = pd.DataFrame({
+            "series": c["series"], "B, trial, step": [f"{b}, {t}, {s:,}" for b, t, s in zip(
+                c["batch_size"], c["trial"], c["step"])],
+            "L on the sample": [f"{fmt_num(v, 4)} ({fmt_num(n)} examples)" for v, n in
+                                zip(c["sample"], c["examples"])],
+            "L on the whole split": [fmt_num(v, 4) for v in c["full"]],
+            "sample / whole": [fmt_num(a / b, 3) for a, b in zip(c["sample"], c["full"])]})
+        out.append(("L's sample against the whole training split", check,
+                    "The reduction's effect at one point: L of the same update computed on the "
+                    "fixed sample and on every training example (Lee et al.'s check.py uses the "
+                    "whole split)."))
+    return out
+
+
+def _value(v: float, lo: float, hi: float) -> str:
+    if math.isnan(v):
+        return "–"
+    return f"{fmt_num(v, 3)} " + ("(one run: no interval)" if math.isnan(lo) else fmt_interval(lo, hi))
+
+
+def stage_sentences(part: StagePart) -> list[str]:
+    """Per sparse series: the ratio at each stage, and whether the sign flips between them."""
+    out = []
+    for (run, series), g in part.stages.groupby(["run", "series"], sort=False):
+        rows = {r.stage: r for r in g.itertuples(index=False)}
+        words = [f"{name.split(' (')[0]} {_value(r.value, r.low, r.high)}"
+                 for name, r in rows.items() if not math.isnan(r.value)]
+        signs = {name: (r.value > 1) for name, r in rows.items() if not math.isnan(r.value)}
+        early, late = signs.get(STAGES[1]), signs.get(STAGES[2])
+        flip = ("" if early is None or late is None else
+                " The sign flips between the early stage and Lee's stage." if early != late else
+                " The sign is the same at the early stage and at Lee's stage.")
+        out.append(f"{series}: L / dense L at {', '.join(words)}.{flip}")
+    return out
+

@@ -1,0 +1,140 @@
+"""L at Lee et al.'s stage on synthetic schedule tables whose answers are worked out by hand."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from theory import TheoryError
+from theory.verdicts.lee_stage import (
+    early_ratio, initialization_ratio, overall_ratio, point_ratios, stage_points, stage_verdicts,
+)
+from theory.models.predict import MeasuredCurve
+
+LN2 = math.log(2.0)
+
+
+def rows(sparsity, values_by_trial, batch_size=64, seed=0, start=1000, every=1000):
+    """Schedule rows: trial i has L = values_by_trial[i][k] at step start + k every."""
+    return [(sparsity, seed, batch_size, trial, start + k * every, "local_lipschitz", float(v))
+            for trial, values in enumerate(values_by_trial) for k, v in enumerate(values)]
+
+
+def frame(*parts):
+    return pd.DataFrame([r for p in parts for r in p],
+                        columns=["sparsity", "seed", "batch_size", "trial", "step", "quantity",
+                                 "value"])
+
+
+def test_a_level_at_a_step_is_the_geometric_mean_over_runs_with_a_t_interval():
+    # three runs with L = 2, 4, 8: log L = ln2 x (1, 2, 3), mean 2 ln2, sd ln2
+    t = frame(rows(0.0, [[2.0], [4.0], [8.0]]))
+    (p,) = stage_points(t, level=0.9)
+    half = stats.t.ppf(0.95, 2) * LN2 / math.sqrt(3)
+    assert (p.sparsity, p.batch_size, p.step, p.runs) == (0.0, 64, 1000, 3)
+    assert p.value == pytest.approx(4.0)
+    assert p.interval == pytest.approx((4 * math.exp(-half), 4 * math.exp(half)))
+    # one run: a value, no interval
+    (one,) = stage_points(frame(rows(0.0, [[5.0]])))
+    assert one.value == pytest.approx(5.0) and all(math.isnan(x) for x in one.interval)
+
+
+def test_points_before_the_stage_and_other_quantities_are_left_out():
+    t = frame(rows(0.0, [[100.0, 3.0, 3.0]], start=0, every=500))   # steps 0, 500, 1000
+    t.loc[len(t)] = (0.0, 0, 64, 0, 1000, "g_sq", 9.0)
+    assert [(p.step, p.value) for p in stage_points(t)] == [(1000, pytest.approx(3.0))]
+
+
+def test_the_ratio_at_a_common_step_has_a_welch_interval_on_log_L():
+    t = frame(rows(0.0, [[2.0, 1.0], [4.0, 1.0], [8.0, 1.0]]),
+              rows(0.9, [[4.0], [8.0], [16.0]]))   # the sparse runs end before step 2000
+    (r,) = point_ratios(t)
+    # equal spreads: variance 2 ln2^2 / 3, Welch df = 4
+    half = stats.t.ppf(0.95, 4) * LN2 * math.sqrt(2 / 3)
+    assert (r.sparsity, r.batch_size, r.step, r.runs) == (0.9, 64, 1000, (3, 3))
+    assert r.value == pytest.approx(2.0)
+    assert r.interval == pytest.approx((2 * math.exp(-half), 2 * math.exp(half)))
+
+
+def test_the_overall_ratio_uses_the_steps_every_run_reached_and_averages_batch_sizes():
+    # batch 64: dense runs reach 3000 and 2000; sparse runs 3000: common steps 1000, 2000
+    dense = rows(0.0, [[1.0, 2.0, 50.0], [2.0, 4.0]])
+    sparse = rows(0.5, [[4.0, 4.0, 0.01], [8.0, 8.0, 0.01]])
+    r = overall_ratio(frame(dense, sparse), 0.5)
+    run_means_d = [math.log(2.0) / 2, math.log(8.0) / 2]     # mean log over 1000, 2000
+    run_means_s = [math.log(4.0), math.log(8.0)]
+    d = np.mean(run_means_s) - np.mean(run_means_d)
+    assert r.steps == (1000, 2000) and r.runs == (2, 2)
+    assert r.value == pytest.approx(math.exp(d))
+    var = np.var(run_means_s, ddof=1) / 2 + np.var(run_means_d, ddof=1) / 2
+    half = stats.t.ppf(0.95, 2 * var**2 / (var**2)) * math.sqrt(var)   # equal spreads: df = 2
+    assert r.interval == pytest.approx((math.exp(d - half), math.exp(d + half)))
+    # a second batch size, the same difference: the average of the two strata
+    both = frame(dense, sparse, rows(0.0, [[1.0], [1.0]], batch_size=128),
+                 rows(0.5, [[math.exp(d)], [math.exp(d)]], batch_size=128))
+    assert overall_ratio(both, 0.5).value == pytest.approx(math.exp(d))
+    assert overall_ratio(both, 0.5).runs == (4, 4)
+
+
+def test_no_common_step_gives_no_ratio():
+    r = overall_ratio(frame(rows(0.0, [[1.0]]), rows(0.5, [[1.0]], start=2000)), 0.5)
+    assert math.isnan(r.value) and r.steps == ()
+
+
+def curves(dense_steps, sparse_steps):
+    bs = (16.0, 32.0, 64.0, 128.0)
+    return [MeasuredCurve(0.0, bs, tuple(dense_steps)), MeasuredCurve(0.9, bs, tuple(sparse_steps))]
+
+
+def test_verdicts_say_whether_L_rises_and_whether_it_explains_the_steps():
+    wobble = [0.9, 1.0, 1.1]
+    dense = rows(0.0, [[3.0 * w] * 4 for w in wobble])
+    sparse = rows(0.9, [[6.0 * w] * 4 for w in wobble])
+    more = curves([4000, 2000, 1000, 600], [8000, 4100, 2200, 1300])
+    rises, explains = stage_verdicts(frame(dense, sparse), more)
+    assert rises.claim == "lee_L_rises (steps >= 1000)" and rises.verdict == "holds"
+    assert rises.value == pytest.approx(2.0) and rises.interval[0] > 1
+    assert "4 of 4 intervals above 1" in rises.reason
+    assert explains.verdict == "holds" and explains.threshold == (1.0, math.inf)
+    # the sparse network took fewer steps: the same L ratio no longer explains them
+    fewer = curves([4000, 2000, 1000, 600], [2000, 1000, 500, 300])
+    assert stage_verdicts(frame(dense, sparse), fewer)[1].verdict == "does not hold"
+    # L smaller when sparse (the sign the early probes showed): Lee's claim does not hold
+    low = rows(0.9, [[1.5 * w] * 4 for w in wobble])
+    rises, explains = stage_verdicts(frame(dense, low), more)
+    assert rises.verdict == "does not hold" and explains.verdict == "does not hold"
+    # one run per level: no interval, no verdict either way
+    one = stage_verdicts(frame(rows(0.0, [[3.0] * 4]), rows(0.9, [[6.0] * 4])), more)
+    assert [v.verdict for v in one] == ["inconclusive", "inconclusive"]
+
+
+def test_verdicts_need_the_reference_level_at_the_stage():
+    with pytest.raises(TheoryError, match="reference sparsity 0.0"):
+        stage_verdicts(frame(rows(0.9, [[1.0]])), [])
+
+
+def test_initialization_is_its_own_ratio_from_the_probes_at_step_0():
+    probes = pd.DataFrame(
+        [(0.0, seed, 64, 0, 0.0, "local_lipschitz", v) for seed, v in enumerate([80.0, 90.0])]
+        + [(0.9, seed, 64, 0, 0.0, "local_lipschitz", v) for seed, v in enumerate([40.0, 45.0])]
+        + [(0.9, 0, 64, 10, 1.0, "local_lipschitz", 999.0)],
+        columns=["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"])
+    r = initialization_ratio(probes, 0.9)
+    assert r.step == 0 and r.runs == (2, 2) and r.value == pytest.approx(0.5)
+
+
+def test_the_early_stage_compares_equal_fractions_of_each_run_without_step_0():
+    def run(sparsity, seed, horizon, values):
+        steps = np.rint(np.linspace(0, horizon, len(values))).astype(int)
+        return [(sparsity, seed, 64, int(t), t / horizon, "local_lipschitz", v)
+                for t, v in zip(steps, values)]
+
+    # step 0 is 100x in the sparse runs: it must not move the early ratio
+    probes = pd.DataFrame(
+        run(0.0, 0, 90, [5.0, 2.0, 2.0]) + run(0.0, 1, 60, [5.0, 4.0, 4.0])
+        + run(0.9, 0, 150, [500.0, 4.0, 4.0]) + run(0.9, 1, 120, [500.0, 8.0, 8.0]),
+        columns=["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"])
+    r = early_ratio(probes, 0.9)
+    assert r.steps == (1, 2) and r.runs == (2, 2) and r.value == pytest.approx(2.0)

@@ -1,0 +1,300 @@
+"""Lee et al. (2021)'s smoothness claim judged where they measured it: L along the runs from step
+1,000 on, level beside level, point by point, with intervals over runs.
+
+Lee et al.'s released code (``namhoonlee/effect-dps-public``: ``edps/train.py``, ``check.py``,
+``main.py``) logs L at every ``lipschitz_interval`` = 1,000 steps of each run until the goal ends
+it, never at initialization. Their explanation: a sparser network needs more steps because its L
+is larger. The input here is the store's ``schedule_probes`` table (columns ``sparsity, seed,
+batch_size, trial, step, quantity, value``): a *run* is one (seed, trial) of a (level, batch
+size); a *point* is a step k N of it.
+
+- :func:`stage_points`: each level's L at each step >= :data:`STAGE_START` and batch size, the
+  geometric mean over the runs that reached that step, with a ``level`` t interval on log L
+  (n - 1 degrees of freedom; None with one run). Log scale: L spans orders of magnitude (Lee
+  et al. plot it on a log axis) and the ratio of levels is the question.
+- :func:`point_ratios`: at each (batch size, step) both levels reached, L_s / L_ref (ratio of
+  geometric means) with a Welch interval on the difference of log means.
+- :func:`overall_ratio`: one number per level: each run's mean log L over the steps >=
+  :data:`STAGE_START` that every run of both levels at its batch size reached (so every run
+  contributes the same steps), the difference of the levels' means per batch size (Welch), then
+  averaged over batch sizes (strata), exponentiated.
+- :func:`initialization_ratio` and :func:`early_ratio`: the same ratio at step 0 and along the
+  early probes (the K points of [0, H], at equal fractions of each run), each on its own row
+  beside the stage's, never pooled with it.
+- :func:`stage_verdicts`: the claim in two parts, in the paper's tier (a direction): ``L rises
+  with sparsity`` (the overall ratio's interval above 1: holds; below: does not hold) and
+  ``L explains the steps`` (the measured step ratio lies on one side of 1 and the L ratio on
+  the same side: holds; on the other side: does not hold). Initialization and the early
+  stage are judged elsewhere (:func:`initialization_ratio`, :mod:`theory.verdicts.claims`) and never
+  averaged in here.
+
+Why t intervals rather than the bootstrap of :mod:`theory.verdicts.summaries`: a study measures a few
+runs per level (Lee et al. ran each metaparameter point once), and a percentile bootstrap over
+three runs has ten distinct resamples and too narrow an interval; the t interval on log L states
+that few runs give a wide interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict, median_step_ratio
+from theory.errors import TheoryError
+from theory.models.predict import MeasuredCurve
+
+# Lee et al.'s lipschitz_interval (edps/main.py): their stage starts at its first point
+STAGE_START = 1000
+STAGE_COLUMNS = ("sparsity", "seed", "batch_size", "trial", "step", "quantity", "value")
+QUANTITY = "local_lipschitz"
+NAN_INTERVAL = (math.nan, math.nan)
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class StagePoint:
+    """L of one level at one (batch size, step): geometric mean over ``runs`` runs and its
+    interval (NaN with one run)."""
+
+    sparsity: float
+    batch_size: int
+    step: int
+    value: float
+    interval: Interval
+    runs: int
+
+
+@dataclass(frozen=True)
+class StageRatio:
+    """L_sparsity / L_reference at one (batch size, step), or over the stage (``step`` None,
+    ``batch_size`` None when pooled over batch sizes), with its interval; ``runs``: (sparse,
+    reference) runs; ``steps``: the steps it covers."""
+
+    sparsity: float
+    reference: float
+    batch_size: int | None
+    step: int | None
+    value: float
+    interval: Interval
+    runs: tuple[int, int]
+    steps: tuple[int, ...] = ()
+
+
+def stage_table(table: pd.DataFrame, quantity: str = QUANTITY,
+                start: int = STAGE_START) -> pd.DataFrame:
+    """The rows of ``quantity`` at steps >= ``start`` with positive finite values, columns
+    :data:`STAGE_COLUMNS` plus ``log`` (natural log of the value), checked."""
+    if not isinstance(table, pd.DataFrame):
+        raise TheoryError(f"table must be a pandas DataFrame, got {type(table).__name__}")
+    missing = [c for c in STAGE_COLUMNS if c not in table.columns]
+    if missing:
+        raise TheoryError(f"table lacks column(s) {', '.join(missing)}; required: "
+                          f"{', '.join(STAGE_COLUMNS)}")
+    rows = table[(table.quantity == quantity) & (table.step >= start)][list(STAGE_COLUMNS)]
+    values = rows.value.to_numpy(dtype=float)
+    rows = rows[np.isfinite(values) & (values > 0)]
+    keys = ["sparsity", "seed", "batch_size", "trial", "step"]
+    if rows.duplicated(keys).any():
+        row = rows[rows.duplicated(keys)].iloc[0]
+        raise TheoryError("table has two values for " + ", ".join(f"{k}={row[k]}" for k in keys))
+    return rows.assign(log=np.log(rows.value.to_numpy(dtype=float)))
+
+
+def _mean_interval(logs: np.ndarray, level: float) -> tuple[float, Interval]:
+    """exp(mean) and the t interval of exp(mean log) (NaN with one value)."""
+    m = float(np.mean(logs))
+    if len(logs) < 2:
+        return math.exp(m), NAN_INTERVAL
+    half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * np.std(logs, ddof=1) / math.sqrt(len(logs))
+    return math.exp(m), (math.exp(m - half), math.exp(m + half))
+
+
+def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """(mean a - mean b, its variance, Welch-Satterthwaite degrees of freedom; NaN when a
+    side has one value)."""
+    d = float(np.mean(a) - np.mean(b))
+    if len(a) < 2 or len(b) < 2:
+        return d, math.nan, math.nan
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    var = float(va + vb)
+    df = var**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if var > 0 else math.inf
+    return d, var, float(df)
+
+
+def _ratio_interval(d: float, var: float, df: float, level: float) -> Interval:
+    if math.isnan(var):
+        return NAN_INTERVAL
+    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var) if var > 0 else 0.0
+    return math.exp(d - half), math.exp(d + half)
+
+
+def stage_points(table: pd.DataFrame, start: int = STAGE_START, level: float = 0.9,
+                 quantity: str = QUANTITY) -> tuple[StagePoint, ...]:
+    """Each level's ``quantity`` per (batch size, step >= ``start``) over the runs that reached
+    it (module docstring), sorted by sparsity, batch size, step."""
+    rows = stage_table(table, quantity, start)
+    return tuple(StagePoint(float(s), int(b), int(t), *_mean_interval(g.log.to_numpy(), level),
+                            len(g))
+                 for (s, b, t), g in rows.groupby(["sparsity", "batch_size", "step"]))
+
+
+def point_ratios(table: pd.DataFrame, reference: float = 0.0, start: int = STAGE_START,
+                 level: float = 0.9) -> tuple[StageRatio, ...]:
+    """L_s / L_reference at every (batch size, step >= ``start``) both reached, per
+    non-reference level (module docstring)."""
+    rows = stage_table(table, start=start)
+    ref = {k: g.log.to_numpy() for k, g in rows[rows.sparsity == reference].groupby(
+        ["batch_size", "step"])}
+    out = []
+    for (s, b, t), g in rows[rows.sparsity != reference].groupby(["sparsity", "batch_size", "step"]):
+        if (b, t) not in ref:
+            continue
+        d, var, df = _welch(g.log.to_numpy(), ref[(b, t)])
+        out.append(StageRatio(float(s), reference, int(b), int(t), math.exp(d),
+                              _ratio_interval(d, var, df, level), (len(g), len(ref[(b, t)])),
+                              (int(t),)))
+    return tuple(out)
+
+
+def overall_ratio(table: pd.DataFrame, sparsity: float, reference: float = 0.0,
+                  start: int = STAGE_START, level: float = 0.9,
+                  by_batch_size: bool = True) -> StageRatio:
+    """L_sparsity / L_reference over the stage (module docstring): per batch size the steps
+    every run of both levels reached, each run's mean log L over them, Welch per batch size,
+    averaged over the batch sizes that have such steps. NaN value when none has. Without
+    ``by_batch_size`` the runs of every batch size form one stratum (runs compared at equal
+    fractions, :func:`early_ratio`)."""
+    rows = stage_table(table, start=start)
+    if not by_batch_size:
+        rows = rows.assign(trial=rows.batch_size * 1_000_000 + rows.trial, batch_size=0)
+    diffs, variances, dfs, steps, runs = [], [], [], set(), [0, 0]
+    for b, g in rows[rows.sparsity.isin([sparsity, reference])].groupby("batch_size"):
+        per_run = g.groupby(["sparsity", "seed", "trial"]).step.apply(set)
+        if set(per_run.index.get_level_values("sparsity")) != {sparsity, reference}:
+            continue
+        common = set.intersection(*per_run)
+        if not common:
+            continue
+        means = g[g.step.isin(common)].groupby(["sparsity", "seed", "trial"]).log.mean()
+        a, r = means.loc[sparsity].to_numpy(), means.loc[reference].to_numpy()
+        d, var, df = _welch(a, r)
+        diffs.append(d)
+        variances.append(var)
+        dfs.append(df)
+        steps |= common
+        runs[0] += len(a)
+        runs[1] += len(r)
+    if not diffs:
+        return StageRatio(sparsity, reference, None, None, math.nan, NAN_INTERVAL, (0, 0))
+    k = len(diffs)
+    d = sum(diffs) / k
+    var = sum(variances) / k**2
+    # Welch-Satterthwaite for the sum of the strata's variances
+    df = (var**2 / sum((v / k**2) ** 2 / f for v, f in zip(variances, dfs))
+          if var > 0 and not math.isnan(var) else math.inf)
+    return StageRatio(sparsity, reference, None, None, math.exp(d),
+                      _ratio_interval(d, var, df, level), (runs[0], runs[1]), tuple(sorted(steps)))
+
+
+def initialization_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
+                         level: float = 0.9) -> StageRatio:
+    """L_sparsity / L_reference at step 0 from the probes along [0, H] (``theory.verdicts.summaries``'
+    table: one run per (seed, batch size)), with a Welch interval on log L over runs."""
+    rows = probes[(probes.quantity == QUANTITY) & (probes.step == 0)]
+    values = rows.value.to_numpy(dtype=float)
+    rows = rows[np.isfinite(values) & (values > 0)]
+    a = np.log(rows[rows.sparsity == sparsity].value.to_numpy(dtype=float))
+    r = np.log(rows[rows.sparsity == reference].value.to_numpy(dtype=float))
+    if not len(a) or not len(r):
+        return StageRatio(sparsity, reference, None, 0, math.nan, NAN_INTERVAL, (len(a), len(r)))
+    d, var, df = _welch(a, r)
+    return StageRatio(sparsity, reference, None, 0, math.exp(d),
+                      _ratio_interval(d, var, df, level), (len(a), len(r)), (0,))
+
+
+def early_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
+                level: float = 0.9) -> StageRatio:
+    """L_sparsity / L_reference along the early probes (``theory.verdicts.summaries``' table, the K
+    points of [0, H] of one run per (seed, batch size)) at equal fractions of each run: the
+    k-th point of every run stands for fraction ~ k / (K - 1), step 0 (k = 0) left out; then
+    :func:`overall_ratio` over the points every run has, the runs of all batch sizes in one
+    stratum (at equal fractions the batch sizes line up; the summaries of
+    :mod:`theory.verdicts.summaries` pool them too). ``steps`` holds the point indices."""
+    rows = probes[probes.quantity == QUANTITY].sort_values(["sparsity", "seed", "batch_size",
+                                                            "step"])
+    rows = rows.assign(trial=0, step=rows.groupby(["sparsity", "seed", "batch_size"]).cumcount())
+    return overall_ratio(rows, sparsity, reference, start=1, level=level, by_batch_size=False)
+
+
+def _side(interval: Interval) -> int:
+    """+1: the interval lies above 1; -1: below; 0: it contains 1 or is undefined."""
+    lo, hi = interval
+    if math.isnan(lo) or math.isnan(hi):
+        return 0
+    return 1 if lo > 1 else -1 if hi < 1 else 0
+
+
+def _fmt(r: StageRatio | tuple[float, Interval]) -> str:
+    value, iv = (r.value, r.interval) if isinstance(r, StageRatio) else r
+    if math.isnan(iv[0]):
+        return f"{value:.3g} (no interval: one run)"
+    return f"{value:.3g} [{iv[0]:.3g}, {iv[1]:.3g}]"
+
+
+def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
+                   reference: float = 0.0, start: int = STAGE_START, level: float = 0.9,
+                   n_boot: int = 1000, rng: int = 0) -> tuple[Verdict, ...]:
+    """Lee et al.'s claim at their stage for every non-reference level of ``table`` (module
+    docstring): ``lee_L_rises (steps >= start)`` and ``lee_L_explains (steps >= start)``, both
+    in the paper's tier; the measured step ratio is the median over batch sizes of
+    :func:`theory.verdicts.claims.median_step_ratio`."""
+    rows = stage_table(table, start=start)
+    if reference not in set(rows.sparsity):
+        raise TheoryError(f"no L at steps >= {start} for the reference sparsity {reference}")
+    curve_by = {c.sparsity: c for c in curves}
+    points = point_ratios(table, reference, start, level)
+    out = []
+    for s in sorted(set(rows.sparsity) - {reference}):
+        ratio = overall_ratio(table, s, reference, start, level)
+        mine = [p for p in points if p.sparsity == s]
+        above = sum(_side(p.interval) > 0 for p in mine)
+        below = sum(_side(p.interval) < 0 for p in mine)
+        where = (f"over steps {ratio.steps[0]}-{ratio.steps[-1]} ({len(ratio.steps)} steps, "
+                 f"{ratio.runs[0]} and {ratio.runs[1]} runs)" if ratio.steps else
+                 "no step reached by every run of both levels")
+        numbers = (f"L_s/L_d at steps >= {start} = {_fmt(ratio)} {where}; point by point "
+                   f"{above} of {len(mine)} intervals above 1, {below} below")
+        side = _side(ratio.interval)
+        verdict = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
+        says = {HOLDS: "L is larger in the sparse network at Lee's stage",
+                FAILS: "L is smaller in the sparse network at Lee's stage",
+                INCONCLUSIVE: "the interval contains 1 (or there is no interval)"}[verdict]
+        claim = f"lee_L_rises (steps >= {start})"
+        out.append(Verdict(claim, "paper", s, ratio.value, ratio.interval, (1.0, math.inf),
+                           verdict, f"{numbers}; {says}"))
+        if s not in curve_by or reference not in curve_by:
+            continue
+        measured = median_step_ratio(curve_by[s], curve_by[reference], level, n_boot, rng)
+        m_side = _side(measured[1])
+        if m_side == 0:
+            explains, why = INCONCLUSIVE, "the measured step ratio's interval contains 1"
+        elif side == 0:
+            explains, why = INCONCLUSIVE, "the L ratio's interval contains 1"
+        elif side == m_side:
+            explains, why = HOLDS, "the L ratio lies on the measured step ratio's side of 1"
+        else:
+            explains, why = FAILS, ("the L ratio lies on the other side of 1 from the measured "
+                                    "step ratio: Lee et al.'s explanation does not explain this "
+                                    "workload at their stage")
+        allowed = (1.0, math.inf) if m_side > 0 else (0.0, 1.0) if m_side < 0 else NAN_INTERVAL
+        out.append(Verdict(f"lee_L_explains (steps >= {start})", "paper", s, ratio.value,
+                           ratio.interval, allowed, explains,
+                           f"L_s/L_d = {_fmt(ratio)}, measured median step ratio "
+                           f"{_fmt(measured)}; {why}"))
+    return tuple(out)
