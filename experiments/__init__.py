@@ -19,9 +19,8 @@ from experiments.run.runner import run_study
 from experiments.spec.study import Spec, SpecError, SpecIOError
 from experiments.spec.study import load as load_spec
 from experiments.spec.study import loads as loads_spec
-from experiments.store.database import (
-    Results, StoreContentError, StoreError, StoreIOError, load_results,
-)
+from experiments.store.database import StoreContentError, StoreError, StoreIOError
+from experiments.store.results import Results, load_results
 
 __all__ = ["advise", "Advice", "AdviceError", "write_advice", "branch_critical_batch", "warmup_comparison", "FactoryError", "plan", "run_study", "Spec",
            "SpecError", "SpecIOError", "load_spec", "loads_spec", "Results", "StoreError",

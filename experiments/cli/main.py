@@ -91,7 +91,8 @@ def _dry_run(spec, out: str | None) -> int:
 
 def _report_failures(run_dir: Path) -> int:
     """Print one line per failed group (they are retried by the next run); return their count."""
-    from experiments.store.database import DB_NAME, load_results
+    from experiments.store.database import DB_NAME
+    from experiments.store.results import load_results
 
     dirs = [run_dir] if (run_dir / DB_NAME).exists() else sorted(
         p.parent for p in run_dir.glob(f"**/{DB_NAME}"))   # sub-studies: <optimizer>/<series>
@@ -142,7 +143,8 @@ def _cmd_branch(args: argparse.Namespace) -> int:
     from experiments.run import runner
     from experiments.run.branching_study import run_branching, with_overrides
     from experiments.spec.study import load
-    from experiments.store.database import DB_NAME, StoreContentError, load_results, open_store
+    from experiments.store.database import DB_NAME, StoreContentError, open_store
+    from experiments.store.results import load_results
     from experiments.run.workload import Workload
 
     target = Path(args.target)

@@ -23,7 +23,7 @@ import pandas as pd
 
 from training.errors import SparsescaleError
 
-from experiments.store.database import load_results
+from experiments.store.results import load_results
 
 # events buffered before a write: a trial is written in one go, not every 10 events (the default)
 QUEUE = 10_000

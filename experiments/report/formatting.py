@@ -14,7 +14,8 @@ import pandas as pd
 from training.data.text import BYTE_LEVEL, bits_per_byte
 
 from experiments.spec.external import ExternalSpec
-from experiments.spec.study import Budget, Spec
+from experiments.spec.study import Spec
+from experiments.spec.tables.budget import Budget
 
 
 def fmt_num(x, digits: int = 4) -> str:

@@ -1,6 +1,6 @@
 """The run folders a report reads, loaded once and stacked into tables.
 
-Everything here reads :class:`experiments.store.database.Results` (never a study's in-memory state), so the
+Everything here reads :class:`experiments.store.results.Results` (never a study's in-memory state), so the
 same store always gives the same report. Several run folders can be combined (e.g. an SGD and a
 momentum study): each run gets a label "study (optimizer)" and every curve is a *series* = (run,
 sparsity level). :class:`RunSet` holds the stored tables of every run with ``run`` and ``series``
@@ -22,7 +22,7 @@ from experiments.spec.external import ExternalSpec, StudySpec
 from experiments.report.formatting import series_label
 from experiments.spec.plan import plan
 from experiments.spec.search import Dimension
-from experiments.store.database import Results, load_results
+from experiments.store.results import Results, load_results
 
 
 # Canonical spec entries that make two runs' dense networks the same experiment.

@@ -33,7 +33,7 @@ from experiments.run.executors import torch_threads
 from experiments.run.probes import PROBE_THREADS, best_trial, on_device, stored_trial
 from experiments.store.schema import BranchRow, WarmupRow
 from experiments.spec.study import Spec
-from experiments.spec.branching import Branching
+from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store
 from experiments.run.workload import Mask, Workload
 

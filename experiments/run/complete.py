@@ -2,7 +2,7 @@
 
 Shallue et al. take steps-to-result at each batch size over "the first 100 complete trials" of
 the quasi-random search: a trial that diverged (infeasible) is not one of them. With
-``complete_trials = true`` (:mod:`experiments.spec.schedule`) a group trains its ``trials``
+``complete_trials = true`` (:mod:`experiments.spec.tables.probes`) a group trains its ``trials``
 Sobol points, counts those that did not diverge, and trains the next points of the same
 sequence (:attr:`experiments.spec.plan.GroupPlan.reserve`, trial indices N, N + 1, ..., each
 with its own data order) until ``trials`` of them completed or the reserve is spent.

@@ -14,7 +14,7 @@ quantity, value`` and ``seconds``, the wall time of that run's replay and measur
 transaction per sparsity level; a rerun skips levels already probed. The runs are independent
 tasks: a study probes them in its worker pool, one run per task.
 
-At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.schedule`) the
+At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.tables.probes`) the
 same replay also measures, at steps N, 2N, ... up to the run's own goal step
 (``theory.schedule_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
 (on ``lipschitz_examples`` fixed examples, or the split: the same sample for L along [0, H]),

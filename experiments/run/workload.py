@@ -16,7 +16,7 @@ measure are the same, bit for bit:
   study's pruning method (Lee et al. 2021 prune at initialization and keep the mask fixed),
   transformed by the series' sanity check if it has one (``experiments.spec.series.series_mask``),
   with the ``[pruning]`` options (``examples``, ``prune_biases``;
-  :mod:`experiments.spec.pruning_table`); every level of a seed from one scoring
+  :mod:`experiments.spec.tables.pruning`); every level of a seed from one scoring
   (``pruning.prune_levels``); a criterion named by import path is imported, and checked
   against its digest, as a factory is (its digest under the kind ``"criterion"``);
 - with ``[pruning] mask_per_trial``, trial i of the group with seed s has its own
@@ -47,7 +47,7 @@ import training
 from training.models.initialization import trial_init_seed
 
 from experiments.spec import factories
-from experiments.spec.pruning_table import PruningOptions
+from experiments.spec.tables.pruning import PruningOptions
 from experiments.spec.series import record_masks, series_label, series_masks
 from experiments.spec.study import Spec, canonical_json
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import training
-from experiments.store.database import load_results
+from experiments.store.results import load_results
 
 
 @dataclass(frozen=True)

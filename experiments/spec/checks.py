@@ -1,9 +1,12 @@
-"""Checks of study-spec values: every problem becomes one line naming the key path, what was
-found and what is allowed (with the closest valid name for a mistyped one).
+"""Checks of study-spec values, and the spec's top-level keys: every problem becomes one line
+naming the key path, what was found and what is allowed (with the closest valid name for a
+mistyped one).
 
 :class:`Checker` collects the problems of a whole spec so validation never stops at the first
-one; the value parsers here (a search dimension, the batch sizes, the sparsity levels) return the
-parsed value, or None after recording why not. :func:`experiments.spec.study.validate` composes them.
+one; the parsers of the top-level keys here (the optimizers, batch sizes, sparsity levels,
+seeds, the trial rules ``stop`` and ``complete_trials``) return the parsed value, or None after
+recording why not. Each table has its own module (:mod:`experiments.spec.tables`), and
+:func:`experiments.spec.study.validate` composes them all.
 """
 
 from __future__ import annotations
@@ -15,17 +18,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from training.config import ADAM_KEYS, ADAM_OPTIMIZERS, OPTIMIZERS, EvalSchedule
+from training.config import OPTIMIZERS
 from training.data import list_datasets
-from training.device import PRECISIONS, DeviceError, check_device
-from training.errors import SparsescaleError
-from training.goal import unreachable
-from training.models.initialization import INITS
 from training.models import list_models
-
-from experiments.spec.search import SCALES, SEARCH_KEYS, Dimension
-
-COMPARISONS = {"<": True, "<=": False}   # goal comparison -> Goal.strict
 
 
 def did_you_mean(value: str, allowed: list[str] | tuple[str, ...]) -> str:
@@ -127,65 +122,6 @@ def key_path(path: str, key: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-# bounds of each searchable metaparameter: (lo, hi, lo_open, hi_open)
-_BOUNDS = {"lr": (0.0, None, True, False), "momentum": (0.0, 1.0, False, True),
-           "decay_steps": (0.0, None, True, False), "end_factor": (0.0, 1.0, False, False),
-           "beta1": (0.0, 1.0, False, True), "beta2": (0.0, 1.0, False, True),
-           "eps": (0.0, None, True, False), "weight_decay": (0.0, None, False, False)}
-
-
-def dimension(ck: Checker, raw: Any, path: str, key: str) -> Dimension | None:
-    """A search dimension: a value (fixed) or ``{scale, min, max}`` (``relative`` for
-    decay_steps only) within ``key``'s bounds."""
-    lo_b, hi_b, lo_open, hi_open = _BOUNDS[key]
-    if not isinstance(raw, dict):
-        v = ck.number(raw, path, lo_b, hi_b, hi_open=hi_open, lo_open=lo_open)
-        return None if v is None else Dimension("linear", v, v)
-    allowed = ("scale", "min", "max") + (("relative",) if key == "decay_steps" else ())
-    ck.keys(raw, path, allowed)
-    n = len(ck.problems)
-    scale = ck.choice(raw.get("scale", "log"), f"{path}.scale", SCALES)
-    lo = ck.number(raw.get("min"), f"{path}.min", lo_b, hi_b, hi_open=hi_open, lo_open=lo_open)
-    hi = ck.number(raw.get("max"), f"{path}.max", lo_b, hi_b, hi_open=hi_open, lo_open=lo_open)
-    relative = raw.get("relative", False)
-    if not isinstance(relative, bool):
-        ck.add(f"{path}.relative", f"found {relative!r}; allowed: true or false")
-    if lo is not None and hi is not None and lo > hi:
-        ck.add(path, f"min {lo} > max {hi}; allowed: min <= max")
-    if scale == "log" and lo is not None and lo <= 0:
-        ck.add(f"{path}.min", f"found {lo}; allowed: > 0 on a log scale")
-    if scale == "reverse-log" and hi is not None and hi >= 1:
-        ck.add(f"{path}.max", f"found {hi}; allowed: < 1 on a reverse-log scale (1 - x is logged)")
-    if relative is True and hi is not None and hi > 1:
-        ck.add(f"{path}.max", f"found {hi}; allowed: <= 1 for a relative decay (fraction of budget)")
-    if len(ck.problems) > n:
-        return None
-    return Dimension(scale, lo, hi, bool(relative))
-
-
-def search_overrides(ck: Checker, se: Mapping[str, Any], optimizers: tuple[str | None, ...]
-                     ) -> dict[str, dict[str, Dimension]]:
-    """The ``[search.optimizers.<optimizer>]`` tables (each for an optimizer of the study), and a
-    problem for Adam keys that no optimizer of the study uses."""
-    listed = [o for o in optimizers if o]
-    tables = ck.table(se, "optimizers", "search.optimizers") or {}
-    ck.keys(tables, "search.optimizers", tuple(listed))
-    out: dict[str, dict[str, Dimension]] = {}
-    for opt in listed:
-        path = f"search.optimizers.{opt}"
-        table = ck.table(tables, opt, path) if opt in tables else None
-        if table is not None:
-            ck.keys(table, path, SEARCH_KEYS)
-            out[opt] = {k: dimension(ck, table[k], f"{path}.{k}", k)
-                        for k in SEARCH_KEYS if k in table}
-    if not any(o in ADAM_OPTIMIZERS for o in listed):
-        for key in ADAM_KEYS:
-            if key in se:
-                ck.add(f"search.{key}", f"used by optimizers {', '.join(ADAM_OPTIMIZERS)} only; "
-                                        f"the study's: {', '.join(listed)}")
-    return out
-
-
 def batch_sizes(ck: Checker, raw: Any) -> tuple[int, ...] | None:
     """Distinct batch sizes >= 1, sorted: a list, or ``{min, max}`` powers of two."""
     if isinstance(raw, dict):
@@ -249,21 +185,6 @@ def optimizers(ck: Checker, raw: Any) -> tuple[str | None, ...]:
     return out
 
 
-def goal(ck: Checker, raw: Mapping[str, Any]) -> tuple[str | None, float | None, str | None]:
-    """The ``[goal]`` table: (metric, target, comparison), a target the metric can reach."""
-    table = ck.table(raw, "goal", "goal", required=True) or {}
-    ck.keys(table, "goal", ("metric", "target", "comparison"))
-    metric = ck.choice(table.get("metric", "error"), "goal.metric", ("error", "loss"))
-    target = ck.number(table.get("target"), "goal.target") if "goal" in raw else None
-    comparison = ck.choice(table.get("comparison", "<"), "goal.comparison", tuple(COMPARISONS))
-    if metric is not None and target is not None and comparison is not None:
-        reason = unreachable(metric, target, COMPARISONS[comparison])
-        if reason:
-            ck.add("goal.target", f"{reason}; allowed: a target > 0, or 0 with "
-                                  'comparison = "<="')
-    return metric, target, comparison
-
-
 def seeds(ck: Checker, raw: Any) -> tuple[int | None, ...] | None:
     """``seeds``: a non-empty list of distinct integers >= 0, in the order given."""
     if not isinstance(raw, list) or not raw:
@@ -275,58 +196,22 @@ def seeds(ck: Checker, raw: Any) -> tuple[int | None, ...] | None:
     return out
 
 
-def eval_schedule(ck: Checker, table: Mapping[str, Any]) -> EvalSchedule | None:
-    """The ``[eval]`` table as a :class:`training.EvalSchedule` (None after a problem: an unknown
-    key, too, keeps the schedule from being built)."""
-    n_before = len(ck.problems)
-    ck.keys(table, "eval", ("kind", "every", "first", "ratio", "max_gap"))
-    kind = ck.choice(table.get("kind", "interval"), "eval.kind", ("interval", "geometric"))
-    for key in ("every", "first", "max_gap"):
-        if key in table:
-            ck.integer(table[key], f"eval.{key}", 1)
-    if "ratio" in table:
-        ck.number(table["ratio"], "eval.ratio", 1.0, lo_open=True)
-    if len(ck.problems) > n_before or kind is None:
-        return None
-    try:
-        return EvalSchedule(**table)
-    except (SparsescaleError, TypeError) as exc:
-        ck.add("eval", str(exc))
-        return None
+# ``stop`` and ``complete_trials``: what a group does at the goal, and whether it counts only
+# trials that did not diverge (experiments.run.complete)
+STOPS = ("first", "all")
 
 
-# The keys of ``[workload]`` that say where and in which arithmetic the groups train.
-DEVICE_KEYS = ("device", "precision")
+def trial_rules(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, bool]:
+    """The top-level ``stop`` and ``complete_trials`` (module docstring)."""
+    stop = ck.choice(raw.get("stop", "first"), "stop", STOPS) or "first"
+    complete = raw.get("complete_trials", False)
+    if not isinstance(complete, bool):
+        ck.add("complete_trials", f"found {complete!r}; allowed: true or false")
+        complete = False
+    return stop, complete
 
 
-def device_keys(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, str]:
-    """``[workload] device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``; checked for its form
-    only: a spec stays valid on a machine without the GPU, and the runner checks the machine)
-    and ``[workload] precision`` (:data:`training.device.PRECISIONS`, ``"fp32"`` default)."""
-    wl = raw.get("workload")
-    wl = wl if isinstance(wl, Mapping) else {}
-    device, precision = wl.get("device", "cpu"), wl.get("precision", "fp32")
-    try:
-        device = check_device(device, "workload.device")
-    except DeviceError as exc:
-        ck.problems.append(str(exc))
-        device = "cpu"
-    if precision not in PRECISIONS:
-        ck.add("workload.precision", f"found {precision!r}"
-                                     f"{did_you_mean(str(precision), PRECISIONS)}; "
-                                     f"allowed: {', '.join(PRECISIONS)}")
-        precision = "fp32"
-    return device, precision
-
-
-def init_key(ck: Checker, raw: Mapping[str, Any]) -> str:
-    """``[workload] init``: how the model's weights are initialized,
-    :data:`training.models.initialization.INITS` (``"torch"`` default: as the model's builder makes
-    them; ``"lee"``: Lee et al. 2021's, TensorFlow's variance scaling with zero biases)."""
-    wl = raw.get("workload")
-    init = wl.get("init", "torch") if isinstance(wl, Mapping) else "torch"
-    if init not in INITS:
-        ck.add("workload.init", f"found {init!r}{did_you_mean(str(init), INITS)}; allowed: "
-                                f"{', '.join(INITS)}")
-        return "torch"
-    return init
+def trial_rules_canonical(stop: str, complete: bool) -> dict[str, Any]:
+    """``stop`` and ``complete_trials`` for the canonical JSON and group keys: only when set."""
+    return {**({"stop": stop} if stop != "first" else {}),
+            **({"complete_trials": True} if complete else {})}

@@ -6,7 +6,7 @@ synthesized spec, not one of this library's studies: its data set and model are 
 run, its goal metric is an archive column (``val/classification_error``), and its trials per
 group and step budget may differ between batch sizes (a range such as ``"5–7"``, or a sentence).
 Its canonical form carries ``"source": {"format": "batch_science", ...}``;
-:func:`experiments.store.database.stored_spec` recognises it and returns an :class:`ExternalSpec`: checked
+:func:`experiments.store.results.stored_spec` recognises it and returns an :class:`ExternalSpec`: checked
 for every field the report reads, never against the registries. A report then reads an imported
 run folder like a study of this library's, alone or beside one.
 """
@@ -19,7 +19,11 @@ from typing import Any, Union
 
 from experiments.spec import checks
 from experiments.spec.search import Dimension
-from experiments.spec.study import Budget, Probes, Spec, SpecCore, SpecError
+from experiments.spec.errors import SpecError
+from experiments.spec.study import Spec, SpecCore
+from experiments.spec.tables.budget import Budget
+from experiments.spec.tables.probes import Probes
+from experiments.spec.tables.search import dimension
 
 # archives an importer reads (the ``format`` of a spec's ``source``)
 FORMATS = ("batch_science",)
@@ -113,7 +117,7 @@ def external_spec(canonical: Mapping[str, Any], toml_text: str = "") -> External
     trials = _text_or_int(ck, c.get("trials"), "trials")
     search_table = ck.table(c, "search", "search") or {}
     ck.keys(search_table, "search", SEARCHED)
-    search = {k: checks.dimension(ck, {x: v for x, v in d.items() if x != "relative" or v}
+    search = {k: dimension(ck, {x: v for x, v in d.items() if x != "relative" or v}
                                   if isinstance(d, dict) else d, f"search.{k}", k)
               for k, d in search_table.items() if k in SEARCHED}
     budget_table = ck.table(c, "budget", "budget", required=True) or {}

@@ -52,9 +52,8 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
-import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -67,7 +66,6 @@ from training.errors import SparsescaleError
 from training.models.initialization import initialize
 from training.models import seeded
 
-from experiments.spec.checks import Checker, did_you_mean, registry
 
 # what a factory of each kind must return, and how a message names it
 RETURNS: dict[str, tuple[type, str]] = {"model": (nn.Module, "a torch.nn.Module"),
@@ -270,87 +268,6 @@ def _one_line(exc: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def workload_table(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...] = (),
-                   digests: Mapping[str, str] | None = None
-                   ) -> tuple[str | None, str | None, dict[str, Any] | None,
-                              dict[str, Any] | None, dict[str, str]]:
-    """The ``[workload]`` table: (dataset, model, dataset_options, model_options, digests).
-    ``dataset`` and ``model`` are names from the data set and model registries, or factories by
-    import path (a ``"module:factory"`` string, or from Python the callable itself), imported
-    from ``sys.path``, then ``folders``; the digests of their sources by kind. ``digests`` given:
-    a stored spec's, taken as recorded (nothing is imported). Options must be JSON-able (they
-    are hashed into the spec)."""
-    wl = ck.table(raw, "workload", "workload", required=True)
-    names: dict[str, str | None] = {"dataset": None, "model": None}
-    found: dict[str, str] = {}
-    dataset_options: dict[str, Any] | None = {}
-    model_options: dict[str, Any] | None = {}
-    if wl is not None:
-        ck.keys(wl, "workload", ("dataset", "dataset_options", "model", "model_options",
-                                 "device", "precision",   # these two: checks.device_keys
-                                 "init"))                  # checks.init_key
-        for kind in names:
-            names[kind] = _name(ck, wl.get(kind), kind, folders, digests, found)
-        dataset_options = ck.table(wl, "dataset_options", "workload.dataset_options")
-        model_options = ck.table(wl, "model_options", "workload.model_options")
-        for options, path in ((dataset_options, "workload.dataset_options"),
-                              (model_options, "workload.model_options")):
-            if options is not None:
-                ck.plain(options, path)
-    return names["dataset"], names["model"], dataset_options, model_options, found
-
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def _name(ck: Checker, value: Any, kind: str, folders: tuple[str, ...],
-          digests: Mapping[str, str] | None, found: dict[str, str]) -> str | None:
-    """One ``[workload]`` name: a registered name, or a factory's import path whose digest goes
-    into ``found`` (computed from its source, or for a stored spec taken from ``digests``)."""
-    path = f"workload.{kind}"
-    allowed = registry(kind)
-    try:
-        if callable(value) and digests is None:
-            value = path_of(kind, value)
-        if not isinstance(value, str) or not is_path(value):
-            if isinstance(value, str) and value in allowed:
-                return value
-            if value is None:   # TOML has no null: None means the key is missing
-                ck.add(path, f"missing; allowed: {', '.join(allowed)}, or a factory "
-                             f"\"package.module:factory\"")
-                return None
-            # "mymodels.mlp" is most likely "mymodels:mlp"
-            near = (f" (did you mean {':'.join(value.rpartition('.')[::2])!r}?)"
-                    if isinstance(value, str) and "." in value[1:-1]
-                    else did_you_mean(str(value), allowed))
-            ck.add(path, f"found {value!r}{near}; allowed: {', '.join(allowed)}, or a factory "
-                         f"\"package.module:factory\"")
-            return None
-        if digests is None:
-            found[kind] = resolve(kind, value, folders).digest
-            return value
-        split(kind, value)
-    except FactoryError as exc:
-        ck.add(path, exc.detail)
-        return None
-    digest = digests.get(kind)
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        ck.add(f"workload.{kind}_digest", f"found {digest!r}; allowed: the 64 hex digits of the "
-                                          f"SHA-256 of the factory's source")
-        return None
-    found[kind] = digest
-    return value
-
-
-def stored(workload: Any) -> tuple[Any, dict[str, str]]:
-    """A stored spec's ``workload`` table without its digests, and the digests by kind."""
-    if not isinstance(workload, dict):
-        return workload, {}
-    return ({k: v for k, v in workload.items() if not k.endswith("_digest")},
-            {k.removesuffix("_digest"): v for k, v in workload.items()
-             if k.endswith("_digest")})
 
 
 def build_model(path: str, dataset: Dataset, seed: int, options: dict[str, Any],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.spec import search
-from experiments.spec.schedule import trial_rules_canonical
+from experiments.spec.checks import trial_rules_canonical
 from experiments.spec.study import Spec, canonical_json
 
 

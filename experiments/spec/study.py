@@ -12,7 +12,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     trials = 16                         # metaparameter points per batch size (same at every B)
     seeds = [0]                         # replicate seeds (model init, masks, data order)
     stop = "first"                      # first | all: a group stops at its first hit, or each
-                                        # trial at its own (experiments.spec.schedule)
+                                        # trial at its own (experiments.spec.tables.probes)
     complete_trials = false             # count only trials that did not diverge (Shallue et al.)
 
     [workload]
@@ -70,11 +70,11 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
     lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the goal
-    lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.schedule)
+    lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.tables.probes)
     lipschitz_trials = 3                # ... reached trials per probed group
     lipschitz_check = [0.0]             # ... levels whose first run checks L on the whole split
 
-    [branching]                         # CBS(t) by branching (experiments.spec.branching)
+    [branching]                         # CBS(t) by branching (experiments.spec.tables.branching)
     enabled = true
     k_max = 64
 
@@ -95,80 +95,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from theory.verdicts.probe_points import BATCH_RULES
-from training.config import EvalSchedule, is_int
+from training.config import EvalSchedule
 
-from experiments.spec import checks, factories
+from experiments.spec import checks
+from experiments.spec.checks import Checker, trial_rules_canonical
 from experiments.spec.errors import SpecError, SpecIOError
-from experiments.spec.search import SEARCH_KEYS, Dimension, optimizer_search
-from experiments.spec.series import SANITY, series_label, series_names
-from experiments.spec.branching import Branching, branching
-from experiments.spec.checks import COMPARISONS, Checker
-from experiments.spec.schedule import (
-    LIPSCHITZ_DEFAULTS, lipschitz_canonical, lipschitz_keys, trial_rules, trial_rules_canonical,
-)
 from experiments.spec.factories import Factory
-from experiments.spec.pruning_table import PruningOptions, pruning_options, pruning_table
+from experiments.spec.search import Dimension, optimizer_search
+from experiments.spec.series import SANITY, series_label, series_names
+from experiments.spec.tables.branching import Branching, branching
+from experiments.spec.tables.budget import Budget, budget_table
+from experiments.spec.tables.eval import eval_table
+from experiments.spec.tables.executor import executor_table
+from experiments.spec.tables.goal import COMPARISONS, goal_table
+from experiments.spec.tables.probes import Probes, probes_table
+from experiments.spec.tables.pruning import PruningOptions, pruning_options, pruning_table
+from experiments.spec.tables.search import search_table
+from experiments.spec.tables.workload import (
+    device_keys, init_key, stored, workload_table,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # validated spec
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Step budget: ``max_steps`` fixed, or ``clamp(ceil(examples / B), min, max)``."""
-
-    max_steps: int | None = None
-    examples: int | None = None
-    min: int = 1
-    max: int | None = None
-
-    def steps(self, batch_size: int) -> int:
-        """The step budget of a group at ``batch_size``."""
-        if self.max_steps is not None:
-            return self.max_steps
-        steps = max(self.min, math.ceil(self.examples / batch_size))
-        return min(steps, self.max) if self.max is not None else steps
-
-
-@dataclass(frozen=True)
-class Probes:
-    """The ``[probes]`` table: noise and smoothness along the best trial's run, for every
-    sparsity level and seed at the batch sizes ``batch_sizes`` chooses
-    (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
-    [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
-    the noise and the Hessian quantities (None: the full training split; the noise estimates
-    are unbiased for the split either way); Lee's L uses the full split. ``lipschitz_*``: L at
-    Lee et al.'s own stage, every ``lipschitz_every`` steps up to the goal
-    (:mod:`experiments.spec.schedule`)."""
-
-    enabled: bool = True
-    batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
-    points: int = 10
-    average: int = 3
-    examples: int | None = None
-    curvature_examples: int | None = None
-    hessian_examples: int = 16
-    lanczos: int = 20
-    lipschitz_every: int | None = None
-    lipschitz_examples: int | None = None
-    lipschitz_trials: int = 1
-    lipschitz_check: tuple[float, ...] = ()
-
-    def canonical(self) -> dict[str, Any]:
-        """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
-        studies without them stay those of earlier versions."""
-        plain = {k: v for k, v in asdict(self).items() if k not in LIPSCHITZ_DEFAULTS}
-        return (plain | {"batch_sizes": list(self.batch_sizes)}
-                | lipschitz_canonical(asdict(self)))
 
 
 @dataclass(frozen=True)
@@ -247,10 +202,10 @@ class Spec(SpecCore):
     precision: str = "fp32"
     folders: tuple[str, ...] = field(default=(), compare=False)   # searched after sys.path
     # how the model is initialized (training.models.initialization.INITS) and how masks are made
-    # (experiments.spec.pruning_table): in the hash only when not the defaults
+    # (experiments.spec.tables.pruning): in the hash only when not the defaults
     init: str = "torch"
     pruning_options: PruningOptions = PruningOptions()
-    # what a group does at the goal, and whether diverged trials count (experiments.spec.schedule)
+    # what a group does at the goal, and whether diverged trials count (experiments.spec.tables.probes)
     stop: str = "first"
     complete_trials: bool = False
 
@@ -332,7 +287,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
                                    "seeds", "workload", "stop", "complete_trials") if key in c}
-    raw["workload"], digests = factories.stored(c["workload"])
+    raw["workload"], digests = stored(c["workload"])
     raw["pruning"] = {k: v for k, v in c["pruning"].items()
                       if k not in ("sanity", "method_digest")}
     method_digest = c["pruning"].get("method_digest")
@@ -366,8 +321,6 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
 # 10**12 must fail validation, not exhaust memory while planning.
 MAX_TRIALS = 2**16
 
-_DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
-
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", "workload", "goal", "pruning", "search", "budget", "eval",
             "probes", "branching", "executor")
@@ -377,31 +330,29 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
              folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None,
              method_digests: Mapping[str, str] | None = None) -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
-    every problem. A factory or pruning criterion named by import path is imported (from
-    ``sys.path``, then ``folders``) and its source digested; ``digests`` (by kind) and
-    ``method_digests`` (by criterion path): a stored spec's, taken as recorded."""
+    every problem: the top-level keys (:mod:`experiments.spec.checks`), then each table by its
+    own module (:mod:`experiments.spec.tables`). A factory or pruning criterion named by import
+    path is imported (from ``sys.path``, then ``folders``) and its source digested; ``digests``
+    (by kind) and ``method_digests`` (by criterion path): a stored spec's, taken as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
     name = raw.get("name", Path(source).stem if source else "study")
     if not isinstance(name, str) or not name:
         ck.add("name", f"found {name!r}; allowed: a non-empty string")
-
-    dataset, model, dataset_options, model_options, found = factories.workload_table(
+    dataset, model, dataset_options, model_options, found = workload_table(
         ck, raw, folders, digests)
-    device, precision = checks.device_keys(ck, raw)
-    init = checks.init_key(ck, raw)
+    device, precision = device_keys(ck, raw)
+    init = init_key(ck, raw)
     optimizers = checks.optimizers(ck, raw.get("optimizer", "momentum"))
-    metric, target, comparison = checks.goal(ck, raw)
+    metric, target, comparison = goal_table(ck, raw)
     batch_sizes = checks.batch_sizes(ck, raw["batch_sizes"]) if "batch_sizes" in raw else None
     if "batch_sizes" not in raw:
         ck.add("batch_sizes", "missing; allowed: a list of integers or {min = ..., max = ...}")
     sparsities = checks.sparsities(ck, raw.get("sparsities", [0.0]))
     trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
-    stop, complete = trial_rules(ck, raw)
-
-    # pruning
+    stop, complete = checks.trial_rules(ck, raw)
     methods, sanity, method_digests = pruning_table(ck, raw, sparsities, folders,
                                                     method_digests)
     options = pruning_options(ck, raw, methods)
@@ -410,87 +361,15 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         # started: not built (Lee et al. count every run, Shallue et al. share one network)
         ck.add("complete_trials", "cannot be combined with [pruning] mask_per_trial = true; "
                "allowed: one of the two")
-
-    # search space
-    se = ck.table(raw, "search", "search") or {}
-    ck.keys(se, "search", ("seed",) + SEARCH_KEYS + ("optimizers",))
-    search_seed = ck.integer(se.get("seed", 0), "search.seed", 0)
-    if "lr" not in se:
-        ck.add("search.lr", "missing; allowed: {scale = log|reverse-log|linear, min, max} or a value")
-    search = {}
-    for key in SEARCH_KEYS:
-        if key in se:
-            search[key] = checks.dimension(ck, se[key], f"search.{key}", key)
-        elif key in _DEFAULTS:
-            search[key] = Dimension("linear", _DEFAULTS[key], _DEFAULTS[key])
-    overrides = checks.search_overrides(ck, se, optimizers)
-
-    # budget
-    bu = ck.table(raw, "budget", "budget") or {"max_steps": 1000}
-    ck.keys(bu, "budget", ("max_steps", "examples", "min", "max"))
-    budget = None
-    if "max_steps" in bu and "examples" in bu:
-        ck.add("budget", "found both max_steps and examples; allowed: one of them")
-    elif "max_steps" in bu:
-        ms = ck.integer(bu["max_steps"], "budget.max_steps", 1)
-        extra = sorted(set(bu) & {"min", "max"})
-        if extra:
-            ck.add(f"budget.{extra[0]}", "only used with budget.examples; allowed: remove it")
-        budget = Budget(max_steps=ms) if ms is not None else None
-    elif "examples" in bu:
-        ex = ck.integer(bu["examples"], "budget.examples", 1)
-        lo = ck.integer(bu.get("min", 1), "budget.min", 1)
-        hi = ck.integer(bu["max"], "budget.max", 1) if "max" in bu else None
-        if lo is not None and hi is not None and lo > hi:
-            ck.add("budget", f"min {lo} > max {hi}; allowed: min <= max")
-        elif ex is not None and lo is not None:
-            budget = Budget(examples=ex, min=lo, max=hi)
-    elif bu:
-        ck.add("budget", "missing max_steps or examples; allowed: max_steps = N or "
-                         "{examples = N, min = ..., max = ...}")
-
-    eval_schedule = checks.eval_schedule(ck, ck.table(raw, "eval", "eval") or {})
-
-    # probes
-    pb = ck.table(raw, "probes", "probes") or {}
-    ck.keys(pb, "probes", tuple(f.name for f in fields(Probes)))
-    enabled = pb.get("enabled", True)
-    if not isinstance(enabled, bool):
-        ck.add("probes.enabled", f"found {enabled!r}; allowed: true or false")
-    pb_bs = pb.get("batch_sizes", list(Probes.batch_sizes))
-    if not isinstance(pb_bs, list) or not pb_bs or not all(
-            b in BATCH_RULES or (is_int(b) and b >= 1) for b in pb_bs):
-        ck.add("probes.batch_sizes", f"found {pb_bs!r}; allowed: a non-empty list of "
-                                     f"{', '.join(map(repr, BATCH_RULES))} or batch sizes")
-        pb_bs = list(Probes.batch_sizes)
-    sizes = {"examples": None, "curvature_examples": None}
-    for key in sizes:
-        if key in pb:
-            sizes[key] = ck.integer(pb[key], f"probes.{key}", 2)
-    probes = Probes(enabled=enabled, batch_sizes=tuple(pb_bs),
-                    points=ck.integer(pb.get("points", Probes.points), "probes.points", 1),
-                    average=ck.integer(pb.get("average", Probes.average), "probes.average", 1),
-                    hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
-                                                "probes.hessian_examples", 0),
-                    lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
-                    **sizes, **lipschitz_keys(ck, pb, sparsities, trials, stop,
-                                              len(seeds or ())))
-
+    search_seed, search, overrides = search_table(ck, raw, optimizers)
+    budget = budget_table(ck, raw)
+    eval_schedule = eval_table(ck, ck.table(raw, "eval", "eval") or {})
+    probes = probes_table(ck, raw, sparsities, trials, stop, len(seeds or ()), batch_sizes)
     branch = branching(ck, raw, batch_sizes)
-
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
-
-    # executor
-    ex_t = ck.table(raw, "executor", "executor") or {}
-    ck.keys(ex_t, "executor", ("workers",))
-    workers = ck.integer(ex_t["workers"], "executor.workers", 1) if "workers" in ex_t else None
-
-    for b in probes.batch_sizes:
-        if is_int(b) and batch_sizes is not None and b not in batch_sizes:
-            ck.add("probes.batch_sizes", f"found {b}; allowed: one of the study's batch sizes "
-                                         f"({', '.join(map(str, batch_sizes))})")
+    workers = executor_table(ck, raw)
 
     if ck.problems:
         raise SpecError(ck.problems, source)
@@ -532,7 +411,7 @@ def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | N
              "model": spec.model if model is None else model,
              "dataset_options": spec.dataset_options, "model_options": spec.model_options}
     ck = Checker()
-    ds, mo, _, _, found = factories.workload_table(ck, {"workload": table}, spec.folders)
+    ds, mo, _, _, found = workload_table(ck, {"workload": table}, spec.folders)
     if ck.problems:
         raise SpecError(ck.problems)
     return replace(spec, dataset=ds, model=mo, digests=found)

@@ -14,8 +14,9 @@ Every refusal is a :class:`StoreError`, of one of two kinds: :class:`StoreConten
 store) or :class:`StoreIOError` (an ``OSError``: the store is locked or in use by another
 process, the run folder is read-only, the disk is full). Each names the store's path.
 
-Readers use :func:`load_results`, which returns pandas DataFrames sorted by their natural keys (so
-two stores with the same contents load identically, whatever order the groups finished in).
+Readers use :func:`experiments.store.results.load_results`, which returns pandas DataFrames
+sorted by their natural keys (so two stores with the same contents load identically, whatever
+order the groups finished in).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import sqlite3
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -37,12 +37,10 @@ import pandas as pd
 from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
-from experiments.spec.external import StudySpec, external_spec, is_external
 from experiments.store.schema import (
     ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEDULE_QUANTITIES, SCHEMA,
     SORT_KEYS, BranchRow, GroupRecord, ProbeRow, ScheduleRow, StudyInfo, WarmupRow,
 )
-from experiments.spec.study import SpecError, from_canonical
 
 DB_NAME = "results.sqlite"
 
@@ -340,7 +338,7 @@ class Store:
     # -- reading -------------------------------------------------------------------------------
 
     def frame(self, table: str) -> pd.DataFrame:
-        return _read_frame(self.conn, table)
+        return read_frame(self.conn, table)
 
 
 # provenance keys that identify a data set's content (a data set made from the running
@@ -420,21 +418,23 @@ def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-def _existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
+def existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
     return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def _add_columns(c: sqlite3.Cursor) -> None:
     """Add the :data:`~experiments.store.schema.ADDED_COLUMNS` a store written before them lacks."""
     for table, columns in ADDED_COLUMNS.items():
-        have = _existing_columns(c, table)
+        have = existing_columns(c, table)
         for name, kind in columns:
             if name not in have:
                 c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
-def _read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
-    have = _existing_columns(conn, table)
+def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
+    """Table ``table`` as a DataFrame sorted by its natural keys; a table or column added since
+    the store was written reads empty (NULL) without being made."""
+    have = existing_columns(conn, table)
     if not have:   # a table added later, in a store written before it (read-only: not made)
         return pd.DataFrame(columns=list(COLUMNS[table]))
     # a column added later is NULL in a store written before it (read-only: not migrated)
@@ -460,85 +460,3 @@ def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:
             store.close()
             raise
     return store
-
-
-@dataclass(frozen=True)
-class Results:
-    """A study's stored results as pandas DataFrames (see ``COLUMNS`` for the columns) and its
-    validated :class:`~experiments.spec.study.Spec` (an :class:`~experiments.spec.external.ExternalSpec`
-    for an imported workload; None while the store has no study row).
-
-    ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
-    trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
-    ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
-    (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
-    size, replicate) of the warmup comparison; ``schedule_probes`` one per quantity at each
-    step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
-    ``predictions`` is empty unless something stored predictions.
-    """
-
-    run_dir: Path
-    study: pd.DataFrame
-    groups: pd.DataFrame
-    trials: pd.DataFrame
-    curves: pd.DataFrame
-    probes: pd.DataFrame
-    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
-    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
-    predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
-    spec: StudySpec | None = None
-    schedule_probes: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["schedule_probes"])))
-
-
-def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
-    """The spec of a store's study row, validated again and checked against its stored hash: a
-    :class:`Spec`, or for an imported workload (its spec names a ``source``) an
-    :class:`~experiments.spec.external.ExternalSpec`."""
-    if not len(study):
-        return None
-    row = study.iloc[0]
-    try:
-        canonical = json.loads(row["spec_json"])
-        parse = external_spec if is_external(canonical) else from_canonical
-        spec = parse(canonical, toml_text=str(row["spec_toml"]))
-    except (SpecError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        reason = "; ".join(exc.problems) if isinstance(exc, SpecError) else repr(exc)
-        raise StoreContentError(f"{path}: the stored spec is not a valid study spec ({reason}); "
-                                f"was it written by another sparsescale version?") from None
-    if spec.hash != row["spec_hash"]:
-        raise StoreContentError(f"{path}: the stored spec does not give its stored hash "
-                                f"({row['spec_hash'][:12]}); was it written by another "
-                                f"sparsescale version?")
-    return spec
-
-
-def load_results(run_dir: str | Path) -> Results:
-    """Read the store in ``run_dir`` into a :class:`Results` (frames sorted by natural keys).
-
-    Raises :class:`StoreContentError` if ``run_dir`` holds no store (or no study, or not ours),
-    :class:`StoreIOError` if the store cannot be read.
-    """
-    path = Path(run_dir) / DB_NAME
-    if not path.exists():
-        raise StoreContentError(f"no results store at {path}: run a study into {run_dir} first")
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise failure(path, exc, "read") from None
-    try:
-        check_is_store(conn, path, empty_ok=False)
-        frames = {table: _read_frame(conn, table) for table in COLUMNS}
-        has_pred = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='predictions'").fetchone()
-        frames["predictions"] = (pd.read_sql_query("SELECT * FROM predictions", conn)
-                                 if has_pred else pd.DataFrame())
-    except sqlite3.DatabaseError as exc:
-        raise failure(path, exc, "read") from None
-    except pd.errors.DatabaseError as exc:   # pandas wraps errors of its queries
-        raise StoreContentError(f"{path}: cannot read the results "
-                                f"({str(exc).splitlines()[0]}); was it written by another "
-                                f"sparsescale version?") from None
-    finally:
-        conn.close()
-    return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path), **frames)

@@ -1,7 +1,7 @@
 """The results store's schema: its tables and columns, and the rows a study writes.
 
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
-(:func:`experiments.store.database.load_results`) and the report: columns are added, never renamed.
+(:func:`experiments.store.results.load_results`) and the report: columns are added, never renamed.
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
 probes produce :class:`ProbeRow` s (and, on Lee et al.'s step schedule, :class:`ScheduleRow` s),
 the branching measurement :class:`BranchRow` s and

@@ -25,7 +25,7 @@ API = {
                  "training.data.dataset.Dataset.from_tensors", "training.data.dataset.Dataset.from_torch"],
     "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
     "theory": ["theory.models.scaling.fit_scaling", "theory.estimators.noise.gradient_noise"],
-    "experiments": ["experiments.run.runner.run_study", "experiments.store.database.load_results",
+    "experiments": ["experiments.run.runner.run_study", "experiments.store.results.load_results",
                     "experiments.spec.study.Spec", "experiments.report.write.write_report",
                     "experiments.spec.factories.FactoryError"],
 }

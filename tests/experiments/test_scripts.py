@@ -30,7 +30,7 @@ def test_best_trial_test_accuracy_trains_the_best_trial_on_the_whole_split(tmp_p
     """On a synthetic store (teacher data, MLP): the best trial of the smallest batch size that
     met the goal trains on the whole training split and is scored on the test split."""
     from experiments.scripts import best_trial_test_accuracy as acc
-    from experiments.store.database import load_results
+    from experiments.store.results import load_results
 
     from .synthetic import make_store
 

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from experiments.spec.study import SEARCH_KEYS, TOP_KEYS, Spec, SpecError, loads, validate
+from experiments.spec.errors import SpecError
+from experiments.spec.search import SEARCH_KEYS
+from experiments.spec.study import TOP_KEYS, Spec, loads, validate
 
 from .conftest import SPEC
 

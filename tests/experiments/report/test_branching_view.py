@@ -8,7 +8,8 @@ import pytest
 from experiments.report.branching_view import schedule_text
 from experiments.report.write import BRANCHING_HEADING, write_report
 from experiments.store.schema import BranchRow, WarmupRow
-from experiments.store.database import load_results, open_store
+from experiments.store.database import open_store
+from experiments.store.results import load_results
 
 from ..synthetic import make_store
 

@@ -15,7 +15,8 @@ from experiments.run.probes import best_trial, stored_trial
 from experiments.run.runner import run_study
 from experiments.run.timing import TIMING_FILE
 from experiments.spec.study import loads
-from experiments.store.database import load_results, open_store
+from experiments.store.database import open_store
+from experiments.store.results import load_results
 from experiments.run.workload import Workload
 
 from ..conftest import TINY

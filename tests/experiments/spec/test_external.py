@@ -11,7 +11,8 @@ import experiments
 from experiments.spec.external import ExternalSpec, external_spec, is_external
 from experiments.store.schema import StudyInfo
 from experiments.spec.search import Dimension
-from experiments.spec.study import Budget, SpecError
+from experiments.spec.errors import SpecError
+from experiments.spec.tables.budget import Budget
 from experiments.store.database import StoreError, open_store
 
 CANONICAL = {

@@ -5,7 +5,7 @@ key as it was; set, they are in the spec hash and in the keys of the groups they
 import pytest
 
 from experiments.spec.plan import plan
-from experiments.spec.pruning_table import PruningOptions
+from experiments.spec.tables.pruning import PruningOptions
 from experiments.spec.study import SpecError, from_canonical, loads
 
 from ..conftest import TINY

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 from experiments.cli import main as cli
-from experiments.spec.study import Budget, SpecError, load, loads, resolve_config
+from experiments.spec.errors import SpecError
+from experiments.spec.study import load, loads, resolve_config
+from experiments.spec.tables.budget import Budget
 
 from ..conftest import TINY
 
@@ -244,7 +246,7 @@ BRANCHING = TINY + ("\n[branching]\nenabled = true\nbatch_size = 32\ncheckpoints
 
 
 def test_branching_table_is_read_hashed_and_round_trips():
-    from experiments.spec.branching import Branching
+    from experiments.spec.tables.branching import Branching
 
     spec = loads(BRANCHING)
     assert spec.branching == Branching(True, 32, 4, 2, 0.1, 640, 0.02, 1, (1.0, 3.0), 0.8, False, 5, 9000)

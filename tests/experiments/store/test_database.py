@@ -7,7 +7,8 @@ import pytest
 
 from experiments.store.schema import COLUMNS, GroupRecord, ProbeRow, StudyInfo, TrialRow
 from experiments.spec.study import loads
-from experiments.store.database import StoreError, load_results, open_store
+from experiments.store.database import StoreError, open_store
+from experiments.store.results import load_results
 
 from ..conftest import TINY
 

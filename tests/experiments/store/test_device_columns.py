@@ -7,7 +7,9 @@ from dataclasses import replace
 
 import pandas as pd
 
-from experiments.store.database import DB_NAME, load_results, open_store
+from experiments.store.database import DB_NAME, open_store
+
+from experiments.store.results import load_results
 from experiments.store.schema import ADDED_COLUMNS, COLUMNS
 
 from .test_database import STUDY, record

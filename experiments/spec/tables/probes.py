@@ -1,4 +1,7 @@
-"""The keys of a study spec that measure Lee et al. (2021)'s L at their stage, and the trial rules
+"""The ``[probes]`` table: noise and smoothness along the best trial's run, and Lee et al.
+(2021)'s L at their stage.
+
+The keys of a study spec that measure Lee et al. (2021)'s L at their stage, and the trial rules
 that decide which trials a group counts.
 
 In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measured)::
@@ -15,18 +18,6 @@ probed runs are replayed bit for bit (``theory.probe_trajectory``) and measured 
 steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
 against the whole split at the first point of one run per listed level.
 
-At the top level::
-
-    stop = "all"                  # "first" (default): a group stops at its first hit
-    complete_trials = true        # count only trials that did not diverge toward ``trials``
-
-``stop = "all"`` trains every trial to its own first hit (``training.RunConfig.stop``), so each
-reached trial has its own steps-to-result to probe up to; ``"first"`` (Shallue et al. 2019's
-steps-to-result of a study) stops the group when any trial meets the goal, so one trial reaches
-it by construction. ``complete_trials``: Shallue et al. count "the first 100 complete trials"
-at each batch size; a diverged trial is replaced by the next point of the search's Sobol
-sequence until ``trials`` trials completed (:mod:`experiments.run.complete`).
-
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
 alone; the other three need ``lipschitz_every``. Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
 of studies without them do not move.
@@ -35,11 +26,14 @@ of studies without them do not move.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from theory.verdicts.probe_points import BATCH_RULES
+from training.config import is_int
 
 from experiments.spec.checks import Checker
 
-STOPS = ("first", "all")
 # Lee et al.'s lipschitz_interval (edps/main.py): the verdict at their stage uses the points
 # at or after it whatever N a study chose (theory.verdicts.lee_stage.STAGE_START holds it for the theory)
 LEE_INTERVAL = 1000
@@ -105,17 +99,65 @@ def lipschitz_canonical(fields: Mapping[str, Any]) -> dict[str, Any]:
             if k in LIPSCHITZ_DEFAULTS and v != LIPSCHITZ_DEFAULTS[k]}
 
 
-def trial_rules(ck: Checker, raw: Mapping[str, Any]) -> tuple[str, bool]:
-    """The top-level ``stop`` and ``complete_trials`` (module docstring)."""
-    stop = ck.choice(raw.get("stop", "first"), "stop", STOPS) or "first"
-    complete = raw.get("complete_trials", False)
-    if not isinstance(complete, bool):
-        ck.add("complete_trials", f"found {complete!r}; allowed: true or false")
-        complete = False
-    return stop, complete
+@dataclass(frozen=True)
+class Probes:
+    """The ``[probes]`` table: noise and smoothness along the best trial's run, for every
+    sparsity level and seed at the batch sizes ``batch_sizes`` chooses
+    (``theory.probe_batch_sizes`` rules or batch sizes), at ``points`` evenly spaced steps of
+    [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
+    the noise and the Hessian quantities (None: the full training split; the noise estimates
+    are unbiased for the split either way); Lee's L uses the full split. ``lipschitz_*``: L at
+    Lee et al.'s own stage, every ``lipschitz_every`` steps up to the goal
+    (module docstring)."""
+
+    enabled: bool = True
+    batch_sizes: tuple[str | int, ...] = ("smallest", "b_crit", "largest")
+    points: int = 10
+    average: int = 3
+    examples: int | None = None
+    curvature_examples: int | None = None
+    hessian_examples: int = 16
+    lanczos: int = 20
+    lipschitz_every: int | None = None
+    lipschitz_examples: int | None = None
+    lipschitz_trials: int = 1
+    lipschitz_check: tuple[float, ...] = ()
+
+    def canonical(self) -> dict[str, Any]:
+        """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
+        studies without them stay those of earlier versions."""
+        plain = {k: v for k, v in asdict(self).items() if k not in LIPSCHITZ_DEFAULTS}
+        return (plain | {"batch_sizes": list(self.batch_sizes)}
+                | lipschitz_canonical(asdict(self)))
 
 
-def trial_rules_canonical(stop: str, complete: bool) -> dict[str, Any]:
-    """``stop`` and ``complete_trials`` for the canonical JSON and group keys: only when set."""
-    return {**({"stop": stop} if stop != "first" else {}),
-            **({"complete_trials": True} if complete else {})}
+def probes_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None,
+                 trials: int | None, stop: str | None, seeds: int,
+                 batch_sizes: tuple[int, ...] | None) -> Probes:
+    """The ``[probes]`` table (its batch sizes among the study's ``batch_sizes``)."""
+    pb = ck.table(raw, "probes", "probes") or {}
+    ck.keys(pb, "probes", tuple(f.name for f in fields(Probes)))
+    enabled = pb.get("enabled", True)
+    if not isinstance(enabled, bool):
+        ck.add("probes.enabled", f"found {enabled!r}; allowed: true or false")
+    pb_bs = pb.get("batch_sizes", list(Probes.batch_sizes))
+    if not isinstance(pb_bs, list) or not pb_bs or not all(
+            b in BATCH_RULES or (is_int(b) and b >= 1) for b in pb_bs):
+        ck.add("probes.batch_sizes", f"found {pb_bs!r}; allowed: a non-empty list of "
+                                     f"{', '.join(map(repr, BATCH_RULES))} or batch sizes")
+        pb_bs = list(Probes.batch_sizes)
+    for b in pb_bs:
+        if is_int(b) and batch_sizes is not None and b not in batch_sizes:
+            ck.add("probes.batch_sizes", f"found {b}; allowed: one of the study's batch sizes "
+                                         f"({', '.join(map(str, batch_sizes))})")
+    sizes = {"examples": None, "curvature_examples": None}
+    for key in sizes:
+        if key in pb:
+            sizes[key] = ck.integer(pb[key], f"probes.{key}", 2)
+    return Probes(enabled=enabled, batch_sizes=tuple(pb_bs),
+                  points=ck.integer(pb.get("points", Probes.points), "probes.points", 1),
+                  average=ck.integer(pb.get("average", Probes.average), "probes.average", 1),
+                  hessian_examples=ck.integer(pb.get("hessian_examples", Probes.hessian_examples),
+                                              "probes.hessian_examples", 0),
+                  lanczos=ck.integer(pb.get("lanczos", Probes.lanczos), "probes.lanczos", 1),
+                  **sizes, **lipschitz_keys(ck, pb, sparsities, trials, stop, seeds))
