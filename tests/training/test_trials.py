@@ -366,7 +366,8 @@ def test_group_where_every_trial_diverges(teacher):
 
 
 def test_chunk_size_from_activation_budget(mnist1d_small):
-    from training.engine.strategy import activation_floats, trials_per_stack
+    from training.engine.strategy import trials_per_stack
+    from training.models.features import activation_floats
 
     mlp = training.models.build("mlp", mnist1d_small)
     assert activation_floats(mlp, (40,)) == 40 + 4 * 100 + 10

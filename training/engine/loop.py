@@ -34,7 +34,7 @@ from training.engine import choice
 from training.engine.adam import AdamState
 from training.engine.strategy import Strategy, cell
 from training.engine.module_state import ModuleState
-from training.engine.programs.base import Program
+from training.engine.programs.base import Cell, Program
 from training.engine.programs.batched import stacked_loss_and_grad
 from training.engine.resume import DataOrigin, end_state, load_stack
 from training.engine.updates import StackUpdate
@@ -351,7 +351,9 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
                     data.y_val, dataset.task, goal_metric(goal, dataset.task), batch_size,
                     run.optimizer, run.dtype, origin, dataset.loss,
                     step_timer or contextlib.nullcontext())
-    chosen = strategy(model, dataset, trials, run, batch_size, random, masks, first_index, runner)
+    the_cell = cell(model, dataset.task, dataset.input_shape, batch_size, len(trials), run.dtype,
+                    run.device, run.optimizer, dataset.loss, random, run.precision)
+    chosen = strategy(the_cell, trials, run, masks, first_index, runner)
     runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
     stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
                          trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
@@ -429,19 +431,19 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     return replace(outcome, end_state=state, end_trials=ids)
 
 
-def strategy(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
-         batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
-         runner: Runner) -> Strategy:
-    """The cell's strategy (:func:`training.engine.choice.strategy`): the rules' where they cover it,
-    else the fastest candidate, each timed by this loop's own step on a scratch stack."""
+def strategy(c: Cell, trials: list[Trial], run: RunConfig, masks: dict[str, Tensor],
+             first_index: int, runner: Runner) -> Strategy:
+    """The strategy of cell ``c`` (:func:`training.engine.choice.strategy`): the rules' where
+    they cover it, else the fastest candidate, each timed by this loop's own step on a scratch
+    stack."""
 
     def time_step(candidate: Strategy) -> Callable[[], int]:
         # a scratch stack: new tensors made from the model, as the real ones are, with the
         # real trials' metaparameters and masks; the step counter is the scratch stack's own
         program = candidate.program
         k = max(1, min(len(trials), program.timed_trials(candidate.trials_per_stack)))
-        st = make_stacks(model, trials[:k], masks, run.seed, first_index, run.optimizer, k,
-                         run.device, run.dtype, program.takes_module_state, random)[0]
+        st = make_stacks(c.model, trials[:k], masks, run.seed, first_index, run.optimizer, k,
+                         run.device, run.dtype, program.takes_module_state, c.random)[0]
         st.init_loss = torch.full_like(st.init_loss, float("inf"))  # no trial "diverges"
         scratch = replace(runner, program=program, update_in_step=candidate.update_in_step)
         # from the run's own first update: a run resumed from a state reads its data order
@@ -456,9 +458,7 @@ def strategy(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunCo
 
         return step
 
-    return choice.strategy(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
-                            run.dtype, run.device, run.optimizer, dataset.loss, random,
-                            run.precision), time_step)
+    return choice.strategy(c, time_step)
 
 
 def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record

@@ -14,7 +14,7 @@ The choice follows rules, each with the measurements behind it:
 - ``per_trial`` (:mod:`training.engine.programs.per_trial`): models with Conv2d (``simple_cnn``,
   ``resnet8``): trials one after another through oneDNN, so only one trial's activations are
   alive; a chunk holds the examples whose activations fit in CHUNK_BUDGET bytes. Also every
-  model the batched programs cannot run (:func:`runs_per_trial`): batch statistics (BatchNorm:
+  model the batched programs cannot run (:func:`per_trial_only`): batch statistics (BatchNorm:
   per-trial running statistics), random draws (Dropout: a generator per trial), recurrent
   layers (``torch.func`` has no batching rule for them); the first two take the mini-batch in
   one chunk, as the plain loop does. A stack keeps
@@ -51,7 +51,6 @@ section for the measured slowdowns).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +64,8 @@ from training.device import lowers
 from training.engine import compiled_kernel as kernels
 from training.engine.programs import fused as stacked_fused
 from training.engine.programs.base import Cell, Program
-from training.engine.programs.per_trial import batch_dependent, has_conv2d
 from training.engine.programs.registry import build
-from training.models import activation_floats
+from training.models.features import Features, features
 
 # How a cell's program was chosen: by the rules below, or by timing the candidates
 # (:mod:`training.engine.choice`; a cached measurement is "measured" too), or forced by
@@ -138,21 +136,16 @@ def even_chunks(batch_size: int, limit: int) -> int:
     return -(-batch_size // chunks)
 
 
-def weight_bytes(model: nn.Module, itemsize: int) -> int:
-    """Bytes of one copy of a trial's parameters (or of its gradients)."""
-    return itemsize * sum(p.numel() for p in model.parameters())
-
-
-def state_bytes(model: nn.Module, optimizer: str, itemsize: int) -> int:
-    """Bytes of one trial's parameters and ``optimizer`` state (momentum buffer; Adam's two
+def state_bytes(parameters: int, optimizer: str, itemsize: int) -> int:
+    """Bytes of one trial's ``parameters`` and ``optimizer`` state (momentum buffer; Adam's two
     moments; none for sgd)."""
     copies = 1 + (0 if optimizer == "sgd" else 2 if optimizer in ADAM_OPTIMIZERS else 1)
-    return copies * weight_bytes(model, itemsize)
+    return copies * parameters * itemsize
 
 
-def snapshot_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+def snapshot_limit(parameters: int, optimizer: str, itemsize: int, n_trials: int) -> int:
     """Trials per stack whose state fits in SNAPSHOT_BUDGET, split evenly (at most MAX_STACK)."""
-    limit = SNAPSHOT_BUDGET // max(1, state_bytes(model, optimizer, itemsize))
+    limit = SNAPSHOT_BUDGET // max(1, state_bytes(parameters, optimizer, itemsize))
     return min(MAX_STACK, even_chunks(max(1, n_trials), limit))
 
 
@@ -162,11 +155,11 @@ def memory_limit(batch_size: int, floats_per_example: int, itemsize: int) -> int
     return max(1, STACK_MEMORY // per_trial)
 
 
-def resident_limit(model: nn.Module, optimizer: str, itemsize: int, n_trials: int) -> int:
+def resident_limit(parameters: int, optimizer: str, itemsize: int, n_trials: int) -> int:
     """Trials per ``per_trial`` stack whose state, with one trial's gradients, fits in
     RESIDENT_BUDGET (at least 1), split evenly."""
-    fits = ((RESIDENT_BUDGET - weight_bytes(model, itemsize))
-            // max(1, state_bytes(model, optimizer, itemsize)))
+    fits = ((RESIDENT_BUDGET - parameters * itemsize)
+            // max(1, state_bytes(parameters, optimizer, itemsize)))
     return even_chunks(max(1, n_trials), max(1, fits))
 
 
@@ -175,11 +168,13 @@ def cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: in
          optimizer: str = "momentum",
          loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
          random: bool | None = None, precision: str = "fp32") -> Cell:
-    """The :class:`~training.engine.programs.base.Cell` of these arguments; ``random`` None:
-    as the model's layer types declare (``training.randomness.draws``)."""
+    """The :class:`~training.engine.programs.base.Cell` of these arguments, with the model's
+    features (``training.models.features``); ``random`` None: as the model's layer types
+    declare (``training.randomness.draws``)."""
     random = randomness.draws(model, None) if random is None else random
-    return Cell(model, task, tuple(int(s) for s in input_shape), int(batch_size), int(n_trials),
-                dtype, device, optimizer, loss, bool(random), precision)
+    shape = tuple(int(s) for s in input_shape)
+    return Cell(model, task, shape, int(batch_size), int(n_trials), dtype, device, optimizer,
+                loss, bool(random), precision, features(model, shape))
 
 
 def ruled_strategy(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
@@ -209,20 +204,20 @@ def rules(c: Cell) -> Strategy:
     A model that draws random numbers in a training step (``c.random``, which
     ``training.randomness.draws`` can also find where no layer type declares it) runs
     per_trial, whole batches, with a generator per trial. ``bf16`` rules out ``fused``."""
-    model, batch_size = c.model, c.batch_size
-    stack = snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials)
-    encoding = stacked_fused.encode(model, c.input_shape) if c.loss is None else None
-    if encoding is not None and not lowers(c.precision):   # the kernel is float32 C++
-        per_example = stacked_fused.working_set(encoding, math.prod(c.input_shape)) * c.itemsize
-        limit = max(1, int(L2_SHARE * l2_bytes()) // per_example)
+    f, batch_size = c.features, c.batch_size
+    stack = snapshot_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials)
+    values = (stacked_fused.values_per_example(c.model, c.input_shape)
+              if c.loss is None and not lowers(c.precision) else None)   # float32 C++
+    if values is not None:
+        limit = max(1, int(L2_SHARE * l2_bytes()) // (values * c.itemsize))
         fused = _strategy(c, "fused", stack, even_chunks(batch_size, limit), limit)
         if fused is not None:
             return fused
-    if runs_per_trial(model) or c.random:
+    if per_trial_only(f) or c.random:
         chunk, limit = _per_trial_chunks(c)
-        stack = min(stack, resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
+        stack = min(stack, resident_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials))
         return _strategy(c, "per_trial", stack, chunk, limit)
-    floats = activation_floats(model, c.input_shape)
+    floats = f.activation_floats
     stack = min(stack, trials_per_stack(batch_size, floats),
                 memory_limit(batch_size, floats, c.itemsize))
     # the hand-batched program where it takes the model, else torch.func's
@@ -246,22 +241,21 @@ def candidates(c: Cell) -> list[Strategy]:
     ruled = rules(c)
     if ruled.name == "fused":
         return []
-    model, batch_size = c.model, c.batch_size
+    f, batch_size = c.features, c.batch_size
     chunk, limit = _per_trial_chunks(c)
-    resident = min(snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
-                   resident_limit(model, c.optimizer, c.itemsize, c.n_trials))
+    resident = min(snapshot_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials),
+                   resident_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials))
     found = [ruled]
     if ruled.name != "per_trial":
         found.append(_strategy(c, "per_trial", resident, chunk, limit))
     found.append(_strategy(c, "plain", resident, batch_size, limit))
-    batchable = not (batch_dependent(model) or c.random or any(
-        isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
+    batchable = not (f.batch_statistics or c.random or f.sequence_layers)
     if batchable and ruled.name not in ("func", "batched"):
-        floats = activation_floats(model, c.input_shape)
+        floats = f.activation_floats
         stack = 128
         while stack > 1 and stack * batch_size * floats > ACTIVATION_BUDGET:
             stack //= 2
-        stack = min(stack, snapshot_limit(model, c.optimizer, c.itemsize, c.n_trials),
+        stack = min(stack, snapshot_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials),
                     memory_limit(batch_size, floats, c.itemsize))
         found.append(_strategy(c, "func", stack, batch_size, batch_size))
     return found
@@ -280,8 +274,8 @@ def _per_trial_chunks(c: Cell) -> tuple[int, int]:
     """Examples per chunk of the per-trial programs in a training step and in a forward pass:
     those whose activations fit in CHUNK_BUDGET bytes; batch statistics and random draws see
     the whole mini-batch at once, as in the plain loop."""
-    limit = max(1, CHUNK_BUDGET // max(activation_floats(c.model, c.input_shape) * c.itemsize, 1))
-    whole = batch_dependent(c.model) or c.random
+    limit = max(1, CHUNK_BUDGET // max(c.features.activation_floats * c.itemsize, 1))
+    whole = c.features.batch_statistics or c.random
     return (c.batch_size if whole else even_chunks(c.batch_size, limit)), limit
 
 
@@ -291,18 +285,20 @@ def kernels_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
     study's driver calls it before its workers start, so that they neither build nor warn.
     The per-trial program of Conv2d models uses the kernel's one-pass update
     (:meth:`training.engine.updates.StackUpdate.apply_trial_`) and the torch update without it."""
-    if stacked_fused.encode(model, input_shape) is None and not runs_per_trial(model):
+    if (stacked_fused.encode(model, input_shape) is None
+            and not (per_trial_only(features(model, input_shape))
+                     or randomness.draws(model, None))):
         return True
     return kernels.fused_sequential() is not None
 
 
-def runs_per_trial(model: nn.Module) -> bool:
-    """Whether the ``per_trial`` program runs ``model``: Conv2d layers (oneDNN per trial), batch
-    statistics or random draws (per-trial buffers and generators), recurrent layers (no
-    batching rule over trials in ``torch.func``) or attention layers (``torch.func`` falls back
-    to a slow loop over the fused attention kernel, with a warning per call)."""
-    return (has_conv2d(model) or batch_dependent(model) or randomness.draws(model, None)
-            or any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules()))
+def per_trial_only(f: Features) -> bool:
+    """Whether only the per-trial programs run a model of features ``f`` (random draws aside,
+    which the cell says): Conv2d layers (oneDNN per trial), batch statistics (per-trial
+    buffers), recurrent layers (no batching rule over trials in ``torch.func``) or attention
+    layers (``torch.func`` falls back to a slow loop over the fused attention kernel, with a
+    warning per call)."""
+    return f.conv2d or f.batch_statistics or f.sequence_layers
 
 
 # Activation floats (trials x examples x floats per example) one stack may hold: the trial

@@ -1,14 +1,56 @@
-"""What the trainers and probes read of a model's structure: its activation floats per example,
-and whether it is a plain ReLU MLP (whose passes the probes write out).
+"""What the trainers and probes read of a model's structure: the layers that decide how its trials
+are computed (2-D convolutions, batch statistics, recurrent or attention layers), its activation
+floats per example, and whether it is a plain ReLU MLP (whose passes the probes write out).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the strategy rules read of a model (``training.engine.strategy``), taken once per
+    cell: its scalar ``parameters``, whether it has 2-D convolutions (``conv2d``), batch
+    statistics (``batch_statistics``), recurrent or attention layers (``sequence_layers``),
+    and the floats one example's forward pass writes (``activation_floats``, at the cell's
+    input shape)."""
+
+    parameters: int
+    conv2d: bool
+    batch_statistics: bool
+    sequence_layers: bool
+    activation_floats: int
+
+
+def features(model: nn.Module, input_shape: Sequence[int]) -> Features:
+    """The :class:`Features` of ``model`` for inputs of one example's ``input_shape``."""
+    return Features(sum(p.numel() for p in model.parameters()), has_conv2d(model),
+                    batch_dependent(model), sequence_layers(model),
+                    activation_floats(model, input_shape))
+
+
+def batch_dependent(model: nn.Module) -> bool:
+    """Whether an example's output depends on the other examples of its batch in train mode
+    (batch statistics)."""
+    return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
+
+
+def has_conv2d(model: nn.Module) -> bool:
+    """Whether ``model`` has a 2-D convolution (the ``per_trial`` program's models: oneDNN's
+    convolutions, trial by trial)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def sequence_layers(model: nn.Module) -> bool:
+    """Whether ``model`` has recurrent or attention layers (``torch.func`` has no batching rule
+    over trials for the first, and loops over the fused kernel of the second)."""
+    return any(isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) for m in model.modules())
 
 
 def plain_relu_mlp(model: nn.Module) -> list[nn.Linear] | None:

@@ -9,7 +9,9 @@ from training.engine import strategy
 from training.engine import compiled_kernel as kernels
 from training.engine.strategy import even_chunks, ruled_strategy
 from training.engine.programs.fused import encode, working_set
-from training.engine.strategy import activation_floats, trials_per_stack
+from training.engine.strategy import trials_per_stack
+from training.models import count_parameters
+from training.models.features import activation_floats
 
 # skipped without the kernel; failed instead under SPARSESCALE_REQUIRE_KERNEL=1 (tests/conftest.py)
 needs_kernel = pytest.mark.usefixtures("compiled_kernel")
@@ -70,8 +72,8 @@ def test_image_models_run_per_trial_in_chunks_within_the_budget(images, name):
     per_example = activation_floats(net, (3, 32, 32)) * 4
     plan = ruled_strategy(net, "classification", (3, 32, 32), 4096, 32)
     assert plan.name == "per_trial"
-    assert plan.trials_per_stack == min(strategy.snapshot_limit(net, "momentum", 4, 32),
-                                        strategy.resident_limit(net, "momentum", 4, 32))
+    assert plan.trials_per_stack == min(strategy.snapshot_limit(count_parameters(net), "momentum", 4, 32),
+                                        strategy.resident_limit(count_parameters(net), "momentum", 4, 32))
     assert plan.examples_per_chunk * per_example <= strategy.CHUNK_BUDGET
     assert 4096 % plan.examples_per_chunk == 0 or plan.examples_per_chunk > 1
     assert plan.program.examples_per_chunk == plan.examples_per_chunk
@@ -86,15 +88,15 @@ def test_a_stacks_state_fits_the_snapshot_budget(images, optimizer, copies):
     optimizer state stay within SNAPSHOT_BUDGET, in stacks of equal size."""
     net = training.models.build("simple_cnn", images)
     weights = sum(p.numel() for p in net.parameters())
-    assert strategy.state_bytes(net, optimizer, 4) == copies * 4 * weights
-    stack = strategy.snapshot_limit(net, optimizer, 4, 32)
+    assert strategy.state_bytes(count_parameters(net), optimizer, 4) == copies * 4 * weights
+    stack = strategy.snapshot_limit(count_parameters(net), optimizer, 4, 32)
     assert ruled_strategy(net, "classification", (3, 32, 32), 64, 32, optimizer=optimizer
                      ).trials_per_stack <= stack
     fits = strategy.SNAPSHOT_BUDGET // (copies * 4 * weights)
     assert 1 <= stack <= fits < 32
     assert -(-32 // stack) == -(-32 // fits)  # as few stacks as the budget allows, of equal size
     tiny = nn.Sequential(nn.Linear(40, 8), nn.Tanh(), nn.Linear(8, 10))
-    assert strategy.snapshot_limit(tiny, optimizer, 4, 300) == strategy.MAX_STACK
+    assert strategy.snapshot_limit(count_parameters(tiny), optimizer, 4, 300) == strategy.MAX_STACK
 
 
 @pytest.mark.parametrize("optimizer, copies", [("sgd", 1), ("momentum", 2), ("adamw", 3)])
@@ -114,8 +116,8 @@ def test_per_trial_stacks_stay_in_the_last_level_cache(images, optimizer, copies
     small = training.models.build("resnet8", images)
     assert ruled_strategy(small, "classification", (3, 32, 32), 8, 32, optimizer=optimizer
                      ).trials_per_stack == 32
-    assert strategy.resident_limit(small, optimizer, 4, 30) == 30
-    assert strategy.resident_limit(big, optimizer, 4, 3) == (1 if fits <= 1 else 2)
+    assert strategy.resident_limit(count_parameters(small), optimizer, 4, 30) == 30
+    assert strategy.resident_limit(count_parameters(big), optimizer, 4, 3) == (1 if fits <= 1 else 2)
 
 
 def test_other_modules_take_torch_func():

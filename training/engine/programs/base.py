@@ -17,6 +17,7 @@ from torch import nn
 
 from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
+from training.models.features import Features
 
 Tensor = torch.Tensor
 
@@ -26,7 +27,8 @@ class Cell:
     """One (model, batch size, optimizer) combination ``train_trials`` trains, with what decides
     its program: the task, one example's ``input_shape``, the trial count, dtype, device, the
     data set's own per-example ``loss`` (or None), whether a training step draws random numbers
-    (``training.randomness.draws``) and the precision (:data:`training.device.PRECISIONS`)."""
+    (``training.randomness.draws``), the precision (:data:`training.device.PRECISIONS`) and
+    what the rules read of the model (``features``, taken when the cell is made)."""
 
     model: nn.Module
     task: str
@@ -39,6 +41,7 @@ class Cell:
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
     random: bool = False
     precision: str = "fp32"
+    features: Features | None = None
 
     @property
     def itemsize(self) -> int:

@@ -198,6 +198,13 @@ def working_set(encoding: Sequence[int], input_size: int) -> int:
     return total + 2 * widest
 
 
+def values_per_example(model: nn.Module, input_shape: Sequence[int]) -> int | None:
+    """:func:`working_set` of ``model``'s encoding (values one example keeps in the kernel's
+    buffers), or None for a model outside the kernel's scope (:func:`encode`)."""
+    encoding = encode(model, input_shape)
+    return None if encoding is None else working_set(encoding, math.prod(input_shape))
+
+
 def try_build(model: nn.Module, input_shape: Sequence[int], dtype: torch.dtype,
               device: str | torch.device, examples_per_chunk: int, eval_chunk: int
               ) -> FusedProgram | None:

@@ -67,19 +67,9 @@ from training.engine.programs.batched import widen
 from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 from training.goal import loss_fn
+from training.models.features import batch_dependent
 
 Tensor = torch.Tensor
-
-
-def batch_dependent(model: nn.Module) -> bool:
-    """Whether an example's output depends on the other examples of its batch in train mode
-    (batch statistics)."""
-    return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
-
-
-def has_conv2d(model: nn.Module) -> bool:
-    """Whether ``model`` has a 2-D convolution (the models this path is for)."""
-    return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
 class PerTrialProgram(Program):

@@ -6,7 +6,8 @@ from torch import nn
 
 import training
 from training.engine.programs.func import FuncProgram
-from training.engine.programs.per_trial import PerTrialProgram, has_conv2d
+from training.engine.programs.per_trial import PerTrialProgram
+from training.models.features import has_conv2d
 
 MODELS = [("resnet8", {"widths": [4, 4, 8]}), ("simple_cnn", {"width": "narrow"})]
 
