@@ -21,11 +21,16 @@ problem), without a traceback, and exits with a status that says which kind it i
   read-only run folder, a full disk, a file that cannot be read); the line names the path.
 
 A study whose groups failed also exits with status 1, after one line per failed group.
+
+Ctrl-C (SIGINT) and SIGTERM (``kill``, systemd, Kubernetes, SLURM's time limit) stop a command
+the same way: the work in flight is abandoned, what is finished is stored, the worker processes
+are ended, one line says so, and the status is 130 or 143 (128 + the signal's number).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -295,23 +300,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the handler :func:`main` installs: a
+    ``KeyboardInterrupt``, so that every cleanup Ctrl-C runs (pools ended, the store closed)
+    runs for it too."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sparsescale`` console script; returns the exit status."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     setup_training_process()   # this process may train: probes, benchmarks, in-process groups
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:   # not the main thread (main() called from a test's thread): no handler
+        previous = None
     try:
         return int(args.fn(args) or 0)
     except SpecError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: finished groups are stored; rerun the same command to continue",
+    except KeyboardInterrupt as exc:
+        name = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{name}: finished groups are stored; rerun the same command to continue",
               file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     except SparsescaleError as exc:   # DataError, StoreIOError, ... name what is wrong
         print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return exit_status(exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def exit_status(exc: SparsescaleError) -> int:
