@@ -42,7 +42,7 @@ from experiments.cli import bench, ddp
 from experiments.cli.advise import add_advise_parser
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
 from experiments.cli.options import add_device_argument, device_of
-from experiments.spec.study import SpecError
+from experiments.spec.study import PROGRAM_CHOICES, SpecError
 
 DESCRIPTION = """\
 Measure how batch size and sparsity change the steps a network needs to reach a goal, beside
@@ -65,7 +65,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return _dry_run(spec, args.out)
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                dask=args.dask, report=not args.no_report,
-                               cost_model=not (args.no_cost_model or args.no_report))
+                               cost_model=not (args.no_cost_model or args.no_report),
+                               program_choice=args.program_choice)
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
 
@@ -229,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip this machine's DDP cost model (otherwise measured once per machine "
                         "and workload, cached, and copied into the run folder as cost_model.json "
                         "for the report's time-to-result section)")
+    p.add_argument("--program-choice", choices=PROGRAM_CHOICES,
+                   help="how the program of a cell no rule covers is chosen: 'measure' times "
+                        "the candidates once per machine (a candidate replaces the rules' "
+                        "program only when 10%% faster), 'rules' never times anything "
+                        "(default: [executor] program_choice of the config, else "
+                        "$SPARSESCALE_PROGRAM_CHOICE, else measure); the store records each "
+                        "cell's program, which every later group of the cell runs")
     add_device_argument(p)
     p.set_defaults(fn=_cmd_study)
 

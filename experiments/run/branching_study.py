@@ -17,9 +17,9 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
@@ -52,7 +52,9 @@ def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str
 class BranchTask:
     """One level's branching measurement, everything a worker process needs: the spec, its
     workload, the (sparsity, seed), the level's mask, the settings, the base group's and its
-    best trial's stored rows."""
+    best trial's stored rows, and the programs the store recorded per batch size (the base run
+    trains as its group did; any other batch size takes the rules' program:
+    :func:`training.trials.given_programs`)."""
 
     spec: Spec
     workload: Workload
@@ -62,6 +64,7 @@ class BranchTask:
     settings: Branching
     group: pd.Series
     trial: pd.Series
+    programs: Mapping[int, str] = field(default_factory=dict)
 
 
 def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask | None,
@@ -76,7 +79,7 @@ def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask
               file=sys.stderr)
         return None
     return BranchTask(spec, Workload.of(spec), sparsity, seed, mask, settings, group,
-                      best_trial(store, group.key))
+                      best_trial(store, group.key), store.programs())
 
 
 def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
@@ -84,7 +87,7 @@ def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
     """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
     its ``dataset``), with ``PROBE_THREADS`` torch threads; each branching row carries the
     measurement's wall time (``seconds``, as the probes' rows do: the study's timing sums it)."""
-    with torch_threads(PROBE_THREADS):
+    with torch_threads(PROBE_THREADS), training.trials.given_programs(task.programs):
         dataset, model = on_device(task.workload, task.spec.device, dataset, task.seed)
         start = time.perf_counter()
         rows, warm = branch_level(task, dataset, model)

@@ -32,7 +32,7 @@ def run_tiny(toml_path, out, **kw):
 def comparable(run_dir) -> dict[str, pd.DataFrame]:
     res = experiments.load_results(run_dir)
     out = {}
-    for table in ("study", "groups", "trials", "curves", "probes"):
+    for table in ("study", "groups", "trials", "curves", "probes", "programs"):
         df = getattr(res, table)
         out[table] = df.drop(columns=list(VOLATILE.get(table, ())))
     return out
@@ -211,7 +211,7 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
 
     toml, run_dir = baseline
     expected = "batched" if kernels.fused_sequential() is None else "fused"
-    assert set(experiments.load_results(run_dir).groups.kernel) == {expected}
+    assert set(experiments.load_results(run_dir).groups.program) == {expected}
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     run_tiny(toml, tmp_path / "off")
     monkeypatch.delenv(kernels.DISABLE_ENV)
@@ -224,5 +224,5 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
     finally:
         kernels._build.cache_clear()
     assert len([w for w in record if issubclass(w.category, kernels.KernelWarning)]) == 1
-    assert set(experiments.load_results(tmp_path / "run").groups.kernel) == {"batched"}
+    assert set(experiments.load_results(tmp_path / "run").groups.program) == {"batched"}
     assert_same_store(tmp_path / "off", tmp_path / "run")
