@@ -243,8 +243,10 @@ def named_plan(name: str, model: nn.Module, task: str, input_shape: Sequence[int
                loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                random: bool | None = None, precision: str = "fp32") -> CellPlan:
     """The plan of program ``name`` for the cell (the arguments of :func:`plan_cell`): the
-    rules' plan, a candidate of :func:`candidate_plans`, or, where the rules chose ``fused``,
-    its eager ``batched`` or ``func`` equivalent. A program that cannot run the cell here raises
+    rules' plan, one of its :func:`alternatives` (also where the rules chose ``fused``: a study
+    that recorded ``per_trial`` on a machine without the compiled kernel keeps it where the
+    kernel exists), or, where the rules chose ``fused``, its eager ``batched`` or ``func``
+    equivalent. A program that cannot run the cell here raises
     :class:`training.errors.ConfigError` naming why (e.g. ``fused`` without the compiled
     kernel): a study's store recorded it, and no other program may take its place."""
     args = (model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
@@ -258,7 +260,7 @@ def named_plan(name: str, model: nn.Module, task: str, input_shape: Sequence[int
                           itemsize, loss, precision, name)
         if plan.name == name:
             return plan
-    found = next((c for c in candidate_plans(*args) if c.name == name), None)
+    found = next((c for c in alternatives(ruled, *args) if c.name == name), None)
     if found is None:
         why = ("the compiled kernel is unavailable here" if name == "fused" and
                kernels.fused_sequential() is None else f"the rules choose {ruled.name!r}")
@@ -289,6 +291,17 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
                       loss, random, precision)
     if ruled.name == "fused":
         return []
+    return [ruled, *alternatives(ruled, model, task, input_shape, batch_size, n_trials, dtype,
+                                 device, optimizer, loss, random, precision)]
+
+
+def alternatives(ruled: CellPlan, model: nn.Module, task: str, input_shape: Sequence[int],
+                 batch_size: int, n_trials: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", optimizer: str = "momentum",
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 random: bool | None = None, precision: str = "fp32") -> list[CellPlan]:
+    """The candidates of :func:`candidate_plans` besides the rules' plan ``ruled``, whatever it
+    is (the compiled kernel's too)."""
     random = randomness.draws(model, None) if random is None else random
     itemsize = torch.empty((), dtype=dtype).element_size()
     floats = activation_floats(model, input_shape)
@@ -296,7 +309,7 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
     whole = batch_dependent(model) or random
     resident = min(snapshot_limit(model, optimizer, itemsize, n_trials),
                    resident_limit(model, optimizer, itemsize, n_trials))
-    plans = [ruled]
+    plans = []
     if ruled.name != "per_trial":
         chunk = batch_size if whole else even_chunks(batch_size, limit)
         program = PerTrialProgram(model, task, chunk, limit, loss, random, precision)

@@ -53,6 +53,9 @@ SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
 REQUIRE_ENV = "SPARSESCALE_REQUIRE_KERNEL"
 LOCK_NAME = "build.lock"
+# How builders of one folder exclude each other, in its name: a version of sparsescale that
+# waited on torch's lock file alone builds elsewhere, never beside one that clears that file.
+LOCKING = "flock"
 _off = 0  # depth of disabled() contexts
 
 
@@ -101,8 +104,9 @@ def _cpu_description() -> str:
 def build_name(name: str, sources: Path = SOURCES) -> str:
     """Extension name of kernel ``name``: a digest of every file in its source folder
     ``sources`` (torch rebuilds on a change of the listed source only, not of its headers), of
-    the host CPU and of the Python and torch versions (the extension's ABI)."""
-    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}".encode())
+    the host CPU, of the Python and torch versions (the extension's ABI) and of LOCKING."""
+    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}\n"
+                            f"{LOCKING}".encode())
     for path in sorted(sources.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
