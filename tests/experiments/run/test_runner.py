@@ -329,7 +329,7 @@ def gone_within(pids: set[int], seconds: float) -> set[int]:
     return alive(pids)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_killed_driver_leaves_no_process_and_a_rerun_completes_the_store(tmp_path, done_groups,
                                                                            sig):
     """SIGTERM (kill, systemd, SLURM) to the driver alone, with its pool started: the driver
