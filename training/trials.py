@@ -32,7 +32,8 @@ step to drop diverged trials before their update (docs/guide/gpu.md lists every 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import contextvars
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,7 +41,9 @@ import torch
 from torch import nn
 
 from training.engine import choice
-from training.engine.cell_plan import CellPlan, Program, candidate_plans, plan_cell
+from training.engine.cell_plan import (
+    CellPlan, Program, candidate_plans, named_plan, plan_cell,
+)
 from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
@@ -87,8 +90,8 @@ class TrialsResult:
     ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
     stacked the same way (BatchNorm's running statistics; empty for the programs that run
     modules without state). ``program_choice``: how the program was chosen, "ruled" (the cell
-    plan's rules) or "measured" (the fastest candidate on this machine,
-    :mod:`training.engine.choice`).
+    plan's rules), "measured" (timed on this machine, :mod:`training.engine.choice`), "forced"
+    (``SPARSESCALE_PROGRAM_CHOICE=<program>``) or "given" (``train_trials(program=...)``).
     ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
     ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
     not stopped at their own hit), to resume or branch from; else None.
@@ -287,7 +290,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
                  return_state: bool = False,
                  step_timer: contextlib.AbstractContextManager | None = None,
-                 init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
+                 init_params: Mapping[str, Tensor] | None = None,
+                 program: str | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -319,27 +323,96 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     evaluation to the next (data order, batch gathers, the program's steps, divergence checks,
     updates), never around setup, the program choice, evaluations or replays: how the benchmark
     times the steps alone (:class:`training.bench.measure.StepTimer`).
+    ``program``: the program to run (one of :data:`training.engine.cell_plan.PROGRAMS`)
+    instead of choosing one (``TrialsResult.program_choice`` is then ``"given"``): what a study
+    passes for a cell whose program its store recorded; a program that cannot run the cell here
+    (``fused`` without the compiled kernel, ``func`` for a model ``torch.func`` cannot batch)
+    raises :class:`ConfigError`. ``"rules"`` or ``"measure"``: choose under that setting
+    instead of ``SPARSESCALE_PROGRAM_CHOICE``'s (:mod:`training.engine.choice`). None: the
+    environment's setting (:func:`choose_program` says what it chooses), within
+    :func:`given_programs` the program it gives for the batch size.
     A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
     """
-    check_run(run, "train_trials")
+    with _checked(model, dataset, run, "train_trials") as random:
+        return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
+                             start, data_seeds, return_state, random, step_timer, program,
+                             init_params=init_params)
+
+
+def choose_program(model: nn.Module, dataset: Dataset,
+                   trials: Sequence[Trial | Mapping[str, Any]], run: RunConfig, *,
+                   masks: Mapping[str, Tensor] | None = None, first_index: int = 0,
+                   program_choice: str | None = None) -> tuple[str, str]:
+    """The program :func:`train_trials` would run for these arguments, and how it was chosen
+    (``"ruled"``, ``"measured"`` or ``"forced"``), without training: the rules, or the timed
+    candidates of :mod:`training.engine.choice` (its cache), under ``program_choice``
+    ("measure", "rules" or a program's name; None: ``SPARSESCALE_PROGRAM_CHOICE``). A study
+    calls it once per cell, records the answer, and trains every group of the cell with it
+    (``train_trials(program=...)``)."""
+    setting = None if program_choice is None else choice.check_setting(program_choice,
+                                                                       "program_choice")
+    with _checked(model, dataset, run, "choose_program") as random, \
+            _setting(setting):
+        plan = _train_trials(model, dataset, trials, run, masks, None, first_index, None, None,
+                             False, random, None, None, plan_only=True)
+    return plan.name, plan.choice
+
+
+# (programs by batch size, the program or setting for any other batch size) of given_programs
+_GIVEN: contextvars.ContextVar[tuple[Mapping[int, str], str | None] | None] = \
+    contextvars.ContextVar("given_programs", default=None)
+
+
+@contextlib.contextmanager
+def given_programs(programs: Mapping[int, str], otherwise: str | None = "rules"
+                   ) -> Iterator[None]:
+    """Within the block (this thread or task), :func:`train_trials` called without
+    ``program`` runs ``programs[batch_size]`` where the mapping holds the batch size, and
+    ``otherwise`` elsewhere (a program, "rules", "measure", or None: the environment's
+    setting). A study's branching runs under its store's recorded programs: a base run trains
+    as its group did, and a branch at a batch size the sweep did not train takes the rules'
+    program, chosen the same way on every machine and every rerun."""
+    token = _GIVEN.set((dict(programs), otherwise))
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
+@contextlib.contextmanager
+def _setting(value: str | None) -> Iterator[None]:
+    """``value`` (a program choice) as the setting of every batch size within the block."""
+    if value is None:
+        yield
+        return
+    with given_programs({}, value):
+        yield
+
+
+@contextlib.contextmanager
+def _checked(model: nn.Module, dataset: Dataset, run: RunConfig, caller: str
+             ) -> Iterator[bool]:
+    """The checks of a trainer's arguments; within: the run's precision, and whether the model
+    draws random numbers (the process-wide generator is then preserved around the block)."""
+    check_run(run, caller)
     check_runnable(model)   # before a forward pass, which would materialize lazy parameters
-    check_output(model, dataset, "train_trials")
+    check_output(model, dataset, caller)
     random = randomness.draws(model, dataset.x_train[:2])
     # the process-wide generator is only ever touched (under its lock) for a model that draws
     with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
           device.precision(run.precision, run.device)):
-        return _train_trials(model, dataset, trials, run, masks, trials_per_chunk, first_index,
-                             start, data_seeds, return_state, random, step_timer, init_params)
+        yield random
 
 
 def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
                   run: RunConfig, masks: Mapping[str, Tensor] | None,
                   trials_per_chunk: int | None, first_index: int, start: TrainState | None,
                   data_seeds: Sequence[int] | None, return_state: bool, random: bool,
-                  step_timer: contextlib.AbstractContextManager | None,
-                  init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
+                  step_timer: contextlib.AbstractContextManager | None, program: str | None,
+                  plan_only: bool = False,
+                  init_params: Mapping[str, Tensor] | None = None) -> TrialsResult | CellPlan:
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -363,7 +436,9 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
                      data.y_val, dataset.task, metric, batch_size, run.optimizer, run.dtype,
                      origin, dataset.loss, step_timer or contextlib.nullcontext())
     plan = _plan(model, dataset, trial_list, run, batch_size, random, mask_map, first_index,
-                 runner)
+                 runner, program)
+    if plan_only:   # choose_program: the same checks and the same plan, then no training
+        return plan
     runner.program, runner.update_in_step = plan.program, plan.update_in_step
     chunk = trials_per_chunk if trials_per_chunk is not None else plan.trials_per_stack
     stacks = make_stacks(model, trial_list, mask_map, run.seed, first_index, run.optimizer,
@@ -443,14 +518,22 @@ def _train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | M
 
 def _plan(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
           batch_size: int, random: bool, masks: dict[str, Tensor], first_index: int,
-          runner: _Runner) -> CellPlan:
-    """The cell's plan: the rules' where they cover it, else the fastest candidate measured on
-    a scratch copy of the first trials (:mod:`training.engine.choice`)."""
+          runner: _Runner, program: str | None = None) -> CellPlan:
+    """The cell's plan: ``program``'s if it names one (or :func:`given_programs`' for the batch
+    size); else, under ``program`` or the environment's setting, the rules' where they cover the
+    cell, else the candidate measured on a scratch copy of the first trials
+    (:mod:`training.engine.choice`)."""
     args = (model, dataset.task, dataset.input_shape, batch_size, len(trials), run.dtype,
             run.device)
     options = dict(optimizer=run.optimizer, loss=dataset.loss, random=random,
                    precision=run.precision)
-    setting = choice.setting()
+    given, setting = _GIVEN.get(), None
+    if program is None and given is not None:
+        program = given[0].get(batch_size)
+        setting = given[1] if program is None else None   # a setting, even a program's name
+    if program is not None and program not in choice.SETTINGS:
+        return replace(named_plan(program, *args, **options), choice="given")
+    setting = program or setting or choice.setting()
     candidates = [] if setting == "rules" else candidate_plans(*args, **options)
     if not candidates:
         return plan_cell(*args, **options)

@@ -45,14 +45,14 @@ class PhaseClock:
 
 def training_by_batch_size(groups: pd.DataFrame) -> list[dict[str, Any]]:
     """Per batch size of the store's ``groups`` table: finished groups, their summed training
-    seconds, trial-steps, trial-steps per second and kernels."""
+    seconds, trial-steps, trial-steps per second and programs (``groups.program``)."""
     done = groups[groups.status == "done"]
     rows = []
     for batch_size, g in done.groupby("batch_size"):
         seconds, steps = float(g.wall_time.sum()), int(g.trial_steps.sum())
         rows.append({"batch_size": int(batch_size), "groups": len(g), "seconds": seconds,
                      "trial_steps": steps, "trial_steps_per_s": steps / seconds if seconds else 0,
-                     "kernels": sorted(str(k) for k in g.kernel.dropna().unique())})
+                     "programs": sorted(str(k) for k in g.program.dropna().unique())})
     return rows
 
 
@@ -106,10 +106,10 @@ def format_timing(timing: dict[str, Any]) -> str:
         lines.append(_format_tasks(timing["tasks"]))
     if timing["training"]:
         lines.append(f"{'batch':>6} {'groups':>6} {'group s':>9} {'trial-steps':>12} "
-                     f"{'trial-steps/s':>13}  kernel")
+                     f"{'trial-steps/s':>13}  program")
         lines += [f"{r['batch_size']:>6} {r['groups']:>6} {r['seconds']:>9.1f} "
                   f"{r['trial_steps']:>12,} {r['trial_steps_per_s']:>13,.0f}  "
-                  f"{', '.join(r['kernels']) or '-'}"
+                  f"{', '.join(r.get('programs', r.get('kernels', []))) or '-'}"
                   for r in timing["training"]]
     return "\n".join(lines)
 

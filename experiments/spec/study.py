@@ -80,6 +80,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
+    program_choice = "measure"          # measure | rules: how a cell's program is chosen
+                                        # (training.engine.choice; not in the hash)
 
 A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
 folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
@@ -266,6 +268,10 @@ class Spec(SpecCore):
     # what a group does at the goal, and whether diverged trials count (experiments.spec.schedule)
     stop: str = "first"
     complete_trials: bool = False
+    # how the program of a cell no rule covers is chosen: "measure" or "rules" (None: the
+    # environment's SPARSESCALE_PROGRAM_CHOICE, else "measure"). Not in the hash: the store
+    # records each cell's program, which every later group of the cell runs.
+    program_choice: str | None = None
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -371,6 +377,9 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
 # Trials per group are planned (Sobol points) and stacked in memory up front: a typo such as
 # 10**12 must fail validation, not exhaust memory while planning.
 MAX_TRIALS = 2**16
+# [executor] program_choice (training.engine.choice.SETTINGS; a program's name, which the
+# environment variable also accepts to force one, is for tests, not for a study's spec)
+PROGRAM_CHOICES = ("measure", "rules")
 
 _DEFAULTS = {"momentum": 0.9, "end_factor": 1.0}   # of search dimensions a spec leaves out
 
@@ -487,8 +496,10 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
     # executor
     ex_t = ck.table(raw, "executor", "executor") or {}
-    ck.keys(ex_t, "executor", ("workers",))
+    ck.keys(ex_t, "executor", ("workers", "program_choice"))
     workers = ck.integer(ex_t["workers"], "executor.workers", 1) if "workers" in ex_t else None
+    program_choice = (ck.choice(ex_t["program_choice"], "executor.program_choice",
+                                PROGRAM_CHOICES) if "program_choice" in ex_t else None)
 
     for b in probes.batch_sizes:
         if is_int(b) and batch_sizes is not None and b not in batch_sizes:
@@ -509,7 +520,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, folders=folders, device=device, precision=precision, init=init,
-        pruning_options=options, stop=stop, complete_trials=complete)
+        pruning_options=options, stop=stop, complete_trials=complete,
+        program_choice=program_choice)
 
 
 def reductions(spec: Spec) -> str:

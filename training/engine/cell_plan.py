@@ -66,6 +66,7 @@ from training import randomness
 from training.models import activation_floats
 from training.config import ADAM_OPTIMIZERS
 from training.device import lowers
+from training.errors import ConfigError
 from training.engine.batched import BatchedProgram
 from training.engine.func import FuncProgram
 from training.engine.per_trial import (
@@ -74,9 +75,9 @@ from training.engine.per_trial import (
 
 PROGRAMS = ("fused", "per_trial", "batched", "func", "plain")
 # How a cell's program was chosen: by the rules below, or by timing the candidates
-# (:mod:`training.engine.choice`; a cached measurement is "measured" too), or forced by
-# SPARSESCALE_CHOICE=<program>.
-CHOICES = ("ruled", "measured", "forced")
+# (:mod:`training.engine.choice`; a cached measurement is "measured" too), forced by
+# SPARSESCALE_PROGRAM_CHOICE=<program>, or given by the caller (a study's recorded program).
+CHOICES = ("ruled", "measured", "forced", "given")
 MAX_STACK = 128
 # Share of the per-core L2 cache a chunk of the fused kernel may fill: the rest holds the
 # weights and BLAS's packed panels. Measured (1 thread, 32 trials, GFLOP/s by examples per chunk
@@ -220,12 +221,54 @@ def plan_cell(model: nn.Module, task: str, input_shape: Sequence[int], batch_siz
                                   device=device)
         stack = min(stack, resident_limit(model, optimizer, itemsize, n_trials))
         return CellPlan("per_trial", stack, chunk, program, updates_per_trial(device))
+    return eager_plan(model, task, input_shape, batch_size, stack, itemsize, loss, precision)
+
+
+def eager_plan(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
+               stack: int, itemsize: int,
+               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+               precision: str = "fp32", program: str | None = None) -> CellPlan:
+    """The ``batched`` plan (``func`` where the model or an own ``loss`` rules it out, or
+    ``program="func"``), in stacks of at most ``stack`` trials whose activations fit."""
     floats = activation_floats(model, input_shape)
     stack = min(stack, default_chunk(batch_size, floats), memory_limit(batch_size, floats, itemsize))
-    eager = (build_program(model, task, precision) if loss is None
+    eager = (build_program(model, task, precision) if loss is None and program != "func"
              else FuncProgram(model, task, loss, precision))
-    program = "batched" if isinstance(eager, BatchedProgram) else "func"
-    return CellPlan(program, stack, batch_size, eager)
+    name = "batched" if isinstance(eager, BatchedProgram) else "func"
+    return CellPlan(name, stack, batch_size, eager)
+
+
+def named_plan(name: str, model: nn.Module, task: str, input_shape: Sequence[int],
+               batch_size: int, n_trials: int, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu", optimizer: str = "momentum",
+               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+               random: bool | None = None, precision: str = "fp32") -> CellPlan:
+    """The plan of program ``name`` for the cell (the arguments of :func:`plan_cell`): the
+    rules' plan, one of its :func:`alternatives` (also where the rules chose ``fused``: a study
+    that recorded ``per_trial`` on a machine without the compiled kernel keeps it where the
+    kernel exists), or, where the rules chose ``fused``, its eager ``batched`` or ``func``
+    equivalent. A program that cannot run the cell here raises
+    :class:`training.errors.ConfigError` naming why (e.g. ``fused`` without the compiled
+    kernel): a study's store recorded it, and no other program may take its place."""
+    args = (model, task, input_shape, batch_size, n_trials, dtype, device, optimizer, loss,
+            random, precision)
+    ruled = plan_cell(*args)
+    if ruled.name == name:
+        return ruled
+    if ruled.name == "fused" and name in ("batched", "func"):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        plan = eager_plan(model, task, input_shape, batch_size, ruled.trials_per_stack,
+                          itemsize, loss, precision, name)
+        if plan.name == name:
+            return plan
+    found = next((c for c in alternatives(ruled, *args) if c.name == name), None)
+    if found is None:
+        why = ("the compiled kernel is unavailable here" if name == "fused" and
+               kernels.fused_sequential() is None else f"the rules choose {ruled.name!r}")
+        raise ConfigError(f"program {name!r} cannot train this cell (batch size {batch_size}, "
+                          f"{optimizer}): {why}; allowed: {ruled.name!r} or a candidate of "
+                          f"training.engine.cell_plan.candidate_plans")
+    return found
 
 
 def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], batch_size: int,
@@ -249,6 +292,17 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
                       loss, random, precision)
     if ruled.name == "fused":
         return []
+    return [ruled, *alternatives(ruled, model, task, input_shape, batch_size, n_trials, dtype,
+                                 device, optimizer, loss, random, precision)]
+
+
+def alternatives(ruled: CellPlan, model: nn.Module, task: str, input_shape: Sequence[int],
+                 batch_size: int, n_trials: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", optimizer: str = "momentum",
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 random: bool | None = None, precision: str = "fp32") -> list[CellPlan]:
+    """The candidates of :func:`candidate_plans` besides the rules' plan ``ruled``, whatever it
+    is (the compiled kernel's too)."""
     random = randomness.draws(model, None) if random is None else random
     itemsize = torch.empty((), dtype=dtype).element_size()
     floats = activation_floats(model, input_shape)
@@ -256,7 +310,7 @@ def candidate_plans(model: nn.Module, task: str, input_shape: Sequence[int], bat
     whole = batch_dependent(model) or random
     resident = min(snapshot_limit(model, optimizer, itemsize, n_trials),
                    resident_limit(model, optimizer, itemsize, n_trials))
-    plans = [ruled]
+    plans = []
     if ruled.name != "per_trial":
         chunk = batch_size if whole else even_chunks(batch_size, limit)
         program = PerTrialProgram(model, task, chunk, limit, loss, random, precision,
