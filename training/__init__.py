@@ -22,7 +22,7 @@ from training.masks import MaskError
 from training.models import ModelError
 from training.reference import train_reference
 from training.results import Curve, ReferenceResult
-from training.trials import TrialsResult, train_trials
+from training.trials import TrialsResult, choose_program, train_trials
 
 __all__ = [
     "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order",
@@ -30,5 +30,5 @@ __all__ = [
     "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
     "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
     "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",
-    "train_distributed",
+    "choose_program", "train_distributed",
 ]

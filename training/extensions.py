@@ -2,8 +2,9 @@
 
 :func:`load_kernel` builds ``<sources>/<name>.cpp`` with :mod:`training.engine.compiled_kernel`
 (torch's extension cache outside the source tree under a name that digests the sources, the
-CPU and the Python and torch versions; ``-O3 -march=native``, OpenMP; a stale build lock
-removed), or returns None with one :class:`KernelWarning` saying why and what runs instead.
+CPU and the Python and torch versions; ``-O3 -march=native``, OpenMP; a build lock that dies
+with its holder), or returns None with one :class:`KernelWarning` saying why and what runs
+instead.
 The same switches hold for every kernel: ``SPARSESCALE_KERNELS=0`` or :func:`disabled` skips
 them silently, ``SPARSESCALE_REQUIRE_KERNEL=1`` makes a failed build a :class:`KernelError`.
 The noise monitor's per-example norms (:mod:`theory.monitor.kernel`) use it; the trainer's own

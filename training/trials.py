@@ -33,7 +33,8 @@ step to drop diverged trials before their update (docs/guide/gpu.md lists every 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,10 +46,10 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data.dataset import Dataset
-from training.engine import loop
+from training.engine import choice, loop
 from training.engine.resume import check_data_seeds, check_init_params, check_start
 from training.errors import ConfigError
-from training.goal import as_goal
+from training.goal import Goal, as_goal
 from training.masks import check_mask
 from training.models import check_output, check_runnable
 from training.results import Curve
@@ -75,8 +76,8 @@ class TrialsResult:
     ``[N, *shape]`` (:meth:`state` gives one trial's); ``buffers``: the module's final buffers
     stacked the same way (BatchNorm's running statistics; empty for the programs that run
     modules without state). ``program_choice``: how the program was chosen, "ruled" (the
-    strategy rules) or "measured" (the fastest candidate on this machine,
-    :mod:`training.engine.choice`).
+    strategy rules), "measured" (timed on this machine, :mod:`training.engine.choice`),
+    "forced" (``SPARSESCALE_PROGRAM_CHOICE=<program>``) or "given" (``train_trials(program=...)``).
     ``end_state`` (with ``return_state=True``): the :class:`training.state.TrainState` after
     ``steps_run`` updates of the trials ``end_trials`` (those that ran to the end: not diverged,
     not stopped at their own hit), to resume or branch from; else None.
@@ -110,7 +111,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
                  return_state: bool = False,
                  step_timer: contextlib.AbstractContextManager | None = None,
-                 init_params: Mapping[str, Tensor] | None = None) -> TrialsResult:
+                 init_params: Mapping[str, Tensor] | None = None,
+                 program: str | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -142,14 +144,121 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     evaluation to the next (data order, batch gathers, the program's steps, divergence checks,
     updates), never around setup, the program choice, evaluations or replays: how the benchmark
     times the steps alone (:class:`training.bench.measure.StepTimer`).
+    ``program``: the program to run (a key of :data:`training.engine.programs.PROGRAMS`)
+    instead of choosing one (``TrialsResult.program_choice`` is then ``"given"``): what a study
+    passes for a cell whose program its store recorded; a program that cannot run the cell here
+    (``fused`` without the compiled kernel, ``func`` for a model ``torch.func`` cannot batch)
+    raises :class:`ConfigError`. ``"rules"`` or ``"measure"``: choose under that setting
+    instead of ``SPARSESCALE_PROGRAM_CHOICE``'s (:mod:`training.engine.choice`). None: the
+    environment's setting (:func:`choose_program` says what it chooses), within
+    :func:`given_programs` the program it gives for the batch size.
     A process that trains many groups should call
     :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
     """
-    check_run(run, "train_trials")
+    with _checked(model, dataset, run, "train_trials") as random:
+        args = _arguments(model, dataset, trials, run, masks, first_index, start, data_seeds,
+                          init_params, trials_per_stack)
+        out = loop.run(model, dataset, args.trials, run, masks=args.masks, goal=args.goal,
+                       batch_size=args.batch_size, trials_per_stack=trials_per_stack,
+                       first_index=args.first_index, start=args.start, data_seeds=args.seeds,
+                       random=random, return_state=return_state, step_timer=step_timer,
+                       init_params=args.inits, **_choosing(program, args.batch_size))
+    result = _result(args.trials, out.names, out.buffer_names, out.final, out.rows, out.hit,
+                     out.diverged, out.taken, out.steps_run, out.strategy.name)
+    return replace(result, program_choice=out.strategy.choice, end_state=out.end_state,
+                   end_trials=out.end_trials)
+
+
+def choose_program(model: nn.Module, dataset: Dataset,
+                   trials: Sequence[Trial | Mapping[str, Any]], run: RunConfig, *,
+                   masks: Mapping[str, Tensor] | None = None, first_index: int = 0,
+                   program_choice: str | None = None) -> tuple[str, str]:
+    """The program :func:`train_trials` would run for these arguments, and how it was chosen
+    (``"ruled"``, ``"measured"`` or ``"forced"``), without training: the rules, or the timed
+    candidates of :mod:`training.engine.choice` (its cache), under ``program_choice``
+    ("measure", "rules" or a program's name; None: ``SPARSESCALE_PROGRAM_CHOICE``). A study
+    calls it once per cell, records the answer, and trains every group of the cell with it
+    (``train_trials(program=...)``)."""
+    setting = None if program_choice is None else choice.check_setting(program_choice,
+                                                                       "program_choice")
+    with _checked(model, dataset, run, "choose_program") as random:
+        args = _arguments(model, dataset, trials, run, masks, first_index)
+        chosen = loop.strategy_for(model, dataset, args.trials, run, masks=args.masks,
+                                   batch_size=args.batch_size, first_index=args.first_index,
+                                   random=random,
+                                   **(_choosing(None, args.batch_size) if setting is None
+                                      else {"setting": setting}))
+    return chosen.name, chosen.choice
+
+
+# (programs by batch size, the program or setting for any other batch size) of given_programs
+_GIVEN: contextvars.ContextVar[tuple[Mapping[int, str], str | None] | None] = \
+    contextvars.ContextVar("given_programs", default=None)
+
+
+@contextlib.contextmanager
+def given_programs(programs: Mapping[int, str], otherwise: str | None = "rules"
+                   ) -> Iterator[None]:
+    """Within the block (this thread or task), :func:`train_trials` called without
+    ``program`` runs ``programs[batch_size]`` where the mapping holds the batch size, and
+    ``otherwise`` elsewhere (a program, "rules", "measure", or None: the environment's
+    setting). A study's branching runs under its store's recorded programs: a base run trains
+    as its group did, and a branch at a batch size the sweep did not train takes the rules'
+    program, chosen the same way on every machine and every rerun."""
+    token = _GIVEN.set((dict(programs), otherwise))
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
+def _choosing(program: str | None, batch_size: int) -> dict[str, str | None]:
+    """How a call's program is chosen: ``program`` as given, else :func:`given_programs`' for
+    the batch size (a program), or their ``otherwise`` (a setting, even a program's name: that
+    candidate where it is one); None: the environment's setting."""
+    given = _GIVEN.get()
+    if program is not None or given is None:
+        return {"program": program}
+    return {"program": given[0].get(batch_size), "setting": given[1]}
+
+
+@contextlib.contextmanager
+def _checked(model: nn.Module, dataset: Dataset, run: RunConfig, caller: str
+             ) -> Iterator[bool]:
+    """The checks of a trainer's model, data set and run; within: the run's precision, and
+    whether the model draws random numbers (the process-wide generator is then preserved
+    around the block)."""
+    check_run(run, caller)
     check_runnable(model)   # before a forward pass, which would materialize lazy parameters
-    check_output(model, dataset, "train_trials")
+    check_output(model, dataset, caller)
     random = randomness.draws(model, dataset.x_train[:2])
+    # the process-wide generator is only ever touched (under its lock) for a model that draws
+    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
+          device.precision(run.precision, run.device)):
+        yield random
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """The other arguments of a call, checked."""
+
+    trials: list[Trial]
+    batch_size: int
+    masks: dict[str, Tensor]
+    goal: Goal | None
+    first_index: int
+    start: TrainState | None = None
+    seeds: list[int] | None = None
+    inits: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _arguments(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+               run: RunConfig, masks: Mapping[str, Tensor] | None, first_index: int,
+               start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
+               init_params: Mapping[str, Tensor] | None = None,
+               trials_per_stack: int | None = None) -> _Arguments:
+    """Every argument of a call beyond the model, data set and run, checked (one line each)."""
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -158,25 +267,14 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
         raise ConfigError(f"trials_per_stack must be >= 1, got {trials_per_stack}")
     n = len(trial_list)
     mask_map = check_mask(masks, model, trials=n)
-    goal = as_goal(run.goal, dataset.task)
-    first_index = check_index(first_index, "first_index")
     start = check_start(start, model, run.optimizer, n, run.max_steps)
-    seeds = check_data_seeds(data_seeds, n)
     inits = check_init_params(init_params, model, n)
     if inits and start is not None:
         raise ConfigError("init_params and start exclude each other (a start state holds the "
                           "weights); allowed: one of them")
-    # the process-wide generator is only ever touched (under its lock) for a model that draws
-    with (randomness.preserved(run.device) if random else contextlib.nullcontext(),
-          device.precision(run.precision, run.device)):
-        out = loop.run(model, dataset, trial_list, run, masks=mask_map, goal=goal,
-                       batch_size=batch_size, trials_per_stack=trials_per_stack,
-                       first_index=first_index, start=start, data_seeds=seeds, random=random,
-                       return_state=return_state, step_timer=step_timer, init_params=inits)
-    result = _result(trial_list, out.names, out.buffer_names, out.final, out.rows, out.hit,
-                     out.diverged, out.taken, out.steps_run, out.strategy.name)
-    return replace(result, program_choice=out.strategy.choice, end_state=out.end_state,
-                   end_trials=out.end_trials)
+    return _Arguments(trial_list, batch_size, mask_map, as_goal(run.goal, dataset.task),
+                      check_index(first_index, "first_index"), start,
+                      check_data_seeds(data_seeds, n), inits)
 
 
 def _result(trials: list[Trial], names: Sequence[str], buffer_names: Sequence[str],

@@ -10,7 +10,10 @@ mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)     # a pruning.Mask
 print("sparsity:", round(mask.sparsity(), 6))                   # exactly round(N * 0.1) kept
 print("kept per layer:", " ".join(f"{name}={mask.kept(name)}" for name in mask))
 
-run = training.RunConfig(batch_size=64, optimizer="momentum", max_steps=8000, goal=0.4,
+# goal 0.45: the sparse network's best validation error is about 0.39-0.40, so a goal of 0.4
+# was met or missed by float32 rounding (ATEN_CPU_CAPABILITY default: step 3480, avx2: never);
+# 0.45 is met near step 1,400 on every capability, far inside the budget
+run = training.RunConfig(batch_size=64, optimizer="momentum", max_steps=4000, goal=0.45,
                          eval_schedule=training.EvalSchedule(every=20))
 trials = [training.Trial(lr=lr, momentum=0.9) for lr in (0.01, 0.03, 0.1, 0.3)]
 dense = training.train_trials(net, ds, trials, run)

@@ -21,11 +21,16 @@ problem), without a traceback, and exits with a status that says which kind it i
   read-only run folder, a full disk, a file that cannot be read); the line names the path.
 
 A study whose groups failed also exits with status 1, after one line per failed group.
+
+Ctrl-C (SIGINT) and SIGTERM (``kill``, systemd, Kubernetes, SLURM's time limit) stop a command
+the same way: the work in flight is abandoned, what is finished is stored, the worker processes
+are ended, one line says so, and the status is 130 or 143 (128 + the signal's number).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +42,8 @@ from experiments.cli import bench, ddp
 from experiments.cli.advise import add_advise_parser
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
 from experiments.cli.options import add_device_argument, device_of
-from experiments.spec.study import SpecError
+from experiments.spec.errors import SpecError
+from experiments.spec.tables.executor import PROGRAM_CHOICES
 
 DESCRIPTION = """\
 Measure how batch size and sparsity change the steps a network needs to reach a goal, beside
@@ -60,7 +66,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return _dry_run(spec, args.out)
     run_dir = runner.run_study(spec, out=args.out, workers=args.workers, quiet=args.quiet,
                                dask=args.dask, report=not args.no_report,
-                               cost_model=not (args.no_cost_model or args.no_report))
+                               cost_model=not (args.no_cost_model or args.no_report),
+                               program_choice=args.program_choice)
     print(f"study written to {run_dir}")
     return 1 if _report_failures(run_dir) else 0
 
@@ -226,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip this machine's DDP cost model (otherwise measured once per machine "
                         "and workload, cached, and copied into the run folder as cost_model.json "
                         "for the report's time-to-result section)")
+    p.add_argument("--program-choice", choices=PROGRAM_CHOICES,
+                   help="how the program of a cell no rule covers is chosen: 'measure' times "
+                        "the candidates once per machine (a candidate replaces the rules' "
+                        "program only when 10%% faster), 'rules' never times anything "
+                        "(default: [executor] program_choice of the config, else "
+                        "$SPARSESCALE_PROGRAM_CHOICE, else measure); the store records each "
+                        "cell's program, which every later group of the cell runs")
     add_device_argument(p)
     p.set_defaults(fn=_cmd_study)
 
@@ -297,23 +311,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the handler :func:`main` installs: a
+    ``KeyboardInterrupt``, so that every cleanup Ctrl-C runs (pools ended, the store closed)
+    runs for it too."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sparsescale`` console script; returns the exit status."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     setup_training_process()   # this process may train: probes, benchmarks, in-process groups
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:   # not the main thread (main() called from a test's thread): no handler
+        previous = None
     try:
         return int(args.fn(args) or 0)
     except SpecError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: finished groups are stored; rerun the same command to continue",
+    except KeyboardInterrupt as exc:
+        name = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{name}: finished groups are stored; rerun the same command to continue",
               file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     except SparsescaleError as exc:   # DataError, StoreIOError, ... name what is wrong
         print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return exit_status(exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def exit_status(exc: SparsescaleError) -> int:

@@ -17,9 +17,9 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
@@ -52,7 +52,9 @@ def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str
 class BranchTask:
     """One level's branching measurement, everything a worker process needs: the spec, its
     workload, the (sparsity, seed), the level's mask, the settings, the base group's and its
-    best trial's stored rows."""
+    best trial's stored rows, and the programs the store recorded per batch size (the base run
+    trains as its group did; any other batch size takes the rules' program:
+    :func:`training.trials.given_programs`)."""
 
     spec: Spec
     workload: Workload
@@ -62,6 +64,7 @@ class BranchTask:
     settings: Branching
     group: pd.Series
     trial: pd.Series
+    programs: Mapping[int, str] = field(default_factory=dict)
 
 
 def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask | None,
@@ -78,7 +81,7 @@ def branch_task(spec: Spec, store: Store, sparsity: float, seed: int, mask: Mask
     trial = best_trial(store, group.key)
     workload = Workload.of(spec)
     return BranchTask(spec, workload, sparsity, seed, workload.trial_mask(mask, int(trial.trial)),
-                      settings, group, trial)
+                      settings, group, trial, store.programs())
 
 
 def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
@@ -86,7 +89,7 @@ def run_branch_task(task: BranchTask, dataset: training.Dataset | None = None
     """The branching and warmup rows of one (sparsity, seed) (worker side, or in the driver with
     its ``dataset``), with ``PROBE_THREADS`` torch threads; each branching row carries the
     measurement's wall time (``seconds``, as the probes' rows do: the study's timing sums it)."""
-    with torch_threads(PROBE_THREADS):
+    with torch_threads(PROBE_THREADS), training.trials.given_programs(task.programs):
         # the trial's own initialization with [pruning] mask_per_trial, else the seed's
         seed = task.workload.init_seed(task.seed, int(task.trial.trial))
         dataset, model = on_device(task.workload, task.spec.device, dataset, seed)

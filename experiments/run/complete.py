@@ -67,12 +67,13 @@ def train_group(model: torch.nn.Module, dataset: training.Dataset,
                 masks: Mapping[str, torch.Tensor] | None = None, complete: bool = False,
                 reserve: Sequence[Mapping[str, Any]] = (),
                 train: Callable[..., training.TrialsResult] = training.train_trials,
-                init_params: Any = None) -> GroupOutcome:
+                init_params: Any = None, program: str | None = None) -> GroupOutcome:
     """Train ``points`` as one group under ``run``; with ``complete``, then the points of
     ``reserve`` in order, as many as trials diverged, until ``len(points)`` trials completed
     (module docstring). ``train``: the trainer (``training.train_trials``'s signature);
     ``init_params``: each trial's own initialization (``train_trials``'), only without
-    ``complete`` (the spec refuses the two together)."""
+    ``complete`` (the spec refuses the two together); ``program``: the one every round runs
+    (``train_trials``'), the cell's recorded program."""
     if complete and init_params is not None:
         raise training.ConfigError("complete trials with per-trial initializations: a "
                                    "replacement trial has no initialization of its own")
@@ -84,7 +85,8 @@ def train_group(model: torch.nn.Module, dataset: training.Dataset,
     while todo:
         stop = min(stops) if stops and run.stop == "first" else None
         res = train(model, dataset, todo, run if stop is None else replace(run, max_steps=stop),
-                    masks=masks, first_index=len(trials), init_params=init_params)
+                    masks=masks, first_index=len(trials), init_params=init_params,
+                    program=program)
         rounds += 1
         programs.append(res.program)
         trials += [_Trial(p, res.status[i], res.hit_step[i], res.diverged_step[i],

@@ -41,10 +41,11 @@ def _init_worker(counter=None) -> None:
 
     import torch
 
-    from training.process import setup_training_process
+    from training.process import exit_with_parent, setup_training_process
 
     torch.set_num_threads(1)
     setup_training_process()
+    exit_with_parent()   # a driver killed by SIGKILL leaves no worker behind
     if counter is not None:
         torch.cuda.set_device(worker_gpu(counter))
     # Ctrl-C is the driver's business: it stops submitting and ends the pool (LocalPool.terminate)

@@ -47,6 +47,7 @@ from training.config import ADAM_KEYS
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
+from experiments.run.timing import probed_runs
 from experiments.store.schema import ProbeRow, ScheduleRow
 from experiments.spec.study import Spec
 from experiments.store.database import Store
@@ -289,15 +290,7 @@ def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool 
 def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame,
                schedule: pd.DataFrame | None = None) -> tuple[float, float]:
     """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
-    replay and measurement time (the runs probed only at Lee's stage from ``schedule``), and
-    the sum of the groups' wall times."""
-    runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
-    seconds = float(np.nansum(runs.seconds))
-    if schedule is not None and len(schedule):
-        # the best trial's run is in both tables, with the same seconds: count it once
-        key = ["sparsity", "seed", "batch_size", "seconds"]
-        stage = schedule.drop_duplicates(["sparsity", "seed", "batch_size", "trial"])
-        both = stage[key].merge(runs[key].drop_duplicates(), how="left", indicator=True)
-        seconds += float(np.nansum(stage.seconds.to_numpy()[both["_merge"].to_numpy()
-                                                            == "left_only"]))
-    return seconds, float(groups.wall_time.sum())
+    replay and measurement time (``experiments.run.timing.probed_runs``: with ``schedule``, the
+    runs probed only at Lee's stage too), and the sum of the groups' wall times."""
+    return (float(np.nansum(probed_runs(probes, schedule).seconds)),
+            float(groups.wall_time.sum()))

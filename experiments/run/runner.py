@@ -15,11 +15,11 @@ import functools
 import json
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import (
     FIRST_COMPLETED, BrokenExecutor, Executor, Future, ThreadPoolExecutor, wait,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,9 @@ from experiments.spec.plan import GroupPlan, plan, run_order
 from experiments.run.probes import start_probes
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.factories import Factory
-from experiments.spec.study import Spec, SpecError, with_workload
+from experiments.spec.errors import SpecError
+from experiments.spec.study import Spec, with_workload
+from experiments.spec.tables.executor import PROGRAM_CHOICES
 from experiments.spec.study import load as load_spec
 from experiments.store.database import Store, open_store
 from experiments.run.workload import Mask, Workload
@@ -48,14 +50,18 @@ from experiments.run.workload import Mask, Workload
 class GroupTask:
     """What is shipped to a worker: the plan, the workload, the (sparsity, seed) mask (with
     ``[pruning] mask_per_trial``, one per trial, ``[N, *shape]``),
-    whether the compiled kernel is usable (the driver built it or found it missing, once), and
-    the device to train on (``"cuda"``: the worker's own GPU, :func:`executors.local_pool`)."""
+    whether the compiled kernel is usable (the driver built it or found it missing, once), the
+    device to train on (``"cuda"``: the worker's own GPU, :func:`executors.local_pool`), the
+    program the store recorded for the group's cell (None: :func:`choose_group_program` has not
+    decided it yet) and the program choice that decides it (``"measure"`` or ``"rules"``)."""
 
     plan: GroupPlan
     workload: Workload
     mask: Mask | None
     kernels: bool = True
     device: str = "cpu"
+    program: str | None = None
+    program_choice: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,25 +80,18 @@ def run_group(task: GroupTask) -> GroupRecord:
     """Train one group (worker side) and return its record; an exception becomes a 'failed'
     record (retried on the next run), never a lost group."""
     p = task.plan
-    cfg = json.loads(p.config_json)
     start = time.perf_counter()
     try:
-        with torch_threads(1), contextlib.nullcontext() if task.kernels else without_compiled_kernel():
-            cpu = task.workload.load_dataset()
-            model = task.workload.build_model(cpu, p.seed)
+        with _group_process(task) as (model, ds, run):
+            cfg = json.loads(p.config_json)
             # mask_per_trial: every trial from its own initialization (its mask is its row)
-            inits = task.workload.init_params(cpu, p.seed, len(p.trials))
-            ds = task.workload.load_dataset(task.device)   # on a GPU: copied once per worker
-            goal = training.Goal(**cfg["goal"])
-            precision = cfg["workload"].get("precision", "fp32")
-            run = training.RunConfig(
-                p.batch_size, cfg["optimizer"], max_steps=p.max_steps, goal=goal,
-                eval_schedule=training.EvalSchedule(**cfg["eval"]), seed=p.seed,
-                device=task.device, precision=precision, stop=cfg.get("stop", "first"))
+            inits = task.workload.init_params(task.workload.load_dataset(), p.seed,
+                                              len(p.trials))
             res = train_group(model, ds, list(p.trials), run, masks=task.mask,
                               complete=cfg.get("complete_trials", False), reserve=p.reserve,
-                              init_params=inits)
+                              init_params=inits, program=task.program)
             where = training.device.device_info(task.device)
+            precision = run.precision
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
         return failed_record(p, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
                              time.perf_counter() - start)
@@ -112,9 +111,59 @@ def run_group(task: GroupTask) -> GroupRecord:
         best_trial=None if res.best is None else int(res.best),
         max_steps=p.max_steps, wall_time=time.perf_counter() - start,
         trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
-        kernel=res.program, device=where.device, device_name=where.name,
+        program=res.program, device=where.device, device_name=where.name,
         cuda_version=where.cuda_version, driver_version=where.driver_version,
         precision=precision)
+
+
+@contextlib.contextmanager
+def _group_process(task: GroupTask) -> Iterator[tuple[torch.nn.Module, training.Dataset,
+                                                       training.RunConfig]]:
+    """A group's model, data set and run configuration, within one torch thread and (where the
+    driver found it missing) without the compiled kernel."""
+    p = task.plan
+    cfg = json.loads(p.config_json)
+    with torch_threads(1), contextlib.nullcontext() if task.kernels else without_compiled_kernel():
+        model = task.workload.build_model(task.workload.load_dataset(), p.seed)
+        ds = task.workload.load_dataset(task.device)   # on a GPU: copied once per worker
+        run = training.RunConfig(
+            p.batch_size, cfg["optimizer"], max_steps=p.max_steps,
+            goal=training.Goal(**cfg["goal"]), eval_schedule=training.EvalSchedule(**cfg["eval"]),
+            seed=p.seed, device=task.device, precision=cfg["workload"].get("precision", "fp32"),
+            stop=cfg.get("stop", "first"))
+        yield model, ds, run
+
+
+def choose_group_program(task: GroupTask) -> tuple[int, str, str]:
+    """(batch size, program, how it was chosen) of the cell of ``task``'s group (worker side):
+    what ``train_trials`` would run there under ``task.program_choice``
+    (:func:`training.choose_program`: the rules, or the candidates timed in this worker)."""
+    p = task.plan
+    with _group_process(task) as (model, ds, run):
+        name, how = training.choose_program(model, ds, list(p.trials), run, masks=task.mask,
+                                            program_choice=task.program_choice)
+    return p.batch_size, name, how
+
+
+def cell_programs(tasks: list[GroupTask], executor: Executor, store: Store) -> list[GroupTask]:
+    """``tasks`` with the program of their cell (batch size): the one the store recorded, else
+    the one a worker chooses now (one :func:`choose_group_program` per new cell, all before any
+    group trains, so that every group of a cell, in this run and in any rerun, runs the same
+    program), recorded in the store first. A cell whose choice failed is left to its groups
+    (which will most likely fail the same way, and be retried)."""
+    recorded = store.programs()
+    first = {}
+    for t in tasks:
+        first.setdefault(t.plan.batch_size, t)
+    new = [t for b, t in sorted(first.items()) if b not in recorded]
+    chosen = {}
+    for fut in [executor.submit(choose_group_program, t) for t in new]:
+        with contextlib.suppress(Exception):
+            b, name, how = fut.result()
+            chosen[b] = (name, how)
+    if chosen:
+        recorded = store.record_programs(chosen)
+    return [replace(t, program=recorded.get(t.plan.batch_size)) for t in tasks]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +259,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
               workers: int | None = None, executor: Executor | None = None,
               quiet: bool = False, dask: str | None = None, probes: bool = True,
               report: bool = True, cost_model: bool = False, model: Factory | None = None,
-              dataset: Factory | None = None) -> Path:
+              dataset: Factory | None = None, program_choice: str | None = None) -> Path:
     """Run (or complete) the study ``config`` into ``out`` and return the run folder.
 
     ``config``: a TOML path, a bundled config name (``"quickstart"``) or a :class:`Spec`.
@@ -234,9 +283,20 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
     time per batch size and the summed seconds of the training, probe and branching tasks go to
     ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
+    ``program_choice``: how the program of a cell no rule covers is chosen, ``"measure"`` or
+    ``"rules"`` (default: the spec's ``[executor] program_choice``, else the workers'
+    ``SPARSESCALE_PROGRAM_CHOICE``, else measure; :mod:`training.engine.choice`). Each cell's
+    program is chosen once, before its first group trains, and recorded in the store
+    (:func:`cell_programs`); every group of the cell, in this run or a rerun, on any worker,
+    runs it.
     """
+    if program_choice not in (None, *PROGRAM_CHOICES):
+        raise SpecError([f"program_choice: found {program_choice!r}; allowed: "
+                         f"{', '.join(PROGRAM_CHOICES)}"])
     spec = (with_workload(config, model, dataset) if isinstance(config, Spec)
             else load_spec(config, model, dataset))
+    if program_choice is not None:
+        spec = replace(spec, program_choice=program_choice)
     check_in_process(spec, executor)
     out = run_folder(spec, out)
     variants = spec.variants()
@@ -283,7 +343,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                         masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
                                                record=out, executor=ex)
                     tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
-                                       spec.device) for g in todo]
+                                       spec.device, program_choice=spec.program_choice)
+                             for g in todo]
+                    with clock.phase("programs"):
+                        tasks = cell_programs(tasks, ex, store)
                     with clock.phase("training"):
                         execute(tasks, ex, store, quiet, respawn)
                 if probe or branch:
@@ -307,7 +370,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     ex.shutdown(wait=False, cancel_futures=True)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
-                                    store.frame("branching"))
+                                    store.frame("branching"), store.frame("schedule_probes"))
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 

@@ -45,14 +45,14 @@ class PhaseClock:
 
 def training_by_batch_size(groups: pd.DataFrame) -> list[dict[str, Any]]:
     """Per batch size of the store's ``groups`` table: finished groups, their summed training
-    seconds, trial-steps, trial-steps per second and kernels."""
+    seconds, trial-steps, trial-steps per second and programs (``groups.program``)."""
     done = groups[groups.status == "done"]
     rows = []
     for batch_size, g in done.groupby("batch_size"):
         seconds, steps = float(g.wall_time.sum()), int(g.trial_steps.sum())
         rows.append({"batch_size": int(batch_size), "groups": len(g), "seconds": seconds,
                      "trial_steps": steps, "trial_steps_per_s": steps / seconds if seconds else 0,
-                     "kernels": sorted(str(k) for k in g.kernel.dropna().unique())})
+                     "programs": sorted(str(k) for k in g.program.dropna().unique())})
     return rows
 
 
@@ -62,16 +62,32 @@ def _summed(values: pd.Series) -> float | None:
     return float(known.sum()) if len(known) else None
 
 
+def probed_runs(probes: pd.DataFrame, schedule: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per probed run with its ``seconds``: the runs along [0, H] (one per (sparsity,
+    seed, batch size)), and the runs probed only at Lee et al.'s stage (rows of ``schedule``,
+    the store's ``schedule_probes``, whose seconds no run along [0, H] shares: the best trial's
+    run is in both tables with the same seconds, and counts once)."""
+    key = ["sparsity", "seed", "batch_size"]
+    runs = probes.drop_duplicates(key)[key + ["seconds"]]
+    if schedule is None or not len(schedule):
+        return runs.reset_index(drop=True)
+    stage = schedule.drop_duplicates(key + ["trial"])[key + ["seconds"]]
+    both = stage.merge(runs.drop_duplicates(), how="left", indicator=True)
+    own = stage[both["_merge"].to_numpy() == "left_only"]
+    return pd.concat([runs, own], ignore_index=True)
+
+
 def task_seconds(groups: pd.DataFrame, probes: pd.DataFrame,
-                 branching: pd.DataFrame) -> dict[str, Any]:
+                 branching: pd.DataFrame, schedule: pd.DataFrame | None = None
+                 ) -> dict[str, Any]:
     """Summed seconds per kind of task of a store: ``training`` (finished groups, their
-    ``wall_time``), ``probes`` (probed runs: one per (sparsity, seed, batch size), the
-    ``seconds`` of its replay and measurements) and ``branching`` (one per (sparsity, seed),
+    ``wall_time``), ``probes`` (probed runs, :func:`probed_runs`: the ``seconds`` of each
+    one's replay and measurements) and ``branching`` (one per (sparsity, seed),
     the ``seconds`` of its measurement, warmup included), each ``{"tasks", "seconds"}``
     (``seconds`` None where the store does not hold them), and ``probe_share`` = probe seconds
     / training seconds (None when either is unknown or training is 0)."""
     done = groups[groups.status == "done"]
-    runs = probes.drop_duplicates(["sparsity", "seed", "batch_size"])
+    runs = probed_runs(probes, schedule)
     levels = branching.drop_duplicates(["sparsity", "seed"])
     out: dict[str, Any] = {
         "training": {"tasks": len(done), "seconds": _summed(done.wall_time) if len(done) else 0.0},
@@ -106,10 +122,10 @@ def format_timing(timing: dict[str, Any]) -> str:
         lines.append(_format_tasks(timing["tasks"]))
     if timing["training"]:
         lines.append(f"{'batch':>6} {'groups':>6} {'group s':>9} {'trial-steps':>12} "
-                     f"{'trial-steps/s':>13}  kernel")
+                     f"{'trial-steps/s':>13}  program")
         lines += [f"{r['batch_size']:>6} {r['groups']:>6} {r['seconds']:>9.1f} "
                   f"{r['trial_steps']:>12,} {r['trial_steps_per_s']:>13,.0f}  "
-                  f"{', '.join(r['kernels']) or '-'}"
+                  f"{', '.join(r.get('programs', r.get('kernels', []))) or '-'}"
                   for r in timing["training"]]
     return "\n".join(lines)
 

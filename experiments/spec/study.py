@@ -80,6 +80,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
+    program_choice = "measure"          # measure | rules: how a cell's program is chosen
+                                        # (training.engine.choice; not in the hash)
 
 A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
 folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
@@ -208,6 +210,10 @@ class Spec(SpecCore):
     # what a group does at the goal, and whether diverged trials count (experiments.spec.tables.probes)
     stop: str = "first"
     complete_trials: bool = False
+    # how the program of a cell no rule covers is chosen: "measure" or "rules" (None: the
+    # environment's SPARSESCALE_PROGRAM_CHOICE, else "measure"). Not in the hash: the store
+    # records each cell's program, which every later group of the cell runs.
+    program_choice: str | None = None
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -369,7 +375,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
-    workers = executor_table(ck, raw)
+    workers, program_choice = executor_table(ck, raw)
 
     if ck.problems:
         raise SpecError(ck.problems, source)
@@ -386,7 +392,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, method_digests=method_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
-        complete_trials=complete)
+        complete_trials=complete, program_choice=program_choice)
 
 
 def reductions(spec: Spec) -> str:

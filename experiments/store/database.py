@@ -26,7 +26,7 @@ import json
 import os
 import sqlite3
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -38,8 +38,9 @@ from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.store.schema import (
-    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, SCHEDULE_QUANTITIES, SCHEMA,
-    SORT_KEYS, BranchRow, GroupRecord, ProbeRow, ScheduleRow, StudyInfo, WarmupRow,
+    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, RENAMED_COLUMNS,
+    SCHEDULE_QUANTITIES, SCHEMA, SORT_KEYS, BranchRow, GroupRecord, ProbeRow, ScheduleRow,
+    StudyInfo, WarmupRow,
 )
 
 DB_NAME = "results.sqlite"
@@ -255,7 +256,7 @@ class Store:
                 (rec.key, float(rec.sparsity), int(rec.batch_size), int(rec.seed), rec.status,
                  rec.steps_to_result, rec.best_trial, int(rec.max_steps), len(rec.trials),
                  rec.n_reached, rec.n_diverged, float(rec.wall_time), int(rec.trial_steps),
-                 rec.error, rec.config_json, lv, tv, now_iso(), rec.kernel, rec.device,
+                 rec.error, rec.config_json, lv, tv, now_iso(), rec.program, rec.device,
                  rec.device_name, rec.cuda_version, rec.driver_version, rec.precision))
             c.executemany(
                 f"INSERT INTO trials ({', '.join(COLUMNS['trials'])}) VALUES "
@@ -271,6 +272,28 @@ class Store:
                  for t in rec.trials for s, l, m in t.curve])
 
         self._write(tx)
+
+    # -- programs ------------------------------------------------------------------------------
+
+    def programs(self) -> dict[int, str]:
+        """The program recorded for each cell (batch size) of the study."""
+        return {int(b): str(p) for b, p in
+                self.conn.execute("SELECT batch_size, program FROM programs")}
+
+    def record_programs(self, chosen: Mapping[int, tuple[str, str]]) -> dict[int, str]:
+        """Record ``chosen`` (batch size -> (program, how it was chosen)) for the cells not yet
+        recorded, in one transaction; a recorded cell keeps its program. Returns every cell's
+        recorded program."""
+        now = now_iso()
+
+        def tx(c: sqlite3.Cursor) -> None:
+            c.executemany(
+                f"INSERT OR IGNORE INTO programs ({', '.join(COLUMNS['programs'])}) VALUES "
+                "(?, ?, ?, ?)",
+                [(int(b), str(p), str(how), now) for b, (p, how) in sorted(chosen.items())])
+
+        self._write(tx)
+        return self.programs()
 
     # -- probes --------------------------------------------------------------------------------
 
@@ -423,7 +446,13 @@ def existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> s
 
 
 def _add_columns(c: sqlite3.Cursor) -> None:
-    """Add the :data:`~experiments.store.schema.ADDED_COLUMNS` a store written before them lacks."""
+    """Rename the :data:`~experiments.store.schema.RENAMED_COLUMNS` a store holds under their
+    old names, then add the :data:`~experiments.store.schema.ADDED_COLUMNS` it lacks."""
+    for table, pairs in RENAMED_COLUMNS.items():
+        have = existing_columns(c, table)
+        for old, new in pairs:
+            if old in have and new not in have:
+                c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
     for table, columns in ADDED_COLUMNS.items():
         have = existing_columns(c, table)
         for name, kind in columns:
@@ -433,12 +462,16 @@ def _add_columns(c: sqlite3.Cursor) -> None:
 
 def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
     """Table ``table`` as a DataFrame sorted by its natural keys; a table or column added since
-    the store was written reads empty (NULL) without being made."""
+    the store was written reads empty (NULL), a renamed column under its new name, without the
+    store being changed."""
     have = existing_columns(conn, table)
     if not have:   # a table added later, in a store written before it (read-only: not made)
         return pd.DataFrame(columns=list(COLUMNS[table]))
-    # a column added later is NULL in a store written before it (read-only: not migrated)
-    select = [c if c in have or c not in dict(ADDED_COLUMNS.get(table, ())) else f"NULL AS {c}"
+    # a column added later is NULL in a store written before it, and a renamed one is read
+    # under its new name (read-only: not migrated)
+    renamed = {new: old for old, new in RENAMED_COLUMNS.get(table, ())}
+    select = [c if c in have else f"{renamed[c]} AS {c}" if renamed.get(c) in have
+              else f"NULL AS {c}" if c in dict(ADDED_COLUMNS.get(table, ())) else c
               for c in COLUMNS[table]]
     df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
     for col in NULLABLE_INT:

@@ -33,7 +33,9 @@ class Results:
     (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
     size, replicate) of the warmup comparison; ``schedule_probes`` one per quantity at each
     step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
-    ``predictions`` is empty unless something stored predictions.
+    ``programs`` one per cell (batch size): the program every group of it ran
+    (``groups.program``, each group's); ``predictions`` is empty unless something stored
+    predictions.
     """
 
     run_dir: Path
@@ -44,6 +46,7 @@ class Results:
     probes: pd.DataFrame
     branching: pd.DataFrame = field(default_factory=pd.DataFrame)
     warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
+    programs: pd.DataFrame = field(default_factory=pd.DataFrame)
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: StudySpec | None = None
     schedule_probes: pd.DataFrame = field(

@@ -1,7 +1,9 @@
 """The results store's schema: its tables and columns, and the rows a study writes.
 
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
-(:func:`experiments.store.results.load_results`) and the report: columns are added, never renamed.
+(:func:`experiments.store.results.load_results`) and the report: columns are added; the one
+renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, and a store
+holding the old name is read, and migrated when opened for writing, under the new one.
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
 probes produce :class:`ProbeRow` s (and, on Lee et al.'s step schedule, :class:`ScheduleRow` s),
 the branching measurement :class:`BranchRow` s and
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Column order is the contract with the report (experiments/report/write.py); add, never rename.
+# Column order is the contract with the report (experiments/report/write.py); add, and rename
+# only through RENAMED_COLUMNS.
 COLUMNS: dict[str, tuple[str, ...]] = {
     "study": ("name", "spec_toml", "spec_hash", "spec_json", "created", "lib_version",
               "torch_version", "python_version", "dataset_json"),
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
-               "error", "config_json", "lib_version", "torch_version", "finished", "kernel",
+               "error", "config_json", "lib_version", "torch_version", "finished", "program",
                "device", "device_name", "cuda_version", "driver_version", "precision"),
     "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
@@ -33,6 +36,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                   "lib_version", "torch_version", "seconds"),
     "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
                "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
+    "programs": ("batch_size", "program", "choice", "recorded"),
 }
 
 SORT_KEYS: dict[str, list[str]] = {
@@ -43,6 +47,7 @@ SORT_KEYS: dict[str, list[str]] = {
     "schedule_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
     "branching": ["sparsity", "seed", "step"],
     "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
+    "programs": ["batch_size"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
@@ -54,14 +59,22 @@ NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "exa
 # such a store reads NULL too.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "study": (("dataset_json", "TEXT"),),
-    "groups": (("kernel", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
+    "groups": (("program", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
                ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT")),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
     "branching": (("seconds", "REAL"),),
 }
 
+# Columns renamed after stores were written with the old name: table -> ((old, new), ...). A
+# store holding the old name gets the new one when opened for writing (ALTER TABLE ... RENAME
+# COLUMN); a read-only reader reads the old column under the new name.
+RENAMED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "groups": (("kernel", "program"),),   # until 2026-12: "kernel" named the program
+}
+
 # Columns that legitimately differ between two runs of the same spec.
-VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished")}
+VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
+            "programs": ("recorded",)}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -77,7 +90,7 @@ CREATE TABLE IF NOT EXISTS groups (
     n_trials INTEGER NOT NULL, n_reached INTEGER NOT NULL, n_diverged INTEGER NOT NULL,
     wall_time REAL NOT NULL, trial_steps INTEGER NOT NULL, error TEXT, config_json TEXT NOT NULL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL, finished TEXT NOT NULL,
-    kernel TEXT,    -- the program that trained the group (training.engine.strategy.PROGRAMS, under the column name of the first stores)
+    program TEXT,   -- the program that trained the group (training.engine.programs.PROGRAMS), "kernel" in stores before 2026-12
     device TEXT, device_name TEXT,          -- training.device.device_info of the worker's device
     cuda_version TEXT, driver_version TEXT, -- NULL on the CPU
     precision TEXT);                        -- training.device.PRECISIONS
@@ -121,9 +134,14 @@ CREATE TABLE IF NOT EXISTS warmup (
     replicate INTEGER NOT NULL, steps_to_result INTEGER, examples_to_result INTEGER,
     max_steps INTEGER NOT NULL, examples_budget INTEGER NOT NULL, schedule TEXT NOT NULL,
     trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
+CREATE TABLE IF NOT EXISTS programs (
+    batch_size INTEGER PRIMARY KEY,   -- the cell: a study's model, optimizer and precision are one
+    program TEXT NOT NULL,            -- training.engine.strategy.PROGRAMS: every group of the cell runs it
+    choice TEXT NOT NULL,             -- how its first group's program was chosen: ruled | measured | forced
+    recorded TEXT NOT NULL);
 """
 
-# theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
+# theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
 PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
                     "local_lipschitz", "loss")
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
@@ -169,7 +187,7 @@ class GroupRecord:
     config_json: str
     trials: tuple[TrialRow, ...] = ()
     error: str | None = None
-    kernel: str | None = None   # training.TrialsResult.program (None: failed)
+    program: str | None = None   # training.TrialsResult.program (None: failed)
     # where and in which arithmetic it trained (training.device.DeviceInfo; None: not known)
     device: str | None = None
     device_name: str | None = None

@@ -124,6 +124,7 @@ def test_bench_command_takes_models_and_data_by_import_path(capsys, monkeypatch,
     program chosen by measurement (no rule covers a GRU); the first call in a fresh process is
     timed and printed."""
     monkeypatch.setenv("SPARSESCALE_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "measure")
     (tmp_path / "benchmodels.py").write_text(
         "import torch\n"
         "import training\n"

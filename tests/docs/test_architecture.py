@@ -127,13 +127,10 @@ COMPILED = {"training/engine/compiled_kernel.py", "training/extensions.py", "tra
             "training/engine/strategy.py", "training/engine/updates.py",
             "training/engine/programs/fused.py", "training/engine/programs/per_trial.py",
             "theory/monitor/kernel.py", "theory/monitor/monitor.py", "experiments/run/runner.py"}
-# the store's column that records the program, still named "kernel" (issue 41 renames it)
-STORE_COLUMN = {"experiments/run/timing.py", "experiments/store/database.py",
-                "experiments/store/schema.py", "experiments/run/runner.py"}
 
 
 @pytest.mark.parametrize("word, allowed", [
-    ("kernel", COMPILED | STORE_COLUMN),
+    ("kernel", COMPILED),
     ("plan", {str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.py")}),
 ])
 def test_a_word_names_its_concept_only(word, allowed):

@@ -57,6 +57,9 @@ def check_prune_and_train(out):
     assert int(out["pruned weights that moved"]) == 0
     dense, sparse = int(out["dense steps to result"]), int(out["sparse steps to result"])
     assert 0 < dense < sparse                               # sparsity costs steps here
+    # not borderline: met at about a third of the 4,000-step budget on every capability
+    # (1,480 with ATEN_CPU_CAPABILITY=default, 1,360 with avx2)
+    assert sparse < 2500
 
 
 def check_gradient_noise(out):

@@ -27,7 +27,7 @@ def test_a_study_on_cuda_runs_records_its_device_and_agrees_with_the_cpu(tmp_pat
     assert set(g.device) <= {f"cuda:{i}" for i in range(torch.cuda.device_count())}
     assert set(g.device_name) == {torch.cuda.get_device_name(0)}
     assert g.cuda_version.notna().all() and set(g.precision) == {"fp32"}
-    assert set(g.kernel) == {"batched"}
+    assert set(g.program) == {"batched"}
     assert len(res.probes) > 0 and res.probes.value.notna().all()
     assert "cuda:" in (gpu / "report.md").read_text()
     cpu_spec = loads(TINY.replace('device = "cuda"\n', ""))

@@ -36,7 +36,7 @@ def check_on_cuda(net, ds, steps, batch_size, program, optimizer, monkeypatch,
     run = RunConfig(batch_size, optimizer, max_steps=steps, seed=3, dtype=F64,
                     eval_schedule=EvalSchedule(every=steps // 2))
     for name in names:
-        monkeypatch.setenv("SPARSESCALE_CHOICE", name)
+        monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", name)
         res = training.train_trials(net, ds, trials, replace(run, device="cuda"), masks=masks)
         assert res.program == name
         assert {p.device.type for p in res.params.values()} == {"cuda"}

@@ -55,8 +55,6 @@ def test_every_program_starts_each_trial_from_its_own_weights_and_masks_its_bias
         request.getfixturevalue("compiled_kernel")   # skipped without it (failed in CI)
     if program == "batched":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")   # the compiled kernel's eager fallback
-    if program in ("per_trial", "plain", "func"):
-        monkeypatch.setenv("SPARSESCALE_CHOICE", program)   # this candidate, not the measured one
     if program in ("per_trial", "plain"):
         ds = images()
         net = training.models.build("lee_cnn", ds, seed=1).double()
@@ -70,7 +68,9 @@ def test_every_program_starts_each_trial_from_its_own_weights_and_masks_its_bias
     inits, masks = per_trial(net, len(TRIALS), seed=2)
     run = RunConfig(8, "momentum", max_steps=30, seed=5, dtype=F64,
                     eval_schedule=EvalSchedule(every=10))
-    res = training.train_trials(net, ds, TRIALS, run, masks=masks, init_params=inits)
+    # the program named, not the rules' or the measured one
+    res = training.train_trials(net, ds, TRIALS, run, masks=masks, init_params=inits,
+                                program=program)
     assert res.program == program
     for i, trial in enumerate(TRIALS):
         mask = {k: m[i] for k, m in masks.items()}

@@ -107,7 +107,7 @@ TRIALS = {"momentum": [Trial(lr=0.1, momentum=0.9), Trial(lr=0.3, momentum=0.5)]
 @pytest.mark.parametrize("dropout, program", [(False, "func"), (True, "per_trial")])
 def test_trainers_train_a_language_model_as_the_plain_loop(optimizer, dropout, program,
                                                          monkeypatch):
-    monkeypatch.setenv("SPARSESCALE_CHOICE", program)   # this candidate, not the measured one
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", program)   # this candidate, not the measured one
     net, ds = lm(dropout=dropout)
     trials = TRIALS[optimizer]
     run = RunConfig(BATCH, optimizer, max_steps=STEPS, dtype=F64, goal=Goal("loss", 0.0),

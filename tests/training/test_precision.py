@@ -70,7 +70,7 @@ def test_precision_meets_its_tolerance_against_float64(mnist1d_small, tiny_image
                                                        program, precision, monkeypatch):
     if precision == "fp32" and name == "mlp":   # fused (tested below); here the eager program
         monkeypatch.setenv("SPARSESCALE_KERNELS", "0")
-    monkeypatch.setenv("SPARSESCALE_CHOICE", "rules")   # the rules' program, not a measured one
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "rules")   # the rules' program, not a measured one
     net, ds = workloads(mnist1d_small, tiny_images)[name]
     ran, weights, loss = deviation(net, ds, precision)
     assert ran == program
@@ -91,7 +91,7 @@ def test_tf32_is_fp32_on_the_cpu(mnist1d_small, tiny_images, kernel_or_skip, mon
     kernel_or_skip()
     # one program for both: a measured choice may pick another program per precision, and
     # programs round float32 differently
-    monkeypatch.setenv("SPARSESCALE_CHOICE", "rules")
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "rules")
     for net, ds in list(workloads(mnist1d_small, tiny_images).values())[:2]:
         runs = [training.train_trials(net, ds, SGD_TRIALS, RunConfig(
             16, max_steps=5, seed=3, precision=p, eval_schedule=EvalSchedule(every=5)))

@@ -81,3 +81,58 @@ def test_training_processes_flush_subnormals_on_every_kernel_thread():
         assert before == "0"  # IEEE arithmetic before the setup: no output is 0
         assert lines[1] == "120 120"
 
+
+
+# A driver that starts one process with multiprocessing's spawn, as a study's pool and the DDP
+# launcher do; the child watches its parent, prints its pid, then sleeps as an idle worker would.
+ORPHAN_DRIVER = """import multiprocessing, sys, time
+
+def child():
+    from training.process import exit_with_parent
+    exit_with_parent(poll=0.1)
+    print("child", multiprocessing.current_process().pid, flush=True)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    multiprocessing.get_context("spawn").Process(target=child).start()
+    time.sleep(600)
+"""
+
+
+def test_a_child_exits_by_itself_when_its_parent_is_killed(tmp_path):
+    """SIGKILL of the parent alone (the OOM killer's choice) runs none of its cleanup; the child
+    sees its parent gone within ``poll`` seconds and exits (it would otherwise sleep on,
+    reparented to init)."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "driver.py"
+    script.write_text(ORPHAN_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(Path(training.__file__).parents[1])}
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("child "), line
+        child = int(line.split()[1])
+        driver.kill()
+        driver.wait(timeout=30)
+        deadline = time.time() + 10
+        while time.time() < deadline and running(child):
+            time.sleep(0.05)
+        assert not running(child)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if "child" in locals() and running(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

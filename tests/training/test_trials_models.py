@@ -70,7 +70,7 @@ def check_against_reference(net, ds, steps, batch_size, kernel, optimizer, monke
     made to run (training.engine.choice; default the rules')."""
     if kernel == "batched":
         monkeypatch.setenv(kernels.DISABLE_ENV, "0")
-    monkeypatch.setenv("SPARSESCALE_CHOICE", program or "rules")
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", program or "rules")
     trials = trials_for(optimizer)
     plan = ruled_strategy(net, ds.task, ds.input_shape, batch_size, len(trials), F64,
                      optimizer=optimizer)

@@ -172,7 +172,7 @@ def test_trials_match_the_reference_and_the_plain_loop(name, optimizer, program,
     as the plain loop does; each trial updated after its own gradients (the CPU's way) or all
     trials' gradients first and one stacked update ("stacked", CUDA's way:
     PerTrialProgram.updates_in_step)."""
-    monkeypatch.setenv("SPARSESCALE_CHOICE", program)
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", program)
     if update == "stacked":
         monkeypatch.setattr(PerTrialProgram, "updates_in_step", lambda *args: False)
     net, ds = build(name)
@@ -335,7 +335,7 @@ class FunctionalDropoutAttention(nn.Module):
 
 
 def test_randomness_no_layer_declares_is_found_and_trained_per_trial(monkeypatch):
-    monkeypatch.setenv("SPARSESCALE_CHOICE", "per_trial")
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "per_trial")
     torch.manual_seed(3)
     net, ds = FunctionalDropoutAttention(), dataset(SEQUENCES)
     run = RunConfig(BATCH, max_steps=STEPS, dtype=F64, eval_schedule=EvalSchedule(every=STEPS))

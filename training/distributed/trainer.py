@@ -26,6 +26,7 @@ Backends: gloo on CPU, nccl on CUDA. The step-time benchmark and its cost model 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import tempfile
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
 from training.schedules.order import BatchOrder, trial_seed
+from training.process import exit_with_parent
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
 from training import randomness
@@ -198,13 +200,32 @@ def train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
     buffers at each forward pass), and draws from its own generator
     (``randomness_seed(run.seed, trial_index, rank)``, rank 0's that of the single process), so
     on k > 1 workers such a run matches the single process in distribution, not to the bit.
-    Evaluations and the divergence reference run in eval mode, as in the reference loop."""
-    if not randomness.draws(model, dataset.x_train[:2]):
-        return _train_rank(model, dataset, dist_run, rank, device, mask)
-    with randomness.preserved(device):
-        randomness.set_state(randomness.seeded_state(
-            randomness_seed(dist_run.run.seed, dist_run.trial_index, rank), device), device)
-        return _train_rank(model, dataset, dist_run, rank, device, mask)
+    Evaluations and the divergence reference run in eval mode, as in the reference loop.
+
+    The DistributedDataParallel wrapper is freed before this returns (:func:`release_ddp`), so
+    the caller may destroy the process group and exit."""
+    try:
+        if not randomness.draws(model, dataset.x_train[:2]):
+            return _train_rank(model, dataset, dist_run, rank, device, mask)
+        with randomness.preserved(device):
+            randomness.set_state(randomness.seeded_state(
+                randomness_seed(dist_run.run.seed, dist_run.trial_index, rank), device), device)
+            return _train_rank(model, dataset, dist_run, rank, device, mask)
+    finally:
+        release_ddp()
+
+
+def release_ddp() -> None:
+    """Free the DistributedDataParallel wrappers that only reference cycles keep alive.
+
+    A DDP module outlives the loop that made it: its frames and closures form cycles that only
+    the cyclic collector frees, at whatever later allocation triggers it. A rank that went
+    straight from training to ``destroy_process_group`` and exit freed it during interpreter
+    shutdown instead, when its reducer released gloo work whose callbacks need the GIL; a
+    gloo thread asking for the GIL then is ended inside a ``noexcept`` frame, and the worker
+    aborted ("terminate called without an active exception", SIGABRT), now and then, more
+    often on a loaded machine (tests/training/distributed/test_trainer.py)."""
+    gc.collect()
 
 
 def _train_rank(model: nn.Module, dataset: Dataset, dist_run: DistRun, rank: int,
@@ -290,12 +311,13 @@ def _init_from_store(rank: int, world_size: int, port: int, backend: str, timeou
 def _spawn_entry(rank: int, world_size: int, backend: str, threads: int, port: int,
                  timeout: float, out: str, fn, args: tuple) -> None:
     """Body of one spawned worker: join the group, run ``fn(rank, *args)``, rank 0 saves."""
+    exit_with_parent()
     torch.set_num_threads(threads)
     _init_from_store(rank, world_size, port, backend, timeout)
     try:
         result = fn(rank, *args)
+        release_ddp()   # whatever fn built (the benchmark's DDP too), while the group lives
         # no rank tears its process group down while another still has collectives in flight
-        # (gloo aborts the process: "terminate called without an active exception")
         dist.barrier()
         if rank == 0:
             torch.save(result, out)

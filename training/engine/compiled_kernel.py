@@ -4,12 +4,17 @@
 :mod:`training.engine.programs.fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
 (``-march=native``, OpenMP; ``-fno-math-errno``, without which the compiler cannot vectorize
 Adam's square root: 3x slower): about 30 s once per machine and source version, then a cached
-import; concurrent processes wait for one build (torch's file lock). The build lives in torch's
-extension cache, a user cache folder (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), never in the source tree, under a name that carries a digest of
-the sources, the CPU model and flags, and the Python and torch versions: a cache shared by
-machines or environments holds one build for each. A build lock left by a process killed while
-building is removed once it is older than STALE_LOCK_SECONDS.
+import. The build lives in torch's extension cache, a user cache folder
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), never in the source tree,
+under a name that carries a digest of the sources, the CPU model and flags, and the Python and
+torch versions: a cache shared by machines or environments holds one build for each.
+
+Concurrent processes wait for one build under :func:`build_lock`, an ``fcntl.flock`` on
+``FOLDER/build.lock`` that the operating system drops when its holder dies, however it dies; a
+process that waits says so once on stderr ("waiting for the kernel build by pid N in FOLDER").
+Torch's own lock file (``FOLDER/lock``, which a process killed while building leaves behind and
+on which torch's loader would wait for ever) is removed by whoever holds the flock: every
+process that builds here holds it, so a ``lock`` file seen then is a dead builder's.
 
 The build needs a C++ compiler (``$CXX``, default ``c++``), ninja (the ``ninja`` package, a
 dependency of sparsescale) and Python's headers. When any of them is missing or the build fails,
@@ -28,13 +33,13 @@ a machine without a compiler gets the fallback and its one warning.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import platform
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +52,10 @@ from training.errors import SparsescaleError, SparsescaleWarning
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
 REQUIRE_ENV = "SPARSESCALE_REQUIRE_KERNEL"
-STALE_LOCK_SECONDS = 600
+LOCK_NAME = "build.lock"
+# How builders of one folder exclude each other, in its name: a version of sparsescale that
+# waited on torch's lock file alone builds elsewhere, never beside one that clears that file.
+LOCKING = "flock"
 _off = 0  # depth of disabled() contexts
 
 
@@ -96,8 +104,9 @@ def _cpu_description() -> str:
 def build_name(name: str, sources: Path = SOURCES) -> str:
     """Extension name of kernel ``name``: a digest of every file in its source folder
     ``sources`` (torch rebuilds on a change of the listed source only, not of its headers), of
-    the host CPU and of the Python and torch versions (the extension's ABI)."""
-    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}".encode())
+    the host CPU, of the Python and torch versions (the extension's ABI) and of LOCKING."""
+    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}\n"
+                            f"{LOCKING}".encode())
     for path in sorted(sources.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
@@ -157,18 +166,33 @@ def build_directory(name: str, sources: Path = SOURCES) -> Path:
     return Path(root) / build_name(name, sources)
 
 
-def clear_stale_lock(folder: Path) -> bool:
-    """Remove the build lock torch's loader leaves when a process is killed while building
-    (every later process would wait for it forever); a lock older than STALE_LOCK_SECONDS (a
-    build takes about 30 s) is stale. True if one was removed."""
-    lock = folder / "lock"
+def _holder(fd: int) -> str:
+    """The pid the lock file's holder wrote into it ("unknown" before it wrote it)."""
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return text if text.isdigit() else "unknown"
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold the build lock of ``folder`` (see the module docstring) for the body: wait for
+    another process's build, saying so once on stderr, then clear torch's ``lock`` file, which
+    only a dead builder can have left."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
-            lock.unlink()
-            return True
-    except FileNotFoundError:
-        pass
-    return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"sparsescale: waiting for the kernel build by pid {_holder(fd)} in {folder}",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(FileNotFoundError):
+            (folder / "lock").unlink()
+        yield
+    finally:
+        os.close(fd)   # drops the flock
 
 
 # what the trainer does without its kernel (the warning's second half)
@@ -188,13 +212,12 @@ def _build(name: str, sources: Path = SOURCES, user: str = "training",
         try:
             from torch.utils.cpp_extension import load
 
-            folder.mkdir(parents=True, exist_ok=True)
-            clear_stale_lock(folder)
-            if not (folder / f"{folder.name}.so").exists():   # the folder is named for the build
-                # a first build takes 20-60 s in the middle of a user's run: say why it waits
-                print(f"sparsescale: compiling the {user} kernel {name!r} (once per machine and "
-                      f"torch version, under a minute) in {folder}", file=sys.stderr, flush=True)
-            with _on_path(_ninja_dir()):
+            with build_lock(folder), _on_path(_ninja_dir()):
+                if not (folder / f"{folder.name}.so").exists():   # the folder is the build's
+                    # a first build takes 20-60 s in the middle of a user's run: say why it waits
+                    print(f"sparsescale: compiling the {user} kernel {name!r} (once per machine "
+                          f"and torch version, under a minute) in {folder}", file=sys.stderr,
+                          flush=True)
                 # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
                 return load(name=folder.name, sources=[str(sources / f"{name}.cpp")],
                             extra_include_paths=[str(sources)],

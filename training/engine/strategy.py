@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -61,6 +61,7 @@ from torch import nn
 from training import randomness
 from training.config import ADAM_OPTIMIZERS
 from training.device import lowers
+from training.errors import ConfigError
 from training.engine import compiled_kernel as kernels
 from training.engine.programs import fused as stacked_fused
 from training.engine.programs.base import Cell, Program
@@ -68,9 +69,9 @@ from training.engine.programs.registry import build
 from training.models.features import Features, features
 
 # How a cell's program was chosen: by the rules below, or by timing the candidates
-# (:mod:`training.engine.choice`; a cached measurement is "measured" too), or forced by
-# SPARSESCALE_CHOICE=<program>.
-CHOICES = ("ruled", "measured", "forced")
+# (:mod:`training.engine.choice`; a cached measurement is "measured" too), forced by
+# SPARSESCALE_PROGRAM_CHOICE=<program>, or given by the caller (a study's recorded program).
+CHOICES = ("ruled", "measured", "forced", "given")
 MAX_STACK = 128
 # Share of the per-core L2 cache a chunk of the fused kernel may fill: the rest holds the
 # weights and BLAS's packed panels. Measured (1 thread, 32 trials, GFLOP/s by examples per chunk
@@ -217,12 +218,42 @@ def rules(c: Cell) -> Strategy:
         chunk, limit = _per_trial_chunks(c)
         stack = min(stack, resident_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials))
         return _strategy(c, "per_trial", stack, chunk, limit)
-    floats = f.activation_floats
-    stack = min(stack, trials_per_stack(batch_size, floats),
-                memory_limit(batch_size, floats, c.itemsize))
+    stack = _eager_stack(c, stack)
     # the hand-batched program where it takes the model, else torch.func's
     return (_strategy(c, "batched", stack, batch_size, batch_size)
             or _strategy(c, "func", stack, batch_size, batch_size))
+
+
+def _eager_stack(c: Cell, stack: int) -> int:
+    """Trials per stack of the eager programs (``batched``, ``func``): at most ``stack``, and
+    their activations within ACTIVATION_BUDGET floats and STACK_MEMORY bytes."""
+    floats = c.features.activation_floats
+    return min(stack, trials_per_stack(c.batch_size, floats),
+               memory_limit(c.batch_size, floats, c.itemsize))
+
+
+def named(name: str, c: Cell) -> Strategy:
+    """The strategy of program ``name`` for ``c`` (marked ``choice="given"``): the rules', one
+    of their :func:`alternatives` (also where the rules chose ``fused``: a study that recorded
+    ``per_trial`` on a machine without the compiled kernel keeps it where the kernel exists),
+    or, where the rules chose ``fused``, its eager ``batched`` or ``func`` equivalent. A
+    program that cannot run the cell here raises :class:`training.errors.ConfigError` naming
+    why (e.g. ``fused`` without the compiled kernel): a study's store recorded it, and no other
+    program may take its place."""
+    ruled = rules(c)
+    found = ruled if ruled.name == name else None
+    if found is None and ruled.name == "fused" and name in ("batched", "func"):
+        found = _strategy(c, name, _eager_stack(c, ruled.trials_per_stack), c.batch_size,
+                          c.batch_size)
+    if found is None:
+        found = next((s for s in alternatives(ruled, c) if s.name == name), None)
+    if found is None:
+        why = ("the compiled kernel is unavailable here" if name == "fused" and
+               kernels.fused_sequential() is None else f"the rules choose {ruled.name!r}")
+        raise ConfigError(f"program {name!r} cannot train this cell (batch size "
+                          f"{c.batch_size}, {c.optimizer}): {why}; allowed: {ruled.name!r} or "
+                          f"a candidate of training.engine.strategy.candidates")
+    return replace(found, choice="given")
 
 
 def candidates(c: Cell) -> list[Strategy]:
@@ -239,13 +270,17 @@ def candidates(c: Cell) -> list[Strategy]:
       ACTIVATION_BUDGET floats (down to one trial).
     """
     ruled = rules(c)
-    if ruled.name == "fused":
-        return []
+    return [] if ruled.name == "fused" else [ruled, *alternatives(ruled, c)]
+
+
+def alternatives(ruled: Strategy, c: Cell) -> list[Strategy]:
+    """The candidates of :func:`candidates` besides the rules' strategy ``ruled``, whatever it
+    is (the compiled kernel's too)."""
     f, batch_size = c.features, c.batch_size
     chunk, limit = _per_trial_chunks(c)
     resident = min(snapshot_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials),
                    resident_limit(f.parameters, c.optimizer, c.itemsize, c.n_trials))
-    found = [ruled]
+    found = []
     if ruled.name != "per_trial":
         found.append(_strategy(c, "per_trial", resident, chunk, limit))
     found.append(_strategy(c, "plain", resident, batch_size, limit))

@@ -32,7 +32,8 @@ class Fake:
     program: str = "fake"
 
 
-def fake_train(model, dataset, points, run, masks=None, first_index=0, init_params=None):
+def fake_train(model, dataset, points, run, masks=None, first_index=0, init_params=None,
+               program=None):
     hits = [p.get("hit") for p in points]
     dies = [p.get("diverge") for p in points]
     stop = run.max_steps

@@ -30,7 +30,7 @@ def test_groups_record_device_versions_and_precision(tmp_path):
     g = experiments.load_results(run_dir).groups.iloc[0]
     info = training.device.device_info("cpu")
     assert g.status == "done", g.error
-    assert (g.device, g.device_name, g.precision, g.kernel) == ("cpu", info.name, "bf16",
+    assert (g.device, g.device_name, g.precision, g.program) == ("cpu", info.name, "bf16",
                                                                  "batched")
     assert pd.isna(g.cuda_version) and pd.isna(g.driver_version)
     from experiments.report.write import write_report

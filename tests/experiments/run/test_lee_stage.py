@@ -2,6 +2,8 @@
 goal step, and a stored L equals Lee's formula evaluated independently on the reference loop's
 weights (float64)."""
 
+import json
+
 import pandas as pd
 import pytest
 import torch
@@ -10,6 +12,7 @@ import pruning
 import theory
 import training
 from experiments.run.probes import probe_cost
+from experiments.run.timing import TIMING_FILE
 from theory.estimators.functional import select_examples
 
 from ..conftest import TINY, run_text
@@ -55,10 +58,12 @@ def test_points_fall_at_multiples_of_n_up_to_each_trials_own_goal(staged):
     full = s[s.quantity == "local_lipschitz_full"]
     assert len(full) == 1 and full.sparsity.iloc[0] == 0.0 and full.examples.isna().all()
     assert full.step.iloc[0] == EVERY
-    # the replayed runs' seconds are counted once each
+    # the replayed runs' seconds are counted once each, here and in timing.json
+    runs = s.drop_duplicates(["sparsity", "seed", "batch_size", "trial"])
     seconds, _ = probe_cost(g, staged.probes, s)
-    assert seconds == pytest.approx(
-        s.drop_duplicates(["sparsity", "seed", "batch_size", "trial"]).seconds.sum())
+    assert seconds == pytest.approx(runs.seconds.sum())
+    tasks = json.loads((staged.run_dir / TIMING_FILE).read_text())["tasks"]["probes"]
+    assert tasks == {"tasks": len(runs), "seconds": pytest.approx(seconds)}
 
 
 def _lee_lipschitz(net, ds, mask, w_prev, w_next, examples):

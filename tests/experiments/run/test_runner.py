@@ -1,4 +1,5 @@
-"""The runner: plan, store contents, rerun skipping, SIGKILL recovery, Dask == local pool."""
+"""The runner: plan, store contents, rerun skipping, SIGKILL and SIGTERM recovery without
+orphans, each cell's recorded program, Dask == local pool."""
 
 import os
 import signal
@@ -6,6 +7,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -32,7 +34,7 @@ def run_tiny(toml_path, out, **kw):
 def comparable(run_dir) -> dict[str, pd.DataFrame]:
     res = experiments.load_results(run_dir)
     out = {}
-    for table in ("study", "groups", "trials", "curves", "probes"):
+    for table in ("study", "groups", "trials", "curves", "probes", "programs"):
         df = getattr(res, table)
         out[table] = df.drop(columns=list(VOLATILE.get(table, ())))
     return out
@@ -211,7 +213,7 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
 
     toml, run_dir = baseline
     expected = "batched" if kernels.fused_sequential() is None else "fused"
-    assert set(experiments.load_results(run_dir).groups.kernel) == {expected}
+    assert set(experiments.load_results(run_dir).groups.program) == {expected}
     monkeypatch.setenv(kernels.DISABLE_ENV, "0")
     run_tiny(toml, tmp_path / "off")
     monkeypatch.delenv(kernels.DISABLE_ENV)
@@ -224,5 +226,133 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
     finally:
         kernels._build.cache_clear()
     assert len([w for w in record if issubclass(w.category, kernels.KernelWarning)]) == 1
-    assert set(experiments.load_results(tmp_path / "run").groups.kernel) == {"batched"}
+    assert set(experiments.load_results(tmp_path / "run").groups.program) == {"batched"}
     assert_same_store(tmp_path / "off", tmp_path / "run")
+
+
+class CountingExecutor(Executor):
+    """Runs each task at once in this thread; records what it was asked to run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, fn, *args, **kwargs):
+        self.calls.append((fn.__name__, args[0].plan.batch_size))
+        fut = Future()
+        fut.set_result(fn(*args, **kwargs))
+        return fut
+
+
+def test_each_cells_program_is_recorded_first_and_every_later_group_runs_it(tiny_toml, tmp_path,
+                                                                            monkeypatch):
+    """Without the compiled kernel the tiny MLP's cells have candidates (batched, per_trial,
+    plain). A worker chooses each cell's program once, before any group trains, and the store
+    records it; a rerun whose machine would choose otherwise (here: a setting forcing another
+    candidate, as another cache or another load would) trains the missing groups with the
+    recorded program, and the store ends bit for bit as the uninterrupted run's."""
+    import sqlite3
+
+    monkeypatch.setenv("SPARSESCALE_KERNELS", "0")
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "plain")
+    counting = CountingExecutor()
+    whole = run_tiny(tiny_toml, tmp_path / "whole", executor=counting)
+    assert counting.calls[:3] == [("choose_group_program", b) for b in (8, 32, 128)]
+    assert {name for name, _ in counting.calls[3:]} == {"run_group"}
+    res = experiments.load_results(whole)
+    assert res.programs[["batch_size", "program", "choice"]].values.tolist() == [
+        [8, "plain", "forced"], [32, "plain", "forced"], [128, "plain", "forced"]]
+    assert set(res.groups.program) == {"plain"}
+    resumed = tmp_path / "resumed"
+    run_tiny(tiny_toml, resumed)
+    with sqlite3.connect(resumed / "results.sqlite") as conn:   # a kill lost two groups
+        lost = [k for (k,) in conn.execute("SELECT key FROM groups WHERE batch_size = 32")]
+        for table, column in (("curves", "group_key"), ("trials", "group_key"), ("groups", "key")):
+            conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(k,) for k in lost])
+    monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "per_trial")
+    counting = CountingExecutor()
+    run_tiny(tiny_toml, resumed, executor=counting)
+    assert counting.calls == [("run_group", 32), ("run_group", 32)]   # nothing chosen again
+    assert_same_store(whole, resumed)
+    fresh = experiments.load_results(run_tiny(tiny_toml, tmp_path / "fresh"))
+    assert set(fresh.programs.program) == set(fresh.groups.program) == {"per_trial"}
+
+
+def descendants(pid: int) -> set[int]:
+    """The live descendants of process ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie has ended)."""
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+def start_driver_with_its_pool(toml, out, done_groups):
+    """A study driver (the command line) with two pool workers, once a group is stored; its
+    descendants then (the workers, multiprocessing's resource tracker)."""
+    cmd = [sys.executable, "-m", "experiments.cli.main", "study", str(toml), "--out", str(out),
+           "--workers", "2", "--quiet", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and (
+            done_groups(out / "results.sqlite") < 1 or len(descendants(proc.pid)) < 3):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    return cmd, proc, descendants(proc.pid)
+
+
+def gone_within(pids: set[int], seconds: float) -> set[int]:
+    """Those of ``pids`` still alive after ``seconds`` (empty as soon as none is)."""
+    deadline = time.time() + seconds
+    while alive(pids) and time.time() < deadline:
+        time.sleep(0.05)
+    return alive(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_killed_driver_leaves_no_process_and_a_rerun_completes_the_store(tmp_path, done_groups,
+                                                                           sig):
+    """SIGTERM (kill, systemd, SLURM) to the driver alone, with its pool started: the driver
+    stores what finished, ends its workers, says so in one line and exits 143. SIGKILL of the
+    driver alone runs none of that: the workers see their parent die and exit by themselves
+    (training.process.exit_with_parent). Either way no descendant is left, and a rerun
+    completes the store as an uninterrupted run writes it."""
+    toml = tmp_path / "kill.toml"
+    toml.write_text(KILL)
+    total = len(plan(experiments.load_spec(toml)))
+    killed = tmp_path / "killed"
+    cmd, proc, family = start_driver_with_its_pool(toml, killed, done_groups)
+    os.kill(proc.pid, sig)
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert gone_within(family, 15) == set()
+    if sig == signal.SIGTERM:
+        assert code == 143 and err.strip().splitlines()[-1] == (
+            "terminated (SIGTERM): finished groups are stored; rerun the same command to "
+            "continue"), err
+    else:
+        assert code == -signal.SIGKILL
+    assert 1 <= done_groups(killed / "results.sqlite") < total
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_store(killed, run_tiny(toml, tmp_path / "whole"))

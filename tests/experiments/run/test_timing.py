@@ -26,7 +26,7 @@ def test_study_records_and_prints_its_breakdown(tiny_toml, tmp_path, capsys):
     experiments.run_study(tiny_toml, out=out, executor=ThreadPoolExecutor(1), report=False)
     printed = capsys.readouterr().out
     timing = json.loads((out / TIMING_FILE).read_text())
-    assert set(timing["phases"]) == {"masks", "training"}
+    assert set(timing["phases"]) == {"masks", "programs", "training"}
     assert all(v > 0 for v in timing["phases"].values())
     groups = experiments.load_results(out).groups
     rows = {r["batch_size"]: r for r in timing["training"]}
@@ -37,8 +37,8 @@ def test_study_records_and_prints_its_breakdown(tiny_toml, tmp_path, capsys):
         assert r["trial_steps"] == int(mine.trial_steps.sum())
         assert r["seconds"] == pytest.approx(float(mine.wall_time.sum()))
         assert r["trial_steps_per_s"] == pytest.approx(r["trial_steps"] / r["seconds"])
-        assert r["kernels"] == sorted(set(mine.kernel))
-        assert set(mine.kernel) <= {"fused", "batched"}   # the tiny study's MLP
+        assert r["programs"] == sorted(set(mine.program))
+        assert set(mine.program) <= {"fused", "batched"}   # the tiny study's MLP
     assert timing["tasks"]["training"] == {"tasks": 6,
                                            "seconds": pytest.approx(float(groups.wall_time.sum()))}
     assert timing["tasks"]["probes"] == timing["tasks"]["branching"] == {"tasks": 0, "seconds": 0.0}

@@ -131,21 +131,65 @@ def test_float64_steps_to_result_identical(teacher, optimizer):
             assert rel_err(every.state(i)[name], v) <= 1e-9
 
 
-def test_float32_stays_on_the_float64_trajectory(mnist1d_small):
-    """Within 1e-4 of the float64 reference after 100 steps. Adam in float32 is sensitive: with
-    eps = 1e-8 a weight whose gradient is rounding noise still moves by about lr per step, so
-    the reference's own float32 run (torch.optim.AdamW) left the float64 trajectory by 1 % for
-    trial 1 here, while this trainer (torch's fused kernel) stayed within 2e-6."""
-    net = training.models.build("cnn1d", mnist1d_small, seed=2)
-    masks = {"3.weight": random_mask(net[3].weight.shape, 6).float()}
+# float32's unit roundoff: 2^-24
+EPS32 = 2.0 ** -24
+# A float32 run within this of the float64 run's weights (relative to the largest), where the
+# loss is a smooth function of the weights: each of 100 steps rounds a weight's update (one
+# ulp), its gradient's sums over 32 examples and 10 classes and Adam's square root and division
+# (a few ulps each, pairwise), so about 16 ulps a step, and the errors add up at worst linearly:
+# 100 x 16 x 2^-24 = 9.5e-5. Measured: 1.5e-6 with ATEN_CPU_CAPABILITY default and avx2.
+SMOOTH_TOLERANCE = 100 * 16 * EPS32
+
+
+def test_float32_stays_on_the_float64_trajectory_where_the_loss_is_smooth(mnist1d_small):
+    """The compiled kernel's float32 Adam against the float64 plain loop, 100 steps of a
+    softmax regression (no ReLU: the weights move smoothly with their gradients), masked."""
+    net = training.models.build("linear", mnist1d_small, seed=2)
+    weight = next(n for n, p in net.named_parameters() if p.dim() > 1)
+    masks = {weight: random_mask(dict(net.named_parameters())[weight].shape, 6).float()}
     run = RunConfig(32, "adamw", max_steps=100, seed=1, eval_schedule=EvalSchedule(every=50))
     res = training.train_trials(net, mnist1d_small, TRIALS, run, masks=masks)
-    assert res.params["1.weight"].dtype == torch.float32
+    assert res.params[weight].dtype == torch.float32
     for i, t in enumerate(TRIALS):
         ref = training.train_reference(net, mnist1d_small, t, replace(run, dtype=F64),
                                        mask=masks, trial_index=i)
+        moved = rel_err(net.state_dict()[weight].double(), ref.state[weight])
+        assert moved > 1e3 * SMOOTH_TOLERANCE   # the weights went far beyond the tolerance
         for name, v in ref.state.items():
-            assert rel_err(res.state(i)[name].double(), v) <= 1e-4, (i, name)
+            assert rel_err(res.state(i)[name].double(), v) <= SMOOTH_TOLERANCE, (i, name)
+
+
+def test_float32_adam_through_relus_leaves_the_trajectory_only_in_steps(mnist1d_small,
+                                                                        record_property):
+    """Through ReLUs, float32 and float64 agree only until a pre-activation near zero falls on
+    the two sides in the two precisions: the weights fed by that unit then see a gradient that
+    is zero in one run and not in the other, and Adam, which divides by the root of the
+    gradients' running square, turns it into a step of about lr. Which trial, if any, takes
+    such a step depends on the machine's rounding (cnn1d here, 100 steps: trial 0 left the
+    float64 weights by 8e-5 with ATEN_CPU_CAPABILITY=default, trial 1 by 7e-2 with avx2;
+    torch.optim's float32 loop takes its own steps elsewhere). The deviations are measured and
+    recorded (``record_property``); what holds on every machine is asserted: a jump of a few
+    weights by an Adam step moves the loss by about lr x gradient x those weights' share, so the
+    training loss stays within 1 % of float64's at every evaluation (measured at most 5.3e-4,
+    avx2, trial 1), and the validation error within two of the 80 examples."""
+    net = training.models.build("cnn1d", mnist1d_small, seed=2)
+    masks = {"3.weight": random_mask(net[3].weight.shape, 6).float()}
+    run = RunConfig(32, "adamw", max_steps=100, seed=1, eval_schedule=EvalSchedule(every=10))
+    res = training.train_trials(net, mnist1d_small, TRIALS, run, masks=masks)
+    assert res.params["1.weight"].dtype == torch.float32
+    n_val = len(mnist1d_small.y_val)
+    for i, t in enumerate(TRIALS):
+        ref = training.train_reference(net, mnist1d_small, t, replace(run, dtype=F64),
+                                       mask=masks, trial_index=i)
+        plain = training.train_reference(net, mnist1d_small, t, run, mask=masks, trial_index=i)
+        for label, state in (("trainer", res.state(i)), ("torch.optim", plain.state)):
+            record_property(f"trial {i} {label} float32 deviation",
+                            max(rel_err(state[n].double(), v) for n, v in ref.state.items()))
+        mine, exact = res.curves[i], ref.curve
+        assert mine.step.tolist() == exact.step.tolist()
+        assert np.all(np.isfinite(mine.train_loss))
+        np.testing.assert_allclose(mine.train_loss, exact.train_loss, rtol=1e-2)
+        assert np.max(np.abs(mine.metric - exact.metric)) * n_val <= 2 + 1e-6
 
 
 def manual_adam(w, grads, trial, decoupled, lrs):

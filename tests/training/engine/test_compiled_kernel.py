@@ -3,6 +3,10 @@ training runs the eager program with the same results, one warning naming why, a
 kernel that ran; under SPARSESCALE_REQUIRE_KERNEL=1 (CI) the same failures are errors, in the
 library and in the test suite."""
 
+import os
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -209,32 +213,108 @@ def test_build_directory_follows_torch_extensions_dir(monkeypatch, tmp_path):
         "fused_sequential")
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(fresh_build, fallback_allowed,
-                                                            monkeypatch, tmp_path):
-    """A process killed while building leaves torch's lock, on which every later build would
-    wait forever; one older than STALE_LOCK_SECONDS goes before the build."""
-    import os
-    import time
-
+def test_torchs_lock_left_by_a_dead_builder_is_cleared_under_the_build_lock(
+        fresh_build, fallback_allowed, monkeypatch, tmp_path):
+    """A process killed while building leaves torch's ``lock`` file, on which torch's loader
+    waits for ever; whoever then holds the build lock (every builder holds it) removes it
+    before the build, whatever its age."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     folder = kernels.build_directory("fused_sequential")
     folder.mkdir(parents=True)
-    lock = folder / "lock"
-    lock.touch()
-    assert not kernels.clear_stale_lock(folder) and lock.exists()
-    old = time.time() - kernels.STALE_LOCK_SECONDS - 5
-    os.utime(lock, (old, old))
+    (folder / "lock").touch()
     seen = {}
 
     def load(**kwargs):
-        seen.update(kwargs, lock=lock.exists())
+        seen.update(kwargs, lock=(folder / "lock").exists(),
+                    holder=(folder / kernels.LOCK_NAME).read_text())
         raise RuntimeError("stop here")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
     with pytest.warns(kernels.KernelWarning, match="stop here"):
         assert kernels.fused_sequential() is None
     assert seen["build_directory"] == str(folder) and seen["lock"] is False
+    assert seen["holder"] == f"{os.getpid()}\n"
 
+
+# A C extension that compiles in about a second (Python.h only), named as torch's loader names
+# the module (TORCH_EXTENSION_NAME): the build lock's tests build it for real.
+TINY_SOURCE = """#include <Python.h>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define STR2(a) #a
+#define STR(a) STR2(a)
+static struct PyModuleDef tiny = {PyModuleDef_HEAD_INIT, STR(TORCH_EXTENSION_NAME), nullptr, -1};
+PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&tiny); }
+"""
+# A builder that never finishes: it takes torch's lock as torch's loader does, then "compiles".
+STUCK_BUILDER = """import os, sys, time
+from pathlib import Path
+import torch.utils.cpp_extension
+from training.engine import compiled_kernel
+
+def compiling(**kwargs):
+    os.close(os.open(Path(kwargs["build_directory"]) / "lock", os.O_CREAT | os.O_EXCL))
+    print("compiling", flush=True)
+    time.sleep(600)
+
+torch.utils.cpp_extension.load = compiling
+compiled_kernel.load_kernel("tiny", Path(sys.argv[1]), "test", "nothing")
+"""
+NEXT_BUILDER = """import sys
+from pathlib import Path
+from training.engine import compiled_kernel
+module = compiled_kernel.load_kernel("tiny", Path(sys.argv[1]), "test", "nothing")
+print("loaded", module.__name__)
+"""
+
+
+def wait_for(path, text, timeout, proc=None):
+    """Wait until file ``path`` holds ``text`` (False after ``timeout`` s or if ``proc`` ended)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and text in path.read_text():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def test_a_build_killed_by_sigkill_does_not_block_the_next_process(tmp_path):
+    """The next process waits for a build in progress, says so once on stderr naming the
+    builder's pid and folder, and finishes its own build as soon as that builder is killed
+    by SIGKILL (which runs no cleanup: torch's lock file stays behind)."""
+    if (reason := kernels.missing_tool()) is not None:
+        pytest.skip(reason)
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "tiny.cpp").write_text(TINY_SOURCE)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+           kernels.REQUIRE_ENV: "1", "PYTHONPATH": str(Path(training.__file__).parents[1])}
+    env.pop(kernels.DISABLE_ENV, None)
+    folder = tmp_path / "ext" / kernels.build_name("tiny", sources)
+    logs = {name: tmp_path / f"{name}.log" for name in ("stuck", "next", "next.err")}
+    with logs["stuck"].open("w") as out:
+        stuck = subprocess.Popen([sys.executable, "-c", STUCK_BUILDER, str(sources)], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(logs["stuck"], "compiling\n", 120, stuck), logs["stuck"].read_text()
+        with logs["next"].open("w") as out, logs["next.err"].open("w") as err:
+            following = subprocess.Popen([sys.executable, "-c", NEXT_BUILDER, str(sources)],
+                                         env=env, stdout=out, stderr=err)
+        waiting = f"waiting for the kernel build by pid {stuck.pid} in {folder}\n"
+        assert wait_for(logs["next.err"], waiting, 120, following), logs["next.err"].read_text()
+        assert (folder / "lock").exists()   # torch's lock, as a killed build leaves it
+        stuck.kill()
+        stuck.wait(timeout=30)
+        assert following.wait(timeout=240) == 0, logs["next.err"].read_text()
+    finally:
+        for proc in (stuck, locals().get("following")):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert logs["next"].read_text() == f"loaded {folder.name}\n"
+    assert logs["next.err"].read_text().count("waiting for the kernel build") == 1
 
 
 def test_a_first_build_says_so_on_stderr_and_a_cached_one_is_silent(fresh_build, monkeypatch,

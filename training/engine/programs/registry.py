@@ -2,7 +2,7 @@
 
 The strategy rules (:mod:`training.engine.strategy`) build the programs they pick from this
 table, the measured choice (:mod:`training.engine.choice`) times the candidates it lists, and
-``SPARSESCALE_CHOICE`` and the store name programs by its keys. A new program is a module with a
+``SPARSESCALE_PROGRAM_CHOICE`` and the store name programs by its keys. A new program is a module with a
 :class:`~training.engine.programs.base.Program` subclass and a ``build(cell, examples_per_chunk,
 eval_chunk)``, added here, and a rule (or a candidacy) in the strategy that picks it.
 """
