@@ -6,7 +6,9 @@ stands)."""
 import sqlite3
 from dataclasses import replace
 
-from experiments.store.database import DB_NAME, load_results, open_store
+from experiments.store.database import DB_NAME, open_store
+
+from experiments.store.results import load_results
 from experiments.store.schema import COLUMNS, RENAMED_COLUMNS
 
 from .test_database import STUDY, record
