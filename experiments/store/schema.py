@@ -74,7 +74,7 @@ RENAMED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 # Columns that legitimately differ between two runs of the same spec.
 VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-            "programs": ("recorded",)}
+            "probes": ("seconds",), "branching": ("seconds",), "programs": ("recorded",)}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
