@@ -141,7 +141,7 @@ CREATE TABLE IF NOT EXISTS programs (
     recorded TEXT NOT NULL);
 """
 
-# theory.trajectory.QUANTITIES, spelled out: the schema does not import torch
+# theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
 PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
                     "local_lipschitz", "loss")
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
