@@ -137,7 +137,7 @@ CREATE TABLE IF NOT EXISTS warmup (
 CREATE TABLE IF NOT EXISTS programs (
     batch_size INTEGER PRIMARY KEY,   -- the cell: a study's model, optimizer and precision are one
     program TEXT NOT NULL,            -- training.engine.cell_plan.PROGRAMS: every group of the cell runs it
-    choice TEXT NOT NULL,             -- how its first group's program was chosen: ruled | measured | forced
+    choice TEXT NOT NULL,             -- how it was chosen: ruled | measured | forced, or groups (those a store held before the table)
     recorded TEXT NOT NULL);
 """
 
