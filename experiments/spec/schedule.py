@@ -40,9 +40,6 @@ from typing import Any
 from experiments.spec.checks import Checker
 
 STOPS = ("first", "all")
-# Lee et al.'s lipschitz_interval (edps/main.py): the verdict at their stage uses the points
-# at or after it whatever N a study chose (theory.lee_stage.STAGE_START holds it for the theory)
-LEE_INTERVAL = 1000
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
 LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_examples": None,
                                       "lipschitz_trials": 1, "lipschitz_check": ()}
