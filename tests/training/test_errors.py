@@ -31,7 +31,16 @@ def project_classes(base: type) -> dict[str, type]:
 
 
 def project_exceptions() -> dict[str, type]:
-    return {n: c for n, c in project_classes(BaseException).items() if not issubclass(c, Warning)}
+    """Every exception class but warnings and interrupts (a signal turned into a
+    ``KeyboardInterrupt``, as the command's SIGTERM is, is no error)."""
+    return {n: c for n, c in project_classes(BaseException).items()
+            if not issubclass(c, (Warning, KeyboardInterrupt))}
+
+
+def test_sigterm_is_an_interrupt_not_an_error():
+    from experiments.cli.main import Terminated
+
+    assert issubclass(Terminated, KeyboardInterrupt) and not issubclass(Terminated, Exception)
 
 
 def test_every_project_exception_is_a_sparsescale_error():
