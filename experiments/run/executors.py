@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+
 from training.errors import SparsescaleError, SparsescaleIOError
 
 
@@ -52,8 +54,25 @@ def _init_worker(counter=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _call_unpickled(fn, payload: bytes):
+    """Worker side of :meth:`LocalPool.submit`: ``fn`` of the arguments in ``payload``."""
+    args, kwargs = pickle.loads(payload)
+    return fn(*args, **kwargs)
+
+
 class LocalPool(ProcessPoolExecutor):
-    """A process pool that can be ended at once on Ctrl-C (:meth:`terminate`)."""
+    """A process pool that can be ended at once on Ctrl-C (:meth:`terminate`), and whose tasks
+    travel as plain pickles (:meth:`submit`)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """Submit ``fn(*args, **kwargs)``, its arguments pickled by :mod:`pickle`, which copies
+        a tensor's data into the message. The pool's own pickler (torch's multiprocessing
+        reductions) would instead pass each tensor (a task's mask) as a file descriptor, served
+        by a helper thread of the driver; a worker killed while fetching one (Ctrl-C, SIGTERM)
+        made that thread print a ``ConnectionResetError`` traceback after the driver's last
+        line."""
+        payload = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        return super().submit(_call_unpickled, fn, payload)
 
     def terminate(self) -> None:
         """Kill the workers now (a running group is lost; it was never written, so a rerun

@@ -146,7 +146,8 @@ def choose_group_program(task: GroupTask) -> tuple[int, str, str]:
 
 
 def cell_programs(tasks: list[GroupTask], executor: Executor, store: Store) -> list[GroupTask]:
-    """``tasks`` with the program of their cell (batch size): the one the store recorded, else
+    """``tasks`` with the program of their cell (batch size): the one the store recorded (or,
+    in a store written before the programs table, the one its groups of the cell ran), else
     the one a worker chooses now (one :func:`choose_group_program` per new cell, all before any
     group trains, so that every group of a cell, in this run and in any rerun, runs the same
     program), recorded in the store first. A cell whose choice failed is left to its groups
@@ -155,8 +156,13 @@ def cell_programs(tasks: list[GroupTask], executor: Executor, store: Store) -> l
     first = {}
     for t in tasks:
         first.setdefault(t.plan.batch_size, t)
-    new = [t for b, t in sorted(first.items()) if b not in recorded]
-    chosen = {}
+    # a store written before the programs table: a cell whose stored groups ran one program
+    # keeps it (recorded as taken from the groups), so its remaining groups run it too
+    done = store.frame("groups")
+    done = done[(done.status == "done") & done.program.notna()]
+    chosen = {int(b): (str(g.program.iloc[0]), "groups") for b, g in done.groupby("batch_size")
+              if b not in recorded and g.program.nunique() == 1}
+    new = [t for b, t in sorted(first.items()) if b not in recorded and b not in chosen]
     for fut in [executor.submit(choose_group_program, t) for t in new]:
         with contextlib.suppress(Exception):
             b, name, how = fut.result()

@@ -136,8 +136,8 @@ CREATE TABLE IF NOT EXISTS warmup (
     trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
 CREATE TABLE IF NOT EXISTS programs (
     batch_size INTEGER PRIMARY KEY,   -- the cell: a study's model, optimizer and precision are one
-    program TEXT NOT NULL,            -- training.engine.strategy.PROGRAMS: every group of the cell runs it
-    choice TEXT NOT NULL,             -- how its first group's program was chosen: ruled | measured | forced
+    program TEXT NOT NULL,            -- training.engine.programs.registry.PROGRAMS: every group of the cell runs it
+    choice TEXT NOT NULL,             -- how it was chosen: ruled | measured | forced, or groups (those a store held before the table)
     recorded TEXT NOT NULL);
 """
 

@@ -34,9 +34,6 @@ from training.config import is_int
 
 from experiments.spec.checks import Checker
 
-# Lee et al.'s lipschitz_interval (edps/main.py): the verdict at their stage uses the points
-# at or after it whatever N a study chose (theory.verdicts.lee_stage.STAGE_START holds it for the theory)
-LEE_INTERVAL = 1000
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
 LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_examples": None,
                                       "lipschitz_trials": 1, "lipschitz_check": ()}

@@ -2,6 +2,7 @@
 orphans, each cell's recorded program, Dask == local pool."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -262,17 +263,29 @@ def test_each_cells_program_is_recorded_first_and_every_later_group_runs_it(tiny
     assert res.programs[["batch_size", "program", "choice"]].values.tolist() == [
         [8, "plain", "forced"], [32, "plain", "forced"], [128, "plain", "forced"]]
     assert set(res.groups.program) == {"plain"}
-    resumed = tmp_path / "resumed"
-    run_tiny(tiny_toml, resumed)
-    with sqlite3.connect(resumed / "results.sqlite") as conn:   # a kill lost two groups
-        lost = [k for (k,) in conn.execute("SELECT key FROM groups WHERE batch_size = 32")]
-        for table, column in (("curves", "group_key"), ("trials", "group_key"), ("groups", "key")):
-            conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(k,) for k in lost])
+    resumed, older = tmp_path / "resumed", tmp_path / "older"
+    for out in (resumed, older):
+        shutil.copytree(whole, out)
+        with sqlite3.connect(out / "results.sqlite") as conn:   # a kill lost two groups
+            lost = [k for (k,) in conn.execute("SELECT key FROM groups WHERE batch_size = 32")]
+            for table, column in (("curves", "group_key"), ("trials", "group_key"),
+                                  ("groups", "key")):
+                conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(k,) for k in lost])
+            if out == older:   # a store written before the programs table
+                conn.execute("DELETE FROM programs")
     monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "per_trial")
     counting = CountingExecutor()
     run_tiny(tiny_toml, resumed, executor=counting)
     assert counting.calls == [("run_group", 32), ("run_group", 32)]   # nothing chosen again
     assert_same_store(whole, resumed)
+    # without a record, a cell keeps the program its stored groups ran; only the cell none of
+    # whose groups is stored is chosen again
+    counting = CountingExecutor()
+    run_tiny(tiny_toml, older, executor=counting)
+    assert counting.calls == [("choose_group_program", 32), ("run_group", 32), ("run_group", 32)]
+    programs = experiments.load_results(older).programs
+    assert programs[["batch_size", "program", "choice"]].values.tolist() == [
+        [8, "plain", "groups"], [32, "per_trial", "forced"], [128, "plain", "groups"]]
     fresh = experiments.load_results(run_tiny(tiny_toml, tmp_path / "fresh"))
     assert set(fresh.programs.program) == set(fresh.groups.program) == {"per_trial"}
 
