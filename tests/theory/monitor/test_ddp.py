@@ -21,7 +21,7 @@ from tests.theory.monitor.ddp_worker import CONFIGS, LOCAL, STEPS, Net
 from theory import NoiseScaleMonitor, TheoryError, two_batch_estimates
 from theory.estimators.sampling import noise_scale
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("ddp_worker.py")
 WORLD = 2
 
