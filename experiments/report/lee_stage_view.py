@@ -24,8 +24,8 @@ import pandas as pd
 from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE
 from theory.errors import TheoryError
 from theory.verdicts.lee_stage import (
-    STAGE_START, StageRatio, early_ratio, initialization_ratio, overall_ratio, point_ratios,
-    stage_points, stage_verdicts,
+    STAGE_START, StageRatio, early_ratio, initialization_ratio, interval_side, overall_ratio,
+    point_ratios, stage_points, stage_verdicts,
 )
 
 from experiments.report.analysis import reached_groups
@@ -218,11 +218,29 @@ def stage_sentences(part: StagePart) -> list[str]:
         rows = {r.stage: r for r in g.itertuples(index=False)}
         words = [f"{name.split(' (')[0]} {_value(r.value, r.low, r.high)}"
                  for name, r in rows.items() if not math.isnan(r.value)]
-        signs = {name: (r.value > 1) for name, r in rows.items() if not math.isnan(r.value)}
-        early, late = signs.get(STAGES[1]), signs.get(STAGES[2])
-        flip = ("" if early is None or late is None else
-                " The sign flips between the early stage and Lee's stage." if early != late else
-                " The sign is the same at the early stage and at Lee's stage.")
+        early, late = (rows.get(name) for name in STAGES[1:3])
+        flip = ("" if early is None or late is None or math.isnan(early.value)
+                or math.isnan(late.value) else
+                " " + flip_sentence((early.value, early.low, early.high),
+                                    (late.value, late.low, late.high)))
         out.append(f"{series}: L / dense L at {', '.join(words)}.{flip}")
     return out
+
+
+def flip_sentence(early: tuple[float, float, float], late: tuple[float, float, float]) -> str:
+    """Whether L / dense L changes side of 1 between the early stage and Lee's stage, each
+    given as (value, low, high): a sign counts as established only where the stage's interval
+    excludes 1, so a point estimate crossing 1 inside two wide intervals is said to be one."""
+    sides = [interval_side((lo, hi)) for _, lo, hi in (early, late)]
+    if all(sides):
+        same = sides[0] == sides[1]
+        return (("The sign is the same" if same else "The sign flips")
+                + " between the early stage and Lee's stage (both intervals exclude 1).")
+    cross = (early[0] > 1) != (late[0] > 1)
+    open_ = [name + (" has one run" if math.isnan(lo) else "'s interval contains 1")
+             for name, (_, lo, _), side in zip(("the early stage", "Lee's stage"), (early, late),
+                                               sides) if not side]
+    return (("The point estimate crosses 1" if cross else "The point estimates lie on one side "
+             "of 1") + f" between the early stage and Lee's stage, but {' and '.join(open_)}: "
+            "a change of sign is not established.")
 

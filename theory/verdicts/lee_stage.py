@@ -232,7 +232,7 @@ def early_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
     return overall_ratio(rows, sparsity, reference, start=1, level=level, by_batch_size=False)
 
 
-def _side(interval: Interval) -> int:
+def interval_side(interval: Interval) -> int:
     """+1: the interval lies above 1; -1: below; 0: it contains 1 or is undefined."""
     lo, hi = interval
     if math.isnan(lo) or math.isnan(hi):
@@ -263,14 +263,14 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
     for s in sorted(set(rows.sparsity) - {reference}):
         ratio = overall_ratio(table, s, reference, start, level)
         mine = [p for p in points if p.sparsity == s]
-        above = sum(_side(p.interval) > 0 for p in mine)
-        below = sum(_side(p.interval) < 0 for p in mine)
+        above = sum(interval_side(p.interval) > 0 for p in mine)
+        below = sum(interval_side(p.interval) < 0 for p in mine)
         where = (f"over steps {ratio.steps[0]}-{ratio.steps[-1]} ({len(ratio.steps)} steps, "
                  f"{ratio.runs[0]} and {ratio.runs[1]} runs)" if ratio.steps else
                  "no step reached by every run of both levels")
         numbers = (f"L_s/L_d at steps >= {start} = {_fmt(ratio)} {where}; point by point "
                    f"{above} of {len(mine)} intervals above 1, {below} below")
-        side = _side(ratio.interval)
+        side = interval_side(ratio.interval)
         verdict = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
         says = {HOLDS: "L is larger in the sparse network at Lee's stage",
                 FAILS: "L is smaller in the sparse network at Lee's stage",
@@ -281,7 +281,7 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
         if s not in curve_by or reference not in curve_by:
             continue
         measured = median_step_ratio(curve_by[s], curve_by[reference], level, n_boot, rng)
-        m_side = _side(measured[1])
+        m_side = interval_side(measured[1])
         if m_side == 0:
             explains, why = INCONCLUSIVE, "the measured step ratio's interval contains 1"
         elif side == 0:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from experiments.report.lee_stage_view import STAGES, stage_tables, stage_view
+from experiments.report.lee_stage_view import STAGES, flip_sentence, stage_tables, stage_view
 from experiments.report.runs import load_runs
 from experiments.report.write import write_report
 
@@ -71,7 +71,23 @@ def test_the_report_draws_L_of_t_and_opens_its_findings_with_the_verdicts(staged
     assert ("| L larger when sparse, at Lee's stage (steps >= 1000) (Lee et al. 2021): "
             "90 % sparse | paper | holds | 2 [") in findings
     assert "90 % sparse: L / dense L at initialization 2.2" in findings
-    assert "The sign is the same at the early stage and at Lee's stage." in findings
+    assert ("The sign is the same between the early stage and Lee's stage (both intervals "
+            "exclude 1).") in findings
+
+
+@pytest.mark.parametrize("early, late, said", [
+    ((0.5, 0.4, 0.6), (2.0, 1.5, 2.5), "The sign flips between the early stage and Lee's stage "
+                                       "(both intervals exclude 1)."),
+    ((1.5, 1.2, 1.9), (2.0, 1.5, 2.5), "The sign is the same between the early stage and Lee's "
+                                       "stage (both intervals exclude 1)."),
+    # the lee_lipschitz_fashion_mnist study's 90 % level: the estimate crosses 1, the interval
+    # at Lee's stage contains it
+    ((0.847, math.nan, math.nan), (1.07, 0.701, 1.63),
+     "The point estimate crosses 1 between the early stage and Lee's stage, but the early stage "
+     "has one run and Lee's stage's interval contains 1: a change of sign is not established."),
+])
+def test_a_flip_of_sign_is_said_only_where_both_intervals_exclude_one(early, late, said):
+    assert flip_sentence(early, late) == said
 
 
 def test_a_store_without_the_stage_shows_none_of_it(full):
