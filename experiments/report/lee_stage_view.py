@@ -35,9 +35,9 @@ from experiments.report.verdicts import VERDICT_COLUMNS, level_curves
 
 POINT_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high", "runs"]
 RATIO_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high",
-                 "runs", "reference_runs"]
+                 "runs", "reference_runs", "paired_low", "paired_high"]
 STAGE_COLUMNS = ["run", "series", "sparsity", "stage", "where", "value", "low", "high", "runs",
-                 "reference_runs", "verdict"]
+                 "reference_runs", "verdict", "paired_low", "paired_high"]
 CHECK_COLUMNS = ["run", "series", "batch_size", "trial", "step", "examples", "sample", "full"]
 STAGES = ("initialization (step 0)", "early stage (probes along [0, H], after step 0)",
           f"Lee's stage (steps >= {STAGE_START:,})")
@@ -102,7 +102,8 @@ def stage_view(runs: RunSet, level: float = 0.9) -> StagePart:
 
 
 def _ratio_row(run: str, series: str, x: StageRatio) -> tuple:
-    return (run, series, x.sparsity, x.batch_size, x.step, x.value, *x.interval, *x.runs)
+    return (run, series, x.sparsity, x.batch_size, x.step, x.value, *x.interval, *x.runs,
+            *x.paired)
 
 
 def _direction(x: StageRatio) -> str:
@@ -131,12 +132,12 @@ def _stage_rows(run: str, label, table: pd.DataFrame, probes: pd.DataFrame,
                  f"steps {stage.steps[0]:,}-{stage.steps[-1]:,}")):
             if x is None or math.isnan(x.value):
                 out.append((run, label(s), s, name, "not measured", math.nan, math.nan, math.nan,
-                            0, 0, "–"))
+                            0, 0, "–", math.nan, math.nan))
                 continue
             # Lee et al. make no claim at initialization: its row is shown, not judged
             verdict = "not judged (Lee et al. never measured here)" if x.step == 0 else _direction(x)
             out.append((run, label(s), s, name, where or "step 0", x.value, *x.interval, *x.runs,
-                        verdict))
+                        verdict, *x.paired))
     return out
 
 
@@ -168,7 +169,8 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
             part.stages["value"], part.stages["low"], part.stages["high"])],
         "runs (level, dense)": [f"{a}, {b}" for a, b in zip(part.stages["runs"],
                                                            part.stages["reference_runs"])],
-        "L larger when sparse?": part.stages["verdict"]})
+        "L larger when sparse?": part.stages["verdict"],
+        "paired runs' interval": _paired_column(part.stages)})
     ratios = part.ratios.sort_values(["run", "sparsity", "batch_size", "step"], kind="stable")
     points = pd.DataFrame({
         "series": ratios["series"], "B": [str(int(b)) for b in ratios["batch_size"]],
@@ -176,7 +178,8 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
         "L / dense L [90 % interval]": [_value(v, lo, hi) for v, lo, hi in zip(
             ratios["value"], ratios["low"], ratios["high"])],
         "runs (level, dense)": [f"{a}, {b}" for a, b in zip(ratios["runs"],
-                                                           ratios["reference_runs"])]})
+                                                           ratios["reference_runs"])],
+        "paired runs' interval": _paired_column(ratios)})
     out = [("Lee et al.'s L, stage by stage", stages,
             "Ratio of geometric means of L over runs (a run: one seed and trial at one batch "
             "size), with a 90 % t interval on log L (Welch, per batch size, then averaged over "
@@ -184,11 +187,11 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
             "averaged in. Early stage: the K probe points of each run after step 0, compared at "
             "equal fractions of each run. Lee's stage: L every N steps of each run up to its "
             f"goal (their edps/train.py), the steps >= {STAGE_START:,} that every run of both "
-            "levels reached. " + " ".join(part.samples) + "."),
+            "levels reached. " + " ".join(part.samples) + ". " + PAIRED_NOTE),
            ("L at Lee's stage, point by point", points,
             "At each step both levels reached at one batch size: the ratio of the levels' "
             "geometric means of L with its 90 % Welch t interval on log L; one run on a side "
-            "gives no interval.")]
+            "gives no interval. " + PAIRED_NOTE)]
     if len(part.check):
         c = part.check
         check = pd.DataFrame({
@@ -203,6 +206,17 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
                     "fixed sample and on every training example (Lee et al.'s check.py uses the "
                     "whole split)."))
     return out
+
+
+PAIRED_NOTE = ("Paired runs' interval: trial i of every level starts from the same "
+               "initialization and sees the same data order, so where both levels hold the same "
+               "runs the 90 % paired t interval on the per-run log ratio is shown beside the "
+               "Welch one; the verdict uses the Welch interval.")
+
+
+def _paired_column(frame: pd.DataFrame) -> list[str]:
+    return ["–" if math.isnan(lo) else fmt_interval(lo, hi)
+            for lo, hi in zip(frame["paired_low"], frame["paired_high"])]
 
 
 def _value(v: float, lo: float, hi: float) -> str:

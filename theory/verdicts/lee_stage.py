@@ -13,7 +13,8 @@ size); a *point* is a step k N of it.
   (n - 1 degrees of freedom; None with one run). Log scale: L spans orders of magnitude (Lee
   et al. plot it on a log axis) and the ratio of levels is the question.
 - :func:`point_ratios`: at each (batch size, step) both levels reached, L_s / L_ref (ratio of
-  geometric means) with a Welch interval on the difference of log means.
+  geometric means) with a Welch interval on the difference of log means, and a paired one
+  where both levels hold the same runs (below).
 - :func:`overall_ratio`: one number per level: each run's mean log L over the steps >=
   :data:`STAGE_START` that every run of both levels at its batch size reached (so every run
   contributes the same steps), the difference of the levels' means per batch size (Welch), then
@@ -28,6 +29,14 @@ size); a *point* is a step k N of it.
   stage are judged elsewhere (:func:`initialization_ratio`, :mod:`theory.verdicts.claims`) and never
   averaged in here.
 
+Paired runs: in a study, trial i of every level starts from the same initialization
+(:func:`training.initialization.trial_init_seed`) and sees the same data order
+(:func:`training.schedules.order.trial_seed`): neither seed depends on the sparsity. Where both levels
+hold the same runs (seed, trial), a ratio also carries the paired t interval on the per-run
+differences of log L (n - 1 degrees of freedom), which removes what the runs share (their
+data order: L at one step moves by 2x from run to run). The verdicts use the Welch interval,
+which assumes no pairing; the paired one is shown beside it.
+
 Why t intervals rather than the bootstrap of :mod:`theory.verdicts.summaries`: a study measures a few
 runs per level (Lee et al. ran each metaparameter point once), and a percentile bootstrap over
 three runs has ten distinct resamples and too narrow an interval; the t interval on log L states
@@ -38,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -73,8 +82,9 @@ class StagePoint:
 @dataclass(frozen=True)
 class StageRatio:
     """L_sparsity / L_reference at one (batch size, step), or over the stage (``step`` None,
-    ``batch_size`` None when pooled over batch sizes), with its interval; ``runs``: (sparse,
-    reference) runs; ``steps``: the steps it covers."""
+    ``batch_size`` None when pooled over batch sizes), with its (Welch) interval; ``runs``:
+    (sparse, reference) runs; ``steps``: the steps it covers; ``paired``: the paired interval
+    where both levels hold the same two or more runs, else NaN (module docstring)."""
 
     sparsity: float
     reference: float
@@ -84,6 +94,7 @@ class StageRatio:
     interval: Interval
     runs: tuple[int, int]
     steps: tuple[int, ...] = ()
+    paired: Interval = NAN_INTERVAL
 
 
 def stage_table(table: pd.DataFrame, quantity: str = QUANTITY,
@@ -127,6 +138,26 @@ def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     return d, var, float(df)
 
 
+def _paired(a: pd.Series, r: pd.Series) -> tuple[float, float, float]:
+    """(mean of the per-run differences a - r, its variance, n - 1) for two series of log L
+    indexed by run (seed, trial); NaN variance unless both hold the same two or more runs."""
+    if len(a) < 2 or len(a) != len(r) or set(a.index) != set(r.index):
+        return math.nan, math.nan, math.nan
+    diff = (a - r.loc[a.index]).to_numpy(dtype=float)
+    return float(diff.mean()), float(np.var(diff, ddof=1) / len(diff)), float(len(diff) - 1)
+
+
+def _strata(parts: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """The mean of k strata's differences, its variance (sum / k^2) and the
+    Welch-Satterthwaite degrees of freedom of that sum."""
+    k = len(parts)
+    d = sum(p[0] for p in parts) / k
+    var = sum(p[1] for p in parts) / k**2
+    df = (var**2 / sum((v / k**2) ** 2 / f for _, v, f in parts)
+          if var > 0 and not math.isnan(var) else math.inf)
+    return d, var, df
+
+
 def _ratio_interval(d: float, var: float, df: float, level: float) -> Interval:
     if math.isnan(var):
         return NAN_INTERVAL
@@ -149,16 +180,19 @@ def point_ratios(table: pd.DataFrame, reference: float = 0.0, start: int = STAGE
     """L_s / L_reference at every (batch size, step >= ``start``) both reached, per
     non-reference level (module docstring)."""
     rows = stage_table(table, start=start)
-    ref = {k: g.log.to_numpy() for k, g in rows[rows.sparsity == reference].groupby(
+    by_run = ["seed", "trial"]
+    ref = {k: g.set_index(by_run).log for k, g in rows[rows.sparsity == reference].groupby(
         ["batch_size", "step"])}
     out = []
     for (s, b, t), g in rows[rows.sparsity != reference].groupby(["sparsity", "batch_size", "step"]):
         if (b, t) not in ref:
             continue
-        d, var, df = _welch(g.log.to_numpy(), ref[(b, t)])
+        a, r = g.set_index(by_run).log, ref[(b, t)]
+        d, var, df = _welch(a.to_numpy(), r.to_numpy())
+        _, pvar, pdf = _paired(a, r)
         out.append(StageRatio(float(s), reference, int(b), int(t), math.exp(d),
-                              _ratio_interval(d, var, df, level), (len(g), len(ref[(b, t)])),
-                              (int(t),)))
+                              _ratio_interval(d, var, df, level), (len(a), len(r)), (int(t),),
+                              _ratio_interval(d, pvar, pdf, level)))
     return tuple(out)
 
 
@@ -173,7 +207,7 @@ def overall_ratio(table: pd.DataFrame, sparsity: float, reference: float = 0.0,
     rows = stage_table(table, start=start)
     if not by_batch_size:
         rows = rows.assign(trial=rows.batch_size * 1_000_000 + rows.trial, batch_size=0)
-    diffs, variances, dfs, steps, runs = [], [], [], set(), [0, 0]
+    welch, paired, steps, runs = [], [], set(), [0, 0]
     for b, g in rows[rows.sparsity.isin([sparsity, reference])].groupby("batch_size"):
         per_run = g.groupby(["sparsity", "seed", "trial"]).step.apply(set)
         if set(per_run.index.get_level_values("sparsity")) != {sparsity, reference}:
@@ -182,24 +216,20 @@ def overall_ratio(table: pd.DataFrame, sparsity: float, reference: float = 0.0,
         if not common:
             continue
         means = g[g.step.isin(common)].groupby(["sparsity", "seed", "trial"]).log.mean()
-        a, r = means.loc[sparsity].to_numpy(), means.loc[reference].to_numpy()
-        d, var, df = _welch(a, r)
-        diffs.append(d)
-        variances.append(var)
-        dfs.append(df)
+        a, r = means.loc[sparsity], means.loc[reference]
+        welch.append(_welch(a.to_numpy(), r.to_numpy()))
+        paired.append(_paired(a, r))
         steps |= common
         runs[0] += len(a)
         runs[1] += len(r)
-    if not diffs:
+    if not welch:
         return StageRatio(sparsity, reference, None, None, math.nan, NAN_INTERVAL, (0, 0))
-    k = len(diffs)
-    d = sum(diffs) / k
-    var = sum(variances) / k**2
-    # Welch-Satterthwaite for the sum of the strata's variances
-    df = (var**2 / sum((v / k**2) ** 2 / f for v, f in zip(variances, dfs))
-          if var > 0 and not math.isnan(var) else math.inf)
+    d, var, df = _strata(welch)
+    pd_, pvar, pdf = _strata(paired)
+    # the paired interval only where every stratum is paired (its mean is then d too)
     return StageRatio(sparsity, reference, None, None, math.exp(d),
-                      _ratio_interval(d, var, df, level), (runs[0], runs[1]), tuple(sorted(steps)))
+                      _ratio_interval(d, var, df, level), (runs[0], runs[1]), tuple(sorted(steps)),
+                      _ratio_interval(pd_, pvar, pdf, level))
 
 
 def initialization_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
@@ -229,7 +259,9 @@ def early_ratio(probes: pd.DataFrame, sparsity: float, reference: float = 0.0,
     rows = probes[probes.quantity == QUANTITY].sort_values(["sparsity", "seed", "batch_size",
                                                             "step"])
     rows = rows.assign(trial=0, step=rows.groupby(["sparsity", "seed", "batch_size"]).cumcount())
-    return overall_ratio(rows, sparsity, reference, start=1, level=level, by_batch_size=False)
+    ratio = overall_ratio(rows, sparsity, reference, start=1, level=level, by_batch_size=False)
+    # each level's early probes follow its own best trial, not one trial of every level: no pairs
+    return replace(ratio, paired=NAN_INTERVAL)
 
 
 def interval_side(interval: Interval) -> int:

@@ -49,6 +49,9 @@ def test_the_stages_have_their_own_rows_and_the_stage_verdict_holds(staged):
     assert stage["value"] == pytest.approx(2.0) and stage["low"] > 1
     assert stage["where"] == "steps 1,000-4,000" and stage["verdict"] == "holds"
     assert (stage["runs"], stage["reference_runs"]) == (6, 6)
+    # the same seeds and trials at both levels: the paired interval stands beside the Welch one
+    assert stage["paired_low"] > 0 and stage["paired_high"] >= stage["paired_low"]
+    assert rows.loc[list(STAGES[:2]), "paired_low"].isna().all()   # the early probes: no pairs
     v = part.verdicts.set_index("claim")
     assert v.loc["lee_L_rises (steps >= 1000)", "verdict"] == "holds"
     # the sparse synthetic curve needs more steps: L's direction explains it

@@ -78,6 +78,32 @@ def test_the_overall_ratio_uses_the_steps_every_run_reached_and_averages_batch_s
     assert overall_ratio(both, 0.5).runs == (4, 4)
 
 
+def test_paired_runs_carry_the_paired_t_interval_of_scipy():
+    """Trial i of both levels is one pair: the paired interval is scipy's ttest_rel interval on
+    the per-run log L (here at one step, then over the stage from each run's mean log L); the
+    run-to-run spread that both levels share leaves it, not the Welch interval."""
+    dense = [[2.0, 3.0], [6.0, 5.0], [13.0, 9.0]]
+    sparse = [[2.6, 2.7], [6.9, 5.6], [18.0, 8.0]]
+    t = frame(rows(0.0, dense), rows(0.9, sparse))
+    at_1000 = point_ratios(t)[0]
+    a, r = np.log([v[0] for v in sparse]), np.log([v[0] for v in dense])
+    ci = stats.ttest_rel(a, r).confidence_interval(confidence_level=0.9)
+    assert at_1000.step == 1000
+    assert at_1000.paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert at_1000.paired[0] > 1 > at_1000.interval[0]      # paired: above 1; Welch: not
+    a, r = (np.log(v).mean(axis=1) for v in (np.array(sparse), np.array(dense)))
+    ci = stats.ttest_rel(a, r).confidence_interval(confidence_level=0.9)
+    assert overall_ratio(t, 0.9).paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+
+
+def test_runs_that_are_not_the_same_on_both_sides_have_no_paired_interval():
+    t = frame(rows(0.0, [[2.0], [4.0], [8.0]]), rows(0.9, [[4.0], [8.0]]))
+    assert all(math.isnan(x) for x in point_ratios(t)[0].paired)
+    assert all(math.isnan(x) for x in overall_ratio(t, 0.9).paired)
+    other_seed = frame(rows(0.0, [[2.0], [4.0]]), rows(0.9, [[4.0], [8.0]], seed=1))
+    assert all(math.isnan(x) for x in overall_ratio(other_seed, 0.9).paired)
+
+
 def test_no_common_step_gives_no_ratio():
     r = overall_ratio(frame(rows(0.0, [[1.0]]), rows(0.5, [[1.0]], start=2000)), 0.5)
     assert math.isnan(r.value) and r.steps == ()
