@@ -27,6 +27,7 @@ output unit has no path from the input; ``pruning.prune`` calls it on every mask
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
 
 # A layer with at least this fraction of its weights pruned counts as collapsed.
 COLLAPSE_SPARSITY = 0.99
+# torch.fx's tracer replaces nn.Module.__call__ for the whole process while it traces: another
+# thread's forward pass in that window is recorded into the trace and fails ("module is not
+# installed as a submodule"). Tracing holds this lock, and so does pruning (pruning.prune runs
+# forward passes), so threads pruning models side by side never meet a trace.
+FX_LOCK = threading.RLock()
 
 
 class LayerCollapseWarning(SparsescaleWarning):
@@ -121,7 +127,8 @@ def _chain(model: nn.Module) -> list[str] | None:
     """Module names of the Linear / Conv layers in call order when each is fed only by the one
     before it (the first by the input) and the output comes from the last; else None."""
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        with FX_LOCK:
+            graph = torch.fx.symbolic_trace(model).graph
     except Exception:  # noqa: BLE001 - any untraceable model is simply "not a chain"
         return None
     prunable = {n for n, m in model.named_modules() if isinstance(m, PRUNABLE_MODULES)}

@@ -23,7 +23,7 @@ from training.data import Dataset
 from training.models import check_model, check_output
 
 from pruning import criteria
-from pruning.diagnostics import check
+from pruning.diagnostics import FX_LOCK, check
 from pruning.errors import PruningError
 from pruning.iterative import ScoreFn, prune_in_rounds
 from pruning.mask import PRUNABLE_MODULES, Mask, prunable_parameters
@@ -82,7 +82,8 @@ def prune(model: nn.Module, method: str | Criterion, sparsity: float,
     options = dict(scope=scope, rounds=rounds, seed=seed, prune_biases=prune_biases,
                    per_class=per_class, temperature=temperature, input_shape=input_shape,
                    train_fn=train_fn, keep=keep, examples=examples)
-    return _prune(model, method, [sparsity], dataset, options)[0]
+    with FX_LOCK:   # its forward passes never meet another thread's trace
+        return _prune(model, method, [sparsity], dataset, options)[0]
 
 
 def prune_levels(model: nn.Module, method: str | Criterion, sparsities: Sequence[float],
@@ -90,7 +91,8 @@ def prune_levels(model: nn.Module, method: str | Criterion, sparsities: Sequence
     """``[prune(model, method, s, dataset, **options) for s in sparsities]``, the same masks,
     with a one-round criterion's scores computed once for every level (SNIP on the whole split
     costs one pass over it, whatever the number of levels)."""
-    return _prune(model, method, list(sparsities), dataset, options)
+    with FX_LOCK:   # its forward passes never meet another thread's trace
+        return _prune(model, method, list(sparsities), dataset, options)
 
 
 _DEFAULTS: dict[str, Any] = dict(scope="global", rounds=None, seed=0, prune_biases=False,

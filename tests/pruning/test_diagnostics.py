@@ -156,3 +156,34 @@ def test_density_figure(small_mlp):
     assert [t.get_text() for t in ax.texts] == ["0"]   # the emptied layer is marked
     with pytest.raises(pruning.PruningError, match="columns series, layer, density"):
         pruning.density_figure(__import__("pandas").DataFrame({"series": []}))
+
+
+def test_pruning_in_another_thread_waits_for_a_trace(teacher, small_mlp):
+    """torch.fx replaces nn.Module.__call__ process-wide while it traces; a pruning in another
+    thread (its forward passes) waits for the trace to end instead of being caught in it
+    ("module is not installed as a submodule")."""
+    import threading
+
+    from pruning.diagnostics import _chain
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Paused(torch.nn.Module):
+        def forward(self, x):
+            entered.set()          # inside the trace, nn.Module.__call__ patched
+            release.wait(30)
+            return x
+
+    tracer = threading.Thread(target=_chain, args=(Paused(),))
+    tracer.start()
+    assert entered.wait(30)
+    done: list = []
+    pruner = threading.Thread(
+        target=lambda: done.append(pruning.prune(small_mlp, "snip", 0.5, dataset=teacher)))
+    pruner.start()
+    pruner.join(1.0)
+    still_waiting = pruner.is_alive()
+    release.set()
+    tracer.join(30)
+    pruner.join(60)
+    assert still_waiting and len(done) == 1 and done[0].sparsity() == pytest.approx(0.5)
