@@ -18,9 +18,11 @@ At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.
 same replay also measures, at steps N, 2N, ... up to the run's own goal step
 (``theory.schedule_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
 (on ``lipschitz_examples`` fixed examples, or the split: the same sample for L along [0, H]),
-and the noise and loss at the same weights; and it does so for the ``lipschitz_trials`` reached trials of each probed group with
-the fewest steps (each its own replay and task; the best one is the run the points along
-[0, H] are measured on). ``lipschitz_check`` adds L on the whole split at the first point of
+and the noise and loss at the same weights; and it does so for ``lipschitz_trials`` runs of
+each probed group: the reached trials with the fewest steps, then, unless the study stops a
+group at its first hit, the runs that ended without meeting the goal, up to the step they ended
+at (the budget), as Lee's code logs L in every run (:func:`probe_tasks`). Each is its own
+replay and task; the first one is the run the points along [0, H] are measured on. ``lipschitz_check`` adds L on the whole split at the first point of
 each listed level's first probed run (lowest seed, smallest probed batch size, best trial).
 These rows go to the ``schedule_probes`` table in the level's transaction.
 """
@@ -98,16 +100,35 @@ def best_trial(store: Store, key: str) -> pd.Series:
     return best_trials(store, key, 1)[0]
 
 
-def best_trials(store: Store, key: str, k: int) -> list[pd.Series]:
+def best_trials(store: Store, key: str, k: int, unreached: bool = False) -> list[pd.Series]:
     """The stored rows of group ``key``'s best trial and then its other reached trials, fewest
-    steps first (ties: lower index), at most ``k`` in all."""
+    steps first (ties: lower index); with ``unreached`` then the trials that ended without
+    meeting the goal (lowest index first; diverged trials never): at most ``k`` in all."""
     groups, trials = store.frame("groups"), store.frame("trials")
     g = groups[groups.key == key].iloc[0]
     t = trials[trials.group_key == key]
-    best = t[t.trial == int(g.best_trial)].iloc[0]
-    others = t[(t.status == "reached") & (t.trial != int(g.best_trial))].sort_values(
-        ["hit_step", "trial"], kind="stable")
-    return [best] + [r for _, r in others.head(max(k - 1, 0)).iterrows()]
+    reached = t[t.status == "reached"].sort_values(["hit_step", "trial"], kind="stable")
+    if not pd.isna(g.best_trial):
+        best = reached.trial == int(g.best_trial)
+        reached = pd.concat([reached[best], reached[~best]])
+    rows = [r for _, r in reached.iterrows()]
+    if unreached:
+        rows += [r for _, r in t[t.status == "not_reached"].sort_values("trial").iterrows()]
+    return rows[:k]
+
+
+def run_end(store: Store, trial: pd.Series) -> int:
+    """The step a stored trial's run ended at: its goal step when it reached the goal, else its
+    last evaluated step (the budget under ``stop = "all"`` or ``"never"``, the group's end
+    under ``"first"`` or a completed-trial count)."""
+    if trial.status == "reached":
+        return int(trial.hit_step)
+    curves = store.frame("curves")
+    steps = curves[(curves.group_key == trial.group_key) & (curves.trial == trial.trial)].step
+    if steps.empty:
+        raise TheoryError(f"trial {int(trial.trial)} of group {trial.group_key} has no "
+                          "evaluated step to probe up to")
+    return int(steps.max())
 
 
 def stored_trial(row: pd.Series) -> training.Trial:
@@ -120,13 +141,14 @@ def stored_trial(row: pd.Series) -> training.Trial:
 
 
 def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
-              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None, early: bool = True,
-              check: bool = False) -> tuple[list[ProbeRow], list[ScheduleRow]]:
-    """Replay one reached trial of a group once and probe it: along [0, H] when ``early`` (the
-    group's best trial), and at Lee et al.'s stage when the spec asks for it, with L on the
-    whole split at its first point when ``check`` (module docstring)."""
+              trial: pd.Series, mask: Mapping[str, torch.Tensor] | None, horizon: int,
+              early: bool = True, check: bool = False
+              ) -> tuple[list[ProbeRow], list[ScheduleRow]]:
+    """Replay one trial of a group to ``horizon`` H (its goal step, or where a run that never
+    met the goal ended: :func:`run_end`) once and probe it: along [0, H] when ``early`` (the
+    group's first probed trial), and at Lee et al.'s stage when the spec asks for it, with L on
+    the whole split at its first point when ``check`` (module docstring)."""
     start = time.perf_counter()
-    horizon = int(trial.hit_step) if not pd.isna(trial.hit_step) else int(group.steps_to_result)
     p = spec.probes
     run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
                              device=spec.device, precision=spec.precision)
@@ -170,15 +192,16 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
 @dataclass(frozen=True)
 class ProbeTask:
     """One probed run, everything a worker process needs: the spec, its workload, the group's
-    and the trial's stored rows, and the level's mask for that seed; ``early``: also along
-    [0, H] (the best trial); ``check``: L on the whole split at its first point of Lee's
-    stage."""
+    and the trial's stored rows, the level's mask for that seed and the step H the run ended
+    at (:func:`run_end`); ``early``: also along [0, H] (the group's first probed trial);
+    ``check``: L on the whole split at its first point of Lee's stage."""
 
     spec: Spec
     workload: Workload
     group: pd.Series
     trial: pd.Series
     mask: Mapping[str, torch.Tensor] | None
+    horizon: int
     early: bool = True
     check: bool = False
 
@@ -192,7 +215,7 @@ def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None
         seed = task.workload.init_seed(int(task.group.seed), int(task.trial.trial))
         dataset, model = on_device(task.workload, task.spec.device, dataset, seed)
         return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask,
-                         task.early, task.check)
+                         task.horizon, task.early, task.check)
 
 
 def on_device(workload: Workload, device: str, dataset: training.Dataset | None, seed: int
@@ -211,28 +234,47 @@ def on_device(workload: Workload, device: str, dataset: training.Dataset | None,
 
 def probe_tasks(spec: Spec, store: Store, sparsity: float,
                 masks: Mapping[int, Mapping[str, torch.Tensor] | None]) -> list[ProbeTask]:
-    """The probed runs of one sparsity level: every seed, at the chosen batch sizes."""
+    """The probed runs of one sparsity level: every seed, at the chosen batch sizes.
+
+    Without Lee et al.'s stage, the best trial of each chosen group that reached the goal.
+    With it (``[probes] lipschitz_every``), the ``lipschitz_trials`` reached trials with the
+    fewest steps and, where fewer reached and the runs were not stopped at the group's first
+    hit, the runs that ended without meeting the goal, each up to its end: Lee's
+    ``edps/train.py`` logs L in every run until the goal or the step budget ends it, so a level
+    whose runs never meet the goal is still measured (batch sizes are then chosen among every
+    completed group)."""
     groups = store.frame("groups")
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
     p = spec.probes
     k = p.lipschitz_trials if p.lipschitz_every else 1
+    unreached = bool(p.lipschitz_every) and spec.stop != "first"
     tasks: list[ProbeTask] = []
     for seed in spec.seeds:
         mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
-                      & (groups.status == "done") & groups.steps_to_result.notna()]
-        if mine.empty:
+                      & (groups.status == "done")
+                      & (groups.steps_to_result.notna() | unreached)]
+        choices = {int(g.batch_size): best_trials(store, g.key, k, unreached)
+                   for g in mine.itertuples()}
+        choices = {b: trials for b, trials in choices.items() if trials}
+        if not choices:
             continue
-        for b in theory.probe_batch_sizes(mine.batch_size.astype(int).tolist(), b_crit,
-                                          p.batch_sizes):
+        for b in theory.probe_batch_sizes(sorted(choices), b_crit, p.batch_sizes):
             group = mine[mine.batch_size == b].iloc[0]
-            for i, trial in enumerate(best_trials(store, group.key, k)):
+            for i, trial in enumerate(choices[b]):
                 # the level's first run checks L's sample against the whole split
                 check = not tasks and i == 0 and sparsity in p.lipschitz_check
                 tasks.append(ProbeTask(spec, workload, group, trial,
                                        workload.trial_mask(masks[seed], int(trial.trial)),
-                                       early=i == 0, check=check))
+                                       run_end(store, trial), early=i == 0, check=check))
     return tasks
+
+
+def longest_first(tasks: list[ProbeTask]) -> list[ProbeTask]:
+    """``tasks`` in the order a pool should start them: the whole-split checks of L (about ten
+    gradient passes over the training split each), then the longest replays, so that no long
+    run starts last while the other workers idle (ties keep their order)."""
+    return sorted(tasks, key=lambda t: (not t.check, -t.horizon))
 
 
 def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
@@ -250,14 +292,15 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
     levels = {s: probe_tasks(spec, store, s, {seed: masks[(s, seed)] for seed in spec.seeds})
               for s in todo}
     # submitted all at once, so the pool never idles between levels
-    submitted = {s: [executor.submit(run_probe_task, t) for t in tasks]
-                 for s, tasks in levels.items()} if executor is not None else {}
+    futures = {} if executor is None else {
+        id(t): executor.submit(run_probe_task, t)
+        for t in longest_first([t for tasks in levels.values() for t in tasks])}
 
     def finish(quiet: bool) -> None:
         with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
                   unit="run") as bar:
             for sparsity, tasks in levels.items():
-                results = ((f.result() for f in submitted[sparsity]) if submitted
+                results = ((futures[id(t)].result() for t in tasks) if futures
                            else (run_probe_task(t, dataset) for t in tasks))
                 rows: list[ProbeRow] = []
                 stage: list[ScheduleRow] = []

@@ -69,9 +69,9 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     curvature_examples = 1024           # lambda_max and B_noise sample (default: full split)
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
-    lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the goal
+    lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the end
     lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.tables.probes)
-    lipschitz_trials = 3                # ... reached trials per probed group
+    lipschitz_trials = 3                # ... runs per probed group
     lipschitz_check = [0.0]             # ... levels whose first run checks L on the whole split
 
     [branching]                         # CBS(t) by branching (experiments.spec.tables.branching)

@@ -6,14 +6,14 @@ that decide which trials a group counts.
 
 In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measured)::
 
-    lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the goal
+    lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the run's end
     lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
-    lipschitz_trials = 3          # reached trials probed per probed group (fewest steps first)
+    lipschitz_trials = 3          # runs probed per probed group (reached first, fewest steps)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``, ``edps/train.py``) measures L inside
 each run at every multiple of ``lipschitz_interval`` (default 1,000, ``edps/main.py``) until the
-goal ends the run, on the whole training split (``edps/check.py``, batches of 1,000). Here the
+goal or the step budget (``train_iterations``) ends the run, on the whole training split (``edps/check.py``, batches of 1,000). Here the
 probed runs are replayed bit for bit (``theory.probe_trajectory``) and measured at the same
 steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
 against the whole split at the first point of one run per listed level.
@@ -104,7 +104,7 @@ class Probes:
     [0, H] (``theory.probe_trajectory``). ``examples`` / ``curvature_examples``: sample sizes of
     the noise and the Hessian quantities (None: the full training split; the noise estimates
     are unbiased for the split either way); Lee's L uses the full split. ``lipschitz_*``: L at
-    Lee et al.'s own stage, every ``lipschitz_every`` steps up to the goal
+    Lee et al.'s own stage, every ``lipschitz_every`` steps up to each run's end
     (module docstring)."""
 
     enabled: bool = True

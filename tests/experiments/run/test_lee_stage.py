@@ -1,6 +1,8 @@
 """L at Lee et al.'s stage: a study's schedule points fall at k N up to each probed trial's own
-goal step, and a stored L equals Lee's formula evaluated independently on the reference loop's
-weights (float64)."""
+goal step, or to the budget for a run that never met the goal, and a stored L equals Lee's
+formula evaluated independently on the reference loop's weights (float64)."""
+
+import dataclasses
 
 import json
 
@@ -11,7 +13,8 @@ import torch
 import pruning
 import theory
 import training
-from experiments.run.probes import probe_cost
+from experiments.run.probes import longest_first, probe_cost, probe_tasks
+from experiments.store.database import Store
 from experiments.run.timing import TIMING_FILE
 from theory.estimators.functional import select_examples
 
@@ -19,8 +22,11 @@ from ..conftest import TINY, run_text
 
 EVERY = 4
 SAMPLE = 150
+BUDGET = 60
+# a goal some runs miss within the budget: at sparsity 0.5, B = 8 none of the four meets it
 STAGE = (TINY.replace("batch_sizes = [8, 32, 128]", "batch_sizes = [8, 16]")
-         .replace("target = 0.3", "target = 0.2")
+         .replace("target = 0.3", "target = 0.15")
+         .replace("max = 200", f"max = {BUDGET}")
          .replace("min = 0.01, max = 1.0", "min = 0.003, max = 0.03")   # runs of 10+ steps
          .replace("seeds = [0]", 'seeds = [0]\nstop = "all"')
          .replace("enabled = false",
@@ -36,24 +42,39 @@ def staged(tmp_path_factory):
     return run_text(tmp, STAGE, "stage")
 
 
-def test_points_fall_at_multiples_of_n_up_to_each_trials_own_goal(staged):
+def _probed(t, group_key, k=2):
+    """The trials a group's probes should take: reached ones, fewest steps first (the group's
+    best first), then the ones that missed the goal, lowest index first; never diverged."""
+    mine = t[t.group_key == group_key]
+    reached = mine[mine.status == "reached"].sort_values(["hit_step", "trial"]).trial.tolist()
+    missed = mine[mine.status == "not_reached"].sort_values("trial").trial.tolist()
+    return (reached + missed)[:k]
+
+
+def test_points_fall_at_multiples_of_n_up_to_each_trials_own_end(staged):
     s, t, g = staged.schedule_probes, staged.trials, staged.groups
     assert len(s) and set(s.quantity) == {"local_lipschitz", "local_lipschitz_full", "g_sq",
                                           "trace_sigma", "b_simple", "loss"}
     runs = s.groupby(["sparsity", "seed", "batch_size", "trial"])
+    ends = set()
     for (sparsity, seed, b, trial), run in runs:
         group = g[(g.sparsity == sparsity) & (g.seed == seed) & (g.batch_size == b)].iloc[0]
         row = t[(t.group_key == group.key) & (t.trial == trial)].iloc[0]
-        assert row.status == "reached"
-        goal = int(row.hit_step)
-        assert set(run.horizon) == {goal}
+        # the goal ends a run that met it; the budget one that did not (stop = "all")
+        end = int(row.hit_step) if row.status == "reached" else BUDGET
+        ends.add(row.status)
+        assert set(run.horizon) == {end}
         lipschitz = run[run.quantity == "local_lipschitz"]
-        # k N for k = 1, 2, ... until the goal ends the run; never step 0
-        assert sorted(lipschitz.step) == list(range(EVERY, goal + 1, EVERY))
+        # k N for k = 1, 2, ... until the goal or the budget ends the run; never step 0
+        assert sorted(lipschitz.step) == list(range(EVERY, end + 1, EVERY))
         assert set(lipschitz.examples) == {SAMPLE}
-    # two trials per probed group (stop = "all": each reached trial has its own goal step)
-    per_group = s.groupby(["sparsity", "seed", "batch_size"]).trial.nunique()
-    assert (per_group == 2).all()
+    assert ends == {"reached", "not_reached"}
+    # two trials per group (stop = "all"), chosen reached first: at every batch size, also
+    # where no run of the level met the goal
+    for group in g.itertuples():
+        mine = s[(s.sparsity == group.sparsity) & (s.batch_size == group.batch_size)]
+        assert sorted(set(mine.trial)) == sorted(_probed(t, group.key))
+    assert g[(g.sparsity == 0.5) & (g.batch_size == 8)].steps_to_result.isna().all()
     # the whole split's L at the first point of the dense level's first run only
     full = s[s.quantity == "local_lipschitz_full"]
     assert len(full) == 1 and full.sparsity.iloc[0] == 0.0 and full.examples.isna().all()
@@ -64,6 +85,38 @@ def test_points_fall_at_multiples_of_n_up_to_each_trials_own_goal(staged):
     assert seconds == pytest.approx(runs.seconds.sum())
     tasks = json.loads((staged.run_dir / TIMING_FILE).read_text())["tasks"]["probes"]
     assert tasks == {"tasks": len(runs), "seconds": pytest.approx(seconds)}
+
+
+def test_a_level_that_never_met_the_goal_is_probed_along_its_budget(staged):
+    """Sparsity 0.5 at B = 8: no run met the goal, so its points along [0, H] are at 0, H / 2
+    and H of the first run that ended at the budget H."""
+    p, t, g = staged.probes, staged.trials, staged.groups
+    mine = p[(p.sparsity == 0.5) & (p.batch_size == 8)]
+    assert sorted(set(mine.step)) == [0, BUDGET // 2, BUDGET]
+    assert (mine.fraction == mine.step / BUDGET).all()
+
+
+def test_a_study_stopped_at_the_first_hit_probes_only_runs_that_met_the_goal(staged):
+    """stop = "first" ends a group where one run meets the goal, so the others have no end of
+    their own: only reached runs are probed, and a level none of whose runs met the goal at a
+    batch size is not probed there."""
+    spec = dataclasses.replace(staged.spec, stop="first")
+    with Store(staged.run_dir, create=False) as store:
+        tasks = probe_tasks(spec, store, 0.5, {0: None})
+    assert {int(task.group.batch_size) for task in tasks} == {16}
+    assert all(task.trial.status == "reached" for task in tasks)
+    assert [task.horizon for task in tasks] == [int(task.trial.hit_step) for task in tasks]
+
+
+def test_the_pool_starts_the_whole_split_check_then_the_longest_runs(staged):
+    spec = staged.spec
+    with Store(staged.run_dir, create=False) as store:
+        tasks = [t for s in (0.0, 0.5) for t in probe_tasks(spec, store, s, {0: None})]
+    order = longest_first(tasks)
+    assert order[0].check and sum(t.check for t in tasks) == 1
+    horizons = [t.horizon for t in order[1:]]
+    assert horizons == sorted(horizons, reverse=True) and len(set(horizons)) > 1
+    assert sorted(map(id, order)) == sorted(map(id, tasks))
 
 
 def _lee_lipschitz(net, ds, mask, w_prev, w_next, examples):
