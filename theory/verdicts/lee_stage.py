@@ -310,7 +310,10 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
         claim = f"lee_L_rises (steps >= {start})"
         out.append(Verdict(claim, "paper", s, ratio.value, ratio.interval, (1.0, math.inf),
                            verdict, f"{numbers}; {says}"))
-        if s not in curve_by or reference not in curve_by:
+        # a level that met the goal at no batch size where the reference did has no step ratio
+        # to explain (its runs ended at the budget): the L claim stands alone
+        if s not in curve_by or reference not in curve_by or not (
+                set(curve_by[s].batch_sizes) & set(curve_by[reference].batch_sizes)):
             continue
         measured = median_step_ratio(curve_by[s], curve_by[reference], level, n_boot, rng)
         m_side = interval_side(measured[1])

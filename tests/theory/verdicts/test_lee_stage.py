@@ -136,6 +136,16 @@ def test_verdicts_say_whether_L_rises_and_whether_it_explains_the_steps():
     assert [v.verdict for v in one] == ["inconclusive", "inconclusive"]
 
 
+def test_a_level_that_met_the_goal_nowhere_the_reference_did_gets_the_L_claim_alone():
+    wobble = [0.9, 1.0, 1.1]
+    table = frame(rows(0.0, [[3.0 * w] * 4 for w in wobble]),
+                  rows(0.9, [[6.0 * w] * 4 for w in wobble]))
+    apart = [MeasuredCurve(0.0, (32.0,), (3000.0,)), MeasuredCurve(0.9, (64.0,), (2500.0,))]
+    for given in (apart, apart[:1]):
+        (rises,) = stage_verdicts(table, given)
+        assert rises.claim == "lee_L_rises (steps >= 1000)" and rises.verdict == "holds"
+
+
 def test_verdicts_need_the_reference_level_at_the_stage():
     with pytest.raises(TheoryError, match="reference sparsity 0.0"):
         stage_verdicts(frame(rows(0.9, [[1.0]])), [])
