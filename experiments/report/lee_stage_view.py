@@ -1,6 +1,6 @@
 """Lee et al. (2021)'s L at their own stage, for the report: the store's ``schedule_probes``
-(L every N steps of each probed run up to its goal, :mod:`experiments.run.probes`) read by
-:mod:`theory.verdicts.lee_stage`, beside the initialization and the early probes.
+(L every N steps of each probed run up to its goal or budget, :mod:`experiments.run.probes`)
+read by :mod:`theory.verdicts.lee_stage`, beside the initialization and the early probes.
 
 - :func:`stage_view`: per run of the report, each level's L per (batch size, step) with its
   interval over runs (Figure 10), the sparse/dense ratio at every common step, the ratio stage by
@@ -186,8 +186,9 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
             "batch sizes). Initialization: step 0 of the probes along [0, H], shown, never "
             "averaged in. Early stage: the K probe points of each run after step 0, compared at "
             "equal fractions of each run. Lee's stage: L every N steps of each run up to its "
-            f"goal (their edps/train.py), the steps >= {STAGE_START:,} that every run of both "
-            "levels reached. " + " ".join(part.samples) + ". " + PAIRED_NOTE),
+            "goal, or its budget where it did not meet it (their edps/train.py), the steps >= "
+            f"{STAGE_START:,} that every run of both levels reached. "
+            + " ".join(part.samples) + ". " + PAIRED_NOTE),
            ("L at Lee's stage, point by point", points,
             "At each step both levels reached at one batch size: the ratio of the levels' "
             "geometric means of L with its 90 % Welch t interval on log L; one run on a side "

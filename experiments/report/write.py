@@ -255,9 +255,9 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                "No claim could be judged (no probes or no fitted curve)."),
         Figure("fig5_b_simple", "Figure 5. B_simple along the run against the fitted B_crit",
                "McCandlish et al. (2018)'s simple noise scale tr Σ / |G|² at K evenly spaced points of "
-               "each probed run (x: step / H, H its steps-to-result), one line per probed batch size "
-               "(median over seeds); black line and grey band: the series' fitted B_crit and its "
-               "interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
+               "each probed run (x: step / H, H its steps-to-result, or its budget where no run "
+               "of its group met the goal), one line per probed batch size (median over seeds); "
+               "black line and grey band: the series' fitted B_crit and its interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
         Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
                "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
                "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "
@@ -275,9 +275,10 @@ def _stage_section(stage: StagePart, order: list[str], cmap: dict) -> Section:
           for title, frame, note in stage_tables(stage)),
         Figure("fig10_lipschitz_stage", "Figure 10. L every N steps of the runs, Lee et al.'s view",
                "Lee et al. (2021)'s local Lipschitz constant of the update into each step k N of "
-               "the probed runs (their edps/train.py), up to each run's goal; one panel per probed "
-               "batch size, one line per series: the geometric mean over its runs (seeds and "
-               "trials), band: its 90 % t interval; log scale. ×: L on the whole training split "
+               "the probed runs (their edps/train.py), up to each run's goal or, for a run that "
+               "did not meet it, its budget; one panel per probed batch size, one line per "
+               "series: the geometric mean over its runs (seeds and trials), band: its 90 % t "
+               "interval; log scale. ×: L on the whole training split "
                "where the study checked its sample.",
                F.png_bytes(TF.stage_figure(stage.points, stage.check, order, cmap))),
     ))
