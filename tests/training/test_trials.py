@@ -151,7 +151,7 @@ def test_stop_first_is_exact_minimum_of_every_step_hits(linreg):
 def test_state_is_copied_for_replays_only_with_a_goal(linreg, monkeypatch):
     """The copy a hit is replayed from is made once per evaluation interval, and only when
     there is a goal to hit; the run is the same either way."""
-    from training.engine.stack import TrialStack
+    from training.engine.loop import TrialStack
 
     copies = []
     clone = TrialStack.clone

@@ -1,14 +1,15 @@
 """The step loop of :func:`training.train_trials`: a group's trials, stacked, from their first
 update to the last evaluation.
 
-:func:`run` takes the checked call and returns its :class:`Outcome`:
+:func:`run` takes the checked call and returns its
+:class:`~training.engine.outcome.Outcome`:
 
-1. **Strategy** (:func:`strategy`): the cell's program, trials per stack and examples per chunk, by the
-   strategy's rules (:mod:`training.engine.strategy`) or measured among its candidates
-   (:mod:`training.engine.choice`), every program built from one registry
-   (:mod:`training.engine.programs`).
-2. **Stacks** (:mod:`training.engine.stack`): the trials in stacks of that size, each trial's
-   weights, mask, optimizer state and data seed stacked along dim 0.
+1. **Strategy** (:func:`strategy`): the cell's program, trials per stack and examples per
+   chunk, by the strategy's rules (:mod:`training.engine.strategy`) or measured among its
+   candidates (:mod:`training.engine.choice`) with this loop's own step, every program built
+   from one registry (:mod:`training.engine.programs`).
+2. **Stacks** (:class:`TrialStack`, :func:`make_stacks`): the trials in stacks of that size,
+   each trial's weights, mask, optimizer state and data seed stacked along dim 0.
 3. **Steps** (:class:`Runner`): between two evaluations of ``run.eval_schedule``, every stack
    takes its updates in turn (:meth:`Runner.steps`); a trial whose mini-batch loss diverges
    leaves its stack before that update.
@@ -20,23 +21,29 @@ update to the last evaluation.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from training import device
-from training.config import RunConfig, Trial
+from training import device, randomness
+from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
 from training.data.dataset import Dataset
+from training.engine.adam import AdamState
+from training.engine.module_state import ModuleState
 from training.engine import choice
 from training.engine.programs.base import Cell, Program
 from training.engine.programs.batched import stacked_loss_and_grad
+from training.engine.outcome import Outcome, Rows
 from training.engine.resume import DataOrigin, end_state, load_stack
-from training.engine.stack import TrialStack, make_stacks
 from training.engine.strategy import Strategy, cell
-from training.goal import Goal, goal_metric, metric_value
-from training.schedules.order import epoch_permutation
+from training.engine.updates import StackUpdate
+from training.goal import DIVERGENCE_FACTOR, Goal, goal_metric, metric_value
+from training.masks import mask_
+from training.schedules.lr_schedule import lr_factor
+from training.schedules.order import epoch_permutation, trial_seed
 from training.state import TrainState
 
 Tensor = torch.Tensor
@@ -49,30 +56,120 @@ GATHER_BUDGET = 64 << 20
 # at once (training.engine.programs.fused.FusedProgram.train_steps): 32 trials at B = 4096 take
 # 1 MB a step, so such a call covers 16 steps; at B = 64, up to 1,024.
 INDEX_BUDGET = 16 << 20
-# Curve rows of one trial: (step, mean training loss since the last evaluation, goal metric).
-Rows = list[tuple[int, float, float]]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What the loop leaves of one call, per trial i: its curve ``rows[i]``, the exact step it
-    first met the goal ``hit[i]`` (or None), the update it diverged at ``diverged[i]`` (or None),
-    the updates it took ``taken[i]``, and its final parameters ``names``, then module buffers
-    ``buffer_names`` (where the program kept them), ``final[i]``; ``steps_run``, the steps the
-    group ran; the cell's ``strategy``; with ``return_state``, the state after ``steps_run``
-    updates of the trials ``end_trials``."""
+@dataclass
+class TrialStack:
+    """The trials trained together (one stack of a group; ``ids``, their positions in it): their
+    parameters stacked along dim 0 (``[n, *shape]``), optimizer state (momentum buffers, or
+    Adam moments), masks and metaparameters as columns of n values, what the loop tracks per
+    trial between evaluations (initial loss, loss sum, data order) and, for a program that
+    ``takes_module_state``, the module's state per trial."""
 
-    names: list[str]
-    buffer_names: list[str]
-    rows: list[Rows]
-    hit: list[int | None]
-    diverged: list[int | None]
-    taken: list[int]
-    final: dict[int, list[Tensor]]
-    steps_run: int
-    strategy: Strategy
-    end_state: TrainState | None = None
-    end_trials: tuple[int, ...] = ()
+    ids: list[int]
+    params: list[Tensor]
+    bufs: list[Tensor] | None  # momentum buffers (None for sgd, adam, adamw)
+    masks: list[Tensor | None]
+    lr: Tensor            # [n] float64 base learning rates
+    mu: Tensor            # [n] momentum, model dtype
+    decay: Tensor | None  # [n] float64 decay steps (inf: constant), None if all constant
+    end: Tensor           # [n] float64 end factors
+    init_loss: Tensor     # [n] float64 first mini-batch loss at initialisation
+    loss_sum: Tensor      # [n] float64 mini-batch losses since the last evaluation
+    seeds: list[int]
+    perm: Tensor | None = None
+    perm_epoch: int = -1
+    adam: AdamState | None = None  # moments and metaparameters of adam / adamw
+    module: ModuleState | None = None  # the module's buffers and generators (per_trial only)
+
+    def select(self, rows: list[int]) -> "TrialStack":
+        """The stack restricted to positions ``rows``."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.lr.device)
+
+        def take(t):
+            return None if t is None else t.index_select(0, idx.to(t.device))
+
+        return TrialStack(
+            ids=[self.ids[r] for r in rows], params=[take(p) for p in self.params],
+            bufs=None if self.bufs is None else [take(b) for b in self.bufs],
+            masks=[m if m is None or m.dim() < self.params[j].dim() else take(m)
+                   for j, m in enumerate(self.masks)],
+            lr=take(self.lr), mu=take(self.mu), decay=take(self.decay), end=take(self.end),
+            init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
+            seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
+            adam=None if self.adam is None else self.adam.select(idx),
+            module=None if self.module is None else self.module.select(idx))
+
+    def clone(self) -> "TrialStack":
+        """A copy whose parameters and optimizer state can be advanced independently."""
+        return replace(self, ids=list(self.ids), params=[p.clone() for p in self.params],
+                       bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
+                       loss_sum=self.loss_sum.clone(),
+                       adam=None if self.adam is None else self.adam.clone(),
+                       module=None if self.module is None else self.module.clone())
+
+    def row(self, r: int, copy: bool = True) -> list[Tensor]:
+        """Position ``r``'s parameters, then its module buffers (if the stack keeps them)."""
+        rows = [p[r] for p in self.params] + ([] if self.module is None else
+                                              [b[r] for b in self.module.buffers])
+        return [t.clone() for t in rows] if copy else rows
+
+    def limit(self) -> Tensor:
+        """Every trial's divergence limit [n] (training.goal.is_diverged: not finite, or above
+        DIVERGENCE_FACTOR times the initial loss)."""
+        return DIVERGENCE_FACTOR * self.init_loss.clamp(min=1e-12)
+
+    def update(self, optimizer: str, step: int) -> StackUpdate:
+        """Update ``step`` (0-based) of this stack: learning rates on their schedule."""
+        lr = self.lr if self.decay is None else self.lr * lr_factor(step, self.decay, self.end)
+        return StackUpdate(optimizer, step, lr, self.mu, self.masks, self.bufs, self.adam)
+
+
+def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
+                first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
+                module_state: bool = False, random: bool = False,
+                init_params: Mapping[str, Tensor] | None = None) -> list[TrialStack]:
+    """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
+    (or from its row of ``init_params``, name -> ``[N, *shape]``) with its mask applied; trial
+    i's data seed is ``trial_seed(seed, first_index + i)``. With ``module_state``, every stack
+    also holds :class:`ModuleState` (for a ``random`` model, trial i's generator seeded by
+    ``randomness_seed(seed, first_index + i)``)."""
+    names = [name for name, _ in model.named_parameters()]
+    base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
+    rows_of = [None if not init_params else init_params[name] for name in names]
+    mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
+                 for name in names]
+    stacks = []
+    for start in range(0, len(trials), chunk):
+        ids = list(range(start, min(start + chunk, len(trials))))
+        n = len(ids)
+        rows = torch.tensor(ids, device=device)
+        m_st: list[Tensor | None] = [
+            None if m is None else m if m.dim() == p.dim() else m.index_select(0, rows)
+            for m, p in zip(mask_list, base)]
+        params = [p.unsqueeze(0).expand(n, *p.shape).clone() if r is None else
+                  r.index_select(0, rows.to(r.device)).to(device=device, dtype=dtype)
+                  for p, r in zip(base, rows_of)]
+        mask_(params, m_st)
+        decays = [trials[i].decay_steps for i in ids]
+        f64 = dict(dtype=torch.float64, device=device)
+        stacks.append(TrialStack(
+            ids=ids, params=params,
+            bufs=None if optimizer in ("sgd", *ADAM_OPTIMIZERS) else [
+                torch.zeros_like(p) for p in params],
+            adam=AdamState.zeros(params, [trials[i] for i in ids], optimizer == "adamw")
+            if optimizer in ADAM_OPTIMIZERS else None,
+            masks=m_st, lr=torch.tensor([trials[i].lr for i in ids], **f64),
+            mu=torch.tensor([trials[i].momentum for i in ids], dtype=dtype, device=device),
+            decay=None if all(d is None for d in decays) else torch.tensor(
+                [math.inf if d is None else float(d) for d in decays], **f64),
+            end=torch.tensor([trials[i].end_factor for i in ids], **f64),
+            init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
+            seeds=[trial_seed(seed, first_index + i) for i in ids],
+            module=ModuleState.initial(
+                model, [randomness.randomness_seed(seed, first_index + i) for i in ids], device,
+                dtype, random) if module_state else None))
+    return stacks
 
 
 @dataclass
@@ -311,6 +408,15 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     return replace(outcome, end_state=state, end_trials=ids)
 
 
+def _runner(dataset: Dataset, run: RunConfig, goal: Goal | None, batch_size: int,
+            origin: DataOrigin, step_timer: contextlib.AbstractContextManager | None) -> Runner:
+    """The runner of a call, its program not chosen yet: the data set on the run's device."""
+    data = dataset.to(run.device, run.dtype)
+    return Runner(None, False, data.x_train, data.y_train, data.x_val, data.y_val, dataset.task,
+                  goal_metric(goal, dataset.task), batch_size, run.optimizer, run.dtype, origin,
+                  dataset.loss, step_timer or contextlib.nullcontext())
+
+
 def strategy_for(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig, *,
                  masks: dict[str, Tensor], batch_size: int, first_index: int, random: bool,
                  program: str | None = None, setting: str | None = None) -> Strategy:
@@ -321,15 +427,6 @@ def strategy_for(model: nn.Module, dataset: Dataset, trials: list[Trial], run: R
                          run.dtype, run.device, run.optimizer, dataset.loss, random,
                          run.precision),
                     trials, run, masks, first_index, runner, program, setting)
-
-
-def _runner(dataset: Dataset, run: RunConfig, goal: Goal | None, batch_size: int,
-            origin: DataOrigin, step_timer: contextlib.AbstractContextManager | None) -> Runner:
-    """The runner of a call, its program not chosen yet: the data set on the run's device."""
-    data = dataset.to(run.device, run.dtype)
-    return Runner(None, False, data.x_train, data.y_train, data.x_val, data.y_val, dataset.task,
-                  goal_metric(goal, dataset.task), batch_size, run.optimizer, run.dtype, origin,
-                  dataset.loss, step_timer or contextlib.nullcontext())
 
 
 def strategy(c: Cell, trials: list[Trial], run: RunConfig, masks: dict[str, Tensor],
