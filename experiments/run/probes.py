@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from concurrent.futures import Executor
+from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
@@ -297,18 +297,32 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
         for t in longest_first([t for tasks in levels.values() for t in tasks])}
 
     def finish(quiet: bool) -> None:
+        def write(sparsity: float, results) -> None:
+            rows: list[ProbeRow] = []
+            stage: list[ScheduleRow] = []
+            for run_rows, stage_rows in results:
+                rows += run_rows
+                stage += stage_rows
+            store.write_probes(sparsity, rows, stage)
+
         with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
                   unit="run") as bar:
-            for sparsity, tasks in levels.items():
-                results = ((futures[id(t)].result() for t in tasks) if futures
-                           else (run_probe_task(t, dataset) for t in tasks))
-                rows: list[ProbeRow] = []
-                stage: list[ScheduleRow] = []
-                for run_rows, stage_rows in results:
-                    rows += run_rows
-                    stage += stage_rows
-                    bar.update()
-                store.write_probes(sparsity, rows, stage)
+            if not futures:
+                for sparsity, tasks in levels.items():
+                    results = []
+                    for t in tasks:
+                        results.append(run_probe_task(t, dataset))
+                        bar.update()
+                    write(sparsity, results)
+                return
+            # the bar counts runs as they end (longest first is not the levels' order); each
+            # level is written, in the levels' order, once all its runs have ended
+            waiting = list(levels)
+            for _ in as_completed(futures.values()):
+                bar.update()
+                while waiting and all(futures[id(t)].done() for t in levels[waiting[0]]):
+                    sparsity = waiting.pop(0)
+                    write(sparsity, [futures[id(t)].result() for t in levels[sparsity]])
 
     return finish
 
