@@ -22,13 +22,15 @@ and the noise and loss at the same weights; and it does so for ``lipschitz_trial
 each probed group: the reached trials with the fewest steps, then, unless the study stops a
 group at its first hit, the runs that ended without meeting the goal, up to the step they ended
 at (the budget), as Lee's code logs L in every run (:func:`probe_tasks`). Each is its own
-replay and task; the first one is the run the points along [0, H] are measured on. ``lipschitz_check`` adds L on the whole split at the first point of
-each listed level's first probed run (lowest seed, smallest probed batch size, best trial).
+replay and task; the first one is the run the points along [0, H] are measured on.
+``lipschitz_check`` adds L on the whole split at the first point of each listed level's first
+probed run (lowest seed, smallest probed batch size, best trial).
 These rows go to the ``schedule_probes`` table in the level's transaction.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -117,14 +119,14 @@ def best_trials(store: Store, key: str, k: int, unreached: bool = False) -> list
     return rows[:k]
 
 
-def run_end(store: Store, trial: pd.Series) -> int:
+def run_end(trial: pd.Series, curves: Callable[[], pd.DataFrame]) -> int:
     """The step a stored trial's run ended at: its goal step when it reached the goal, else its
-    last evaluated step (the budget under ``stop = "all"`` or ``"never"``, the group's end
-    under ``"first"`` or a completed-trial count)."""
+    last evaluated step in the store's ``curves()`` (the budget under ``stop = "all"`` or
+    ``"never"``, the group's end under ``"first"`` or a completed-trial count)."""
     if trial.status == "reached":
         return int(trial.hit_step)
-    curves = store.frame("curves")
-    steps = curves[(curves.group_key == trial.group_key) & (curves.trial == trial.trial)].step
+    frame = curves()
+    steps = frame[(frame.group_key == trial.group_key) & (frame.trial == trial.trial)].step
     if steps.empty:
         raise TheoryError(f"trial {int(trial.trial)} of group {trial.group_key} has no "
                           "evaluated step to probe up to")
@@ -249,6 +251,7 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     p = spec.probes
     k = p.lipschitz_trials if p.lipschitz_every else 1
     unreached = bool(p.lipschitz_every) and spec.stop != "first"
+    curves = functools.cache(lambda: store.frame("curves"))   # read once, only if needed
     tasks: list[ProbeTask] = []
     for seed in spec.seeds:
         mine = groups[(groups.sparsity == sparsity) & (groups.seed == seed)
@@ -266,7 +269,7 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
                 check = not tasks and i == 0 and sparsity in p.lipschitz_check
                 tasks.append(ProbeTask(spec, workload, group, trial,
                                        workload.trial_mask(masks[seed], int(trial.trial)),
-                                       run_end(store, trial), early=i == 0, check=check))
+                                       run_end(trial, curves), early=i == 0, check=check))
     return tasks
 
 

@@ -31,9 +31,9 @@ from torch import nn
 from training import device, randomness
 from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
 from training.data.dataset import Dataset
+from training.engine import choice
 from training.engine.adam import AdamState
 from training.engine.module_state import ModuleState
-from training.engine import choice
 from training.engine.programs.base import Cell, Program
 from training.engine.programs.batched import stacked_loss_and_grad
 from training.engine.outcome import Outcome, Rows
