@@ -279,6 +279,9 @@ def test_from_tensors_digest_tells_data_sets_apart():
 
 
 X, Y = torch.randn(20, 3), torch.arange(20) % 2
+# finite in float64 but past float32's largest value (3.4e38) in one entry: inf once cast
+X_OVERFLOW = X.double()
+X_OVERFLOW[7, 2] = 1e39
 BAD_TENSORS = [
     (dict(x=X[:19]), "x has 19 examples but y has 20 labels"),
     (dict(x=X.tolist()), "x must be a torch.Tensor or a numpy array, got list"),
@@ -288,7 +291,7 @@ BAD_TENSORS = [
     (dict(x=torch.tensor(1.0)), "x is a scalar"),
     (dict(x=X.clone().index_put_((torch.tensor([4]), torch.tensor([1])), torch.tensor(float("nan")))),
      r"x\[4\] has a non-finite value \(NaN or inf, after the cast to float32\)"),
-    (dict(x=X.double() * 1e39), r"x\[0\] has a non-finite value \(NaN or inf, after the cast"),
+    (dict(x=X_OVERFLOW), r"x\[7\] has a non-finite value \(NaN or inf, after the cast to float32\)"),
     (dict(y=Y.reshape(10, 2)), r"x has 20 examples but y has 10"),
     (dict(y=torch.nn.functional.one_hot(Y)), r"y has shape \(20, 2\); classification needs one "
                                              r"class label per example.*one-hot labels\? pass their argmax"),
