@@ -257,7 +257,8 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                "McCandlish et al. (2018)'s simple noise scale tr Σ / |G|² at K evenly spaced points of "
                "each probed run (x: step / H, H its steps-to-result, or its budget where no run "
                "of its group met the goal), one line per probed batch size (median over seeds); "
-               "black line and grey band: the series' fitted B_crit and its interval.", F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
+               "black line and grey band: the series' fitted B_crit and its interval.",
+               F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
         Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
                "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
                "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "

@@ -4,9 +4,9 @@
 Lee et al.'s released code (``namhoonlee/effect-dps-public``: ``edps/train.py``, ``check.py``,
 ``main.py``) logs L at every ``lipschitz_interval`` = 1,000 steps of each run until the goal (or
 the step budget) ends it, never at initialization. Their explanation: a sparser network needs
-more steps because its L is larger. The input here is the store's ``schedule_probes`` table (columns ``sparsity, seed,
-batch_size, trial, step, quantity, value``): a *run* is one (seed, trial) of a (level, batch
-size); a *point* is a step k N of it.
+more steps because its L is larger. The input here is the store's ``schedule_probes`` table
+(columns ``sparsity, seed, batch_size, trial, step, quantity, value``): a *run* is one (seed,
+trial) of a (level, batch size); a *point* is a step k N of it.
 
 - :func:`stage_points`: each level's L at each step >= :data:`STAGE_START` and batch size, the
   geometric mean over the runs that reached that step, with a ``level`` t interval on log L

@@ -13,9 +13,9 @@ In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measu
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``, ``edps/train.py``) measures L inside
 each run at every multiple of ``lipschitz_interval`` (default 1,000, ``edps/main.py``) until the
-goal or the step budget (``train_iterations``) ends the run, on the whole training split (``edps/check.py``, batches of 1,000). Here the
-probed runs are replayed bit for bit (``theory.probe_trajectory``) and measured at the same
-steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
+goal or the step budget (``train_iterations``) ends the run, on the whole training split
+(``edps/check.py``, batches of 1,000). Here the probed runs are replayed bit for bit
+(``theory.probe_trajectory``) and measured at the same steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
 against the whole split at the first point of one run per listed level.
 
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
