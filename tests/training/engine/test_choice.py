@@ -192,9 +192,13 @@ def test_the_trainer_measures_once_per_structure_and_trains_the_same(tmp_path, m
     assert len(json.loads((tmp_path / choice.CACHE_NAME).read_text())) == 2
 
 
-def test_trials_spread_over_threads_equal_one_thread(monkeypatch):
-    """Two trials side by side, one thread each, bit for bit the one-thread run."""
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_trials_spread_over_threads_equal_one_thread(monkeypatch, kernels):
+    """Two trials side by side, one thread each, bit for bit the one-thread run; also with the
+    eager update (kernels off), whose in-place writes of one trial's rows once failed the other
+    thread's backward (a shared version counter) about half the time."""
     monkeypatch.setenv("SPARSESCALE_PROGRAM_CHOICE", "per_trial")
+    monkeypatch.setenv("SPARSESCALE_KERNELS", kernels)
     ds = images()
     torch.manual_seed(1)
     net = SmallCNN()

@@ -176,7 +176,11 @@ class PerTrialProgram(Program):
         generator. The loss of a chunk of m of the B examples is weighted m / B, so the chunks'
         gradients add up to the gradient of the batch mean."""
         batch = x.shape[0]
-        leaves = [p.detach().requires_grad_() for p in params]
+        # ``.data``, not ``detach()``: a detached view shares the stack's version counter, so
+        # another thread's in-place update of its own trial's rows (the eager update) would fail
+        # this trial's backward with "modified by an inplace operation" (kernels off only: the
+        # compiled update does not bump the counter); trials never write each other's rows
+        leaves = [p.data.requires_grad_() for p in params]
         for leaf, g in zip(leaves, grads or ()):
             leaf.grad = g  # autograd accumulates into it in place
         total = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
