@@ -30,13 +30,13 @@ from pruning.diagnostics import Diagnosis, LayerCollapseWarning, density_figure,
 from pruning.errors import MaskError, MaskIOError, PruningError
 from pruning.mask import Mask, prunable_parameters
 from pruning.methods import prune, prune_levels
-from pruning.registry import Context, Criterion, list_methods, register, whole_split
+from pruning.registry import CRITERIA, Context, Criterion, list_methods, register, whole_split
 from pruning.sanity import matched_random, reinitialize, shuffle_layers
 from pruning.structured import StructuredReport, prune_channels
 
 __all__ = ["accounting", "criteria", "diagnostics", "iterative", "sanity", "select", "structured",
            "report", "Diagnosis", "LayerCollapseWarning", "density_figure", "diagnose", "Mask",
            "MaskError", "MaskIOError", "PruningError", "prunable_parameters", "Context",
-           "Criterion", "list_methods", "register", "whole_split", "prune", "prune_levels",
+           "CRITERIA", "Criterion", "list_methods", "register", "whole_split", "prune", "prune_levels",
            "matched_random", "reinitialize", "shuffle_layers", "StructuredReport",
            "prune_channels"]

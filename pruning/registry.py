@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from training.data import Dataset
+from training.registry import Registry
 
 from pruning.errors import PruningError
 from pruning.select import SCOPES
@@ -146,7 +147,8 @@ class Criterion:
         return None
 
 
-_REGISTRY: dict[str, Criterion] = {}
+CRITERIA: Registry[Criterion] = Registry("pruning criterion", PruningError,
+                                        hint='"package.module:function"')
 
 
 def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] = SCOPES,
@@ -157,7 +159,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] 
     (:class:`Criterion`); the function is returned as it is. A name already taken by another
     function raises :class:`pruning.PruningError` (the same function again, from the same file
     and name, as a module imported twice or a script also imported by name defines it,
-    replaces its entry)."""
+    replaces its entry; :class:`training.registry.Registry`)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise PruningError(f"a criterion's name must be a Python identifier, got {name!r}")
     bad = [s for s in scopes if s not in SCOPES]
@@ -170,12 +172,9 @@ def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] 
                            f"{', '.join(NEEDS)} (or any field of pruning.Context)")
 
     def add(score: Score) -> Score:
-        old = _REGISTRY.get(name)
-        if old is not None and _origin(old.score) != _origin(score):
-            raise PruningError(f"criterion {name!r} is already registered by "
-                               f"{_origin(old.score)}")
-        _REGISTRY[name] = Criterion(name, score, tuple(needs), tuple(scopes), rounds, per_class,
-                                    tuple(records), work, revives, whole_split, summary)
+        CRITERIA.add(name, Criterion(name, score, tuple(needs), tuple(scopes), rounds, per_class,
+                                     tuple(records), work, revives, whole_split, summary),
+                     defined_by=score)
         return score
 
     return add
@@ -184,12 +183,12 @@ def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] 
 def list_methods() -> list[str]:
     """Names accepted by :func:`pruning.prune`: the built-in criteria, then those registered
     since, in order of registration."""
-    return list(_REGISTRY)
+    return CRITERIA.names()
 
 
 def whole_split() -> list[str]:
     """The registered criteria that can score on the whole training split (``examples="all"``)."""
-    return [name for name, c in _REGISTRY.items() if c.whole_split]
+    return [name for name, c in CRITERIA.items() if c.whole_split]
 
 
 def is_path(method: str) -> bool:
@@ -208,12 +207,9 @@ def criterion(method: str | Criterion) -> Criterion:
         raise PruningError(f"method must be a criterion's name or import path, got "
                            f"{type(method).__name__} {method!r}")
     if not is_path(method):
-        if method not in _REGISTRY:
-            raise PruningError(f"unknown pruning method {method!r}; allowed: "
-                               f"{', '.join(_REGISTRY)}, or \"package.module:function\"")
-        return _REGISTRY[method]
+        return CRITERIA.get(method)
     score = _imported(method)
-    found = next((c for c in _REGISTRY.values() if c.score is score), None)
+    found = next((c for _, c in CRITERIA.items() if c.score is score), None)
     # named as the caller named it: a mask records the path it can be imported back from
     return Criterion(method, score) if found is None else replace(found, name=method)
 
@@ -234,10 +230,3 @@ def _imported(path: str) -> Score:
                            f"function")
     return obj
 
-
-def _origin(fn: Callable[..., Any]) -> str:
-    """Where ``fn`` is defined: its file and qualified name (a script run as ``__main__`` and
-    imported by its module name defines the same function twice, from one file)."""
-    code = getattr(fn, "__code__", None)
-    where = code.co_filename if code is not None else getattr(fn, "__module__", "?")
-    return f"{where}:{getattr(fn, '__qualname__', repr(fn))}"

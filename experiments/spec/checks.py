@@ -11,7 +11,6 @@ recording why not. Each table has its own module (:mod:`experiments.spec.tables`
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -21,12 +20,7 @@ from typing import Any
 from training.config import OPTIMIZERS
 from training.data import list_datasets
 from training.models import list_models
-
-
-def did_you_mean(value: str, allowed: list[str] | tuple[str, ...]) -> str:
-    """`` (did you mean 'x'?)`` for the closest allowed name, or nothing when none is close."""
-    near = difflib.get_close_matches(value, list(allowed), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+from training.registry import did_you_mean
 
 
 class Checker:

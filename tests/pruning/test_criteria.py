@@ -156,8 +156,8 @@ def test_prune_biases_option(teacher, small_mlp):
 
 
 def test_bad_arguments(teacher, small_mlp):
-    with pytest.raises(PruningError, match="unknown pruning method 'snp'; allowed: random, "
-                                         "magnitude, snip, grasp, synflow, imp"):
+    with pytest.raises(PruningError, match=r"unknown pruning criterion 'snp' \(did you mean 'snip'\?\); "
+                                         "allowed: random, magnitude, snip, grasp, synflow, imp"):
         pruning.prune(small_mlp, "snp", 0.5, dataset=teacher)
     with pytest.raises(PruningError, match=r"sparsity must be a number in \[0, 1\)"):
         pruning.prune(small_mlp, "magnitude", 1.0)

@@ -10,16 +10,14 @@ import torch
 
 import pruning
 from pruning import PruningError
-from pruning.registry import _REGISTRY, criterion
+from pruning.registry import CRITERIA, criterion
 
 
 @pytest.fixture
 def registered():
     """Registers criteria in a test, and forgets them after it."""
-    before = dict(_REGISTRY)
-    yield pruning.register
-    _REGISTRY.clear()
-    _REGISTRY.update(before)
+    with CRITERIA.preserved():
+        yield pruning.register
 
 
 def test_the_built_in_criteria_are_registered_in_order():
@@ -91,7 +89,6 @@ def test_a_criterion_by_import_path(tmp_path, teacher, small_mlp, monkeypatch):
             return {k: -p.detach().abs() for k, p in params.items()}
         '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = dict(_REGISTRY)
     try:
         plain = pruning.prune(small_mlp, "owncrit:plain", 0.5, dataset=teacher)
         assert plain.info["method"] == "owncrit:plain" and plain.info["rounds"] == 1
@@ -104,6 +101,7 @@ def test_a_criterion_by_import_path(tmp_path, teacher, small_mlp, monkeypatch):
         with pytest.raises(PruningError, match="cannot import nosuchmodule"):
             pruning.prune(small_mlp, "nosuchmodule:f", 0.5)
     finally:
-        _REGISTRY.clear()
-        _REGISTRY.update(before)
+        for name in ("own_registered",):
+            if name in CRITERIA:
+                CRITERIA.remove(name)
         sys.modules.pop("owncrit", None)

@@ -12,14 +12,14 @@ Every name is importable from ``training.data``.
 
 from training.data.dataset import Dataset, check_dataset, split_dataset, split_validation
 from training.data.registry import (
-    CIFAR_FILES, DATA_FOLDERS, SYSTEM_FOLDERS, cache_dir, list_datasets, load, load_cifar10,
+    CIFAR_FILES, DATA_FOLDERS, DATASETS, SYSTEM_FOLDERS, cache_dir, list_datasets, load, load_cifar10,
     load_fashion_mnist, load_linreg, load_mnist, load_mnist1d, load_python_source, load_teacher,
     read_cifar_batch, read_idx, register,
 )
 from training.errors import DataError, DataIOError
 
 __all__ = ["Dataset", "check_dataset", "split_dataset", "split_validation", "CIFAR_FILES",
-           "DATA_FOLDERS", "SYSTEM_FOLDERS", "cache_dir", "list_datasets", "load", "load_cifar10",
+           "DATA_FOLDERS", "DATASETS", "SYSTEM_FOLDERS", "cache_dir", "list_datasets", "load", "load_cifar10",
            "load_fashion_mnist", "load_linreg", "load_mnist", "load_mnist1d",
            "load_python_source", "load_teacher", "read_cifar_batch", "read_idx", "register",
            "DataError", "DataIOError"]

@@ -56,10 +56,11 @@ import torch
 # Dataset, DataError and check_dataset are also this module's names (``training.data.Dataset``)
 from training.data.dataset import Dataset, check_dataset, split_dataset
 from training.errors import DataError, DataIOError
+from training.registry import Registry
 
 
 Loader = Callable[..., Dataset]
-_REGISTRY: dict[str, Loader] = {}
+DATASETS: Registry[Loader] = Registry("data set", DataError, sort=True)
 
 
 def register(name: str) -> Callable[[Loader], Loader]:
@@ -78,18 +79,16 @@ def register(name: str) -> Callable[[Loader], Loader]:
     local pool, Dask) do not see one made in a notebook or a script. For a data set of your
     own, name its factory by import path instead (``dataset = "mymodels:blobs"``, same
     signature; see :mod:`experiments.spec.factories`).
+
+    A name already registered by another function is refused with a :class:`DataError`
+    (:class:`training.registry.Registry`); ``DATASETS.remove(name)`` frees it.
     """
-
-    def add(fn: Loader) -> Loader:
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+    return DATASETS.register(name)
 
 
 def list_datasets() -> list[str]:
     """Names accepted by :func:`load`."""
-    return sorted(_REGISTRY)
+    return DATASETS.names()
 
 
 def load(name: str, **options: Any) -> Dataset:
@@ -98,10 +97,9 @@ def load(name: str, **options: Any) -> Dataset:
     Common options: ``seed`` (validation split and synthetic generation), ``val_fraction``
     (default 0.1, as Lee et al.), ``test`` (also return the test split).
     """
-    if name not in _REGISTRY:
-        raise DataError(f"unknown data set {name!r}; allowed: {', '.join(list_datasets())}")
+    loader = DATASETS.get(name)
     try:
-        return _REGISTRY[name](**options)
+        return loader(**options)
     except TypeError as exc:
         raise DataError(f"bad options for data set {name!r}: {exc}") from None
 

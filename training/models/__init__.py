@@ -16,7 +16,7 @@ from training.models.checks import (
 from training.models.features import activation_floats, plain_relu_mlp
 from training.errors import ModelError
 from training.models.registry import (
-    build, count_parameters, list_models, output_size, register, seeded,
+    MODELS, build, count_parameters, list_models, output_size, register, seeded,
 )
 from training.models.zoo import (
     SIMPLE_CNN_WIDTHS, BasicBlock, CausalSelfAttention, Flatten1dOutput, ResNet8,
@@ -25,7 +25,7 @@ from training.models.zoo import (
 )
 
 __all__ = ["RECURRENT", "check_model", "check_output", "check_runnable", "evaluation",
-           "expected_output", "activation_floats", "plain_relu_mlp", "ModelError", "build",
+           "expected_output", "activation_floats", "plain_relu_mlp", "ModelError", "MODELS", "build",
            "count_parameters", "list_models", "output_size", "register", "seeded",
            "SIMPLE_CNN_WIDTHS", "BasicBlock", "CausalSelfAttention", "Flatten1dOutput", "ResNet8",
            "TransformerBlock", "TransformerLM", "cnn1d", "lee_cnn", "linear", "mlp", "resnet8",

@@ -17,10 +17,11 @@ from training import randomness
 from training.data.dataset import Dataset, check_dataset
 from training.errors import ModelError
 from training.models.initialization import initialize
+from training.registry import Registry
 
 
 Builder = Callable[..., nn.Module]
-_REGISTRY: dict[str, Builder] = {}
+MODELS: Registry[Builder] = Registry("model", ModelError, sort=True)
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
@@ -39,18 +40,16 @@ def register(name: str) -> Callable[[Builder], Builder]:
     local pool, Dask) do not see one made in a notebook or a script. For a model of your own,
     name its factory by import path instead (``model = "mymodels:mlp"``, same signature; see
     :mod:`experiments.spec.factories`).
+
+    A name already registered by another function is refused with a :class:`ModelError`
+    (:class:`training.registry.Registry`); ``MODELS.remove(name)`` frees it.
     """
-
-    def add(fn: Builder) -> Builder:
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+    return MODELS.register(name)
 
 
 def list_models() -> list[str]:
     """Names accepted by :func:`build`."""
-    return sorted(_REGISTRY)
+    return MODELS.names()
 
 
 def output_size(dataset: Dataset) -> int:
@@ -64,11 +63,10 @@ def build(name: str, dataset: Dataset, seed: int = 0, *, init: str = "torch",
     initialized with ``seed`` by scheme ``init`` (``"torch"``: as the builder makes it;
     ``"lee"``: :func:`training.models.initialization.lee_init_`)."""
     check_dataset(dataset, "build")
-    if name not in _REGISTRY:
-        raise ModelError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
+    builder = MODELS.get(name)
     with seeded(seed):
         try:
-            model = _REGISTRY[name](dataset, **options)
+            model = builder(dataset, **options)
         except TypeError as exc:
             raise ModelError(f"bad options for model {name!r}: {exc}") from None
     return initialize(model, init, seed)

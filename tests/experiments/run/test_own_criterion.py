@@ -13,7 +13,7 @@ import experiments
 import pruning
 import training
 from experiments.cli import main as cli
-from pruning.registry import _REGISTRY
+from pruning.registry import CRITERIA
 
 from ..conftest import OWN, forget_imports, own_project_in
 from .test_runner import assert_same_store
@@ -50,9 +50,9 @@ def project(folder):
 def forget():
     """What a fresh process would see: the modules not imported, the criterion not registered."""
     forget_imports(("mymodels", "mycriteria"))
-    for name, entry in list(_REGISTRY.items()):
+    for name, entry in CRITERIA.items():
         if entry.score.__module__ == "mycriteria":
-            del _REGISTRY[name]
+            CRITERIA.remove(name)
 
 
 def study(folder, out, *options):
