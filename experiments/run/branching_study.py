@@ -30,12 +30,12 @@ from theory.estimators.branching import branch_factors, critical_batch
 
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads
-from experiments.run.probes import PROBE_THREADS, best_trial, on_device, stored_trial
+from experiments.run.probes import PROBE_THREADS
 from experiments.store.schema import BranchRow, WarmupRow
 from experiments.spec.study import Spec
 from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store
-from experiments.run.workload import Mask, Workload
+from experiments.run.workload import Mask, Workload, best_trial, on_device, stored_trial
 
 
 def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str | int) -> pd.Series | None:

@@ -47,7 +47,6 @@ import training
 from theory.errors import TheoryError
 from theory.estimators.functional import changed_by_eval_mode, probe_definition
 from theory.verdicts.trajectory import needed_steps
-from training.config import ADAM_KEYS
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
@@ -55,7 +54,7 @@ from experiments.run.timing import probed_runs
 from experiments.store.schema import ProbeRow, ScheduleRow
 from experiments.spec.study import Spec
 from experiments.store.database import Store
-from experiments.run.workload import Workload
+from experiments.run.workload import Workload, best_trials, on_device, stored_trial
 
 # Torch threads while probing: on the loaded 2-core machine a second intra-op thread multiplied
 # the probes' CPU time (spinning workers), and the operations are small.
@@ -97,28 +96,6 @@ def level_b_crit(groups: pd.DataFrame, sparsity: float) -> float | None:
     return fit.b_crit
 
 
-def best_trial(store: Store, key: str) -> pd.Series:
-    """The stored row of group ``key``'s best (goal-reaching) trial."""
-    return best_trials(store, key, 1)[0]
-
-
-def best_trials(store: Store, key: str, k: int, unreached: bool = False) -> list[pd.Series]:
-    """The stored rows of group ``key``'s best trial and then its other reached trials, fewest
-    steps first (ties: lower index); with ``unreached`` then the trials that ended without
-    meeting the goal (lowest index first; diverged trials never): at most ``k`` in all."""
-    groups, trials = store.frame("groups"), store.frame("trials")
-    g = groups[groups.key == key].iloc[0]
-    t = trials[trials.group_key == key]
-    reached = t[t.status == "reached"].sort_values(["hit_step", "trial"], kind="stable")
-    if not pd.isna(g.best_trial):
-        best = reached.trial == int(g.best_trial)
-        reached = pd.concat([reached[best], reached[~best]])
-    rows = [r for _, r in reached.iterrows()]
-    if unreached:
-        rows += [r for _, r in t[t.status == "not_reached"].sort_values("trial").iterrows()]
-    return rows[:k]
-
-
 def run_end(trial: pd.Series, curves: Callable[[], pd.DataFrame]) -> int:
     """The step a stored trial's run ended at: its goal step when it reached the goal, else its
     last evaluated step in the store's ``curves()`` (the budget under ``stop = "all"`` or
@@ -131,15 +108,6 @@ def run_end(trial: pd.Series, curves: Callable[[], pd.DataFrame]) -> int:
         raise TheoryError(f"trial {int(trial.trial)} of group {trial.group_key} has no "
                           "evaluated step to probe up to")
     return int(steps.max())
-
-
-def stored_trial(row: pd.Series) -> training.Trial:
-    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
-    weight_decay) where the row holds them (an adam / adamw study's trials)."""
-    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
-    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
-    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
-                          end_factor=float(row.end_factor), **adam)
 
 
 def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
@@ -218,20 +186,6 @@ def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None
         dataset, model = on_device(task.workload, task.spec.device, dataset, seed)
         return probe_run(task.spec, dataset, model, task.group, task.trial, task.mask,
                          task.horizon, task.early, task.check)
-
-
-def on_device(workload: Workload, device: str, dataset: training.Dataset | None, seed: int
-              ) -> tuple[training.Dataset, torch.nn.Module]:
-    """The data set on ``device`` (a worker's copy is made once per process; the driver's
-    ``dataset`` is copied) and the model of ``seed``, built on the CPU from the same seed as
-    everywhere, then moved there: the probes and the branching measurement run on the study's
-    device."""
-    cpu = workload.load_dataset() if dataset is None else dataset
-    model = workload.build_model(cpu, seed)
-    if device == "cpu":
-        return cpu, model
-    return (workload.load_dataset(device) if dataset is None else cpu.to(device),
-            model.to(device))
 
 
 def probe_tasks(spec: Spec, store: Store, sparsity: float,

@@ -27,6 +27,11 @@ measure are the same, bit for bit:
   branching measurement take the row of the trial they follow (:meth:`Workload.trial_mask`).
 
 A :class:`Workload` is plain picklable data: it is shipped to worker processes with each group.
+
+The stored-trial helpers the probes and the branching measurement share live here too: a group's
+best trials from the store (:func:`best_trial`, :func:`best_trials`), a stored row's
+:class:`training.Trial` (:func:`stored_trial`) and the workload on the study's device
+(:func:`on_device`).
 """
 
 from __future__ import annotations
@@ -40,16 +45,19 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pandas as pd
 import torch
 
 import pruning
 import training
+from training.config import ADAM_KEYS
 from training.models.initialization import trial_init_seed
 
 from experiments.spec import factories
 from experiments.spec.tables.pruning import PruningOptions
 from experiments.spec.series import record_masks, series_label, series_masks
 from experiments.spec.study import Spec, canonical_json
+from experiments.store.database import Store
 
 Mask = dict[str, torch.Tensor]
 
@@ -212,6 +220,53 @@ class Workload:
         if mask is None or not self.mask_per_trial:
             return mask
         return {k: v[trial] for k, v in mask.items()}
+
+
+# -- the stored trials a probe or a branching measurement follows -----------------------------
+
+def best_trial(store: Store, key: str) -> pd.Series:
+    """The stored row of group ``key``'s best (goal-reaching) trial."""
+    return best_trials(store, key, 1)[0]
+
+
+def best_trials(store: Store, key: str, k: int, unreached: bool = False) -> list[pd.Series]:
+    """The stored rows of group ``key``'s best trial and then its other reached trials, fewest
+    steps first (ties: lower index); with ``unreached`` then the trials that ended without
+    meeting the goal (lowest index first; diverged trials never): at most ``k`` in all."""
+    groups, trials = store.frame("groups"), store.frame("trials")
+    g = groups[groups.key == key].iloc[0]
+    t = trials[trials.group_key == key]
+    reached = t[t.status == "reached"].sort_values(["hit_step", "trial"], kind="stable")
+    if not pd.isna(g.best_trial):
+        best = reached.trial == int(g.best_trial)
+        reached = pd.concat([reached[best], reached[~best]])
+    rows = [r for _, r in reached.iterrows()]
+    if unreached:
+        rows += [r for _, r in t[t.status == "not_reached"].sort_values("trial").iterrows()]
+    return rows[:k]
+
+
+def stored_trial(row: pd.Series) -> training.Trial:
+    """The :class:`training.Trial` of a stored trial row; the Adam keys (beta1, beta2, eps,
+    weight_decay) where the row holds them (an adam / adamw study's trials)."""
+    decay = None if pd.isna(row.decay_steps) else int(row.decay_steps)
+    adam = {k: float(row[k]) for k in ADAM_KEYS if not pd.isna(row[k])}
+    return training.Trial(lr=float(row.lr), momentum=float(row.momentum), decay_steps=decay,
+                          end_factor=float(row.end_factor), **adam)
+
+
+def on_device(workload: Workload, device: str, dataset: training.Dataset | None, seed: int
+              ) -> tuple[training.Dataset, torch.nn.Module]:
+    """The data set on ``device`` (a worker's copy is made once per process; the driver's
+    ``dataset`` is copied) and the model of ``seed``, built on the CPU from the same seed as
+    everywhere, then moved there: the probes and the branching measurement run on the study's
+    device."""
+    cpu = workload.load_dataset() if dataset is None else dataset
+    model = workload.build_model(cpu, seed)
+    if device == "cpu":
+        return cpu, model
+    return (workload.load_dataset(device) if dataset is None else cpu.to(device),
+            model.to(device))
 
 
 # the per-trial masks this process made (Workload.trial_masks): stacked, and trial 0's

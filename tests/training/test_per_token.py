@@ -11,7 +11,7 @@ from torch import nn
 
 import training
 from training import EvalSchedule, Goal, RunConfig, Trial
-from training.engine.programs.batched import stacked_loss_and_grad
+from training.engine.programs.common import stacked_loss_and_grad
 from training.goal import loss_fn, metric_value
 from training.schedules.order import BatchOrder, trial_seed
 from training.randomness import randomness_seed

@@ -35,7 +35,7 @@ from training.engine import choice
 from training.engine.adam import AdamState
 from training.engine.module_state import ModuleState
 from training.engine.programs.base import Cell, Program
-from training.engine.programs.batched import stacked_loss_and_grad
+from training.engine.programs.common import stacked_loss_and_grad
 from training.engine.outcome import Outcome, Rows
 from training.engine.resume import DataOrigin, end_state, load_stack
 from training.engine.strategy import Strategy, cell

@@ -17,7 +17,7 @@ from torch import nn
 
 from training.device import autocast
 from training.engine.programs.base import Cell, Program
-from training.engine.programs.batched import widen
+from training.engine.programs.common import widen
 from training.engine.module_state import ModuleState
 from training.goal import loss_fn
 

@@ -63,7 +63,7 @@ from training.engine import compiled_kernel as kernels
 from training.engine import threads
 from training.device import autocast
 from training.engine.programs.base import Cell, Program
-from training.engine.programs.batched import widen
+from training.engine.programs.common import widen
 from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 from training.goal import loss_fn
