@@ -3,10 +3,10 @@ the closed forms of the module docstring."""
 
 import numpy as np
 import pytest
-from scipy.optimize import brentq, minimize_scalar
 
 from theory.errors import TheoryError
 from theory.models import bounds, delay
+from tests.theory.models.test_bounds import minimise_steps
 
 
 def bound(eta, k, L, sigma2, d, batch):
@@ -16,23 +16,8 @@ def bound(eta, k, L, sigma2, d, batch):
 
 def brute_force(L, M, sigma2, d, eps, batch, tau):
     """min over eta <= 1 / (4 L (1 + M/B + tau)) of the smallest K with bound <= eps."""
-
-    def steps_needed(eta):
-        if bound(eta, 1e300, L, sigma2, d, batch) >= eps:
-            return np.inf
-        hi = 1.0
-        while bound(eta, hi, L, sigma2, d, batch) > eps:
-            hi *= 2.0
-        return brentq(lambda k: bound(eta, k, L, sigma2, d, batch) - eps, hi / 2.0, hi, rtol=1e-13)
-
     cap = 1.0 / (4.0 * L * (1.0 + M / batch + tau))
-    grid = cap * np.logspace(-8, 0, 400)
-    values = np.array([steps_needed(e) for e in grid])
-    i = int(np.argmin(values))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    res = minimize_scalar(lambda e: np.log(steps_needed(e)), bounds=(lo, hi), method="bounded",
-                          options={"xatol": lo * 1e-10})
-    return (res.fun, res.x) if np.exp(res.fun) < values[i] else (np.log(values[i]), grid[i])
+    return minimise_steps(lambda eta, k: bound(eta, k, L, sigma2, d, batch), eps, cap)
 
 
 def test_optimal_steps_and_lr_match_brute_force_on_both_sides_of_the_cap():
