@@ -3,18 +3,21 @@ to a target against batch size and delay.
 
 The model of :mod:`theory.models.nqm` (Zhang et al. 2019): loss 1/2 sum_i h_i x_i^2, a mini-batch
 gradient h_i x_i + noise of variance c_i / B, x_0 ~ N(0, diag(s0)). Delayed SGD applies at step k
-the gradient computed at the iterate of step k - tau (at x_0 while k < tau: every worker starts
-from the initial weights), with fresh noise xi_k:
+the gradient computed at the iterate of step k - tau, with its own noise xi_{k-tau}. Before step
+tau there is no such iterate; ``start`` says what happens then:
 
-    x_{k+1} = x_{k} - a (h x_{max(k - tau, 0)} + xi_k),        z = a h.
+- ``"initial"`` (default): the gradient at x_0 with fresh noise, as when every worker starts from
+  the initial weights: x_{k+1} = x_k - a (h x_{max(k - tau, 0)} + xi_k);
+- ``"empty"``: no update (the queue starts empty), the convention of the bound in
+  :mod:`theory.models.delay`: x_{k+1} = x_k - a [k >= tau] (h x_{k - tau} + xi_{k - tau}).
 
-Each coordinate is linear in x_0 and the noises, so with the deterministic path phi and the
-impulse response psi of the recursion y_{k+1} = y_k - z y_{k-tau},
+Each coordinate is linear in x_0 and the noises, so with z = a h, the deterministic path phi and
+the impulse response psi of the recursion y_{k+1} = y_k - z y_{k-tau},
 
-    phi_0 = 1, phi_{k+1} = phi_k - z phi_{max(k - tau, 0)};
-    psi_0 = 1, psi_{m+1} = psi_m - z psi_{m-tau} (psi_{<0} = 0);
-    x_k = phi_k x_0 - a sum_{j<k} psi_{k-1-j} xi_j,
-    E x_k^2 = phi_k^2 s0 + (a^2 c / B) sum_{m<k} psi_m^2.
+    phi_0 = 1, phi_{k+1} = phi_k - z phi_{k-tau}, phi_{<0} = 1 ("initial") or 0 ("empty");
+    psi_0 = 1, psi_{m+1} = psi_m - z psi_{m-tau}, psi_{<0} = 0;
+    E x_k^2 = phi_k^2 s0 + (a^2 c / B) sum_{m<k} psi_m^2                ("initial"),
+    E x_k^2 = phi_k^2 s0 + (a^2 c / B) sum_{m<k-tau} psi_m^2            ("empty").
 
 This is the exact second moment (the noises are independent and zero-mean); it is what the
 recursion on the covariance of the last tau + 1 iterates gives, computed per coordinate in
@@ -39,6 +42,7 @@ from theory.errors import TheoryError, check_int
 from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector, expected_loss
 
 MAX_STEPS = 10**6
+STARTS = ("initial", "empty")
 # coordinates x learning rates marched at once (bounds memory to tens of MB with tau <= 64)
 _CHUNK = 200_000
 
@@ -56,30 +60,34 @@ def max_stable_lr(spectrum: Spectrum, delay: int, precond: float = 0.0) -> float
 
 
 def delayed_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: float, delay: int,
-                           steps: int, precond: float = 0.0) -> np.ndarray:
+                           steps: int, precond: float = 0.0, start: str = "initial") -> np.ndarray:
     """E x_i(k)^2 for k = 0..steps under delayed SGD: shape [steps + 1, len(lr), d]."""
     lrs = _positive_vector(lr, "lr")
     tau = check_int(delay, "delay", minimum=0)
     n_steps = check_int(steps, "steps", minimum=0)
+    _check_start(start)
     z, n = _terms(spectrum, lrs, batch_size, precond)
     out = np.empty((n_steps + 1,) + z.shape)
-    for k, m in enumerate(_march(spectrum, z, n, tau)):
+    for k, m in enumerate(_march(spectrum, z, n, tau, start)):
         out[k] = m
         if k == n_steps:
             break
     return out
 
 
-def _march(spectrum: Spectrum, z: np.ndarray, n: np.ndarray, tau: int):
+def _march(spectrum: Spectrum, z: np.ndarray, n: np.ndarray, tau: int, start: str):
     """Yield E x^2 at k = 0, 1, 2, ... (module docstring); ring buffers of the last tau + 1 values
     of phi and psi."""
-    phi = np.ones((tau + 1,) + z.shape)           # phi_{k-tau..k}; all 1 before step 1 (clamped)
+    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)   # phi_{k-tau..k}
+    phi[-1] = 1.0
     psi = np.zeros((tau + 1,) + z.shape)          # psi_{m-tau..m}; 0 before the impulse
     psi[-1] = 1.0
-    noise_sum = np.zeros(z.shape)                 # sum_{m<k} psi_m^2
+    # "empty": the noise sum lags tau steps behind, psi[0] = psi_{k-tau} (0 while k < tau)
+    lag = -1 if start == "initial" else 0
+    noise_sum = np.zeros(z.shape)
     yield phi[-1] ** 2 * spectrum.s0
     while True:
-        noise_sum += psi[-1] ** 2
+        noise_sum += psi[lag] ** 2
         # slot i holds index k - tau + i; the oldest (slot 0) is the delayed one
         new_phi = phi[-1] - z * phi[0]
         new_psi = psi[-1] - z * psi[0]
@@ -103,7 +111,8 @@ class DelayCurve:
 
 def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
                     delays: ArrayLike = (0,), lrs: ArrayLike | None = None,
-                    max_steps: int = 100_000, precond: float = 0.0) -> DelayCurve:
+                    max_steps: int = 100_000, precond: float = 0.0,
+                    start: str = "initial") -> DelayCurve:
     """First step k with E loss(k) < ``target``, fewest over the learning-rate grid (default:
     nqm's SGD grid, unstable points dropped), for every batch size and delay. The loss path of a
     delayed run may oscillate, so it is marched step by step rather than bisected."""
@@ -113,6 +122,7 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
     taus = [check_int(int(t) if float(t).is_integer() else t, "delays", minimum=0)
             for t in np.atleast_1d(np.asarray(delays))]
     check_int(max_steps, "max_steps")
+    _check_start(start)
     grid = _positive_vector(SGD_LRS if lrs is None else lrs, "lrs")
     steps = np.full((len(batches), len(taus)), np.inf)
     best = np.full((len(batches), len(taus)), np.nan)
@@ -123,12 +133,12 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
                 steps[i, j] = 0.0
                 continue
             if stable.size:
-                k, lr = _first_hit(spectrum, target, stable, b, tau, max_steps, precond)
+                k, lr = _first_hit(spectrum, target, stable, b, tau, max_steps, precond, start)
                 steps[i, j], best[i, j] = k, lr
     return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
 
 
-def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond) -> tuple[float, float]:
+def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond, start) -> tuple[float, float]:
     """(first step below target, its learning rate) over ``lrs``, marching in chunks of lrs."""
     per_chunk = max(1, _CHUNK // (spectrum.dim * (tau + 1)))
     best_k, best_lr = np.inf, np.nan
@@ -136,7 +146,7 @@ def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond) -> tuple[f
         part = lrs[s:s + per_chunk]
         z, n = _terms(spectrum, part, batch, precond)
         limit = min(max_steps, best_k - 1)     # a later chunk only matters if it is faster
-        for k, m in enumerate(_march(spectrum, z, n, tau)):
+        for k, m in enumerate(_march(spectrum, z, n, tau, start)):
             hit = expected_loss(m, spectrum) < target
             if hit.any():
                 best_k, best_lr = float(k), float(part[np.argmax(hit)])
@@ -144,6 +154,11 @@ def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond) -> tuple[f
             if k >= limit:
                 break
     return best_k, best_lr
+
+
+def _check_start(start: str) -> None:
+    if start not in STARTS:
+        raise TheoryError(f"start must be one of {', '.join(map(repr, STARTS))}, got {start!r}")
 
 
 def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: float):
