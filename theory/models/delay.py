@@ -53,7 +53,7 @@ tau_crit(B) is about 1 + B_crit(0) / B in the same sense.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,6 +183,60 @@ def critical_delay(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike, batch_size: 
                             / min_steps(1.0, 1.0, eps))
 
 
+@dataclass(frozen=True)
+class DelayFit:
+    """S(tau) = s0 (1 + tau / tau_crit) fitted to measured steps at one batch size; ``tau_crit`` is
+    inf when the steps do not grow with the delay."""
+
+    s0: float
+    tau_crit: float
+    points: int
+
+
+def fit_critical_delay(delays: ArrayLike, steps: ArrayLike) -> DelayFit:
+    """The measured counterpart of :func:`critical_delay`: least squares of S(tau) = a + c tau
+    over the measured delays, s0 = a and tau_crit = a / c, the delay at which the steps have
+    doubled. Without additive noise the bound's K*(B, tau) is exactly of this form, with
+    tau_crit = 1 + M/B; with it, K* is flat and then linear, and the line is an approximation."""
+    tau = _nonneg(np.atleast_1d(delays), "delays")
+    s = _check_positive(np.atleast_1d(steps), "steps")
+    if tau.ndim != 1 or tau.shape != s.shape or len(np.unique(tau)) < 2:
+        raise TheoryError(f"delays and steps must be 1-D of equal length with at least 2 distinct "
+                          f"delays, got {np.atleast_1d(delays).tolist()} and {np.atleast_1d(steps).tolist()}")
+    c, a = np.polyfit(tau, s, 1)
+    if a <= 0:
+        raise TheoryError(f"the fitted steps at delay 0 are {a:.3g} <= 0: the line does not describe "
+                          f"these steps {s.tolist()}")
+    return DelayFit(s0=float(a), tau_crit=float(a / c) if c > 0 else np.inf, points=int(len(s)))
+
+
+@dataclass(frozen=True)
+class LrBeside:
+    """A tuned learning rate at (B, tau) relative to the tuned one at (B, 0), beside the
+    guideline's ratio (1 + M/B) / (1 + M/B + tau)."""
+
+    batch_size: int
+    delay: int
+    tuned_lr: float
+    tuned_ratio: float
+    guideline_ratio: float
+
+
+def lr_beside_guideline(tuned: Mapping[tuple[int, int], float], M: float) -> list[LrBeside]:
+    """For every (B, tau) in ``tuned`` (best learning rates a sweep found) whose batch size also
+    has tau = 0: the tuned ratio lr(B, tau) / lr(B, 0) and :func:`lr_ratio`'s, ordered by B, tau."""
+    rows = []
+    for (b, tau), lr in sorted(tuned.items()):
+        base = tuned.get((b, 0))
+        if base is None:
+            continue
+        _check_positive([lr, base], f"tuned[{(b, tau)}]")
+        rows.append(LrBeside(b, tau, float(lr), float(lr / base), float(lr_ratio(M, b, tau))))
+    if not rows:
+        raise TheoryError("tuned has no batch size measured at delay 0: the ratios need lr(B, 0)")
+    return rows
+
+
 def _nonneg(value, name: str) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=float)
@@ -195,5 +249,6 @@ def _nonneg(value, name: str) -> np.ndarray:
 
 __all__ = [
     "NoiseModel", "fit_noise_model", "noise_model_from", "lr_cap", "steps_at_lr", "optimal_lr",
-    "lr_ratio", "delayed_steps", "min_steps", "critical_batch", "critical_delay",
+    "lr_ratio", "delayed_steps", "min_steps", "critical_batch", "critical_delay", "DelayFit",
+    "fit_critical_delay", "LrBeside", "lr_beside_guideline",
 ]

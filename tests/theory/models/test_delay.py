@@ -106,3 +106,27 @@ def test_noise_model_fit_recovers_exact_data_and_pools_without_additive_noise():
         delay.noise_model_from([object()])
     with pytest.raises(TheoryError, match="delay must be finite and >= 0"):
         delay.lr_cap(1.0, 1.0, 1, -1)
+
+
+def test_the_fitted_critical_delay_recovers_the_bound_without_additive_noise():
+    M, b = 120.0, 8
+    taus = np.array([0, 1, 2, 4, 8, 16])
+    steps = delay.delayed_steps(1.3, M, 0.0, 0.7, 0.01, b, taus)
+    fit = delay.fit_critical_delay(taus, steps)
+    assert fit.tau_crit == pytest.approx(delay.critical_delay(M, 0.0, 0.01, b)) == pytest.approx(1 + M / b)
+    assert fit.s0 == pytest.approx(steps[0]) and fit.points == 6
+    assert delay.fit_critical_delay([0, 4], [100, 90]).tau_crit == np.inf
+    with pytest.raises(TheoryError, match="at least 2 distinct"):
+        delay.fit_critical_delay([2, 2], [10, 20])
+
+
+def test_tuned_learning_rates_beside_the_guideline():
+    tuned = {(8, 0): 0.4, (8, 1): 0.2, (8, 4): 0.1, (32, 2): 0.3, (64, 0): 0.8, (64, 8): 0.1}
+    rows = delay.lr_beside_guideline(tuned, M=24.0)
+    assert [(r.batch_size, r.delay) for r in rows] == [(8, 0), (8, 1), (8, 4), (64, 0), (64, 8)]
+    r = rows[2]
+    assert r.tuned_ratio == pytest.approx(0.25)
+    assert r.guideline_ratio == pytest.approx((1 + 3) / (1 + 3 + 4))
+    assert rows[4].guideline_ratio == pytest.approx(1.375 / 9.375)
+    with pytest.raises(TheoryError, match="delay 0"):
+        delay.lr_beside_guideline({(8, 1): 0.1}, M=1.0)
