@@ -45,6 +45,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.delay import refuse
 from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
@@ -77,6 +78,8 @@ class DistRun:
             raise ConfigError(f"DistRun needs a training.Trial and a training.RunConfig, got "
                               f"{type(self.trial).__name__} and {type(self.run).__name__}")
         check_optimizer(self.run.optimizer, [self.trial.momentum], [self.trial.weight_decay])
+        refuse([self.trial], "the DDP trainer", "its workers average their gradients at a "
+               "barrier every step: synchronous data parallelism")
         check_world(self.world_size, self.run.batch_size)
         check_index(self.trial_index, "trial_index")
         if not isinstance(self.threads, int) or self.threads < 1:
