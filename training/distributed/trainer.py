@@ -51,7 +51,7 @@ from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
 from training.schedules.order import BatchOrder, trial_seed
-from training.process import exit_with_parent
+from training.lifetime import children_die_with_this_thread, exit_with_parent
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
 from training import randomness
@@ -338,8 +338,11 @@ def spawn(fn, world_size: int, backend: str, threads: int, *args: Any, timeout: 
                           timeout=timedelta(seconds=timeout))
     with tempfile.TemporaryDirectory(prefix="sparsescale-ddp-") as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_spawn_entry, nprocs=world_size, join=True, start_method="spawn",
-                           args=(world_size, backend, threads, store.port, timeout, out, fn, args))
+        # this thread joins the ranks, so it outlives them: each is killed with this process
+        with children_die_with_this_thread():
+            mp.start_processes(_spawn_entry, nprocs=world_size, join=True,
+                               start_method="spawn", args=(world_size, backend, threads,
+                                                           store.port, timeout, out, fn, args))
         # our own file from our own worker: it holds numpy arrays, hence weights_only=False
         return torch.load(out, weights_only=False)
 
