@@ -3,8 +3,8 @@
 - :mod:`theory.estimators`: measurements of a network on a split: the flat loss, gradient noise,
   curvature, their sampling, the MLP passes, the critical batch by branching.
 - :mod:`theory.monitor`: the noise scale inside any training loop (``NoiseScaleMonitor``).
-- :mod:`theory.models`: models and bounds: the SGD bound, the noisy quadratic model, the
-  scaling-curve fit, predictions per level, wall time.
+- :mod:`theory.models`: models and bounds: the SGD bound, the delayed-SGD bound, the noisy
+  quadratic model (with delay too), the scaling-curve fit, predictions per level, wall time.
 - :mod:`theory.verdicts`: where to probe a run and the probes along it, their summaries, and the
   papers' claims judged against the measurements.
 
@@ -22,7 +22,7 @@ from theory.estimators.noise import (
     NoiseEstimate, NoiseStream, gradient_noise, two_batch_estimates, two_batch_noise,
 )
 from theory.estimators.sampling import SplitEstimate
-from theory.models import bounds, nqm, nqm_branching, predict, scaling
+from theory.models import bounds, delay, nqm, nqm_branching, nqm_delay, predict, scaling
 from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predict_levels
 from theory.models.scaling import ScalingFit, fit_scaling
 from theory.monitor import layer_norms

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.delay import check_delay
 from training.device import PRECISIONS, resolve_device
 from training.errors import ConfigError
 from training.goal import Goal
@@ -53,6 +54,12 @@ class Trial:
     ``beta1``, ``beta2``, ``eps``, ``weight_decay``: those of ``torch.optim.Adam`` / ``AdamW``
     (optimizers ``adam`` / ``adamw`` only; weight decay defaults to 0 for both, where torch's
     AdamW defaults to 0.01).
+    ``delay``, ``delay_kind``, ``workers``: delayed gradients, the model of an asynchronous
+    worker (:mod:`training.delay`): the update at step t applies the gradient computed at the
+    weights of step t - delay; ``delay_kind`` ``"fixed"`` (that delay at every step),
+    ``"uniform"`` (a delay drawn from {0, ..., delay} at every step, from the trial's seed) or
+    ``"round_robin"`` (``workers`` W of equal speed: delay W - 1, set from ``workers``).
+    Delay 0 (the default) is synchronous SGD; only ``training.train_trials`` trains a delay.
     """
 
     lr: float
@@ -63,6 +70,9 @@ class Trial:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    delay: int = 0
+    delay_kind: str = "fixed"
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
@@ -81,6 +91,8 @@ class Trial:
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(f"trial weight_decay must be a finite number >= 0, "
                               f"got {self.weight_decay!r}")
+        # round_robin's delay follows from its workers: one value, however it was given
+        object.__setattr__(self, "delay", check_delay(self.delay, self.delay_kind, self.workers))
 
     @classmethod
     def from_dict(cls, d: "Trial | Mapping[str, Any]") -> "Trial":
@@ -121,7 +133,7 @@ def check_trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
     if isinstance(trials, (Mapping, Trial, str)) or not len(trials):
         raise ConfigError("trials must be a non-empty list of Trial or dicts "
                           "(keys: lr, momentum, decay_steps, end_factor, beta1, beta2, eps, "
-                          "weight_decay)")
+                          "weight_decay, delay, delay_kind, workers)")
     return [Trial.from_dict(t) for t in trials]
 
 

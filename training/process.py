@@ -1,16 +1,14 @@
 """Process-wide setup for a process that trains: called once by whoever owns the process (the
 ``sparsescale`` command, a worker pool's initializer, a benchmark), never by a library function,
-because it changes the whole process.
+because it changes the whole process. How the processes a driver starts end with it is
+:mod:`training.lifetime`'s job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import sys
-import threading
-import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -18,8 +16,6 @@ from torch import nn
 
 from training.engine import compiled_kernel, strategy
 
-# seconds between two checks of a worker's parent (exit_with_parent)
-PARENT_POLL = 0.5
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _allocator_tuned = False
@@ -87,32 +83,3 @@ def without_compiled_kernel() -> Iterator[None]:
     (a worker told that the driver's build failed)."""
     with compiled_kernel.disabled():
         yield
-
-
-def exit_with_parent(poll: float = PARENT_POLL) -> bool:
-    """End this process (``os._exit``) within ``poll`` seconds of its parent's death; True
-    when the watch started (False: the parent was already gone, and this process ends now).
-
-    For the processes a driver starts (a study's pool workers, the DDP trainer's ranks): a
-    driver killed by SIGKILL, or dying in any way that skips its cleanup, leaves them
-    reparented to init, asleep on a queue that nobody writes, for ever. A daemon thread
-    compares ``os.getppid()`` with the parent's pid every ``poll`` seconds, which sees every
-    kind of death on every POSIX system. (Linux's ``PR_SET_PDEATHSIG`` fires when the *thread*
-    that started the process ends, and a process pool starts its workers from whichever thread
-    first submits to it: a pool made in a short-lived thread would lose its workers with it.)"""
-    import multiprocessing
-
-    # a process multiprocessing started knows its parent's pid: one that died before this
-    # line is seen too (the pid is then another's, the reaper's)
-    started_by = multiprocessing.parent_process()
-    parent = started_by.pid if started_by is not None else os.getppid()
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="sparsescale-parent-watch", daemon=True).start()
-    return True

@@ -34,6 +34,7 @@ from training.schedules.batch_schedule import BatchSchedule
 from training.config import (
     ADAM_OPTIMIZERS, RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
+from training.delay import refuse
 from training.data import Dataset
 from training.models import check_output
 from training.errors import ConfigError
@@ -163,6 +164,8 @@ def _train_schedule_reference(model: nn.Module, dataset: Dataset,
                               trial_index: int, random: bool,
                               snapshots: Collection[int] = ()) -> ScheduleResult:
     trial = Trial.from_dict(trial)
+    refuse([trial], "the plain reference loop",
+           "it is the synchronous torch.optim loop the vectorized trainer is tested against")
     check_optimizer(run.optimizer, [trial.momentum], [trial.weight_decay])
     if schedule is None:
         schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))

@@ -35,6 +35,7 @@ from training.config import (
     ADAM_OPTIMIZERS, EvalSchedule, RunConfig, Trial, check_batch_size, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.delay import refuse
 from training.device import autocast, precision as arithmetic
 from training.errors import ConfigError
 from training.goal import classification_loss, is_diverged, loss_fn
@@ -59,6 +60,8 @@ def replay_snapshots(model: nn.Module, dataset: Dataset, trial: Trial | Mapping[
     steps after it are missing."""
     check_output(model, dataset, "replay_snapshots")
     check_run(run, "replay_snapshots")
+    refuse([Trial.from_dict(trial)], "replay_snapshots (the probes' replay)",
+           "it replays the synchronous reference loop")
     wanted = sorted({int(s) for s in steps})
     if not wanted or wanted[0] < 0:
         raise ConfigError(f"steps must be a non-empty collection of update counts >= 0, "

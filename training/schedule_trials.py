@@ -30,6 +30,7 @@ from torch import nn
 from training.schedules.batch_schedule import BatchSchedule
 from training.config import RunConfig, Trial, check_batch_size, check_index, check_trials
 from training.data import Dataset
+from training.delay import refuse
 from training.models import check_output
 from training.errors import ConfigError
 from training.masks import check_mask
@@ -54,6 +55,8 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
     """
     check_output(model, dataset, "train_schedule_trials")
     trial_list = check_trials(trials)
+    refuse(trial_list, "train_schedule_trials",
+           "its segments hand a TrainState on, which holds no queue of past weights")
     n = len(trial_list)
     if schedule is None:
         schedule = BatchSchedule.constant(check_batch_size(run.batch_size, dataset.n_train))

@@ -46,6 +46,7 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run, check_trials,
 )
 from training.data.dataset import Dataset
+from training.delay import refuse
 from training.engine import choice, loop
 from training.engine.resume import check_data_seeds, check_init_params, check_start
 from training.errors import ConfigError
@@ -159,6 +160,9 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     with _checked(model, dataset, run, "train_trials") as random:
         args = _arguments(model, dataset, trials, run, masks, first_index, start, data_seeds,
                           init_params, trials_per_stack)
+        if start is not None or return_state:
+            refuse(args.trials, "train_trials with start or return_state",
+                   "a TrainState holds no queue of past weights")
         out = loop.run(model, dataset, args.trials, run, masks=args.masks, goal=args.goal,
                        batch_size=args.batch_size, trials_per_stack=trials_per_stack,
                        first_index=args.first_index, start=args.start, data_seeds=args.seeds,

@@ -2,7 +2,8 @@
 archives (:mod:`experiments.exchange`), results out in standard formats (:mod:`experiments.exchange.export`).
 
     sparsescale import batch-science WORKLOAD_DIR --out RUN_DIR --metric COLUMN --target X
-                                     [--all] [--max-steps N] [--incomplete] [--report]
+                                     [--all] [--max-steps N] [--incomplete]
+                                     [--first N | --every-trial] [--report]
     sparsescale export RUN_DIR --tensorboard DIR
 """
 
@@ -15,8 +16,11 @@ from pathlib import Path
 def _cmd_import(args: argparse.Namespace) -> int:
     from experiments.exchange import import_batch_science
 
+    # --first left out: the importer's default (Shallue et al.'s first 100 complete trials)
+    count = {"first": None} if args.every_trial else (
+        {"first": args.first} if args.first is not None else {})
     done = import_batch_science(args.path, args.out, args.metric, args.target, all=args.all,
-                                max_steps=args.max_steps, incomplete=args.incomplete)
+                                max_steps=args.max_steps, incomplete=args.incomplete, **count)
     for w in done:
         print(f"{w.name}: {w.batch_sizes} batch sizes, {w.reached} reached the goal -> {w.run_dir}")
     if args.report:
@@ -46,8 +50,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "batch-science", help="Shallue et al. (2019)'s batch_science archive",
         description="Import a workload folder dataset/model/optimizer of Shallue et al. "
                     "(2019)'s batch_science archive (or, with --all, every workload below the "
-                    "archive root): one group per batch size, every trial with its parameters, "
-                    "status (INFEASIBLE -> diverged; INCOMPLETE left out) and evaluations. "
+                    "archive root): one group per batch size, its first 100 complete trials "
+                    "by trial id (--first, --every-trial) with their parameters, status "
+                    "(INFEASIBLE -> diverged; INCOMPLETE left out) and evaluations. "
                     "Steps-to-result is the archive's rule: the first evaluation with "
                     "COLUMN < X, at most --max-steps.")
     b.add_argument("path", metavar="WORKLOAD_DIR",
@@ -64,6 +69,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--incomplete", action="store_true",
                    help="count INCOMPLETE trials like COMPLETE ones (default: left out, as the "
                         "archive's loader does)")
+    count = b.add_mutually_exclusive_group()
+    count.add_argument("--first", type=int, metavar="N",
+                       help="count the first N complete trials of each batch size, by trial id "
+                            "(default: Shallue et al.'s first 100)")
+    count.add_argument("--every-trial", action="store_true",
+                       help="count every complete trial, however many")
     b.add_argument("--report", action="store_true", help="write each run folder's report too")
     b.set_defaults(fn=_cmd_import)
 

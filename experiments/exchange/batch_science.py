@@ -14,7 +14,10 @@ after ``apply_step_budget``): among the trials counted, the first evaluation who
 strictly below the target, at a step no larger than the step budget; ties go to the lowest
 trial id. As the archive's loader does by default, only COMPLETE trials count: INFEASIBLE trials
 (training diverged) are stored as ``diverged``, INCOMPLETE ones are left out (``incomplete=True``
-counts them like COMPLETE ones).
+counts them like COMPLETE ones). Shallue et al. (2019) take "the first 100 complete trials" at
+each batch size: the counted trials by ascending trial id, up to the ``first``-th (default
+:data:`FIRST_COMPLETE` = 100; ``first=None`` keeps every trial), with the INFEASIBLE trials drawn
+before it; a batch size with fewer counted trials keeps them all.
 
 A synthesized spec (``study.spec_json``, an :class:`experiments.spec.external.ExternalSpec` naming its
 ``source``) describes the workload to the report: goal, batch sizes, the search space (when every
@@ -47,13 +50,15 @@ from experiments.exchange.batch_science_tree import (
     read_workload,
 )
 
-__all__ = ["ArchiveError", "ArchiveIOError", "Imported", "first_hit", "group_record",
-           "import_batch_science"]
+__all__ = ["FIRST_COMPLETE", "ArchiveError", "ArchiveIOError", "Imported", "first_hit",
+           "first_trials", "group_record", "import_batch_science"]
 
 SCALES = {"LOG_SCALE": "log", "REVERSE_LOG_SCALE": "reverse-log", "LINEAR_SCALE": "linear",
           "": "linear"}
 # archive parameter name -> this library's search dimension
 SEARCHED = {"learning_rate": "lr", "momentum": "momentum"}
+# Shallue et al. (2019): steps-to-result over the first 100 complete trials of each batch size
+FIRST_COMPLETE = 100
 
 
 @dataclass(frozen=True)
@@ -91,17 +96,32 @@ def _trial_row(t: ArchiveTrial, target: float, max_steps: int | None) -> TrialRo
                     curve=t.curve)
 
 
+def first_trials(trials: tuple[ArchiveTrial, ...], first: int | None = FIRST_COMPLETE,
+                 incomplete: bool = False) -> list[ArchiveTrial]:
+    """The trials a batch size keeps, by ascending id: the counted ones (COMPLETE, and INCOMPLETE
+    with ``incomplete``) up to the ``first``-th, and the INFEASIBLE ones drawn before it; every
+    counted and INFEASIBLE trial when ``first`` is None or more than the counted ones."""
+    kept = sorted((t for t in trials if incomplete or t.status != "INCOMPLETE"),
+                  key=lambda t: t.trial_id)
+    counted = [t.trial_id for t in kept if t.status != "INFEASIBLE"]
+    if first is None or len(counted) <= first:
+        return kept
+    return [t for t in kept if t.trial_id <= counted[first - 1]]
+
+
 def group_record(study: ArchiveStudy, name: str, metric: str, target: float,
-                 max_steps: int | None = None, incomplete: bool = False) -> GroupRecord:
+                 max_steps: int | None = None, incomplete: bool = False,
+                 first: int | None = FIRST_COMPLETE) -> GroupRecord:
     """One batch size as a stored group (sparsity 0, seed 0); steps-to-result by the archive's
-    rule over the counted trials, the best trial the earliest to hit (ties: lowest id)."""
-    kept = [t for t in study.trials if incomplete or t.status != "INCOMPLETE"]
+    rule over the counted trials of :func:`first_trials`, the best trial the earliest to hit
+    (ties: lowest id)."""
+    kept = first_trials(study.trials, first, incomplete)
     rows = tuple(_trial_row(t, target, max_steps) for t in kept)
     hits = [(r.hit_step, r.trial) for r in rows if r.hit_step is not None]
     steps, best = min(hits) if hits else (None, None)
     config = {"source": "batch_science", "workload": name, "study": study.doc,
               "goal": {"metric": metric, "target": target, "max_steps": max_steps},
-              "incomplete_counted": incomplete,
+              "incomplete_counted": incomplete, "first_complete": first,
               "trials": {str(t.trial_id): {"status": t.status, "steps": t.steps,
                                            "parameters": t.parameters} for t in study.trials}}
     text = canonical_json(config)
@@ -132,18 +152,19 @@ def _span(values: list[int]) -> int | str:
 
 def synthesized_spec(studies: list[ArchiveStudy], trial_counts: list[int], name: str,
                      metric: str, target: float, max_steps: int | None,
-                     incomplete: bool) -> dict[str, Any]:
+                     incomplete: bool, first: int | None = FIRST_COMPLETE) -> dict[str, Any]:
     """The spec the report reads for an imported workload (``study.spec_json``);
     ``trial_counts``: the trials stored per batch size."""
-    first = studies[0]
+    top = studies[0]
     train = [s.train_steps for s in studies]
     budget = max_steps or (_span(train) if len(set(train)) == 1 and train[0] > 0 else
                            f"train_steps of each study.json ({_span(train)}; 0 = a time budget)")
     return {"name": name,
-            "source": {"format": "batch_science", "workload": name, "incomplete_counted": incomplete},
-            "workload": {"dataset": first.dataset, "dataset_options": {}, "model": first.model,
+            "source": {"format": "batch_science", "workload": name, "incomplete_counted": incomplete,
+                       "first_complete": "every trial" if first is None else first},
+            "workload": {"dataset": top.dataset, "dataset_options": {}, "model": top.model,
                          "model_options": {}},
-            "optimizer": OPTIMIZERS[first.optimizer],
+            "optimizer": OPTIMIZERS[top.optimizer],
             "goal": {"metric": metric, "target": target, "strict": True},
             "batch_sizes": [s.batch_size for s in studies], "sparsities": [0.0], "seeds": [0],
             "trials": _span(trial_counts), "search": _search(studies),
@@ -177,19 +198,19 @@ def spec_toml(spec: dict[str, Any]) -> str:
 
 
 def _write_workload(folder: Path, run_dir: Path, name: str, metric: str, target: float,
-                    max_steps: int | None, incomplete: bool) -> Imported:
+                    max_steps: int | None, incomplete: bool, first: int | None) -> Imported:
     """Write one workload's store: each group as soon as its study is read (a workload's curves
     never sit in memory whole), then the study row, whose spec needs every batch size."""
     studies, counts, reached = [], [], 0
     with open_store(run_dir) as store:
         for study in read_workload(folder, metric):
-            rec = group_record(study, name, metric, target, max_steps, incomplete)
+            rec = group_record(study, name, metric, target, max_steps, incomplete, first)
             store.write_group(rec)
             studies.append(replace(study, trials=()))
             counts.append(len(rec.trials))
             reached += rec.steps_to_result is not None
         spec = checked_spec(folder, synthesized_spec(studies, counts, name, metric, target,
-                                                     max_steps, incomplete))
+                                                     max_steps, incomplete, first))
         store.init_study(StudyInfo(name=name, spec_toml=spec.toml, spec_json=spec.to_json(),
                                    spec_hash=spec.hash))
     return Imported(run_dir, name, len(studies), reached)
@@ -210,14 +231,17 @@ def checked_spec(folder: Path, spec: dict[str, Any]) -> ExternalSpec:
 
 def import_batch_science(path: str | os.PathLike, out: str | os.PathLike, metric: str,
                          target: float, *, all: bool = False, max_steps: int | None = None,
-                         incomplete: bool = False) -> list[Imported]:
+                         incomplete: bool = False,
+                         first: int | None = FIRST_COMPLETE) -> list[Imported]:
     """Import the workload folder ``path`` (dataset/model/optimizer), or with ``all=True`` every
     workload below the archive root ``path``, into the run folder ``out`` (with ``all``: one run
     folder per workload at its relative path below ``out``).
 
     ``metric``: a measurements.csv column (e.g. ``val/classification_error``); ``target``: the
     goal, met by the first evaluation with ``metric < target``; ``max_steps``: the step budget
-    (evaluations after it do not count); ``incomplete``: count INCOMPLETE trials too. ``out``
+    (evaluations after it do not count); ``incomplete``: count INCOMPLETE trials too; ``first``:
+    the counted trials per batch size, the first by trial id (Shallue et al.'s 100; None: every
+    trial). ``out``
     must not exist yet (or be empty): an import never mixes with other results. Example::
 
         import_batch_science("batch_science/mnist/simple_cnn_base/nesterov_momentum",
@@ -231,6 +255,9 @@ def import_batch_science(path: str | os.PathLike, out: str | os.PathLike, metric
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
                                   or max_steps < 1):
         raise ArchiveError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
+        raise ArchiveError(f"first must be an integer >= 1 (the first complete trials counted "
+                           f"per batch size) or None (every trial), got {first!r}")
     if not root.is_dir():
         raise ArchiveError(f"{root}: not a folder; expected a workload folder "
                            f"dataset/model/optimizer" + (" or the archive root" if all else ""))
@@ -247,7 +274,7 @@ def import_batch_science(path: str | os.PathLike, out: str | os.PathLike, metric
             parts = folder.resolve().parts[-3:-1] if rel == Path(".") else rel.parts[:-1]
             name = "/".join(parts) or folder.resolve().name
             done.append(_write_workload(folder, staging / rel, name, metric, float(target),
-                                        max_steps, incomplete))
+                                        max_steps, incomplete, first))
         if out.exists():
             out.rmdir()
         os.rename(staging, out)

@@ -379,8 +379,11 @@ def delay_line(delays: pd.DataFrame, base_batch: int) -> str:
 
 
 def _trial_text(trial: training.Trial) -> str:
+    # the delay's fields only for a delayed trial (an undelayed one reads as before they existed)
+    delay = ("delay", "delay_kind", "workers")
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in asdict(trial).items() if v is not None)
+                     for k, v in asdict(trial).items()
+                     if v is not None and (trial.delay or k not in delay))
 
 
 def _goal(spec: Spec) -> str:

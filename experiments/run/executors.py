@@ -1,7 +1,8 @@
 """Executors for the runner: any ``concurrent.futures.Executor`` works.
 
 - :func:`local_pool`: a ``ProcessPoolExecutor`` whose workers run one torch thread each (spawned,
-  not forked: forking a process that already ran torch's OpenMP pool can hang the child).
+  not forked: forking a process that already ran torch's OpenMP pool can hang the child) and
+  end with the driver however it dies (:mod:`training.lifetime`).
 - :func:`dask_executor`: a Dask distributed executor, ``address`` = ``tcp://host:port`` of a running
   scheduler or ``"local"`` for a ``LocalCluster`` on loopback. Dask is an optional extra
   (``pip install 'sparsescale[dask]'``).
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
 from training.errors import SparsescaleError, SparsescaleIOError
+from training.lifetime import on_launcher_thread
 
 
 class ExecutorError(SparsescaleError, ValueError):
@@ -43,11 +45,12 @@ def _init_worker(counter=None) -> None:
 
     import torch
 
-    from training.process import exit_with_parent, setup_training_process
+    from training.lifetime import exit_with_parent
+    from training.process import setup_training_process
 
     torch.set_num_threads(1)
     setup_training_process()
-    exit_with_parent()   # a driver killed by SIGKILL leaves no worker behind
+    exit_with_parent()   # the portable fallback of the launcher's PR_SET_PDEATHSIG
     if counter is not None:
         torch.cuda.set_device(worker_gpu(counter))
     # Ctrl-C is the driver's business: it stops submitting and ends the pool (LocalPool.terminate)
@@ -61,8 +64,17 @@ def _call_unpickled(fn, payload: bytes):
 
 
 class LocalPool(ProcessPoolExecutor):
-    """A process pool that can be ended at once on Ctrl-C (:meth:`terminate`), and whose tasks
-    travel as plain pickles (:meth:`submit`)."""
+    """A process pool that can be ended at once on Ctrl-C (:meth:`terminate`), whose tasks
+    travel as plain pickles (:meth:`submit`), and whose workers die with the process that made
+    it, at any moment (:meth:`_spawn_process`)."""
+
+    def _spawn_process(self) -> None:
+        """Start one worker (``ProcessPoolExecutor`` calls it from the thread that submits)
+        from :func:`training.lifetime.on_launcher_thread`: on Linux the worker then receives
+        SIGKILL when the driver dies, from its first statement, while it still imports the
+        driver's modules, rather than from its initializer on; and never because the
+        submitting thread (a short-lived one, say) ended."""
+        on_launcher_thread(super()._spawn_process)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         """Submit ``fn(*args, **kwargs)``, its arguments pickled by :mod:`pickle`, which copies

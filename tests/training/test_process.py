@@ -88,7 +88,7 @@ def test_training_processes_flush_subnormals_on_every_kernel_thread():
 ORPHAN_DRIVER = """import multiprocessing, sys, time
 
 def child():
-    from training.process import exit_with_parent
+    from training.lifetime import exit_with_parent
     exit_with_parent(poll=0.1)
     print("child", multiprocessing.current_process().pid, flush=True)
     time.sleep(600)

@@ -45,12 +45,13 @@ from training.config import (
     RunConfig, Trial, check_batch_size, check_index, check_optimizer, check_run,
 )
 from training.data import Dataset
+from training.delay import refuse
 from training.models import check_output
 from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
 from training.schedules.order import BatchOrder, trial_seed
-from training.process import exit_with_parent
+from training.lifetime import children_die_with_this_thread, exit_with_parent
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
 from training import randomness
@@ -77,6 +78,8 @@ class DistRun:
             raise ConfigError(f"DistRun needs a training.Trial and a training.RunConfig, got "
                               f"{type(self.trial).__name__} and {type(self.run).__name__}")
         check_optimizer(self.run.optimizer, [self.trial.momentum], [self.trial.weight_decay])
+        refuse([self.trial], "the DDP trainer", "its workers average their gradients at a "
+               "barrier every step: synchronous data parallelism")
         check_world(self.world_size, self.run.batch_size)
         check_index(self.trial_index, "trial_index")
         if not isinstance(self.threads, int) or self.threads < 1:
@@ -335,8 +338,11 @@ def spawn(fn, world_size: int, backend: str, threads: int, *args: Any, timeout: 
                           timeout=timedelta(seconds=timeout))
     with tempfile.TemporaryDirectory(prefix="sparsescale-ddp-") as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_spawn_entry, nprocs=world_size, join=True, start_method="spawn",
-                           args=(world_size, backend, threads, store.port, timeout, out, fn, args))
+        # this thread joins the ranks, so it outlives them: each is killed with this process
+        with children_die_with_this_thread():
+            mp.start_processes(_spawn_entry, nprocs=world_size, join=True,
+                               start_method="spawn", args=(world_size, backend, threads,
+                                                           store.port, timeout, out, fn, args))
         # our own file from our own worker: it holds numpy arrays, hence weights_only=False
         return torch.load(out, weights_only=False)
 

@@ -3,18 +3,23 @@
 ``fused_sequential()`` returns the extension module of ``csrc/fused_sequential.cpp`` (see
 :mod:`training.engine.programs.fused`), compiled with ``torch.utils.cpp_extension.load`` for the host CPU
 (``-march=native``, OpenMP; ``-fno-math-errno``, without which the compiler cannot vectorize
-Adam's square root: 3x slower): about 30 s once per machine and source version, then a cached
-import. The build lives in torch's extension cache, a user cache folder
+Adam's square root: 3x slower): about 30-80 s of CPU once per machine and kernel version, then
+an import. The build lives in torch's extension cache, a user cache folder
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), never in the source tree,
-under a name that carries a digest of the sources, the CPU model and flags, and the Python and
-torch versions: a cache shared by machines or environments holds one build for each.
+under a name whose digest covers everything the built library depends on (:func:`build_name`):
+the sources' content, the CPU, the compiler, the flags, and the Python and torch installations,
+but no checkout's path. Two checkouts of one version, sharing an environment and the cache
+(worktrees, a pip-installed copy beside a development checkout), share one build; two versions
+never share a folder.
 
-Concurrent processes wait for one build under :func:`build_lock`, an ``fcntl.flock`` on
-``FOLDER/build.lock`` that the operating system drops when its holder dies, however it dies; a
-process that waits says so once on stderr ("waiting for the kernel build by pid N in FOLDER").
-Torch's own lock file (``FOLDER/lock``, which a process killed while building leaves behind and
-on which torch's loader would wait for ever) is removed by whoever holds the flock: every
-process that builds here holds it, so a ``lock`` file seen then is a dead builder's.
+A folder whose build is complete (:mod:`training.engine.kernel_cache`: a record written
+atomically after the build) is imported without a lock and without running torch's builder. A
+process that finds no complete build takes the folder's build lock (an ``fcntl.flock``; a
+process that waits says so once on stderr, "waiting for the kernel build by pid N in FOLDER"),
+looks again, and if the folder is still incomplete empties it (what a killed or failed build
+left) and builds from a copy of the sources inside it. Its compiler ends with it: SIGTERM or
+Ctrl-C stop ninja and its compilers, and on Linux ninja receives SIGTERM when the process
+dies, SIGKILL included.
 
 The build needs a C++ compiler (``$CXX``, default ``c++``), ninja (the ``ninja`` package, a
 dependency of sparsescale) and Python's headers. When any of them is missing or the build fails,
@@ -33,13 +38,13 @@ a machine without a compiler gets the fallback and its one warning.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import os
 import platform
 import shutil
 import sys
+import sysconfig
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,15 +52,20 @@ from types import ModuleType
 
 import torch
 
+from training.engine.kernel_cache import (
+    build_lock, compiler_dies_with_this_thread, copy_sources, discard, load_complete, mark_complete,
+)
 from training.errors import SparsescaleError, SparsescaleWarning
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "SPARSESCALE_KERNELS"
 REQUIRE_ENV = "SPARSESCALE_REQUIRE_KERNEL"
-LOCK_NAME = "build.lock"
-# How builders of one folder exclude each other, in its name: a version of sparsescale that
-# waited on torch's lock file alone builds elsewhere, never beside one that clears that file.
-LOCKING = "flock"
+# How builders and loaders of one folder share it, in its name: a version of sparsescale that
+# waited on torch's lock file alone, or loaded through torch's builder under the flock, builds
+# elsewhere, never beside one that loads a complete folder without a lock.
+LOCKING = "flock+complete"
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+LDFLAGS = ("-fopenmp",)
 _off = 0  # depth of disabled() contexts
 
 
@@ -101,12 +111,26 @@ def _cpu_description() -> str:
     return "\n".join(next((ln for ln in lines if ln.startswith(k)), "") for k in keys)
 
 
+def _installation() -> str:
+    """What the built library depends on besides its sources: the CPU, the compiler (``$CXX``
+    and the file it resolves to), the flags, Python's version and headers, torch's version and
+    its installation (real paths: a symlinked environment is one installation), LOCKING."""
+    import torch.utils.cpp_extension as cpp
+
+    compiler = os.environ.get("CXX", "c++")
+    found = shutil.which(compiler)
+    parts = [_cpu_description(), compiler, os.path.realpath(found) if found else "-",
+             " ".join(CFLAGS), " ".join(LDFLAGS), sys.version,
+             os.path.realpath(sysconfig.get_paths()["include"]), torch.__version__,
+             *map(os.path.realpath, cpp.include_paths()), LOCKING]
+    return "\n".join(parts)
+
+
 def build_name(name: str, sources: Path = SOURCES) -> str:
     """Extension name of kernel ``name``: a digest of every file in its source folder
-    ``sources`` (torch rebuilds on a change of the listed source only, not of its headers), of
-    the host CPU, of the Python and torch versions (the extension's ABI) and of LOCKING."""
-    digest = hashlib.sha256(f"{_cpu_description()}\n{sys.version}\n{torch.__version__}\n"
-                            f"{LOCKING}".encode())
+    ``sources`` (names and contents: torch rebuilds on a change of the listed source only, not
+    of its headers) and of :func:`_installation`, never of a path of the checkout."""
+    digest = hashlib.sha256(_installation().encode())
     for path in sorted(sources.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"sparsescale_{name}_{digest.hexdigest()[:12]}"
@@ -166,33 +190,28 @@ def build_directory(name: str, sources: Path = SOURCES) -> Path:
     return Path(root) / build_name(name, sources)
 
 
-def _holder(fd: int) -> str:
-    """The pid the lock file's holder wrote into it ("unknown" before it wrote it)."""
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return text if text.isdigit() else "unknown"
+def _compile(name: str, sources: Path, folder: Path, user: str) -> ModuleType:
+    """Kernel ``name`` built in ``folder`` under its build lock (module docstring), or loaded
+    if the process it waited for completed it."""
+    from torch.utils.cpp_extension import load
 
-
-@contextlib.contextmanager
-def build_lock(folder: Path) -> Iterator[None]:
-    """Hold the build lock of ``folder`` (see the module docstring) for the body: wait for
-    another process's build, saying so once on stderr, then clear torch's ``lock`` file, which
-    only a dead builder can have left."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"sparsescale: waiting for the kernel build by pid {_holder(fd)} in {folder}",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        with contextlib.suppress(FileNotFoundError):
-            (folder / "lock").unlink()
-        yield
-    finally:
-        os.close(fd)   # drops the flock
+    with build_lock(folder):
+        module = load_complete(folder)
+        if module is not None:
+            return module
+        discard(folder)
+        # a build takes 30-80 s in the middle of a user's run: say why it waits
+        print(f"sparsescale: compiling the {user} kernel {name!r} (once per machine and kernel "
+              f"version, about a minute) in {folder}", file=sys.stderr, flush=True)
+        copy = copy_sources(sources, folder)
+        with _on_path(_ninja_dir()), compiler_dies_with_this_thread():
+            # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
+            module = load(name=folder.name, sources=[str(copy / f"{name}.cpp")],
+                          extra_include_paths=[str(copy)], extra_cflags=list(CFLAGS),
+                          extra_ldflags=list(LDFLAGS), build_directory=str(folder),
+                          verbose=False)
+        mark_complete(folder, module)
+        return module
 
 
 # what the trainer does without its kernel (the warning's second half)
@@ -210,20 +229,7 @@ def _build(name: str, sources: Path = SOURCES, user: str = "training",
     reason = missing_tool()
     if reason is None:
         try:
-            from torch.utils.cpp_extension import load
-
-            with build_lock(folder), _on_path(_ninja_dir()):
-                if not (folder / f"{folder.name}.so").exists():   # the folder is the build's
-                    # a first build takes 20-60 s in the middle of a user's run: say why it waits
-                    print(f"sparsescale: compiling the {user} kernel {name!r} (once per machine "
-                          f"and torch version, under a minute) in {folder}", file=sys.stderr,
-                          flush=True)
-                # OpenMP: at::parallel_for spreads trials over torch's intra-op threads
-                return load(name=folder.name, sources=[str(sources / f"{name}.cpp")],
-                            extra_include_paths=[str(sources)],
-                            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
-                            extra_ldflags=["-fopenmp"], build_directory=str(folder),
-                            verbose=False)
+            return load_complete(folder) or _compile(name, sources, folder, user)
         except Exception as exc:  # noqa: BLE001 - any build failure falls back to the eager path
             reason = failure_reason(exc)
     if required():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -31,6 +31,7 @@ from torch import nn
 from training import device, randomness
 from training.config import ADAM_OPTIMIZERS, RunConfig, Trial
 from training.data.dataset import Dataset
+from training.delay import DelayQueue
 from training.engine import choice
 from training.engine.adam import AdamState
 from training.engine.module_state import ModuleState
@@ -81,6 +82,7 @@ class TrialStack:
     perm_epoch: int = -1
     adam: AdamState | None = None  # moments and metaparameters of adam / adamw
     module: ModuleState | None = None  # the module's buffers and generators (per_trial only)
+    delay: DelayQueue | None = None  # past weights of delayed trials (None: no trial delayed)
 
     def select(self, rows: list[int]) -> "TrialStack":
         """The stack restricted to positions ``rows``."""
@@ -98,7 +100,8 @@ class TrialStack:
             init_loss=take(self.init_loss), loss_sum=take(self.loss_sum),
             seeds=[self.seeds[r] for r in rows], perm=take(self.perm), perm_epoch=self.perm_epoch,
             adam=None if self.adam is None else self.adam.select(idx),
-            module=None if self.module is None else self.module.select(idx))
+            module=None if self.module is None else self.module.select(idx),
+            delay=None if self.delay is None else self.delay.select(idx))
 
     def clone(self) -> "TrialStack":
         """A copy whose parameters and optimizer state can be advanced independently."""
@@ -106,7 +109,8 @@ class TrialStack:
                        bufs=None if self.bufs is None else [b.clone() for b in self.bufs],
                        loss_sum=self.loss_sum.clone(),
                        adam=None if self.adam is None else self.adam.clone(),
-                       module=None if self.module is None else self.module.clone())
+                       module=None if self.module is None else self.module.clone(),
+                       delay=None if self.delay is None else self.delay.clone())
 
     def row(self, r: int, copy: bool = True) -> list[Tensor]:
         """Position ``r``'s parameters, then its module buffers (if the stack keeps them)."""
@@ -128,20 +132,24 @@ class TrialStack:
 def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor], seed: int,
                 first_index: int, optimizer: str, chunk: int, device: str, dtype: torch.dtype,
                 module_state: bool = False, random: bool = False,
-                init_params: Mapping[str, Tensor] | None = None) -> list[TrialStack]:
+                init_params: Mapping[str, Tensor] | None = None,
+                data_seeds: Sequence[int] | None = None) -> list[TrialStack]:
     """``trials`` in stacks of at most ``chunk``, every trial starting from ``model``'s weights
     (or from its row of ``init_params``, name -> ``[N, *shape]``) with its mask applied; trial
-    i's data seed is ``trial_seed(seed, first_index + i)``. With ``module_state``, every stack
-    also holds :class:`ModuleState` (for a ``random`` model, trial i's generator seeded by
-    ``randomness_seed(seed, first_index + i)``)."""
+    i's data seed is ``trial_seed(seed, first_index + i)`` (or ``data_seeds[i]``). With
+    ``module_state``, every stack also holds :class:`ModuleState` (for a ``random`` model, trial
+    i's generator seeded by ``randomness_seed(seed, first_index + i)``). Trials with a delay
+    (:mod:`training.delay`) stack apart from those without, with a :class:`DelayQueue`: an
+    undelayed trial takes the same step whatever trials its group holds."""
     names = [name for name, _ in model.named_parameters()]
     base = [p.detach().to(device=device, dtype=dtype) for _, p in model.named_parameters()]
     rows_of = [None if not init_params else init_params[name] for name in names]
     mask_list = [None if name not in masks else masks[name].to(device=device, dtype=dtype)
                  for name in names]
     stacks = []
-    for start in range(0, len(trials), chunk):
-        ids = list(range(start, min(start + chunk, len(trials))))
+    kinds = [[i for i, t in enumerate(trials) if not t.delay],
+             [i for i, t in enumerate(trials) if t.delay]]
+    for ids in (kind[a:a + chunk] for kind in kinds for a in range(0, len(kind), chunk)):
         n = len(ids)
         rows = torch.tensor(ids, device=device)
         m_st: list[Tensor | None] = [
@@ -153,6 +161,8 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
         mask_(params, m_st)
         decays = [trials[i].decay_steps for i in ids]
         f64 = dict(dtype=torch.float64, device=device)
+        seeds = [trial_seed(seed, first_index + i) if data_seeds is None else data_seeds[i]
+                 for i in ids]
         stacks.append(TrialStack(
             ids=ids, params=params,
             bufs=None if optimizer in ("sgd", *ADAM_OPTIMIZERS) else [
@@ -165,10 +175,11 @@ def make_stacks(model: nn.Module, trials: list[Trial], masks: dict[str, Tensor],
                 [math.inf if d is None else float(d) for d in decays], **f64),
             end=torch.tensor([trials[i].end_factor for i in ids], **f64),
             init_loss=torch.zeros(n, **f64), loss_sum=torch.zeros(n, **f64),
-            seeds=[trial_seed(seed, first_index + i) for i in ids],
+            seeds=seeds,
             module=ModuleState.initial(
                 model, [randomness.randomness_seed(seed, first_index + i) for i in ids], device,
-                dtype, random) if module_state else None))
+                dtype, random) if module_state else None,
+            delay=DelayQueue.start(params, [trials[i] for i in ids], seeds)))
     return stacks
 
 
@@ -236,10 +247,11 @@ class Runner:
         applied inside the program's train_steps / train_step or after its loss_and_grads;
         masked entries of g are zeroed first, so masked weights and momentum (or moment)
         buffers stay zero. A program that ``takes_many_steps`` takes up to INDEX_BUDGET's worth
-        of steps a call; the others one step a call (:meth:`step`).
+        of steps a call; the others, and every stack of delayed trials, one step a call
+        (:meth:`step`).
         """
         dropped: list[tuple[int, int, list[Tensor]]] = []
-        if not (self.update_in_step and self.program.takes_many_steps):
+        if not (self.update_in_step and self.program.takes_many_steps) or st.delay is not None:
             for s in range(start, end):
                 if not st.ids:
                     break
@@ -268,17 +280,22 @@ class Runner:
     def step(self, st: TrialStack, step: int
              ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
         """Apply update ``step`` (0-based) to every trial of ``st`` (see :meth:`steps`); its
-        diverged trials are returned as (id, parameters before the update)."""
+        diverged trials are returned as (id, parameters before the update). Delayed trials
+        (``st.delay``, :mod:`training.delay`) take the gradient at their past weights, and the
+        loss there decides their divergence; the update, to the current weights and optimizer
+        state, follows the program's gradients."""
         limit = st.limit()
         grads = None
-        if self.update_in_step:  # the update runs inside, for the trials within their limit
+        if self.update_in_step and st.delay is None:  # the update runs inside, for the trials
+            # within their limit
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
                                            self.batch_indices(st, step),
                                            st.update(self.optimizer, step), limit,
                                            st.module)
         else:
+            at = st.params if st.delay is None else st.delay.stale(st.params, step)
             loss, grads = self.program.loss_and_grads(
-                st.params, *self.gather(self.batch_indices(st, step)), st.module)
+                at, *self.gather(self.batch_indices(st, step)), st.module)
         loss = loss.double()
         bad = ~(loss <= limit)
         dropped: list[tuple[int, list[Tensor]]] = []
@@ -295,6 +312,8 @@ class Runner:
         st.loss_sum += loss
         if grads is not None:
             st.update(self.optimizer, step).apply_(st.params, grads)
+        if st.delay is not None:
+            st.delay.push_(st.params, step)
         return st, dropped
 
     @torch.no_grad()
@@ -334,12 +353,10 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
     stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
                          trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
-                         chosen.program.takes_module_state, random, init_params)
+                         chosen.program.takes_module_state, random, init_params, data_seeds)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:
-        if data_seeds is not None:
-            st.seeds = [data_seeds[i] for i in st.ids]
         if start is None:
             st.init_loss = runner.initial_loss(st)
         else:

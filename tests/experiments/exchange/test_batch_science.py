@@ -55,7 +55,8 @@ def metric_at(step: int, crossing: float) -> float:
 
 
 def write_study(folder: Path, b: int, optimizer: str, rng: np.random.Generator,
-                trials=TRIALS, dataset="synthetic_mnist", model="simple_cnn") -> None:
+                trials=TRIALS, dataset="synthetic_mnist", model="simple_cnn",
+                shuffle: bool = True) -> None:
     s = true_steps(b)
     train_steps = int(math.ceil(2.5 * s))
     folder.mkdir(parents=True)
@@ -68,7 +69,8 @@ def write_study(folder: Path, b: int, optimizer: str, rng: np.random.Generator,
                               "type": "DOUBLE"},
                  "label_smoothing": {"feasible_points": [0.0, 0.1], "type": "DISCRETE"}}}
     (folder / "study.json").write_text(json.dumps(study, indent=2))
-    order = rng.permutation(len(trials))   # the best trial's id differs between batch sizes
+    # the best trial's id differs between batch sizes (without shuffle: ids in ``trials`` order)
+    order = rng.permutation(len(trials)) if shuffle else range(len(trials))
     for tid, i in enumerate(order, start=1):
         status, factor = trials[i]
         crossing = math.inf if factor is None else factor * s
@@ -109,11 +111,13 @@ def write_workload(folder: Path, optimizer: str = "nesterov_momentum",
 
 
 def archive_rule(study_dir: Path, max_steps: int | None = None,
-                 statuses=("COMPLETE",)) -> tuple[int, int] | None:
+                 statuses=("COMPLETE",), first: int | None = None) -> tuple[int, int] | None:
+    """``first``: only the first N counted trials by trial id (Shallue et al.'s 100)."""
     frames = []
-    for trial in study_dir.iterdir():
-        if trial.is_dir() and json.loads((trial / "metadata.json").read_text())["status"] in statuses:
+    for trial in sorted((d for d in study_dir.iterdir() if d.is_dir()), key=lambda d: int(d.name)):
+        if json.loads((trial / "metadata.json").read_text())["status"] in statuses:
             frames.append(pd.read_csv(trial / "measurements.csv").assign(trial_id=int(trial.name)))
+    frames = frames[:first]
     table = pd.concat(frames)
     if max_steps is not None:
         table = table[table["step"] <= max_steps]
@@ -211,6 +215,44 @@ def test_incomplete_trials_count_when_asked(tree, tmp_path):
     assert points == {b: archive_rule(tree / str(b), statuses=("COMPLETE", "INCOMPLETE"))
                       for b in BATCH_SIZES}
     assert all(p[0] < true_steps(b) for b, p in points.items())   # the 0.7 S(B) trial
+
+
+def test_the_first_complete_trials_by_id_count(tree, tmp_path):
+    """--first 2: the two lowest-id COMPLETE trials of each batch size, and the INFEASIBLE
+    trials drawn before the second; later trials are left out of the group."""
+    assert cli.main(["import", "batch-science", str(tree), "--out", str(tmp_path / "run"),
+                     "--metric", METRIC, "--target", str(TARGET), "--first", "2"]) == 0
+    assert stored_points(tmp_path / "run") == {b: archive_rule(tree / str(b), first=2)
+                                               for b in BATCH_SIZES}
+    res = experiments.load_results(tmp_path / "run")
+    for b in BATCH_SIZES:
+        meta = {int(d.name): json.loads((d / "metadata.json").read_text())["status"]
+                for d in (tree / str(b)).iterdir() if d.is_dir()}
+        second = sorted(i for i, s in meta.items() if s == "COMPLETE")[1]
+        key = res.groups.loc[res.groups["batch_size"] == b, "key"].iloc[0]
+        kept = set(res.trials.loc[res.trials["group_key"] == key, "trial"])
+        assert kept == {i for i, s in meta.items() if i <= second and s != "INCOMPLETE"}, b
+    assert res.spec.source["first_complete"] == 2
+
+
+def test_shallue_counts_the_first_100_complete_trials(tmp_path):
+    """A batch size with 103 COMPLETE trials whose fastest is trial 103: the default leaves it
+    out, as Shallue et al.'s first 100 do; every_trial counts it."""
+    slow = (("COMPLETE", 1.5),) * 102
+    folder = tmp_path / "w" / "m" / "nesterov_momentum"
+    write_study(folder / "64", 64, "nesterov_momentum", np.random.default_rng(3),
+                trials=slow + (("COMPLETE", 1.0),), shuffle=False)
+    first = import_batch_science(folder, tmp_path / "first", METRIC, TARGET)
+    every = import_batch_science(folder, tmp_path / "every", METRIC, TARGET, first=None)
+    assert first[0].reached == every[0].reached == 1
+    [(steps, best)] = stored_points(tmp_path / "first").values()
+    assert (steps, best) == archive_rule(folder / "64", first=100) and best <= 100
+    assert stored_points(tmp_path / "every") == {64: archive_rule(folder / "64")}
+    assert stored_points(tmp_path / "every")[64] == (archive_rule(folder / "64")[0], 103)
+    assert steps > stored_points(tmp_path / "every")[64][0]
+    assert len(experiments.load_results(tmp_path / "first").trials) == 100
+    with pytest.raises(ArchiveError, match="first must be an integer >= 1"):
+        import_batch_science(folder, tmp_path / "bad", METRIC, TARGET, first=0)
 
 
 def test_all_imports_every_workload_below_the_archive_root(tmp_path):

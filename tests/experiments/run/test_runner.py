@@ -220,6 +220,7 @@ def test_a_missing_kernel_warns_once_and_trains_the_same_groups(baseline, tmp_pa
     monkeypatch.delenv(kernels.DISABLE_ENV)
     monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)   # the fallback, as for a user
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))   # no complete build
     kernels._build.cache_clear()
     try:
         with pytest.warns(kernels.KernelWarning) as record:
@@ -348,7 +349,7 @@ def test_a_killed_driver_leaves_no_process_and_a_rerun_completes_the_store(tmp_p
     """SIGTERM (kill, systemd, SLURM) to the driver alone, with its pool started: the driver
     stores what finished, ends its workers, says so in one line and exits 143. SIGKILL of the
     driver alone runs none of that: the workers see their parent die and exit by themselves
-    (training.process.exit_with_parent). Either way no descendant is left, and a rerun
+    (training.lifetime). Either way no descendant is left, and a rerun
     completes the store as an uninterrupted run writes it."""
     toml = tmp_path / "kill.toml"
     toml.write_text(KILL)

@@ -188,6 +188,16 @@ def test_bundled_configs_validate():
         assert spec.trials >= 1 and spec.batch_sizes
 
 
+def test_every_shallue_config_counts_complete_trials():
+    """Shallue et al. (2019) count the first N complete trials at each batch size: every bundled
+    study of theirs sets complete_trials, so a diverged trial never counts toward ``trials``."""
+    from experiments.spec.study import list_configs
+
+    shallue = [name for name in list_configs() if name.startswith("shallue_")]
+    assert len(shallue) >= 5
+    assert [n for n in shallue if not load(resolve_config(n)).complete_trials] == []
+
+
 def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
     import tomllib
 

@@ -16,16 +16,21 @@ def bound(eta, k, L, sigma2, delta, batch, mu=0.0):
 
 def brute_force(L, sigma2, delta, eps, batch, mu=0.0):
     """min over eta <= (1 - mu)/L of the smallest K with bound(eta, K) <= eps, found numerically."""
+    return minimise_steps(lambda eta, k: bound(eta, k, L, sigma2, delta, batch, mu), eps, (1.0 - mu) / L)
+
+
+def minimise_steps(rhs, eps, cap):
+    """(log K, eta): min over eta <= cap of the smallest K with rhs(eta, K) <= eps, numerically
+    (``rhs`` decreasing in K)."""
 
     def steps_needed(eta):
-        if bound(eta, 1e300, L, sigma2, delta, batch, mu) >= eps:
+        if rhs(eta, 1e300) >= eps:
             return np.inf
         hi = 1.0
-        while bound(eta, hi, L, sigma2, delta, batch, mu) > eps:
+        while rhs(eta, hi) > eps:
             hi *= 2.0
-        return brentq(lambda k: bound(eta, k, L, sigma2, delta, batch, mu) - eps, hi / 2.0, hi, rtol=1e-13)
+        return brentq(lambda k: rhs(eta, k) - eps, hi / 2.0, hi, rtol=1e-13)
 
-    cap = (1.0 - mu) / L
     grid = cap * np.logspace(-8, 0, 400)
     values = np.array([steps_needed(e) for e in grid])
     i = int(np.argmin(values))

@@ -197,7 +197,7 @@ def test_the_monitor_reads_the_same_with_and_without_the_routine(routine, name):
         assert compiled[-1][1] == pytest.approx(t_ref, rel=1e-10)
 
 
-def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypatch):
+def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypatch, tmp_path):
     """A build that fails: one KernelWarning naming the routine and why, then the torch path's
     exact readings."""
     def broken(**kwargs):
@@ -207,6 +207,7 @@ def test_without_the_routine_the_monitor_warns_once_and_reads_the_same(monkeypat
     monkeypatch.delenv(kernels.REQUIRE_ENV, raising=False)
     monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))   # no complete build there
     compiled_kernel._build.cache_clear()
     try:
         batches = [token_batch(12, s) for s in range(2)]

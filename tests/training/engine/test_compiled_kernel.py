@@ -4,9 +4,11 @@ kernel that ran; under SPARSESCALE_REQUIRE_KERNEL=1 (CI) the same failures are e
 library and in the test suite."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 import training
 from training import EvalSchedule, RunConfig, Trial
 from training.engine import compiled_kernel as kernels
+from training.engine import kernel_cache
 from training.engine.strategy import ruled_strategy
 
 
@@ -26,6 +29,12 @@ def fresh_build(monkeypatch):
     kernels._build.cache_clear()
     yield
     kernels._build.cache_clear()
+
+
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    """An extension cache without a complete build: a broken builder is called."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
 
 
 @pytest.fixture
@@ -46,7 +55,7 @@ def kernel_warnings(record):
 
 
 def test_a_failing_build_falls_back_with_one_warning(fresh_build, fallback_allowed, monkeypatch,
-                                                     mnist1d_small):
+                                                     mnist1d_small, empty_cache):
     def broken(**kwargs):
         raise RuntimeError("Error building extension 'x':\n[1/2] c++ -c a.cpp\n"
                            "a.cpp:1:10: fatal error: Python.h: No such file or directory\n")
@@ -130,7 +139,7 @@ def test_a_required_kernel_without_a_compiler_is_an_error(fresh_build, monkeypat
     assert kernels.fused_sequential() is None
 
 
-def test_a_required_kernel_whose_build_fails_is_an_error(fresh_build, monkeypatch):
+def test_a_required_kernel_whose_build_fails_is_an_error(fresh_build, monkeypatch, empty_cache):
     def broken(**kwargs):
         raise RuntimeError("Error building extension 'x':\n"
                            "a.cpp:1:10: fatal error: Python.h: No such file or directory\n")
@@ -213,27 +222,49 @@ def test_build_directory_follows_torch_extensions_dir(monkeypatch, tmp_path):
         "fused_sequential")
 
 
-def test_torchs_lock_left_by_a_dead_builder_is_cleared_under_the_build_lock(
+def test_what_a_dead_builder_left_is_discarded_under_the_build_lock(
         fresh_build, fallback_allowed, monkeypatch, tmp_path):
-    """A process killed while building leaves torch's ``lock`` file, on which torch's loader
-    waits for ever; whoever then holds the build lock (every builder holds it) removes it
-    before the build, whatever its age."""
+    """A process killed while building leaves torch's ``lock`` file (on which torch's loader
+    waits for ever), objects and perhaps a half-written library, but no completion record:
+    whoever then holds the build lock empties the folder (but the lock) before it builds, from
+    a copy of the sources inside the folder."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     folder = kernels.build_directory("fused_sequential")
     folder.mkdir(parents=True)
-    (folder / "lock").touch()
+    for left in ("lock", "fused_sequential.o", f"{folder.name}.so"):
+        (folder / left).write_bytes(b"half")
     seen = {}
 
     def load(**kwargs):
-        seen.update(kwargs, lock=(folder / "lock").exists(),
-                    holder=(folder / kernels.LOCK_NAME).read_text())
+        seen.update(kwargs, left=sorted(p.name for p in folder.iterdir()),
+                    holder=(folder / kernel_cache.LOCK_NAME).read_text())
         raise RuntimeError("stop here")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
     with pytest.warns(kernels.KernelWarning, match="stop here"):
         assert kernels.fused_sequential() is None
-    assert seen["build_directory"] == str(folder) and seen["lock"] is False
-    assert seen["holder"] == f"{os.getpid()}\n"
+    assert seen["build_directory"] == str(folder) and seen["holder"] == f"{os.getpid()}\n"
+    assert seen["left"] == [kernel_cache.LOCK_NAME, kernel_cache.SOURCE_DIR]
+    assert seen["sources"] == [str(folder / "src" / "fused_sequential.cpp")]
+    assert seen["extra_include_paths"] == [str(folder / "src")]
+    assert sorted(p.name for p in (folder / "src").iterdir()) == sorted(
+        p.name for p in kernels.SOURCES.iterdir() if p.is_file())
+
+
+def test_build_name_covers_the_build_but_not_the_checkouts_path(monkeypatch, tmp_path):
+    """The folder's name follows the sources' content, the compiler, the flags and torch, never
+    the path of the sources: a copy elsewhere (another checkout) names the same folder."""
+    name = kernels.build_name("fused_sequential")
+    copy = tmp_path / "checkout" / "csrc"
+    shutil.copytree(kernels.SOURCES, copy)
+    assert kernels.build_name("fused_sequential", copy) == name
+    (copy / "fused_sequential.cpp").write_text((copy / "fused_sequential.cpp").read_text() + " ")
+    assert kernels.build_name("fused_sequential", copy) != name
+    monkeypatch.setenv("CXX", "clang++")
+    assert kernels.build_name("fused_sequential") != name
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(kernels, "CFLAGS", (*kernels.CFLAGS, "-g"))
+    assert kernels.build_name("fused_sequential") != name
 
 
 # A C extension that compiles in about a second (Python.h only), named as torch's loader names
@@ -317,22 +348,31 @@ def test_a_build_killed_by_sigkill_does_not_block_the_next_process(tmp_path):
     assert logs["next.err"].read_text().count("waiting for the kernel build") == 1
 
 
-def test_a_first_build_says_so_on_stderr_and_a_cached_one_is_silent(fresh_build, monkeypatch,
-                                                                    tmp_path, capsys):
-    """A build takes 20-60 s in the middle of a run (the trainer's first step, the noise
+def test_a_first_build_says_so_on_stderr_and_a_complete_one_is_silent(
+        fresh_build, monkeypatch, tmp_path, capsys):
+    """A build takes 30-80 s in the middle of a run (the trainer's first step, the noise
     monitor's first measured step): one line on stderr says what is compiling and where; a
-    build already in the cache loads without a word."""
+    complete build in the cache is imported without a word, without torch's builder."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: "module")
-    assert kernels.fused_sequential() == "module"
-    err = capsys.readouterr().err
     folder = kernels.build_directory("fused_sequential")
+    library = folder / f"{folder.name}.so"
+    module = types.SimpleNamespace(__file__=str(library))
+
+    def load(**kwargs):
+        library.write_bytes(b"library")
+        return module
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    assert kernels.fused_sequential() is module
+    err = capsys.readouterr().err
     assert err.count("\n") == 1 and "compiling the training kernel 'fused_sequential'" in err
     assert str(folder) in err
     kernels._build.cache_clear()
-    (folder / f"{kernels.build_name('fused_sequential')}.so").touch()
-    assert kernels.fused_sequential() == "module"
+    monkeypatch.setattr("torch.utils.cpp_extension.load", None)   # never called again
+    monkeypatch.setattr(kernel_cache, "_import", lambda name, path: (name, path))
+    assert kernels.fused_sequential() == (folder.name, library)
     assert capsys.readouterr().err == ""
+
 
 def test_the_update_runs_without_the_gil(compiled_kernel):
     """``update_trial`` lets other Python threads run while it updates: the per_trial program

@@ -1,0 +1,99 @@
+"""The delayed noisy quadratic model against a direct Monte-Carlo simulation of delayed SGD, the
+undelayed closed form of theory.models.nqm, and the stability threshold against the companion
+matrix's spectral radius."""
+
+import numpy as np
+import pytest
+
+from theory.errors import TheoryError
+from theory.models import delay, nqm, nqm_delay
+
+SPEC = nqm.Spectrum(h=np.array([1.0, 0.3, 0.05]), c=np.array([2.0, 0.5, 0.1]), s0=np.array([1.0, 2.0, 0.5]))
+
+
+def monte_carlo(spec, lr, batch, tau, steps, runs, seed, start="initial"):
+    """Delayed SGD on the quadratic, float64: a queue of past iterates, x_0 ~ N(0, s0), the
+    gradient at step k taken at x_{max(k - tau, 0)} with fresh noise of variance c / B; with
+    ``start="empty"`` no update before step tau."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((runs, spec.dim)) * np.sqrt(spec.s0)
+    queue = [x.copy() for _ in range(tau + 1)]       # x_{k-tau}, ..., x_k
+    losses = [0.5 * (x * x * spec.h).sum(1)]
+    for k in range(steps):
+        noise = rng.standard_normal((runs, spec.dim)) * np.sqrt(spec.c / batch)
+        x = queue[-1] - lr * (spec.h * queue[0] + noise) if start == "initial" or k >= tau else queue[-1]
+        queue = queue[1:] + [x]
+        losses.append(0.5 * (x * x * spec.h).sum(1))
+    return np.array(losses)                           # [steps + 1, runs]
+
+
+@pytest.mark.parametrize("start", ["initial", "empty"])
+@pytest.mark.parametrize("tau,lr", [(0, 0.9), (1, 0.6), (3, 0.4), (6, 0.2)])
+def test_expected_loss_matches_monte_carlo_within_its_standard_error(tau, lr, start):
+    steps, runs = 60, 40_000
+    mc = monte_carlo(SPEC, lr, 4.0, tau, steps, runs, seed=tau, start=start)
+    moments = nqm_delay.delayed_second_moments(SPEC, [lr], 4.0, tau, steps, start=start)
+    exact = nqm.expected_loss(moments[:, 0], SPEC)
+    mean, se = mc.mean(1), mc.std(1, ddof=1) / np.sqrt(runs)
+    z = (mean - exact) / se
+    assert np.all(np.abs(z) < 4.5), f"max |z| = {np.abs(z).max():.2f}"
+    assert exact[0] == pytest.approx(SPEC.initial_loss())
+
+
+@pytest.mark.parametrize("tau", [0, 1, 4, 16])
+def test_the_delayed_bound_holds_on_the_quadratic(tau):
+    """(1/K) sum_k E||grad f(x_k)||^2 <= 4 Delta / (eta K) + 3 eta L sigma^2 / B (theory.models.delay,
+    M = 0, sigma^2 = sum c, Delta = E f(x_0)) for steps up to its cap, with the queue starting empty."""
+    spec = nqm.Spectrum(h=np.array([2.0, 0.7, 0.1, 0.01]), c=np.array([3.0, 1.0, 0.2, 0.5]),
+                        s0=np.array([1.0, 1.0, 4.0, 9.0]))
+    L, sigma2, delta, batch = 2.0, spec.c.sum(), spec.initial_loss(), 8.0
+    cap = delay.lr_cap(L, 0.0, batch, tau)
+    lrs = cap * np.array([1.0, 0.5, 0.1, 0.01])
+    moments = nqm_delay.delayed_second_moments(spec, lrs, batch, tau, 3000, start="empty")
+    grad_sq = (moments * spec.h**2).sum(-1)                   # [k, lr]
+    mean = np.cumsum(grad_sq, axis=0) / np.arange(1, len(grad_sq) + 1)[:, None]
+    k = np.arange(1, len(grad_sq) + 1)[:, None]
+    rhs = 4.0 * delta / (lrs * k) + 3.0 * lrs * L * sigma2 / batch
+    assert np.all(mean <= rhs)
+
+
+def test_no_delay_is_the_sgd_closed_form():
+    lrs = np.array([0.1, 0.5, 1.5])
+    got = nqm_delay.delayed_second_moments(SPEC, lrs, 8.0, 0, 40)
+    for k in (0, 1, 7, 40):
+        np.testing.assert_allclose(got[k], nqm.sgd_second_moments(SPEC, lrs, 8.0, np.full(3, k)), rtol=1e-10)
+
+
+@pytest.mark.parametrize("tau", [0, 1, 2, 5, 16])
+def test_stability_threshold_is_where_the_companion_matrix_reaches_the_unit_circle(tau):
+    def radius(z):
+        a = np.zeros((tau + 1, tau + 1))        # state (x_k, ..., x_{k-tau})
+        a[0, 0] += 1.0
+        a[0, tau] -= z
+        a[1:, :-1] += np.eye(tau)
+        return np.abs(np.linalg.eigvals(a)).max()
+
+    z_star = nqm_delay.stability_threshold(tau)
+    assert radius(z_star * (1 - 1e-6)) < 1.0 < radius(z_star * (1 + 1e-6))
+    assert nqm_delay.max_stable_lr(SPEC, tau) == pytest.approx(z_star / 1.0)
+
+
+def test_steps_to_target_against_a_direct_scan_and_its_monotone_shape():
+    spec = nqm.paper_spectrum(50)
+    target = 0.5 * spec.initial_loss() / 10
+    lrs = np.logspace(-2, 0.3, 12)
+    curve = nqm_delay.steps_to_target(spec, target, [1, 4, 64], delays=[0, 2, 8], lrs=lrs, max_steps=20_000)
+    # direct scan of the exact loss path at one point
+    i, j = 1, 1
+    lr_ok = lrs[lrs < nqm_delay.max_stable_lr(spec, 2)]
+    path = nqm.expected_loss(nqm_delay.delayed_second_moments(spec, lr_ok, 4.0, 2, 3000), spec)
+    first = np.array([np.argmax(p < target) if (p < target).any() else np.inf for p in path.T])
+    assert curve.steps[i, j] == first.min()
+    assert curve.best_lr[i, j] == lr_ok[np.argmin(first)]
+    # more delay never helps at the best grid point; a larger batch never hurts
+    assert np.all(np.diff(curve.steps, axis=1) >= 0)
+    assert np.all(np.diff(curve.steps, axis=0) <= 0)
+    with pytest.raises(TheoryError, match="delays"):
+        nqm_delay.steps_to_target(spec, target, [1], delays=[-1])
+    with pytest.raises(TheoryError, match="start must be one of 'initial', 'empty', got 'full'"):
+        nqm_delay.steps_to_target(spec, target, [1], start="full")

@@ -1,0 +1,172 @@
+"""Noisy quadratic model with delayed gradients: exact expected loss, stability threshold, steps
+to a target against batch size and delay.
+
+The model of :mod:`theory.models.nqm` (Zhang et al. 2019): loss 1/2 sum_i h_i x_i^2, a mini-batch
+gradient h_i x_i + noise of variance c_i / B, x_0 ~ N(0, diag(s0)). Delayed SGD applies at step k
+the gradient computed at the iterate of step k - tau, with its own noise xi_{k-tau}. Before step
+tau there is no such iterate; ``start`` says what happens then:
+
+- ``"initial"`` (default): the gradient at x_0 with fresh noise, as when every worker starts from
+  the initial weights: x_{k+1} = x_k - a (h x_{max(k - tau, 0)} + xi_k);
+- ``"empty"``: no update (the queue starts empty), the convention of the bound in
+  :mod:`theory.models.delay`: x_{k+1} = x_k - a [k >= tau] (h x_{k - tau} + xi_{k - tau}).
+
+Each coordinate is linear in x_0 and the noises, so with z = a h, the deterministic path phi and
+the impulse response psi of the recursion y_{k+1} = y_k - z y_{k-tau},
+
+    phi_0 = 1, phi_{k+1} = phi_k - z phi_{k-tau}, phi_{<0} = 1 ("initial") or 0 ("empty");
+    psi_0 = 1, psi_{m+1} = psi_m - z psi_{m-tau}, psi_{<0} = 0;
+    E x_k^2 = phi_k^2 s0 + (a^2 c / B) sum_{m<k} psi_m^2                ("initial"),
+    E x_k^2 = phi_k^2 s0 + (a^2 c / B) sum_{m<k-tau} psi_m^2            ("empty").
+
+This is the exact second moment (the noises are independent and zero-mean); it is what the
+recursion on the covariance of the last tau + 1 iterates gives, computed per coordinate in
+O(tau) memory instead of O(tau^2). At tau = 0 it is :func:`theory.models.nqm.sgd_second_moments`.
+
+Stability (closed form): the recursion's characteristic polynomial is lam^(tau+1) - lam^tau + z;
+all its roots lie inside the unit circle iff 0 < z < 2 sin(pi / (2 (2 tau + 1))) (Levin & May
+1976, for the delay-difference equation x_{k+1} = x_k - z x_{k-tau}): 2 at tau = 0, 1 at tau = 1,
+about pi / (2 tau) for large tau. The largest stable learning rate is that threshold over
+max_i p_i h_i, so it falls as 1/tau, the shape of the learning-rate guideline of
+:mod:`theory.models.delay`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from theory.errors import TheoryError, check_int
+from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector, expected_loss
+
+MAX_STEPS = 10**6
+STARTS = ("initial", "empty")
+# coordinates x learning rates marched at once (bounds memory to tens of MB with tau <= 64)
+_CHUNK = 200_000
+
+
+def stability_threshold(delay: int) -> float:
+    """z* = 2 sin(pi / (2 (2 tau + 1))): delayed gradient descent on a quadratic of curvature h
+    converges iff 0 < a h < z*."""
+    tau = check_int(delay, "delay", minimum=0)
+    return float(2.0 * np.sin(np.pi / (2.0 * (2 * tau + 1))))
+
+
+def max_stable_lr(spectrum: Spectrum, delay: int, precond: float = 0.0) -> float:
+    """The largest learning rate at which every coordinate is stable: z* / max_i p_i h_i."""
+    return stability_threshold(delay) / float(np.max(spectrum.h ** (1.0 - float(precond))))
+
+
+def delayed_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: float, delay: int,
+                           steps: int, precond: float = 0.0, start: str = "initial") -> np.ndarray:
+    """E x_i(k)^2 for k = 0..steps under delayed SGD: shape [steps + 1, len(lr), d]."""
+    lrs = _positive_vector(lr, "lr")
+    tau = check_int(delay, "delay", minimum=0)
+    n_steps = check_int(steps, "steps", minimum=0)
+    _check_start(start)
+    z, n = _terms(spectrum, lrs, batch_size, precond)
+    out = np.empty((n_steps + 1,) + z.shape)
+    for k, m in enumerate(_march(spectrum, z, n, tau, start)):
+        out[k] = m
+        if k == n_steps:
+            break
+    return out
+
+
+def _march(spectrum: Spectrum, z: np.ndarray, n: np.ndarray, tau: int, start: str):
+    """Yield E x^2 at k = 0, 1, 2, ... (module docstring); ring buffers of the last tau + 1 values
+    of phi and psi."""
+    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)   # phi_{k-tau..k}
+    phi[-1] = 1.0
+    psi = np.zeros((tau + 1,) + z.shape)          # psi_{m-tau..m}; 0 before the impulse
+    psi[-1] = 1.0
+    # "empty": the noise sum lags tau steps behind, psi[0] = psi_{k-tau} (0 while k < tau)
+    lag = -1 if start == "initial" else 0
+    noise_sum = np.zeros(z.shape)
+    yield phi[-1] ** 2 * spectrum.s0
+    while True:
+        noise_sum += psi[lag] ** 2
+        # slot i holds index k - tau + i; the oldest (slot 0) is the delayed one
+        new_phi = phi[-1] - z * phi[0]
+        new_psi = psi[-1] - z * psi[0]
+        phi = np.concatenate([phi[1:], new_phi[None]]) if tau else new_phi[None]
+        psi = np.concatenate([psi[1:], new_psi[None]]) if tau else new_psi[None]
+        yield phi[-1] ** 2 * spectrum.s0 + n * noise_sum
+
+
+@dataclass(frozen=True, eq=False)
+class DelayCurve:
+    """Steps to target for every (batch size, delay): ``steps[i, j]`` at ``batch_sizes[i]`` and
+    ``delays[j]``, inf where no learning rate of the grid reached the target within
+    ``max_steps``; ``best_lr`` the grid point that reached it first."""
+
+    batch_sizes: np.ndarray
+    delays: np.ndarray
+    steps: np.ndarray
+    best_lr: np.ndarray
+    target: float
+
+
+def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
+                    delays: ArrayLike = (0,), lrs: ArrayLike | None = None,
+                    max_steps: int = 100_000, precond: float = 0.0,
+                    start: str = "initial") -> DelayCurve:
+    """First step k with E loss(k) < ``target``, fewest over the learning-rate grid (default:
+    nqm's SGD grid, unstable points dropped), for every batch size and delay. The loss path of a
+    delayed run may oscillate, so it is marched step by step rather than bisected."""
+    if not (isinstance(target, (int, float)) and np.isfinite(target) and target > 0):
+        raise TheoryError(f"target must be a positive loss value, got {target!r}")
+    batches = _positive_vector(batch_sizes, "batch_sizes")
+    taus = [check_int(int(t) if float(t).is_integer() else t, "delays", minimum=0)
+            for t in np.atleast_1d(np.asarray(delays))]
+    check_int(max_steps, "max_steps")
+    _check_start(start)
+    grid = _positive_vector(SGD_LRS if lrs is None else lrs, "lrs")
+    steps = np.full((len(batches), len(taus)), np.inf)
+    best = np.full((len(batches), len(taus)), np.nan)
+    for j, tau in enumerate(taus):
+        stable = grid[grid < max_stable_lr(spectrum, tau, precond)]
+        for i, b in enumerate(batches):
+            if spectrum.initial_loss() < target:
+                steps[i, j] = 0.0
+                continue
+            if stable.size:
+                k, lr = _first_hit(spectrum, target, stable, b, tau, max_steps, precond, start)
+                steps[i, j], best[i, j] = k, lr
+    return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
+
+
+def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond, start) -> tuple[float, float]:
+    """(first step below target, its learning rate) over ``lrs``, marching in chunks of lrs."""
+    per_chunk = max(1, _CHUNK // (spectrum.dim * (tau + 1)))
+    best_k, best_lr = np.inf, np.nan
+    for s in range(0, len(lrs), per_chunk):
+        part = lrs[s:s + per_chunk]
+        z, n = _terms(spectrum, part, batch, precond)
+        limit = min(max_steps, best_k - 1)     # a later chunk only matters if it is faster
+        for k, m in enumerate(_march(spectrum, z, n, tau, start)):
+            hit = expected_loss(m, spectrum) < target
+            if hit.any():
+                best_k, best_lr = float(k), float(part[np.argmax(hit)])
+                break
+            if k >= limit:
+                break
+    return best_k, best_lr
+
+
+def _check_start(start: str) -> None:
+    if start not in STARTS:
+        raise TheoryError(f"start must be one of {', '.join(map(repr, STARTS))}, got {start!r}")
+
+
+def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: float):
+    """z = a p h and per-step injected noise n = a^2 p^2 c / B, shape [len(lrs), d]."""
+    b = float(_positive_vector(batch_size, "batch_size")[0])
+    p = spectrum.h ** (-float(precond))
+    a = lrs[:, None]
+    return a * p * spectrum.h, a * a * p * p * spectrum.c / b
+
+
+__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "DelayCurve", "steps_to_target"]
