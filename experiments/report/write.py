@@ -49,8 +49,8 @@ from experiments.report.prose import (
     findings_text, optimizer_sentences, prediction_statement, sanity_sentences,
 )
 from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs, synchronous
-from experiments.report.delay_section import delay_section
-from experiments.report.delay_view import delay_view
+from experiments.report.delay.section import delay_section
+from experiments.report.delay.view import delay_view
 from experiments.report.sanity_view import SanityPart, sanity_view
 from experiments.report.sections import (
     Code, Document, Figure, Formula, Paragraphs, Section, Table, render,

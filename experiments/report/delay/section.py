@@ -1,4 +1,4 @@
-"""The report's section on the gradient-delay axis (:mod:`experiments.report.delay_view`): the
+"""The report's section on the gradient-delay axis (:mod:`experiments.report.delay.view`): the
 two figures, the theory of ``theory.models.delay`` beside the measurement, the tuned learning
 rates beside the guideline, and asynchronous against synchronous modelled time
 (``training.distributed.asynctime``) where a run folder holds a cost model."""
@@ -14,7 +14,7 @@ from theory.models.delay import critical_batch, critical_delay, lr_ratio
 from theory.verdicts.summaries import find, summarize
 from training.distributed.asynctime import Stragglers, compare
 
-from experiments.report.delay_view import CRITICAL_FACTOR, DelayPart, TIER
+from experiments.report.delay.view import CRITICAL_FACTOR, DelayPart, TIER
 from experiments.report.figures import delay as DF
 from experiments.report.figures import measurement as F
 from experiments.report.formatting import fmt_interval, fmt_num
