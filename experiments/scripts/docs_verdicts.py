@@ -42,8 +42,8 @@ def render_table(frame: pd.DataFrame) -> str:
     rows = []
     for r in frame.itertuples(index=False):
         allowed = (fmt_interval(r.allowed_low, r.allowed_high)
-                   if isinstance(r.allowed_low, float) and math.isfinite(r.allowed_low) else "–")
-        interval = fmt_interval(r.low, r.high) if math.isfinite(r.low) else "(no interval)"
+                   if math.isfinite(float(r.allowed_low)) else "–")
+        interval = fmt_interval(r.low, r.high) if math.isfinite(float(r.low)) else "(no interval)"
         rows.append(f"| {sparsity_label(r.sparsity)} | `{r.claim}` | {r.tier} | "
                     f"{fmt_num(r.value, 3)} {interval} | {allowed} | {r.verdict} | "
                     f"{r.statistic if isinstance(r.statistic, str) else ''} |\n")
