@@ -9,6 +9,10 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
 - ``report.md`` with ``figures/*.png`` beside it;
 - ``summary.csv``: one row per (run, sparsity, batch size): steps-to-result, best metaparameters,
   trials reached / diverged, fit and prediction values;
+- ``verdicts.csv``: every claim's stored verdict, one row per (run, level, claim, tier), with its
+  value, interval, allowed range, the statistic it uses and its reason
+  (:func:`experiments.report.verdicts.verdicts_frame`); the docs quote these
+  (``experiments/scripts/docs_verdicts.py``);
 - ``time_to_result.csv`` when a run folder holds ``cost_model.json``: predicted time-to-result
   per (series, batch size, workers k) on real hardware (:mod:`experiments.report.hardware`).
 
@@ -58,7 +62,7 @@ from experiments.report.theory_view import (
 )
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
-    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts,
+    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts, verdicts_frame,
 )
 from experiments.report.lee_stage_view import StagePart, stage_sentences, stage_tables, stage_view
 
@@ -76,6 +80,7 @@ class Report:
     document: Document
     summary: pd.DataFrame
     time_to_result: pd.DataFrame
+    verdicts: pd.DataFrame
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
@@ -90,7 +95,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     report = build(runs)
     # no time-to-result rows: remove the file an earlier report with a cost model left
     return write_document(report.document, out, {
-        "summary": report.summary,
+        "summary": report.summary, "verdicts": report.verdicts,
         "time_to_result": report.time_to_result if len(report.time_to_result) else None})
 
 
@@ -135,7 +140,8 @@ def build(runs: RunSet) -> Report:
     missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
-    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
+    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
+                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"])
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
     judged = pd.concat([judged, stage.verdicts], ignore_index=True) if len(stage.verdicts) \
@@ -191,7 +197,8 @@ def build(runs: RunSet) -> Report:
     return Report(
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
-        time_to_result=time_to_result_frame(hardware, runs.info()))
+        time_to_result=time_to_result_frame(hardware, runs.info()),
+        verdicts=verdicts_frame(judged, runs.info()))
 
 
 STOP_WORDS = {

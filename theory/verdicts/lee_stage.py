@@ -53,7 +53,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict, median_step_ratio
+from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict
+from theory.verdicts.step_ratio import STATISTIC, describe, runs_from_curves, step_ratio
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
 
@@ -62,6 +63,7 @@ STAGE_START = 1000
 STAGE_COLUMNS = ("sparsity", "seed", "batch_size", "trial", "step", "quantity", "value")
 QUANTITY = "local_lipschitz"
 NAN_INTERVAL = (math.nan, math.nan)
+L_STATISTIC = "each run's mean log L over the stage, Welch t interval over runs"
 
 Interval = tuple[float, float]
 
@@ -281,15 +283,17 @@ def _fmt(r: StageRatio | tuple[float, Interval]) -> str:
 
 def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                    reference: float = 0.0, start: int = STAGE_START, level: float = 0.9,
-                   n_boot: int = 1000, rng: int = 0) -> tuple[Verdict, ...]:
+                   n_boot: int = 1000, rng: int = 0,
+                   runs: pd.DataFrame | None = None) -> tuple[Verdict, ...]:
     """Lee et al.'s claim at their stage for every non-reference level of ``table`` (module
     docstring): ``lee_L_rises (steps >= start)`` and ``lee_L_explains (steps >= start)``, both
-    in the paper's tier; the measured step ratio is the median over batch sizes of
-    :func:`theory.verdicts.claims.median_step_ratio`."""
+    in the paper's tier; the measured step ratio is
+    :func:`theory.verdicts.step_ratio.step_ratio` over ``runs`` (every run, those that missed
+    the goal censored at their budget; default: the curves' points)."""
+    runs = runs_from_curves(curves) if runs is None else runs
     rows = stage_table(table, start=start)
     if reference not in set(rows.sparsity):
         raise TheoryError(f"no L at steps >= {start} for the reference sparsity {reference}")
-    curve_by = {c.sparsity: c for c in curves}
     points = point_ratios(table, reference, start, level)
     out = []
     for s in sorted(set(rows.sparsity) - {reference}):
@@ -309,14 +313,13 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                 INCONCLUSIVE: "the interval contains 1 (or there is no interval)"}[verdict]
         claim = f"lee_L_rises (steps >= {start})"
         out.append(Verdict(claim, "paper", s, ratio.value, ratio.interval, (1.0, math.inf),
-                           verdict, f"{numbers}; {says}"))
-        # a level that met the goal at no batch size where the reference did has no step ratio
-        # to explain (its runs ended at the budget): the L claim stands alone
-        if s not in curve_by or reference not in curve_by or not (
-                set(curve_by[s].batch_sizes) & set(curve_by[reference].batch_sizes)):
+                           verdict, f"{numbers}; {says}", L_STATISTIC))
+        # a level with no runs at a batch size the reference ran has no step ratio to explain
+        if not (set(runs.loc[runs["sparsity"] == s, "batch_size"])
+                & set(runs.loc[runs["sparsity"] == reference, "batch_size"])):
             continue
-        measured = median_step_ratio(curve_by[s], curve_by[reference], level, n_boot, rng)
-        m_side = interval_side(measured[1])
+        steps = step_ratio(runs, s, reference, level, n_boot, rng)
+        m_side = interval_side(steps.interval)
         if m_side == 0:
             explains, why = INCONCLUSIVE, "the measured step ratio's interval contains 1"
         elif side == 0:
@@ -330,6 +333,6 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
         allowed = (1.0, math.inf) if m_side > 0 else (0.0, 1.0) if m_side < 0 else NAN_INTERVAL
         out.append(Verdict(f"lee_L_explains (steps >= {start})", "paper", s, ratio.value,
                            ratio.interval, allowed, explains,
-                           f"L_s/L_d = {_fmt(ratio)}, measured median step ratio "
-                           f"{_fmt(measured)}; {why}"))
+                           f"L_s/L_d = {_fmt(ratio)}, measured {describe(steps)}; {why}",
+                           STATISTIC))
     return tuple(out)
