@@ -212,8 +212,10 @@ def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: 
     run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps, goal=NEVER,
                     eval_schedule=EvalSchedule(every=max(steps, 1)), device=device,
                     precision=precision)
-    trials = [replace(t, delay=delay, delay_kind=delay_kind)
-              for t in bench_trials(optimizer, n_trials)]
+    # round_robin is given by its workers, W = delay + 1
+    late = (dict(delay_kind=delay_kind, workers=delay + 1) if delay_kind == "round_robin" else
+            dict(delay=delay, delay_kind=delay_kind))
+    trials = [replace(t, **late) for t in bench_trials(optimizer, n_trials)]
     return train_trials(net, ds, trials, run, trials_per_stack=trials_per_stack,
                         step_timer=timer, program=program)
 
