@@ -247,11 +247,11 @@ class Runner:
         applied inside the program's train_steps / train_step or after its loss_and_grads;
         masked entries of g are zeroed first, so masked weights and momentum (or moment)
         buffers stay zero. A program that ``takes_many_steps`` takes up to INDEX_BUDGET's worth
-        of steps a call; the others, and every stack of delayed trials, one step a call
-        (:meth:`step`).
+        of steps a call (a stack of delayed trials too, where it ``takes_delays``); the others
+        one step a call (:meth:`step`).
         """
         dropped: list[tuple[int, int, list[Tensor]]] = []
-        if not (self.update_in_step and self.program.takes_many_steps) or st.delay is not None:
+        if not (self.update_in_step and self.program.takes_many_steps and self.kernel_delays(st)):
             for s in range(start, end):
                 if not st.ids:
                     break
@@ -264,7 +264,8 @@ class Runner:
             idx = torch.stack([self.batch_indices(st, t) for t in range(s, s + k)])
             loss, taken = self.program.train_steps(
                 st.params, self.x_train, self.y_train, idx,
-                [st.update(self.optimizer, t) for t in range(s, s + k)], st.limit())
+                [st.update(self.optimizer, t) for t in range(s, s + k)], st.limit(),
+                *([] if st.delay is None else [st.delay.plan(s, k)]))
             taken = taken.tolist()
             keep = [r for r, t in enumerate(taken) if t == k]
             if len(keep) < len(taken):
@@ -277,21 +278,26 @@ class Runner:
             s += k
         return st, dropped
 
+    def kernel_delays(self, st: TrialStack) -> bool:
+        """Whether the program takes ``st``'s delays itself (always, for a stack without)."""
+        return st.delay is None or self.program.takes_delays
+
     def step(self, st: TrialStack, step: int
              ) -> tuple[TrialStack, list[tuple[int, list[Tensor]]]]:
         """Apply update ``step`` (0-based) to every trial of ``st`` (see :meth:`steps`); its
         diverged trials are returned as (id, parameters before the update). Delayed trials
         (``st.delay``, :mod:`training.delay`) take the gradient at their past weights, and the
         loss there decides their divergence; the update, to the current weights and optimizer
-        state, follows the program's gradients."""
+        state, follows the program's gradients (inside a program that ``takes_delays``)."""
         limit = st.limit()
         grads = None
-        if self.update_in_step and st.delay is None:  # the update runs inside, for the trials
-            # within their limit
+        if self.update_in_step and self.kernel_delays(st):  # the update runs inside, for the
+            # trials within their limit
             loss = self.program.train_step(st.params, self.x_train, self.y_train,
                                            self.batch_indices(st, step),
                                            st.update(self.optimizer, step), limit,
-                                           st.module)
+                                           st.module,
+                                           *([] if st.delay is None else [st.delay.plan(step, 1)]))
         else:
             at = st.params if st.delay is None else st.delay.stale(st.params, step)
             loss, grads = self.program.loss_and_grads(
@@ -312,8 +318,8 @@ class Runner:
         st.loss_sum += loss
         if grads is not None:
             st.update(self.optimizer, step).apply_(st.params, grads)
-        if st.delay is not None:
-            st.delay.push_(st.params, step)
+            if st.delay is not None:   # (a program that takes delays kept the weights itself)
+                st.delay.push_(st.params, step)
         return st, dropped
 
     @torch.no_grad()
