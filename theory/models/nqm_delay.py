@@ -39,11 +39,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory.errors import TheoryError, check_int
-from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector, expected_loss
+from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector
 
 MAX_STEPS = 10**6
 STARTS = ("initial", "empty")
-# coordinates x learning rates marched at once (bounds memory to tens of MB with tau <= 64)
+# coordinates x learning rates marched at once (the buffers hold 2 (tau + 1) times as many floats)
 _CHUNK = 200_000
 
 
@@ -68,32 +68,31 @@ def delayed_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: float,
     _check_start(start)
     z, n = _terms(spectrum, lrs, batch_size, precond)
     out = np.empty((n_steps + 1,) + z.shape)
-    for k, m in enumerate(_march(spectrum, z, n, tau, start)):
-        out[k] = m
+    for k, (phi, noise) in enumerate(_paths(z, tau, start)):
+        out[k] = phi * phi * spectrum.s0 + n * noise
         if k == n_steps:
             break
     return out
 
 
-def _march(spectrum: Spectrum, z: np.ndarray, n: np.ndarray, tau: int, start: str):
-    """Yield E x^2 at k = 0, 1, 2, ... (module docstring); ring buffers of the last tau + 1 values
-    of phi and psi."""
-    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)   # phi_{k-tau..k}
-    phi[-1] = 1.0
-    psi = np.zeros((tau + 1,) + z.shape)          # psi_{m-tau..m}; 0 before the impulse
-    psi[-1] = 1.0
-    # "empty": the noise sum lags tau steps behind, psi[0] = psi_{k-tau} (0 while k < tau)
-    lag = -1 if start == "initial" else 0
-    noise_sum = np.zeros(z.shape)
-    yield phi[-1] ** 2 * spectrum.s0
+def _paths(z: np.ndarray, tau: int, start: str):
+    """Yield (phi_k, sum of psi_m^2 over the noises that reached step k) for k = 0, 1, 2, ...
+    (module docstring). Ring buffers of the last tau + 1 values, updated in place: the yielded
+    arrays change at the next step, so use them before asking for it."""
+    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)
+    psi = np.zeros((tau + 1,) + z.shape)
+    phi[0] = psi[0] = 1.0                         # slot k mod (tau + 1) holds index k
+    noise = np.zeros(z.shape)
+    k = 0
     while True:
-        noise_sum += psi[lag] ** 2
-        # slot i holds index k - tau + i; the oldest (slot 0) is the delayed one
-        new_phi = phi[-1] - z * phi[0]
-        new_psi = psi[-1] - z * psi[0]
-        phi = np.concatenate([phi[1:], new_phi[None]]) if tau else new_phi[None]
-        psi = np.concatenate([psi[1:], new_psi[None]]) if tau else new_psi[None]
-        yield phi[-1] ** 2 * spectrum.s0 + n * noise_sum
+        now, old = k % (tau + 1), (k + 1) % (tau + 1)   # old: index k - tau, overwritten next
+        yield phi[now], noise
+        # "empty": the noise of step m reaches the iterates tau steps later (psi_{k-tau}, which
+        # is 0 while k < tau)
+        noise += psi[now if start == "initial" else old] ** 2
+        phi[old] = phi[now] - z * phi[old]
+        psi[old] = psi[now] - z * psi[old]
+        k += 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,33 +126,37 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
     steps = np.full((len(batches), len(taus)), np.inf)
     best = np.full((len(batches), len(taus)), np.nan)
     for j, tau in enumerate(taus):
+        if spectrum.initial_loss() < target:
+            steps[:, j] = 0.0
+            continue
         stable = grid[grid < max_stable_lr(spectrum, tau, precond)]
-        for i, b in enumerate(batches):
-            if spectrum.initial_loss() < target:
-                steps[i, j] = 0.0
-                continue
-            if stable.size:
-                k, lr = _first_hit(spectrum, target, stable, b, tau, max_steps, precond, start)
-                steps[i, j], best[i, j] = k, lr
+        per_chunk = max(1, _CHUNK // spectrum.dim)
+        for s in range(0, len(stable), per_chunk):
+            _first_hits(spectrum, target, stable[s:s + per_chunk], batches, tau, max_steps, precond,
+                        start, steps[:, j], best[:, j])
     return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
 
 
-def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond, start) -> tuple[float, float]:
-    """(first step below target, its learning rate) over ``lrs``, marching in chunks of lrs."""
-    per_chunk = max(1, _CHUNK // (spectrum.dim * (tau + 1)))
-    best_k, best_lr = np.inf, np.nan
-    for s in range(0, len(lrs), per_chunk):
-        part = lrs[s:s + per_chunk]
-        z, n = _terms(spectrum, part, batch, precond)
-        limit = min(max_steps, best_k - 1)     # a later chunk only matters if it is faster
-        for k, m in enumerate(_march(spectrum, z, n, tau, start)):
-            hit = expected_loss(m, spectrum) < target
-            if hit.any():
-                best_k, best_lr = float(k), float(part[np.argmax(hit)])
-                break
-            if k >= limit:
-                break
-    return best_k, best_lr
+def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, steps, best) -> None:
+    """Lower ``steps`` (and set ``best``, per batch size, in place) to the first step at which a
+    learning rate of ``lrs`` is below target. The paths do not depend on B: the loss is
+    A_k + C_k / B, with A_k = 1/2 sum h phi_k^2 s0 and C_k = 1/2 sum h a^2 p^2 c S_k, so one
+    march serves every batch size."""
+    z, _ = _terms(spectrum, lrs, 1.0, precond)
+    p = spectrum.h ** (-float(precond))
+    weight_a = 0.5 * spectrum.h * spectrum.s0
+    weight_c = 0.5 * spectrum.h * p * p * spectrum.c
+    lr_sq = lrs * lrs
+    open_ = np.ones(len(batches), dtype=bool)
+    limit = min(max_steps, np.max(steps) - 1)     # a later chunk only matters if it is faster
+    for k, (phi, noise) in enumerate(_paths(z, tau, start)):
+        loss = ((phi * phi) @ weight_a)[None, :] + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None]
+        hit = (loss < target) & open_[:, None] & (k < steps)[:, None]
+        for i in np.flatnonzero(hit.any(axis=1)):
+            steps[i], best[i] = float(k), float(lrs[np.argmax(hit[i])])
+        open_ &= ~hit.any(axis=1) & (k < steps)
+        if not open_.any() or k >= limit:
+            return
 
 
 def _check_start(start: str) -> None:

@@ -97,3 +97,15 @@ def test_steps_to_target_against_a_direct_scan_and_its_monotone_shape():
         nqm_delay.steps_to_target(spec, target, [1], delays=[-1])
     with pytest.raises(TheoryError, match="start must be one of 'initial', 'empty', got 'full'"):
         nqm_delay.steps_to_target(spec, target, [1], start="full")
+
+
+def test_one_march_for_all_batch_sizes_and_chunks_of_the_grid_give_the_per_batch_answers(monkeypatch):
+    spec = nqm.paper_spectrum(40)
+    target = 0.02 * spec.initial_loss()
+    lrs = np.logspace(-2, 0.3, 9)
+    together = nqm_delay.steps_to_target(spec, target, [1, 8, 64], delays=[0, 3], lrs=lrs, start="empty")
+    monkeypatch.setattr(nqm_delay, "_CHUNK", 2 * spec.dim)      # two learning rates a chunk
+    for i, b in enumerate([1, 8, 64]):
+        alone = nqm_delay.steps_to_target(spec, target, [b], delays=[0, 3], lrs=lrs, start="empty")
+        np.testing.assert_array_equal(alone.steps[0], together.steps[i])
+        np.testing.assert_array_equal(alone.best_lr[0], together.best_lr[i])
