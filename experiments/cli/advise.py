@@ -37,7 +37,8 @@ def add_advise_parser(sub: argparse._SubParsersAction, name: str = "advise") -> 
                     "gradient-noise probes (B_simple) along it, branches from its checkpoints "
                     "at larger batches (Merrill et al. 2025); prints the critical batch at the "
                     "goal with its interval, the predicted steps and time to the goal per batch "
-                    "size and the cost as a fraction of the equivalent sweep, and writes a "
+                    "size and the cost as a fraction of the equivalent sweep (with a spec's "
+                    "delays, the critical delay next to the critical batch), and writes a "
                     "report (Markdown, HTML, figure, CSV).")
     p.add_argument("config", help="TOML study file or bundled config name: its goal, optimizer, "
                                   "search space, budget, batch sizes and workload")

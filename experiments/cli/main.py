@@ -108,7 +108,8 @@ def _report_failures(run_dir: Path) -> int:
         groups = load_results(d).groups
         for g in groups[groups.status == "failed"].itertuples():
             first = (g.error or "").splitlines()[0] if g.error else "unknown error"
-            print(f"error: group sparsity={g.sparsity:g} batch_size={g.batch_size} "
+            delay = f" delay={g.delay}" if g.delay else ""
+            print(f"error: group sparsity={g.sparsity:g} batch_size={g.batch_size}{delay} "
                   f"seed={g.seed} failed: {first} (rerun the same command to retry)",
                   file=sys.stderr)
             failed += 1

@@ -11,7 +11,7 @@ columns, and what the runs' specs plan (:func:`experiments.spec.plan.plan`; an i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -151,8 +151,8 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
 
     planned = pd.DataFrame(
         [(r.label, series_label(r.label, s, combined), float(s), int(b), int(seed),
-          r.spec.probes.enabled) for r in runs for s, b, seed in planned_cells(r.spec)],
-        columns=["run", "series", "sparsity", "batch_size", "seed", "probes"])
+          r.spec.probes.enabled, int(tau)) for r in runs for s, b, seed, tau in planned_cells(r.spec)],
+        columns=["run", "series", "sparsity", "batch_size", "seed", "probes", "delay"])
     order = []
     for r in runs:
         levels = sorted(set(r.spec.sparsities) | set(r.results.groups["sparsity"]))
@@ -162,9 +162,22 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
                   stacked("schedule_probes"))
 
 
-def planned_cells(spec: StudySpec) -> list[tuple[float, int, int]]:
-    """(sparsity, batch size, seed) of every group ``spec`` plans; an import plans the groups it
-    holds."""
+def planned_cells(spec: StudySpec) -> list[tuple[float, int, int, int]]:
+    """(sparsity, batch size, seed, delay) of every group ``spec`` plans; an import plans the
+    groups it holds (synchronous ones)."""
     if isinstance(spec, ExternalSpec):
-        return spec.cells()
-    return [(g.sparsity, g.batch_size, g.seed) for g in plan(spec)]
+        return [(*cell, 0) for cell in spec.cells()]
+    return [(g.sparsity, g.batch_size, g.seed, g.delay) for g in plan(spec)]
+
+
+def synchronous(runs: RunSet) -> RunSet:
+    """``runs`` with only their synchronous (delay 0) groups, trials and planned groups: what
+    every part of the report but the delay axis's reads (a study without the axis is all of
+    it)."""
+    def sync(frame: pd.DataFrame) -> pd.DataFrame:
+        if "delay" not in frame or not (frame["delay"] != 0).any():
+            return frame
+        return frame[frame["delay"] == 0].reset_index(drop=True)
+
+    return replace(runs, groups=sync(runs.groups), trials=sync(runs.trials),
+                   planned=sync(runs.planned))

@@ -139,6 +139,12 @@ CLAIM_WORDS = {
                                         "(Lee et al. 2021)",
     "shape_slope": "perfect scaling at small batch sizes (Shallue et al. 2019)",
     "shape_plateau": "a plateau at the largest batch size (Shallue et al. 2019)",
+    "stich_one_parameter": "one parameter explains both saturations: τ_crit(B) = 1 + B_crit(0) / B "
+                           "(Stich et al. 2021)",
+    "stich_lr_guideline": "the tuned learning rate follows the delay guideline "
+                          "(Stich et al. 2021)",
+    "delay_sparsity": "sparsity changes the critical delay as it changes B_crit "
+                      "(Lee et al. 2021's question, asked of asynchrony)",
 }
 
 

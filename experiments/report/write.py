@@ -52,7 +52,9 @@ from experiments.report.hardware import hardware_view, time_to_result_frame
 from experiments.report.prose import (
     findings_text, optimizer_sentences, prediction_statement, sanity_sentences,
 )
-from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs
+from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs, synchronous
+from experiments.report.delay_section import delay_section
+from experiments.report.delay_view import delay_view
 from experiments.report.sanity_view import SanityPart, sanity_view
 from experiments.report.sections import (
     Code, Document, Figure, Formula, Paragraphs, Section, Table, render,
@@ -81,6 +83,7 @@ class Report:
     summary: pd.DataFrame
     time_to_result: pd.DataFrame
     verdicts: pd.DataFrame
+    delays: pd.DataFrame | None = None   # S(B, tau) per (run, level, B, tau): a delay axis only
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
@@ -96,7 +99,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     # no time-to-result rows: remove the file an earlier report with a cost model left
     return write_document(report.document, out, {
         "summary": report.summary, "verdicts": report.verdicts,
-        "time_to_result": report.time_to_result if len(report.time_to_result) else None})
+        "time_to_result": report.time_to_result if len(report.time_to_result) else None,
+        "delays": report.delays})
 
 
 def write_document(document: Document, out: str | Path, tables: dict[str, pd.DataFrame | None]
@@ -129,7 +133,10 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def build(runs: RunSet) -> Report:
-    """Compute every number, figure and table of the report from the loaded runs."""
+    """Compute every number, figure and table of the report from the loaded runs: the delay
+    axis's section from every group, everything else from the synchronous (delay 0) ones."""
+    delays = delay_view(runs.groups, runs.trials)
+    runs = synchronous(runs)
     order, labels = runs.order, runs.labels
     points = A.points_table(runs.groups, runs.trials, runs.planned, order)
     edges = A.search_edges(points, runs.searched())
@@ -144,8 +151,8 @@ def build(runs: RunSet) -> Report:
                                 [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"])
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
-    judged = pd.concat([judged, stage.verdicts], ignore_index=True) if len(stage.verdicts) \
-        else judged
+    judged = pd.concat([judged, *(v for v in (stage.verdicts, delays.verdicts) if len(v))],
+                       ignore_index=True)
     critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
     warm = warmup_table(runs.warmup)
     prose = (
@@ -164,6 +171,7 @@ def build(runs: RunSet) -> Report:
             Paragraphs(tuple(" ".join(p) for p in prose if p)))),
         Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
         _theory_section(runs, fits, judged, stage),
+        *([delay_section(runs, delays)] if delays.measured else []),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
@@ -198,7 +206,8 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()),
-        verdicts=verdicts_frame(judged, runs.info()))
+        verdicts=verdicts_frame(judged, runs.info()),
+        delays=delays.points if delays.measured else None)
 
 
 STOP_WORDS = {

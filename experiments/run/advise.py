@@ -2,7 +2,7 @@
 
 :func:`advise` answers it for a study spec's workload (its data set and model, registered names
 or import paths, :mod:`experiments.spec.factories`; its goal, optimizer, search space, budget
-and batch range) at one sparsity level, in five steps, every one counted in trial-steps
+and batch range) at one sparsity level, in five steps (six with a delay axis), every one counted in trial-steps
 (updates summed over trials, the unit of a sweep's ``groups.trial_steps``):
 
 1. **Learning rate.** The first ``lr_trials`` (default 8) points of the spec's own Sobol search
@@ -29,6 +29,12 @@ and batch range) at one sparsity level, in five steps, every one counted in tria
    t_fixed + t_example B fitted to this machine's measured step times (one trial of
    ``training.train_trials``, ``timing_steps`` steps at each batch size).
 
+6. **Critical delay** (a study with a delay axis, ``delays``): the critical delay at each batch
+   size that the recommendation predicts, tau_crit(B) = 1 + B_crit / B, reading the critical
+   batch as the one parameter of the delayed-SGD bound (``theory.models.delay``; Stich,
+   Mohtashami & Jaggi 2021 reconstructed), its range from the recommendation's interval: a
+   prediction, not a measurement (the advice trains no delay; the study's report measures it).
+
 **Base batch B_0** (default): the largest power of two with k_max B_0 <= the training set, so
 the branches reach a batch of (nearly) the whole training set, the most a data-parallel step can
 use; the cost of every step above scales as 1 / B_0, so the largest B_0 the branch ladder allows
@@ -48,7 +54,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +64,7 @@ from tqdm.auto import tqdm
 
 import training
 from theory.estimators.noise import gradient_noise
+from theory.models.delay import critical_delay
 from theory.models.scaling import regime_of_slope
 from theory.models.walltime import predict_time_to_result
 from training.distributed.costmodel import CostModel
@@ -152,6 +159,9 @@ class Advice:
     branching: BranchResult
     cost: Cost
     seconds: float
+    # a study with a delay axis (``delays``): per batch size the critical delay the
+    # recommendation predicts (:func:`delay_prediction`); empty otherwise
+    delays: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def summary(self) -> str:
         """The advice in a few lines (what ``sparsescale advise`` prints)."""
@@ -172,6 +182,7 @@ class Advice:
             f"+- {noise.b_simple_se:.2g}",
             f"cost: {self.cost.total:,} trial-steps, {self.cost.fraction:.1%} of the equivalent "
             f"sweep's {self.cost.sweep:,} ({self.cost.sweep_definition}); {self.seconds:.0f} s",
+            *([delay_line(self.delays, self.base_batch)] if len(self.delays) else []),
         ])
 
 
@@ -203,7 +214,7 @@ def write_advice(advice: Advice, out: str | Path) -> Path:
                           a.predicted, cost, a.base_batch, a.goal_step, a.recommended, (a.low, a.high), notes,
                           top=float(a.branching.critical.ks[-1] * a.base_batch))
     return write_document(doc, out, {"noise": a.noise, "critical": a.critical, "predicted": a.predicted,
-                                     "cost": cost})
+                                     "cost": cost, "delays": a.delays if len(a.delays) else None})
 
 
 def default_base_batch(n_train: int, k_max: int = DEFAULT_K_MAX) -> int:
@@ -340,7 +351,31 @@ def advise(spec: Spec, *, sparsity: float = 0.0, seed: int | None = None,
         trial_index=index, lr_source=source, goal_step=h, at=float(at), recommended=rec, low=low, high=high,
         level=float(level), lower_bound=bool(c.at_upper_end[i]), at_base=rec <= b0,
         noise=pd.DataFrame(noise), critical=critical, predicted=predicted,
-        step_times=timing, branching=branched, cost=cost, seconds=time.perf_counter() - started)
+        step_times=timing, branching=branched, cost=cost, seconds=time.perf_counter() - started,
+        delays=delay_prediction(sorted({b0, *spec.batch_sizes}), rec, low, high)
+        if len(spec.delays) > 1 else pd.DataFrame())
+
+
+def delay_prediction(batch_sizes: Sequence[int], rec: float, low: float, high: float
+                     ) -> pd.DataFrame:
+    """The critical delay at each batch size that the recommended critical batch predicts, with
+    its range from the recommendation's interval: the delayed-SGD bound's one parameter M read
+    as the critical batch (``theory.models.delay``, without additive noise: B_crit = M and
+    tau_crit(B) = 1 + M / B). A prediction, not a measurement: the advice trains no delay."""
+    b = np.asarray(batch_sizes, dtype=float)
+    ends = [np.asarray(critical_delay(max(m, 1e-12), 0.0, 1.0, b)) for m in (rec, low, high)]
+    return pd.DataFrame({"batch_size": np.asarray(batch_sizes, dtype=int), "tau_crit": ends[0],
+                         "tau_crit_low": np.minimum(ends[1], ends[2]),
+                         "tau_crit_high": np.maximum(ends[1], ends[2])})
+
+
+def delay_line(delays: pd.DataFrame, base_batch: int) -> str:
+    """The summary's line on the critical delay, at the base batch and the spec's batch sizes."""
+    parts = [f"{r.tau_crit:.3g} [{r.tau_crit_low:.3g}, {r.tau_crit_high:.3g}] at B = {r.batch_size}"
+             for r in delays.itertuples(index=False)]
+    return ("critical delay (predicted from the critical batch as the one parameter M of the "
+            f"delayed-SGD bound, tau_crit = 1 + M / B; base batch {base_batch}): "
+            + "; ".join(parts))
 
 
 def _trial_text(trial: training.Trial) -> str:

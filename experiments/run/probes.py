@@ -200,6 +200,8 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     whose runs never meet the goal is still measured (batch sizes are then chosen among every
     completed group)."""
     groups = store.frame("groups")
+    # the noise and smoothness of synchronous SGD: a delay axis's delayed groups are not probed
+    groups = groups[groups.delay == 0]
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
     p = spec.probes

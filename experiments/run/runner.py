@@ -73,7 +73,7 @@ def failed_record(p: GroupPlan, error: str, wall_time: float) -> GroupRecord:
     return GroupRecord(key=p.key, sparsity=p.sparsity, batch_size=p.batch_size, seed=p.seed,
                        status="failed", steps_to_result=None, best_trial=None,
                        max_steps=p.max_steps, wall_time=wall_time, trial_steps=0,
-                       config_json=p.config_json, error=error)
+                       config_json=p.config_json, error=error, delay=p.delay)
 
 
 def run_group(task: GroupTask) -> GroupRecord:
@@ -113,7 +113,7 @@ def run_group(task: GroupTask) -> GroupRecord:
         trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
         program=res.program, device=where.device, device_name=where.name,
         cuda_version=where.cuda_version, driver_version=where.driver_version,
-        precision=precision)
+        precision=precision, delay=p.delay)
 
 
 @contextlib.contextmanager

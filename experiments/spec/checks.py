@@ -209,3 +209,67 @@ def trial_rules_canonical(stop: str, complete: bool) -> dict[str, Any]:
     """``stop`` and ``complete_trials`` for the canonical JSON and group keys: only when set."""
     return {**({"stop": stop} if stop != "first" else {}),
             **({"complete_trials": True} if complete else {})}
+
+
+# ``delays`` / ``workers`` and ``delay_kind``: the gradient-delay axis (training.delay). The
+# kinds are training.delay.DELAY_KINDS; ``workers`` is round-robin's W (delay W - 1).
+DELAY_KINDS = ("fixed", "uniform", "round_robin")
+DELAY_KEYS = ("delays", "workers", "delay_kind")
+
+
+def delays(ck: Checker, raw: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
+    """The top-level ``delays`` (fixed or uniform maximal delays tau >= 0) or ``workers``
+    (round-robin workers W >= 1, delay W - 1) and ``delay_kind``: the distinct delays, sorted,
+    and the kind. Absent: ``((0,), "fixed")``, synchronous SGD. The list must hold the
+    synchronous reference (delay 0, or 1 worker): every critical delay is measured against it."""
+    kind = ck.choice(raw.get("delay_kind", "round_robin" if "workers" in raw else "fixed"),
+                     "delay_kind", DELAY_KINDS) or "fixed"
+    if "delays" in raw and "workers" in raw:
+        ck.add("workers", "given with delays; allowed: one of delays (a list of delays) or "
+                          "workers (a list of round-robin worker counts, delay W - 1)")
+        return (0,), kind
+    key = "workers" if "workers" in raw else "delays"
+    if key not in raw:
+        if "delay_kind" in raw:
+            ck.add("delay_kind", "given without delays or workers; allowed: add delays = "
+                                 "[0, ...] or workers = [1, ...], or leave delay_kind out")
+        return (0,), kind
+    if (key == "workers") != (kind == "round_robin"):
+        ck.add("delay_kind", f"found {kind!r} with {key}; allowed: "
+               + ("'round_robin' (or leave it out) with workers" if key == "workers" else
+                  "'fixed' or 'uniform' with delays; round_robin takes workers = [...]"))
+    value, lo = raw[key], 1 if key == "workers" else 0
+    what = ("round-robin worker counts W >= 1 (delay W - 1; the process count is [executor] "
+            "workers)" if key == "workers" else "delays tau >= 0 (updates between a "
+            "gradient's weights and its update)")
+    if not isinstance(value, list) or not value:
+        ck.add(key, f"found {value!r}; allowed: a non-empty list of {what}")
+        return (0,), kind
+    parsed = _distinct(ck, key, value, [ck.integer(v, f"{key}[{i}]", lo, 1024)
+                                        for i, v in enumerate(value)])
+    if parsed is None:
+        return (0,), kind
+    taus = tuple(v - 1 for v in parsed) if key == "workers" else parsed
+    if 0 not in taus:
+        ck.add(key, f"found {value}; allowed: a list holding {lo} (the synchronous reference "
+                    f"each critical delay is measured against)")
+    return taus, kind
+
+
+def delay_fields(delay: int, kind: str) -> dict[str, Any]:
+    """The ``training.Trial`` fields of one delay of the axis: none for delay 0 (so a group of
+    synchronous SGD has the trials, hence the key, it had before the axis), else the delay and
+    its kind (round-robin as its workers)."""
+    if delay == 0:
+        return {}
+    if kind == "round_robin":
+        return {"delay_kind": kind, "workers": delay + 1}
+    return {"delay": delay, **({"delay_kind": kind} if kind != "fixed" else {})}
+
+
+def delays_canonical(taus: tuple[int, ...], kind: str) -> dict[str, Any]:
+    """``delays`` and ``delay_kind`` for the canonical JSON: only with a delay axis, so every
+    earlier spec keeps its hash."""
+    if taus == (0,):
+        return {}
+    return {"delays": list(taus), **({"delay_kind": kind} if kind != "fixed" else {})}

@@ -1,9 +1,10 @@
 """The plan of a study: its groups, derived from a validated :class:`~experiments.spec.study.Spec` in
 this one place (the runner trains them, the report lists what is planned but not stored).
 
-A *group* is one (sparsity, batch size, seed) cell: ``spec.trials`` metaparameter points (the same
-Sobol points at every cell, :func:`experiments.spec.search.sample`) trained as one vectorized
-computation. Its key is the hash of its canonical config (:func:`group_config`), so a rerun skips
+A *group* is one (sparsity, batch size, seed) cell, and with a delay axis (``delays``) one
+(sparsity, batch size, delay, seed) cell: ``spec.trials`` metaparameter points (the same Sobol
+points at every cell, :func:`experiments.spec.search.sample`, so the learning rate is tuned per
+(B, tau) as per B) trained as one vectorized computation, every trial with the cell's delay. Its key is the hash of its canonical config (:func:`group_config`), so a rerun skips
 every group the store already holds and a changed setting never reuses a stored result.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.spec import search
-from experiments.spec.checks import trial_rules_canonical
+from experiments.spec.checks import delay_fields, trial_rules_canonical
 from experiments.spec.study import Spec, canonical_json
 
 
@@ -33,6 +34,7 @@ class GroupPlan:
     trials: tuple[dict[str, Any], ...]
     config_json: str
     reserve: tuple[dict[str, Any], ...] = ()
+    delay: int = 0   # the gradient delay of every trial (experiments.spec.checks.delays)
 
     @property
     def cost(self) -> int:
@@ -57,7 +59,9 @@ def group_config(spec: Spec, sparsity: float, batch_size: int, seed: int, max_st
 
 
 def plan(spec: Spec) -> list[GroupPlan]:
-    """All groups of ``spec`` in a stable order (sparsity, batch size, seed)."""
+    """All groups of ``spec`` in a stable order (sparsity, batch size, delay, seed). A delay
+    goes into every trial's fields (:func:`experiments.spec.checks.delay_fields`; none at delay
+    0), hence into the group's key."""
     groups = []
     for sparsity in spec.sparsities:
         for b in spec.batch_sizes:
@@ -67,14 +71,18 @@ def plan(spec: Spec) -> list[GroupPlan]:
             drawn = search.sample(spec.search, spec.trials * (2 if spec.complete_trials else 1),
                                   spec.search_seed, max_steps,
                                   momentum_used=spec.optimizer != "sgd")
-            trials, reserve = drawn[:spec.trials], drawn[spec.trials:]
-            for seed in spec.seeds:
-                cfg = group_config(spec, sparsity, b, seed, max_steps, trials)
-                text = canonical_json(cfg)
-                groups.append(GroupPlan(key=hashlib.sha256(text.encode()).hexdigest()[:20],
-                                        sparsity=sparsity, batch_size=b, seed=seed,
-                                        max_steps=max_steps, trials=tuple(trials),
-                                        config_json=text, reserve=tuple(reserve)))
+            for tau in spec.delays:
+                extra = delay_fields(tau, spec.delay_kind)
+                delayed = [{**t, **extra} for t in drawn]
+                trials, reserve = delayed[:spec.trials], delayed[spec.trials:]
+                for seed in spec.seeds:
+                    cfg = group_config(spec, sparsity, b, seed, max_steps, trials)
+                    text = canonical_json(cfg)
+                    groups.append(GroupPlan(key=hashlib.sha256(text.encode()).hexdigest()[:20],
+                                            sparsity=sparsity, batch_size=b, seed=seed,
+                                            max_steps=max_steps, trials=tuple(trials),
+                                            config_json=text, reserve=tuple(reserve),
+                                            delay=tau))
     return groups
 
 
@@ -95,7 +103,9 @@ def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
     middle = math.sqrt(sizes[0] * sizes[-1])
 
     def expected(g: GroupPlan) -> float:
-        return ((1 + middle / g.batch_size) * (g.batch_size + 32)
+        # a delay tau adds tau / (1 + B_noise / B) of the undelayed steps (the delayed-SGD
+        # bound of theory.models.delay, without additive noise)
+        return ((1 + middle / g.batch_size + g.delay) * (g.batch_size + 32)
                 / math.sqrt(max(1e-6, 1 - g.sparsity)))
 
     return sorted(groups, key=lambda g: (-expected(g), g.key))
@@ -104,8 +114,10 @@ def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
 def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = None) -> str:
     """The plan as text: one line per (sparsity, batch size) with its step budget, and the total
     cost in trial-steps (an upper bound: every trial running its whole budget). A factory or
-    pruning criterion named by import path is listed with its source digest. ``stored``: the keys of the groups a run
+    pruning criterion named by import path is listed with its source digest, a delay axis as a
+    column. ``stored``: the keys of the groups a run
     folder holds; each line then says whether its group is ``new`` (to train) or ``stored``."""
+    axis = len(spec.delays) > 1
     lines = [f"study {spec.name!r}: {spec.dataset} / {spec.model} / {spec.optimizer}, goal "
              f"{spec.metric} {'<' if spec.strict else '<='} {spec.target}",
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
@@ -118,12 +130,15 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
                  for k, v in spec.pruning_options.canonical().items())]
                if spec.pruning_options.canonical() else []),
              f"{len(groups)} groups = {len(spec.sparsities)} sparsities x "
-             f"{len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds, "
-             f"{spec.trials} trials each",
-             f"{'sparsity':>8} {'batch':>6} {'max_steps':>9} {'trial-steps':>12}"
+             f"{len(spec.batch_sizes)} batch sizes x "
+             + (f"{len(spec.delays)} delays ({spec.delay_kind}) x " if axis else "")
+             + f"{len(spec.seeds)} seeds, {spec.trials} trials each",
+             f"{'sparsity':>8} {'batch':>6}" + (f" {'delay':>5}" if axis else "")
+             + f" {'max_steps':>9} {'trial-steps':>12}"
              + (f" {'group':>6}" if stored is not None else "")]
     for g in groups:
-        lines.append(f"{g.sparsity:>8g} {g.batch_size:>6} {g.max_steps:>9} {g.cost:>12,}"
+        lines.append(f"{g.sparsity:>8g} {g.batch_size:>6}" + (f" {g.delay:>5}" if axis else "")
+                     + f" {g.max_steps:>9} {g.cost:>12,}"
                      + (f" {'stored' if g.key in stored else 'new':>6}"
                         if stored is not None else ""))
     todo = [g for g in groups if stored is None or g.key not in stored]

@@ -14,6 +14,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     stop = "first"                      # first | all: a group stops at its first hit, or each
                                         # trial at its own (experiments.spec.tables.probes)
     complete_trials = false             # count only trials that did not diverge (Shallue et al.)
+    delays = [0, 1, 2, 4, 8, 16]        # gradient delays tau (training.delay): a group per
+                                        # (level, B, tau, seed); or workers = [1, 2, 4, ...]
+                                        # (round-robin, tau = W - 1); must hold the synchronous 0
+    delay_kind = "fixed"                # fixed | uniform (tau drawn from 0..tau) | round_robin
 
     [workload]
     dataset = "mnist1d"                 # training.data.list_datasets(), or "module:factory"
@@ -106,7 +110,7 @@ from typing import Any
 from training.config import EvalSchedule
 
 from experiments.spec import checks
-from experiments.spec.checks import Checker, trial_rules_canonical
+from experiments.spec.checks import Checker, delays_canonical, trial_rules_canonical
 from experiments.spec.errors import SpecError, SpecIOError
 from experiments.spec.factories import Factory
 from experiments.spec.search import Dimension, optimizer_search
@@ -214,6 +218,10 @@ class Spec(SpecCore):
     # environment's SPARSESCALE_PROGRAM_CHOICE, else "measure"). Not in the hash: the store
     # records each cell's program, which every later group of the cell runs.
     program_choice: str | None = None
+    # the gradient-delay axis (experiments.spec.checks.delays): (0,) is synchronous SGD, and
+    # leaves the hash and every group key as they were before the axis
+    delays: tuple[int, ...] = (0,)
+    delay_kind: str = "fixed"
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -248,6 +256,7 @@ class Spec(SpecCore):
             "seeds": list(self.seeds),
             "probes": self.probes.canonical(),
             **trial_rules_canonical(self.stop, self.complete_trials),
+            **delays_canonical(self.delays, self.delay_kind),
             **overrides,
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
@@ -292,7 +301,10 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     c = canonical
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
-                                   "seeds", "workload", "stop", "complete_trials") if key in c}
+                                   "seeds", "workload", "stop", "complete_trials", "delays",
+                                   "delay_kind") if key in c}
+    if raw.get("delay_kind") == "round_robin":   # stored as its delays W - 1
+        raw["workers"] = [tau + 1 for tau in raw.pop("delays")]
     raw["workload"], digests = stored(c["workload"])
     raw["pruning"] = {k: v for k, v in c["pruning"].items()
                       if k not in ("sanity", "method_digest")}
@@ -328,8 +340,8 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
 MAX_TRIALS = 2**16
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
-            "stop", "complete_trials", "workload", "goal", "pruning", "search", "budget", "eval",
-            "probes", "branching", "executor")
+            "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
+            "search", "budget", "eval", "probes", "branching", "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -359,6 +371,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     trials = ck.integer(raw.get("trials", 16), "trials", 1, MAX_TRIALS)
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
     stop, complete = checks.trial_rules(ck, raw)
+    delays, delay_kind = checks.delays(ck, raw)
     methods, sanity, method_digests = pruning_table(ck, raw, sparsities, folders,
                                                     method_digests)
     options = pruning_options(ck, raw, methods)
@@ -392,7 +405,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, method_digests=method_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
-        complete_trials=complete, program_choice=program_choice)
+        complete_trials=complete, program_choice=program_choice, delays=delays,
+        delay_kind=delay_kind)
 
 
 def reductions(spec: Spec) -> str:

@@ -257,14 +257,16 @@ class Store:
                  rec.steps_to_result, rec.best_trial, int(rec.max_steps), len(rec.trials),
                  rec.n_reached, rec.n_diverged, float(rec.wall_time), int(rec.trial_steps),
                  rec.error, rec.config_json, lv, tv, now_iso(), rec.program, rec.device,
-                 rec.device_name, rec.cuda_version, rec.driver_version, rec.precision))
+                 rec.device_name, rec.cuda_version, rec.driver_version, rec.precision,
+                 int(rec.delay)))
             c.executemany(
                 f"INSERT INTO trials ({', '.join(COLUMNS['trials'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['trials']))})",
                 [(rec.key, t.trial, float(rec.sparsity), int(rec.batch_size), int(rec.seed),
                   float(t.lr), float(t.momentum), t.decay_steps, float(t.end_factor),
                   float(t.lr) / (1.0 - float(t.momentum)), t.status, t.hit_step,
-                  _none_if_nan(t.final_metric), *(_none_if_nan(getattr(t, k)) for k in ADAM_KEYS))
+                  _none_if_nan(t.final_metric), *(_none_if_nan(getattr(t, k)) for k in ADAM_KEYS),
+                  int(rec.delay))
                  for t in rec.trials])
             c.executemany(
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
@@ -462,16 +464,18 @@ def _add_columns(c: sqlite3.Cursor) -> None:
 
 def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
     """Table ``table`` as a DataFrame sorted by its natural keys; a table or column added since
-    the store was written reads empty (NULL), a renamed column under its new name, without the
-    store being changed."""
+    the store was written reads empty (NULL, or the default its type gives), a renamed column
+    under its new name, without the store being changed."""
     have = existing_columns(conn, table)
     if not have:   # a table added later, in a store written before it (read-only: not made)
         return pd.DataFrame(columns=list(COLUMNS[table]))
     # a column added later is NULL in a store written before it, and a renamed one is read
     # under its new name (read-only: not migrated)
     renamed = {new: old for old, new in RENAMED_COLUMNS.get(table, ())}
+    added = {c: kind.split(" DEFAULT ")[1] if " DEFAULT " in kind else "NULL"
+             for c, kind in ADDED_COLUMNS.get(table, ())}
     select = [c if c in have else f"{renamed[c]} AS {c}" if renamed.get(c) in have
-              else f"NULL AS {c}" if c in dict(ADDED_COLUMNS.get(table, ())) else c
+              else f"{added[c]} AS {c}" if c in added else c
               for c in COLUMNS[table]]
     df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
     for col in NULLABLE_INT:

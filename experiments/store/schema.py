@@ -22,10 +22,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
                "max_steps", "n_trials", "n_reached", "n_diverged", "wall_time", "trial_steps",
                "error", "config_json", "lib_version", "torch_version", "finished", "program",
-               "device", "device_name", "cuda_version", "driver_version", "precision"),
+               "device", "device_name", "cuda_version", "driver_version", "precision", "delay"),
     "trials": ("group_key", "trial", "sparsity", "batch_size", "seed", "lr", "momentum",
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
-               "beta1", "beta2", "eps", "weight_decay"),
+               "beta1", "beta2", "eps", "weight_decay", "delay"),
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
@@ -40,8 +40,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 SORT_KEYS: dict[str, list[str]] = {
-    "groups": ["sparsity", "batch_size", "seed", "key"],
-    "trials": ["sparsity", "batch_size", "seed", "group_key", "trial"],
+    "groups": ["sparsity", "batch_size", "delay", "seed", "key"],
+    "trials": ["sparsity", "batch_size", "delay", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
     "schedule_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
@@ -54,14 +54,20 @@ SORT_KEYS: dict[str, list[str]] = {
 NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result",
                 "examples")
 
-# Columns added after their table was first written: (name, SQL type), nullable. A store written
-# before them gains them when opened for writing (its rows read NULL); a read-only reader of
-# such a store reads NULL too.
+# The gradient delay of a group's trials (training.delay): every group of a store written before
+# the delay axis trained synchronously, so it reads 0.
+DELAY_TYPE = "INTEGER NOT NULL DEFAULT 0"
+
+# Columns added after their table was first written: (name, SQL type), nullable unless the type
+# gives a DEFAULT. A store written before them gains them when opened for writing (its rows read
+# NULL, or the default); a read-only reader of such a store reads the same.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "study": (("dataset_json", "TEXT"),),
     "groups": (("program", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
-               ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT")),
-    "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL")),
+               ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT"),
+               ("delay", DELAY_TYPE)),
+    "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL"),
+               ("delay", DELAY_TYPE)),
     "branching": (("seconds", "REAL"),),
 }
 
@@ -93,7 +99,8 @@ CREATE TABLE IF NOT EXISTS groups (
     program TEXT,   -- the program that trained the group (training.engine.programs.PROGRAMS), "kernel" in stores before 2026-12
     device TEXT, device_name TEXT,          -- training.device.device_info of the worker's device
     cuda_version TEXT, driver_version TEXT, -- NULL on the CPU
-    precision TEXT);                        -- training.device.PRECISIONS
+    precision TEXT,                         -- training.device.PRECISIONS
+    delay INTEGER NOT NULL DEFAULT 0);      -- the trials' gradient delay (training.delay)
 CREATE TABLE IF NOT EXISTS trials (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL,
     sparsity REAL NOT NULL, batch_size INTEGER NOT NULL, seed INTEGER NOT NULL,
@@ -102,6 +109,7 @@ CREATE TABLE IF NOT EXISTS trials (
     status TEXT NOT NULL CHECK (status IN ('reached', 'not_reached', 'diverged')),
     hit_step INTEGER, final_metric REAL,
     beta1 REAL, beta2 REAL, eps REAL, weight_decay REAL,   -- adam / adamw trials only
+    delay INTEGER NOT NULL DEFAULT 0,                      -- its group's
     PRIMARY KEY (group_key, trial));
 CREATE TABLE IF NOT EXISTS curves (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
@@ -194,6 +202,7 @@ class GroupRecord:
     cuda_version: str | None = None
     driver_version: str | None = None
     precision: str | None = None
+    delay: int = 0   # its trials' gradient delay (training.delay)
 
     @property
     def n_reached(self) -> int:

@@ -145,3 +145,24 @@ def test_a_goal_no_learning_rate_reaches():
     spec = loads(TINY.replace("target = 0.3", "target = 0.0001"))
     with pytest.raises(AdviceError, match=r"none of the 2 learning rates searched reached the goal"):
         advise(spec, lr_trials=2, k_max=2)
+
+
+def test_a_delay_axis_adds_the_critical_delay_the_recommendation_predicts(advice, tmp_path):
+    """tau_crit(B) = 1 + B_crit / B (the delayed-SGD bound without additive noise, B_crit as its
+    one parameter), its range from the recommendation's interval; printed and written."""
+    from dataclasses import replace
+
+    from experiments.run.advise import delay_prediction
+
+    d = delay_prediction([8, 32], 64.0, 16.0, 128.0)
+    assert list(d.batch_size) == [8, 32]
+    np.testing.assert_allclose(d.tau_crit, [9.0, 3.0])
+    np.testing.assert_allclose(d.tau_crit_low, [3.0, 1.5])
+    np.testing.assert_allclose(d.tau_crit_high, [17.0, 5.0])
+    assert advice.delays.empty and "critical delay" not in advice.summary()
+    delayed = replace(advice, delays=d)
+    assert "critical delay" in delayed.summary().splitlines()[-1]
+    assert "9 [3, 17] at B = 8" in delayed.summary()
+    write_advice(delayed, tmp_path)
+    assert (tmp_path / "delays.csv").read_text().startswith("batch_size,tau_crit")
+    assert "9 [3, 17] at B = 8" in (tmp_path / "report.md").read_text()

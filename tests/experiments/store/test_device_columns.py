@@ -37,7 +37,8 @@ def test_a_store_written_before_the_device_columns_reads_them_null_then_gains_th
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record("old"))
     db = tmp_path / DB_NAME
-    earlier = ", ".join(c for c in COLUMNS["groups"] if c not in DEVICE_COLUMNS)
+    # the columns before them (delay came later still: test_delay_column)
+    earlier = ", ".join(c for c in COLUMNS["groups"] if c not in (*DEVICE_COLUMNS, "delay"))
     with sqlite3.connect(db) as conn:   # the groups table as the version before them wrote it
         conn.executescript(f"""
             PRAGMA foreign_keys = OFF;
