@@ -34,46 +34,22 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
+
+try:
+    from .conftest import edit
+except ImportError:   # run as a script
+    from conftest import edit
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = (1.0, 2.0, 5.0)
 
-# A study of four groups whose learning rate never reaches the goal: each group runs its whole
+# A study of six groups whose learning rate never reaches the goal: each group runs its whole
 # budget (a second or more), so a kill after the first stored group lands inside the others.
-STUDY = textwrap.dedent("""\
-    name = "kills"
-    optimizer = "momentum"
-    batch_sizes = [4, 8, 16, 32, 64, 128]
-    sparsities = [0.0]
-    trials = 2
-    seeds = [0]
-
-    [workload]
-    dataset = "teacher"
-    dataset_options = {n = 300, dim = 6, num_classes = 3, hidden = 8}
-    model = "mlp"
-    model_options = {hidden = [8]}
-
-    [goal]
-    metric = "error"
-    target = 0.3
-
-    [search]
-    lr = 1e-6
-    momentum = 0.9
-
-    [budget]
-    max_steps = 3000
-
-    [eval]
-    every = 100
-
-    [probes]
-    enabled = false
-    """)
+STUDY = (edit("batch_sizes = [8, 32]", "batch_sizes = [4, 8, 16, 32, 64, 128]")
+         .replace('lr = {scale = "log", min = 0.01, max = 1.0}', "lr = 1e-6")
+         .replace("max_steps = 40", "max_steps = 3000").replace("every = 10", "every = 100"))
 
 # A C extension that compiles in about a second (Python.h only), named as torch's loader names
 # the module (TORCH_EXTENSION_NAME).
