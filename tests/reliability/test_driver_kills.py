@@ -14,12 +14,13 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
 
-@pytest.mark.parametrize("moment", ["startup", "lockwait"])
+@pytest.mark.parametrize("moment", ["startup", "lockwait", "ddp"])
 def test_a_driver_killed_while_its_workers_start_or_wait_leaves_nothing(moment):
-    """SIGKILL of the driver 0.3 s after its two workers were spawned (still importing torch,
-    before their initializer), or while both wait for a kernel's build lock that another
-    process holds: no process of its session is alive 2 s later (before the workers asked
-    for PR_SET_PDEATHSIG in their first statement, three were still alive after 5 s)."""
+    """SIGKILL of the driver 0.3 s after its two pool workers (or DDP ranks) were spawned,
+    still importing torch, before their initializer; or while both workers wait for a kernel's
+    build lock that another process holds: no process of its session is alive 2 s later
+    (before the children asked for PR_SET_PDEATHSIG in their first statement, the workers and
+    the resource tracker were still alive after 5 s)."""
     if moment == "lockwait" and (reason := kernels.missing_tool()) is not None:
         pytest.skip(reason)
     counts = kill_at(moment)
@@ -37,11 +38,12 @@ def test_a_driver_killed_mid_group_leaves_nothing(moment, request):
     assert counts["at"] >= 2 and counts[2.0] == 0, counts
 
 
-@pytest.mark.parametrize("moment", ["build-term", "build-kill"])
+@pytest.mark.parametrize("moment", ["build-term", "build-int", "build-kill"])
 def test_a_driver_stopped_while_it_compiles_leaves_no_compiler(moment):
-    """SIGTERM (the study command's clean stop) or SIGKILL of a driver while ninja and cc1plus
-    compile the kernel in a fresh cache: ninja ends its compilers and exits, nothing of the
-    session is alive 5 s later (before, ninja, c++ and cc1plus ran on, reparented to init)."""
+    """SIGTERM (the study command's clean stop), Ctrl-C (SIGINT to the driver's process group)
+    or SIGKILL of a driver while ninja and cc1plus compile the kernel in a fresh cache: ninja
+    ends its compilers and exits, nothing of the session is alive 5 s later (before, a SIGTERM
+    left sh, c++ and cc1plus running, reparented to init, and a SIGKILL ninja too)."""
     if (reason := kernels.missing_tool()) is not None:
         pytest.skip(reason)
     counts = kill_at(moment)
