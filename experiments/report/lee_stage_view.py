@@ -110,11 +110,10 @@ def _ratio_row(run: str, series: str, x: StageRatio) -> tuple:
 
 
 def _direction(x: StageRatio) -> str:
-    """The stage's verdict on "L is larger when sparse" from its ratio's interval."""
-    lo, hi = x.interval
-    if math.isnan(lo) or math.isnan(hi):
-        return INCONCLUSIVE
-    return HOLDS if lo > 1 else FAILS if hi < 1 else INCONCLUSIVE
+    """The stage's verdict on "L is larger when sparse" from its ratio's primary interval: the
+    paired one where the runs are paired, else the Welch one (:func:`stage_verdicts`)."""
+    side = interval_side(x.interval if math.isnan(x.paired[0]) else x.paired)
+    return {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
 
 
 def _stage_rows(run: str, label, table: pd.DataFrame, probes: pd.DataFrame,
@@ -215,7 +214,8 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
 PAIRED_NOTE = ("Paired runs' interval: trial i of every level starts from the same "
                "initialization and sees the same data order, so where both levels hold the same "
                "runs the 90 % paired t interval on the per-run log ratio is shown beside the "
-               "Welch one; the verdict uses the Welch interval.")
+               "Welch one; the verdict uses the paired interval wherever the runs are paired "
+               "(declared before the data), else the Welch one.")
 
 
 def _paired_column(frame: pd.DataFrame) -> list[str]:

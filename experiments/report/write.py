@@ -62,6 +62,7 @@ from experiments.report.sections import (
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
 )
+from experiments.report.stopping_view import stopping_lines
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts, verdicts_frame,
@@ -162,7 +163,8 @@ def build(runs: RunSet) -> Report:
                             sorted({s for r in runs.runs for s in r.spec.sparsities}))
         + sanity_sentences(sanity.table) + branching_sentences(critical, warm))
     sections = (
-        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs))),
+        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs),
+                               *_stopping(runs))),
         Section("Findings", 2, (
             *((Table(findings_table(judged)), Paragraphs((FINDINGS_NOTE,), "note"))
               if len(judged) else ()),
@@ -239,6 +241,21 @@ def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
     distinct text, as a note under the overview."""
     texts = dict.fromkeys(t for r in runs.runs if (t := reductions(r.spec)))
     return (Paragraphs(tuple(texts), "note"),) if texts else ()
+
+
+def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
+    """Each run's pre-declared stopping rule and its looks at the stored paired runs
+    (:mod:`experiments.report.stopping_view`)."""
+    out = []
+    for r in runs.runs:
+        rule = getattr(r.spec, "stopping", None)
+        if rule is None:
+            continue
+        mine = (runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule)
+                else runs.schedule)
+        out.append(Paragraphs(tuple(f"{r.label}: {line}" if len(runs.runs) > 1 else line
+                                    for line in stopping_lines(mine, rule, r.spec.seeds))))
+    return tuple(out)
 
 
 FINDINGS_NOTE = (

@@ -34,8 +34,9 @@ Paired runs: in a study, trial i of every level starts from the same initializat
 (:func:`training.schedules.order.trial_seed`): neither seed depends on the sparsity. Where both levels
 hold the same runs (seed, trial), a ratio also carries the paired t interval on the per-run
 differences of log L (n - 1 degrees of freedom), which removes what the runs share (their
-data order: L at one step moves by 2x from run to run). The verdicts use the Welch interval,
-which assumes no pairing; the paired one is shown beside it.
+data order: L at one step moves by 2x from run to run). The verdicts use the paired interval
+wherever every batch size's runs are paired (declared here, before any data), else the Welch
+one, which assumes no pairing; both are shown.
 
 Why t intervals rather than the bootstrap of :mod:`theory.verdicts.summaries`: a study measures a few
 runs per level (Lee et al. ran each metaparameter point once), and a percentile bootstrap over
@@ -306,13 +307,19 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                  "no step reached by every run of both levels")
         numbers = (f"L_s/L_d at steps >= {start} = {_fmt(ratio)} {where}; point by point "
                    f"{above} of {len(mine)} intervals above 1, {below} below")
-        side = interval_side(ratio.interval)
+        # the paired interval is the primary one wherever every stratum is paired (declared
+        # here, before any data: trial i of every level shares its initialization and order)
+        paired = not math.isnan(ratio.paired[0])
+        primary = ratio.paired if paired else ratio.interval
+        numbers += (f"; paired interval [{primary[0]:.3g}, {primary[1]:.3g}] (primary)"
+                    if paired else "; Welch interval (primary: the runs are not paired)")
+        side = interval_side(primary)
         verdict = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
         says = {HOLDS: "L is larger in the sparse network at Lee's stage",
                 FAILS: "L is smaller in the sparse network at Lee's stage",
                 INCONCLUSIVE: "the interval contains 1 (or there is no interval)"}[verdict]
         claim = f"lee_L_rises (steps >= {start})"
-        out.append(Verdict(claim, "paper", s, ratio.value, ratio.interval, (1.0, math.inf),
+        out.append(Verdict(claim, "paper", s, ratio.value, primary, (1.0, math.inf),
                            verdict, f"{numbers}; {says}", L_STATISTIC))
         # a level with no runs at a batch size the reference ran has no step ratio to explain
         if not (set(runs.loc[runs["sparsity"] == s, "batch_size"])
@@ -332,7 +339,7 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                                     "workload at their stage")
         allowed = (1.0, math.inf) if m_side > 0 else (0.0, 1.0) if m_side < 0 else NAN_INTERVAL
         out.append(Verdict(f"lee_L_explains (steps >= {start})", "paper", s, ratio.value,
-                           ratio.interval, allowed, explains,
+                           primary, allowed, explains,
                            f"L_s/L_d = {_fmt(ratio)}, measured {describe(steps)}; {why}",
                            STATISTIC))
     return tuple(out)

@@ -93,7 +93,12 @@ def test_paired_runs_carry_the_paired_t_interval_of_scipy():
     assert at_1000.paired[0] > 1 > at_1000.interval[0]      # paired: above 1; Welch: not
     a, r = (np.log(v).mean(axis=1) for v in (np.array(sparse), np.array(dense)))
     ci = stats.ttest_rel(a, r).confidence_interval(confidence_level=0.9)
-    assert overall_ratio(t, 0.9).paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    whole = overall_ratio(t, 0.9)
+    assert whole.paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    # paired runs: the verdict's interval is the paired one (the primary, declared before data)
+    rises = stage_verdicts(t, ())[0]
+    assert rises.interval == whole.paired and "(primary)" in rises.reason
+    assert rises.verdict == ("holds" if whole.paired[0] > 1 else "inconclusive")
 
 
 def test_runs_that_are_not_the_same_on_both_sides_have_no_paired_interval():
