@@ -100,7 +100,7 @@ def uniform_delays(seed: int, tau_max: int, start: int, stop: int) -> np.ndarray
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: no element-wise ==
-class DelayPlan:
+class DelaySteps:
     """K consecutive delayed steps of a stack, for a program that takes them in one call (the
     compiled kernel): step k of trial i takes its gradient at ring slot ``read[k, i]`` and
     leaves its updated weights in slot ``write[k]`` (``ring``: the queue's own)."""
@@ -166,14 +166,14 @@ class DelayQueue:
                             device=self.ring[0].device)
         return [r.view(-1, *r.shape[2:]).index_select(0, flat) for r in self.ring]
 
-    def plan(self, start: int, steps: int) -> "DelayPlan":
+    def steps(self, start: int, steps: int) -> "DelaySteps":
         """Updates ``start`` .. ``start + steps - 1`` as a program that takes many steps in one
-        call reads them (:class:`DelayPlan`)."""
+        call reads them (:class:`DelaySteps`)."""
         read = [[max(s - d, 0) % self.slots for d in self.delays(s)]
                 for s in range(start, start + steps)]
-        return DelayPlan(self.ring, torch.tensor(read, dtype=torch.long),
-                         torch.tensor([(s + 1) % self.slots for s in range(start, start + steps)],
-                                      dtype=torch.long))
+        write = [(s + 1) % self.slots for s in range(start, start + steps)]
+        return DelaySteps(self.ring, torch.tensor(read, dtype=torch.long),
+                          torch.tensor(write, dtype=torch.long))
 
     def push_(self, params: Sequence[Tensor], step: int) -> None:
         """Keep the weights after update ``step`` (those of step ``step + 1``), in place."""

@@ -58,8 +58,9 @@ def test_queue_cost_at_batch_64(benchmark, program, kind):
     try:
         ds = bench_dataset("mlp", 10_000)
         net = training.models.build("mlp", ds, seed=0)
+        # five rounds: on a shared machine single rounds swing by 30 % (the log's entry)
         row = benchmark.pedantic(bench_delay, ("mlp", net, ds, 64, TRIALS, DELAY, kind, program,
-                                               3.0, 3, "cpu"), rounds=1, iterations=1)
+                                               5.0, 5, "cpu"), rounds=1, iterations=1)
     finally:
         torch.set_num_threads(before)
     assert row.program == program

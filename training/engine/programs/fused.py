@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from training.delay import DelayPlan
+from training.delay import DelaySteps
 from training.engine import compiled_kernel as kernels
 from training.engine.programs.base import Cell, Program
 from training.engine.module_state import ModuleState
@@ -153,7 +153,7 @@ class FusedProgram(Program):
 
     def train_steps(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                     idx: Tensor, updates: Sequence[StackUpdate], limit: Tensor,
-                    delayed: DelayPlan | None = None) -> tuple[Tensor, Tensor]:
+                    delayed: DelaySteps | None = None) -> tuple[Tensor, Tensor]:
         """K = ``len(updates)`` consecutive steps of every trial, step k on the batch
         ``x_train[idx[k, i]]`` (``idx`` [K, N, B]) with ``updates[k]`` (masked gradient, then the
         rule of torch.optim.SGD with per-trial lr and mu, or of Adam / AdamW with per-trial lr,
@@ -168,7 +168,7 @@ class FusedProgram(Program):
         trials' do not fit in a 2 MiB L2); each update runs right after its backward pass, on
         gradients still in cache.
 
-        ``delayed`` (:class:`training.delay.DelayPlan`): step k of trial i takes its gradient
+        ``delayed`` (:class:`training.delay.DelaySteps`): step k of trial i takes its gradient
         at the weights in ring slot ``read[k, i]``, and its weights after the update are copied
         into slot ``write[k]`` right away, still in cache: the queue costs one in-cache copy of
         the weights a trial-step."""
@@ -184,7 +184,7 @@ class FusedProgram(Program):
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                    idx: Tensor, update: StackUpdate, limit: Tensor,
-                   module: ModuleState | None = None, delayed: DelayPlan | None = None
+                   module: ModuleState | None = None, delayed: DelaySteps | None = None
                    ) -> Tensor:
         """One step of :meth:`train_steps` (batch ``x_train[idx[i]]`` of trial i, ``idx``
         [N, B]): the losses [N]; trials whose loss exceeds ``limit`` keep their state."""
