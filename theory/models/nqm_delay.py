@@ -137,7 +137,8 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
     return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
 
 
-def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, steps, best) -> None:
+def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, steps,
+                best) -> None:
     """Lower ``steps`` (and set ``best``, per batch size, in place) to the first step at which a
     learning rate of ``lrs`` is below target. The paths do not depend on B: the loss is
     A_k + C_k / B, with A_k = 1/2 sum h phi_k^2 s0 and C_k = 1/2 sum h a^2 p^2 c S_k, so one
@@ -150,7 +151,8 @@ def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, 
     open_ = np.ones(len(batches), dtype=bool)
     limit = min(max_steps, np.max(steps) - 1)     # a later chunk only matters if it is faster
     for k, (phi, noise) in enumerate(_paths(z, tau, start)):
-        loss = ((phi * phi) @ weight_a)[None, :] + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None]
+        loss = (((phi * phi) @ weight_a)[None, :]
+                + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None])
         hit = (loss < target) & open_[:, None] & (k < steps)[:, None]
         for i in np.flatnonzero(hit.any(axis=1)):
             steps[i], best[i] = float(k), float(lrs[np.argmax(hit[i])])
@@ -172,4 +174,5 @@ def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: floa
     return a * p * spectrum.h, a * a * p * p * spectrum.c / b
 
 
-__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "DelayCurve", "steps_to_target"]
+__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "DelayCurve",
+           "steps_to_target"]

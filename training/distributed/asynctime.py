@@ -199,9 +199,10 @@ def compare(steps: Mapping[tuple[int, int], int | None], cost: CostModel,
     if not steps:
         raise CostModelError("steps is empty: give (batch size, delay) -> steps to the goal")
     for key, s in steps.items():
-        if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(v, (int, np.integer)) for v in key)
-                and key[0] >= 1 and key[1] >= 0):
-            raise CostModelError(f"steps keys must be (batch size >= 1, delay >= 0) integer pairs, got {key!r}")
+        integers = isinstance(key, tuple) and all(isinstance(v, (int, np.integer)) for v in key)
+        if not (integers and len(key) == 2 and key[0] >= 1 and key[1] >= 0):
+            raise CostModelError(f"steps keys must be (batch size >= 1, delay >= 0) integer pairs, "
+                                 f"got {key!r}")
         if s is not None and (not isinstance(s, (int, np.integer)) or s < 0):
             raise CostModelError(f"steps[{key}] must be an integer >= 0 or None, got {s!r}")
     ws = sorted({_check(w, "workers") for w in workers})
@@ -211,7 +212,7 @@ def compare(steps: Mapping[tuple[int, int], int | None], cost: CostModel,
             s_sync, s_async = steps.get((w * b, 0)), steps.get((b, w - 1))
             if (w * b, 0) not in steps or (b, w - 1) not in steps:
                 continue
-            t_sync = simulate_sync(cost, w, b, s_sync, stragglers, seed) if s_sync is not None else None
+            t_sync = None if s_sync is None else simulate_sync(cost, w, b, s_sync, stragglers, seed)
             # the delays asynchrony induces, over the measured run or a few rounds where none is
             run = simulate_async(cost, w, b, s_async or _ROUNDS * w, stragglers, seed)
             t_async = None if s_async is None else run.time if s_async else 0.0
@@ -226,9 +227,11 @@ def format_comparison(rows: Sequence[Comparison], stragglers: Stragglers) -> str
     head = (f"Modelled time to the goal, synchronous (barrier, global batch W b) against "
             f"asynchronous (W workers of batch b, delay W - 1); stragglers: "
             f"{stragglers.distribution}, scale {stragglers.scale:g}"
-            + (f", shape {stragglers.shape:g}" if stragglers.distribution == "lognormal" else "") + ".")
+            + (f", shape {stragglers.shape:g}" if stragglers.distribution == "lognormal" else "")
+            + ".")
     lines = [head, "",
-             "| b | W | sync steps | sync time | async steps | async time | delay mean / p95 / max | sooner |",
+             "| b | W | sync steps | sync time | async steps | async time "
+             "| delay mean / p95 / max | sooner |",
              "|---|---|---|---|---|---|---|---|"]
 
     def cell(v, fmt):

@@ -130,3 +130,15 @@ def test_tuned_learning_rates_beside_the_guideline():
     assert rows[4].guideline_ratio == pytest.approx(1.375 / 9.375)
     with pytest.raises(TheoryError, match="delay 0"):
         delay.lr_beside_guideline({(8, 1): 0.1}, M=1.0)
+
+
+def test_functions_broadcast_over_a_grid_of_batch_sizes_and_delays():
+    b = np.array([1.0, 16.0, 256.0])[:, None]
+    tau = np.array([0, 1, 4, 16])[None, :]
+    grid = delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b, tau)
+    assert grid.shape == (3, 4)
+    for i in range(3):
+        for j in range(4):
+            assert grid[i, j] == delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b[i, 0], tau[0, j])
+    assert np.all(np.diff(grid, axis=1) >= 0)           # delay never lowers the bound's steps
+    assert delay.critical_batch(50.0, 0.3, 0.05, tau).shape == (1, 4)
