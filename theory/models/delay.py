@@ -76,9 +76,11 @@ class NoiseModel:
 
 
 def fit_noise_model(g_sq: ArrayLike, trace_sigma: ArrayLike, additive: bool = True) -> NoiseModel:
-    """Fit tr(Sigma)_j = M |G|^2_j + sigma^2 to measurements j along a run (non-negative least
-    squares). ``additive=False`` fixes sigma^2 = 0 and returns the pooled simple noise scale
-    M = sum tr(Sigma) / sum |G|^2 (a ratio of sums, as :mod:`theory.estimators.noise` pools)."""
+    """Fit tr(Sigma)_j = M |G|^2_j + sigma^2 to measurements j along a run: non-negative least
+    squares on relative errors, as the measurements span orders of magnitude along a run (the
+    late, small ones would otherwise not count). ``additive=False`` fixes sigma^2 = 0 and returns
+    the pooled simple noise scale M = sum tr(Sigma) / sum |G|^2 (a ratio of sums, as
+    :mod:`theory.estimators.noise` pools)."""
     g = np.atleast_1d(np.asarray(g_sq, dtype=float))
     t = np.atleast_1d(np.asarray(trace_sigma, dtype=float))
     if g.ndim != 1 or g.shape != t.shape or g.size == 0:
@@ -95,7 +97,7 @@ def fit_noise_model(g_sq: ArrayLike, trace_sigma: ArrayLike, additive: bool = Tr
         # imported here: scipy.optimize costs a second at import
         from scipy.optimize import nnls
 
-        (m, s2), _ = nnls(np.stack([g, np.ones_like(g)], axis=1), t)
+        (m, s2), _ = nnls(np.stack([g / t, 1.0 / t], axis=1), np.ones_like(t))
     res = float(np.sqrt(np.mean((t - m * g - s2) ** 2)))
     return NoiseModel(M=float(m), sigma2=float(s2), points=int(g.size), residual=res)
 

@@ -20,7 +20,10 @@ applies it at once as one update of batch b, the worker pulls the new weights an
     t_async = c (1 + s X) + 2 (alpha + beta n_bytes)   (push the gradient, pull the weights),
 
 so updates arrive at rate W / E[t_async] (renewal theory). The server's own time and its
-bandwidth limit are not modelled (Koloskova et al. 2022 make the same assumption). The delay of
+bandwidth limit are not modelled (Koloskova et al. 2022 make the same assumption), and the
+push and the pull each pay the cost model's alpha, fitted per ring round inside a DDP step, as
+their latency. The fitted alpha also holds the waiting for the slower worker on the machine it
+was measured on, so the straggler scale s is the slowdown beyond that machine's own. The delay of
 an update is the number of updates applied between its worker's pull and its own application
 (every worker starts from w_0); with equal speeds and no stragglers the workers take turns and
 every delay is W - 1 once the first round is applied; with stragglers the delays spread, with
