@@ -17,7 +17,8 @@ for b, row in zip(curve.batch_sizes, curve.steps):
 # the critical batch at tau = 0, and each row's critical delay beside the prediction
 b_crit = theory.fit_scaling(curve.batch_sizes, curve.steps[:, 0]).b_crit
 measured = [delay.fit_critical_delay(curve.delays, row).tau_crit for row in curve.steps]
-predicted = delay.critical_delay(0.0, b_crit / 3, 1.0, curve.batch_sizes)   # M = 0, B_crit = 3 sigma^2 / eps
+# the NQM's noise is additive: M = 0, and B_crit = 3 sigma^2 / eps sets sigma^2 (eps = 1)
+predicted = delay.critical_delay(0.0, b_crit / 3, 1.0, curve.batch_sizes)
 print(f"b_crit: {b_crit:.3g}")
 print("tau_crit measured: " + " ".join(f"{t:.3g}" for t in measured))
 print("tau_crit predicted: " + " ".join(f"{t:.3g}" for t in predicted))
