@@ -66,8 +66,8 @@ from theory.models.bounds import Number, _check_positive, _scalar_or_array
 @dataclass(frozen=True)
 class NoiseModel:
     """M and sigma^2 of E||g - grad f||^2 <= M ||grad f||^2 + sigma^2 (Stich 2019), fitted to
-    ``points`` measurements; ``residual`` is the root mean square of tr(Sigma) - (M |G|^2 +
-    sigma^2) over them."""
+    ``points`` measurements; ``residual`` is the root mean square of the relative misfit
+    (tr(Sigma) - M |G|^2 - sigma^2) / tr(Sigma) over them."""
 
     M: float
     sigma2: float
@@ -98,7 +98,7 @@ def fit_noise_model(g_sq: ArrayLike, trace_sigma: ArrayLike, additive: bool = Tr
         from scipy.optimize import nnls
 
         (m, s2), _ = nnls(np.stack([g / t, 1.0 / t], axis=1), np.ones_like(t))
-    res = float(np.sqrt(np.mean((t - m * g - s2) ** 2)))
+    res = float(np.sqrt(np.mean(((t - m * g - s2) / t) ** 2)))
     return NoiseModel(M=float(m), sigma2=float(s2), points=int(g.size), residual=res)
 
 

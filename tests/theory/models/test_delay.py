@@ -153,3 +153,5 @@ def test_the_noise_fit_weighs_measurements_by_relative_error():
     fit = delay.fit_noise_model(g, t)
     assert fit.sigma2 == pytest.approx(0.05, rel=0.05)
     assert fit.M == pytest.approx(3.0, rel=0.05)
+    misfit = (t - fit.M * g - fit.sigma2) / t
+    assert fit.residual == pytest.approx(np.sqrt(np.mean(misfit**2)))
