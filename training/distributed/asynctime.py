@@ -109,7 +109,8 @@ def simulate_sync(cost: CostModel, workers: int, per_worker_batch: int, steps: i
                   stragglers: Stragglers = Stragglers(), seed: int = 0) -> float:
     """Modelled seconds for ``steps`` synchronous steps: sum over steps of the slowest worker's
     compute plus the ring all-reduce."""
-    _check(workers, "workers"), _check(steps, "steps", 0)
+    _check(workers, "workers")
+    _check(steps, "steps", 0)
     rng = np.random.default_rng(seed)
     c = compute_time(cost, per_worker_batch)
     slow = stragglers.draw(rng, (steps, workers)).max(axis=1) if steps else np.zeros(0)
@@ -121,7 +122,8 @@ def simulate_async(cost: CostModel, workers: int, per_worker_batch: int, steps: 
     """Event order of ``steps`` asynchronous updates from ``workers`` workers that never wait:
     the time of the last update and every update's delay (module docstring). Ties (equal
     finishing times) are applied in worker order."""
-    _check(workers, "workers"), _check(steps, "steps")
+    _check(workers, "workers")
+    _check(steps, "steps")
     base, comm = compute_time(cost, per_worker_batch), push_pull_time(cost)
     jobs = max(1, -(-steps // workers))
     while True:
