@@ -1,5 +1,5 @@
-"""Noisy quadratic model with delayed gradients: exact expected loss, stability threshold, steps
-to a target against batch size and delay.
+"""Noisy quadratic model with delayed gradients (fixed or uniform delays): exact expected loss,
+stability threshold, steps to a target against batch size and delay.
 
 The model of :mod:`theory.models.nqm` (Zhang et al. 2019): loss 1/2 sum_i h_i x_i^2, a mini-batch
 gradient h_i x_i + noise of variance c_i / B, x_0 ~ N(0, diag(s0)). Delayed SGD applies at step k
@@ -23,12 +23,24 @@ This is the exact second moment (the noises are independent and zero-mean); it i
 recursion on the covariance of the last tau + 1 iterates gives, computed per coordinate in
 O(tau) memory instead of O(tau^2). At tau = 0 it is :func:`theory.models.nqm.sgd_second_moments`.
 
-Stability (closed form): the recursion's characteristic polynomial is lam^(tau+1) - lam^tau + z;
-all its roots lie inside the unit circle iff 0 < z < 2 sin(pi / (2 (2 tau + 1))) (Levin & May
-1976, for the delay-difference equation x_{k+1} = x_k - z x_{k-tau}): 2 at tau = 0, 1 at tau = 1,
-about pi / (2 tau) for large tau. The largest stable learning rate is that threshold over
-max_i p_i h_i, so it falls as 1/tau, the shape of the learning-rate guideline of
-:mod:`theory.models.delay`.
+Random delays (``distribution="uniform"``: tau_k uniform on 0..tau, drawn independently every
+step, start ``"initial"``): the delayed iterate is no longer one fixed lag, and the state is the
+covariance S of the last tau + 1 iterates per coordinate. With p_d the delay's probabilities
+and the delay independent of the iterates,
+
+    E x_{k+1}^2 = S_00 - 2 z sum_d p_d S_0d + z^2 sum_d p_d S_dd + a^2 c / B,
+    E x_{k+1} x_{k-j} = S_0j - z sum_d p_d S_dj,   the rest shifts down one lag,
+
+from S = s0 (all ones) at k = 0; the deterministic and the noise parts run as two such
+recursions (the loss is A_k + C_k / B again). A one-point distribution gives the fixed-delay
+moments above.
+
+Stability (closed form, fixed delay): the recursion's characteristic polynomial is
+lam^(tau+1) - lam^tau + z; all its roots lie inside the unit circle iff
+0 < z < 2 sin(pi / (2 (2 tau + 1))) (Levin & May 1976, for the delay-difference equation
+x_{k+1} = x_k - z x_{k-tau}): 2 at tau = 0, 1 at tau = 1, about pi / (2 tau) for large tau. The
+largest stable learning rate is that threshold over max_i p_i h_i, so it falls as 1/tau, the
+shape of the learning-rate guideline of :mod:`theory.models.delay`.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector
 
 MAX_STEPS = 10**6
 STARTS = ("initial", "empty")
+DISTRIBUTIONS = ("fixed", "uniform")
 # coordinates x learning rates marched at once (the buffers hold 2 (tau + 1) times as many floats)
 _CHUNK = 200_000
 
@@ -60,18 +73,61 @@ def max_stable_lr(spectrum: Spectrum, delay: int, precond: float = 0.0) -> float
 
 
 def delayed_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: float, delay: int,
-                           steps: int, precond: float = 0.0, start: str = "initial") -> np.ndarray:
+                           steps: int, precond: float = 0.0, start: str = "initial",
+                           distribution: str = "fixed") -> np.ndarray:
     """E x_i(k)^2 for k = 0..steps under delayed SGD: shape [steps + 1, len(lr), d]."""
     lrs = _positive_vector(lr, "lr")
     tau = check_int(delay, "delay", minimum=0)
     n_steps = check_int(steps, "steps", minimum=0)
-    _check_start(start)
+    _check_options(start, distribution)
     z, n = _terms(spectrum, lrs, batch_size, precond)
     out = np.empty((n_steps + 1,) + z.shape)
-    for k, (phi, noise) in enumerate(_paths(z, tau, start)):
-        out[k] = phi * phi * spectrum.s0 + n * noise
+    for k, (det, noise) in enumerate(_moment_paths(z, tau, start, distribution)):
+        out[k] = det * spectrum.s0 + n * noise
         if k == n_steps:
             break
+    return out
+
+
+def delay_probabilities(distribution: str, delay: int) -> np.ndarray:
+    """p_d for d = 0..tau: all mass at tau ("fixed") or 1 / (tau + 1) each ("uniform")."""
+    tau = check_int(delay, "delay", minimum=0)
+    _check_options("initial", distribution)
+    if distribution == "fixed":
+        return np.eye(tau + 1)[tau]
+    return np.full(tau + 1, 1.0 / (tau + 1))
+
+
+def _moment_paths(z: np.ndarray, tau: int, start: str, distribution: str):
+    """Yield (deterministic part, noise part) of E x_k^2 for k = 0, 1, ...:
+    E x^2 = det s0 + n noise."""
+    if distribution == "fixed":
+        return ((phi * phi, noise) for phi, noise in _paths(z, tau, start))
+    return _covariance_paths(z, delay_probabilities(distribution, tau))
+
+
+def _covariance_paths(z: np.ndarray, probs: np.ndarray):
+    """The covariance recursion of random delays (module docstring), lags first:
+    ``det[i, j]`` ~ E x_{k-i} x_{k-j} from x_0 alone, ``noise[i, j]`` from unit noises alone."""
+    lags = len(probs)
+    det = np.ones((lags, lags) + z.shape)
+    noise = np.zeros((lags, lags) + z.shape)
+    while True:
+        yield det[0, 0], noise[0, 0]
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging point stays above target
+            det, noise = _covariance_step(det, z, probs), _covariance_step(noise, z, probs)
+        noise[0, 0] += 1.0
+
+
+def _covariance_step(cov: np.ndarray, z: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """One step of E X X^T for X = (x_k, ..., x_{k-tau}) without the injected noise."""
+    mixed = np.tensordot(probs, cov, axes=(0, 0))                       # sum_d p_d S_dj
+    spread = np.tensordot(probs, cov[np.arange(len(probs)), np.arange(len(probs))], axes=(0, 0))
+    out = np.empty_like(cov)
+    out[1:, 1:] = cov[:-1, :-1]
+    cross = cov[0, :-1] - z * mixed[:-1]
+    out[0, 1:], out[1:, 0] = cross, cross
+    out[0, 0] = cov[0, 0] - 2.0 * z * mixed[0] + z * z * spread
     return out
 
 
@@ -106,22 +162,25 @@ class DelayCurve:
     steps: np.ndarray
     best_lr: np.ndarray
     target: float
+    distribution: str = "fixed"
 
 
 def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
                     delays: ArrayLike = (0,), lrs: ArrayLike | None = None,
                     max_steps: int = 100_000, precond: float = 0.0,
-                    start: str = "initial") -> DelayCurve:
+                    start: str = "initial", distribution: str = "fixed") -> DelayCurve:
     """First step k with E loss(k) < ``target``, fewest over the learning-rate grid (default:
-    nqm's SGD grid, unstable points dropped), for every batch size and delay. The loss path of a
-    delayed run may oscillate, so it is marched step by step rather than bisected."""
+    nqm's SGD grid), for every batch size and delay (fixed, or uniform on 0..delay). The loss
+    path of a delayed run may oscillate, so it is marched step by step rather than bisected.
+    Fixed delays drop the grid points beyond the stability threshold; random delays have no
+    closed-form threshold, and a diverging point simply never reaches the target."""
     if not (isinstance(target, (int, float)) and np.isfinite(target) and target > 0):
         raise TheoryError(f"target must be a positive loss value, got {target!r}")
     batches = _positive_vector(batch_sizes, "batch_sizes")
     taus = [check_int(int(t) if float(t).is_integer() else t, "delays", minimum=0)
             for t in np.atleast_1d(np.asarray(delays))]
     check_int(max_steps, "max_steps")
-    _check_start(start)
+    _check_options(start, distribution)
     grid = _positive_vector(SGD_LRS if lrs is None else lrs, "lrs")
     steps = np.full((len(batches), len(taus)), np.inf)
     best = np.full((len(batches), len(taus)), np.nan)
@@ -129,19 +188,23 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
         if spectrum.initial_loss() < target:
             steps[:, j] = 0.0
             continue
-        stable = grid[grid < max_stable_lr(spectrum, tau, precond)]
-        per_chunk = max(1, _CHUNK // spectrum.dim)
+        if distribution == "fixed":
+            stable, width = grid[grid < max_stable_lr(spectrum, tau, precond)], 1
+        else:                                  # the state holds (tau + 1)^2 values a coordinate
+            stable, width = grid, (tau + 1) ** 2
+        per_chunk = max(1, _CHUNK // (spectrum.dim * width))
         for s in range(0, len(stable), per_chunk):
             _first_hits(spectrum, target, stable[s:s + per_chunk], batches, tau, max_steps, precond,
-                        start, steps[:, j], best[:, j])
-    return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
+                        (start, distribution), steps[:, j], best[:, j])
+    return DelayCurve(batches, np.asarray(taus), steps, best, float(target), distribution)
 
 
-def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, steps, best) -> None:
+def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, options, steps,
+                best) -> None:
     """Lower ``steps`` (and set ``best``, per batch size, in place) to the first step at which a
     learning rate of ``lrs`` is below target. The paths do not depend on B: the loss is
-    A_k + C_k / B, with A_k = 1/2 sum h phi_k^2 s0 and C_k = 1/2 sum h a^2 p^2 c S_k, so one
-    march serves every batch size."""
+    A_k + C_k / B, with A_k = 1/2 sum h det_k s0 and C_k = 1/2 sum h a^2 p^2 c noise_k
+    (:func:`_moment_paths`), so one march serves every batch size."""
     z, _ = _terms(spectrum, lrs, 1.0, precond)
     p = spectrum.h ** (-float(precond))
     weight_a = 0.5 * spectrum.h * spectrum.s0
@@ -149,8 +212,10 @@ def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, 
     lr_sq = lrs * lrs
     open_ = np.ones(len(batches), dtype=bool)
     limit = min(max_steps, np.max(steps) - 1)     # a later chunk only matters if it is faster
-    for k, (phi, noise) in enumerate(_paths(z, tau, start)):
-        loss = ((phi * phi) @ weight_a)[None, :] + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None]
+    for k, (det, noise) in enumerate(_moment_paths(z, tau, *options)):
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging point stays above target
+            loss = ((det @ weight_a)[None, :]
+                    + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None])
         hit = (loss < target) & open_[:, None] & (k < steps)[:, None]
         for i in np.flatnonzero(hit.any(axis=1)):
             steps[i], best[i] = float(k), float(lrs[np.argmax(hit[i])])
@@ -159,9 +224,15 @@ def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, start, 
             return
 
 
-def _check_start(start: str) -> None:
+def _check_options(start: str, distribution: str) -> None:
     if start not in STARTS:
         raise TheoryError(f"start must be one of {', '.join(map(repr, STARTS))}, got {start!r}")
+    if distribution not in DISTRIBUTIONS:
+        raise TheoryError(f"distribution must be one of {', '.join(map(repr, DISTRIBUTIONS))}, "
+                          f"got {distribution!r}")
+    if distribution != "fixed" and start != "initial":
+        raise TheoryError(f"start {start!r} is defined for fixed delays only; random delays start "
+                          f"from x_0 ('initial')")
 
 
 def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: float):
@@ -172,4 +243,5 @@ def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: floa
     return a * p * spectrum.h, a * a * p * p * spectrum.c / b
 
 
-__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "DelayCurve", "steps_to_target"]
+__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "delay_probabilities",
+           "DelayCurve", "steps_to_target"]

@@ -130,3 +130,28 @@ def test_tuned_learning_rates_beside_the_guideline():
     assert rows[4].guideline_ratio == pytest.approx(1.375 / 9.375)
     with pytest.raises(TheoryError, match="delay 0"):
         delay.lr_beside_guideline({(8, 1): 0.1}, M=1.0)
+
+
+def test_functions_broadcast_over_a_grid_of_batch_sizes_and_delays():
+    b = np.array([1.0, 16.0, 256.0])[:, None]
+    tau = np.array([0, 1, 4, 16])[None, :]
+    grid = delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b, tau)
+    assert grid.shape == (3, 4)
+    for i in range(3):
+        for j in range(4):
+            assert grid[i, j] == delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b[i, 0], tau[0, j])
+    assert np.all(np.diff(grid, axis=1) >= 0)           # delay never lowers the bound's steps
+    assert delay.critical_batch(50.0, 0.3, 0.05, tau).shape == (1, 4)
+
+
+def test_the_noise_fit_weighs_measurements_by_relative_error():
+    """A run's |G|^2 falls by orders of magnitude; a 10 % error on the largest point must not
+    swamp the small ones: relative least squares keeps sigma^2 near its value at the end."""
+    g = np.array([100.0, 10.0, 1.0, 0.1, 0.01])
+    t = 3.0 * g + 0.05
+    t[0] *= 1.1
+    fit = delay.fit_noise_model(g, t)
+    assert fit.sigma2 == pytest.approx(0.05, rel=0.05)
+    assert fit.M == pytest.approx(3.0, rel=0.05)
+    misfit = (t - fit.M * g - fit.sigma2) / t
+    assert fit.residual == pytest.approx(np.sqrt(np.mean(misfit**2)))

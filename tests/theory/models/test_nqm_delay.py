@@ -109,3 +109,59 @@ def test_one_march_for_all_batch_sizes_and_chunks_of_the_grid_give_the_per_batch
         alone = nqm_delay.steps_to_target(spec, target, [b], delays=[0, 3], lrs=lrs, start="empty")
         np.testing.assert_array_equal(alone.steps[0], together.steps[i])
         np.testing.assert_array_equal(alone.best_lr[0], together.best_lr[i])
+
+
+def monte_carlo_uniform(spec, lr, batch, tau, steps, runs, seed):
+    """Delayed SGD with a delay drawn uniformly on 0..tau at every step of every run, float64:
+    the gradient at x_{max(k - d, 0)} with fresh noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((runs, spec.dim)) * np.sqrt(spec.s0)
+    queue = np.repeat(x[None], tau + 1, axis=0)      # [lag, runs, d]: x_k, x_{k-1}, ..., x_{k-tau}
+    losses = [0.5 * (x * x * spec.h).sum(1)]
+    for _ in range(steps):
+        d = rng.integers(0, tau + 1, runs)
+        stale = queue[d, np.arange(runs)]
+        noise = rng.standard_normal((runs, spec.dim)) * np.sqrt(spec.c / batch)
+        x = queue[0] - lr * (spec.h * stale + noise)
+        queue = np.concatenate([x[None], queue[:-1]])
+        losses.append(0.5 * (x * x * spec.h).sum(1))
+    return np.array(losses)
+
+
+@pytest.mark.parametrize("tau,lr", [(1, 0.8), (4, 0.5)])
+def test_uniform_delays_match_monte_carlo_within_its_standard_error(tau, lr):
+    steps, runs = 50, 40_000
+    mc = monte_carlo_uniform(SPEC, lr, 4.0, tau, steps, runs, seed=10 + tau)
+    moments = nqm_delay.delayed_second_moments(SPEC, [lr], 4.0, tau, steps, distribution="uniform")
+    exact = nqm.expected_loss(moments[:, 0], SPEC)
+    z = (mc.mean(1) - exact) / (mc.std(1, ddof=1) / np.sqrt(runs))
+    assert np.all(np.abs(z) < 4.5), f"max |z| = {np.abs(z).max():.2f}"
+
+
+@pytest.mark.parametrize("tau", [0, 2, 5])
+def test_the_covariance_recursion_with_one_delay_is_the_fixed_delay_path(tau):
+    lrs = np.array([0.05, 0.3, 0.7])
+    z, n = nqm_delay._terms(SPEC, lrs, 4.0, 0.0)
+    probs = nqm_delay.delay_probabilities("fixed", tau)
+    fixed = nqm_delay.delayed_second_moments(SPEC, lrs, 4.0, tau, 30)
+    for k, (det, noise) in enumerate(nqm_delay._covariance_paths(z, probs)):
+        np.testing.assert_allclose(det * SPEC.s0 + n * noise, fixed[k], rtol=1e-10)
+        if k == 30:
+            break
+    np.testing.assert_array_equal(nqm_delay.delay_probabilities("uniform", 3), np.full(4, 0.25))
+
+
+def test_steps_to_target_under_uniform_delays_lie_between_no_delay_and_the_fixed_maximum():
+    spec = nqm.paper_spectrum(30)
+    target = 0.05 * spec.initial_loss()
+    lrs = np.logspace(-2, 0.3, 10)
+    kw = dict(batch_sizes=[1, 16], lrs=lrs, max_steps=20_000)
+    none = nqm_delay.steps_to_target(spec, target, delays=[0], **kw).steps[:, 0]
+    fixed = nqm_delay.steps_to_target(spec, target, delays=[6], **kw).steps[:, 0]
+    uniform = nqm_delay.steps_to_target(spec, target, delays=[6], distribution="uniform", **kw)
+    assert uniform.distribution == "uniform"
+    assert np.all((none <= uniform.steps[:, 0]) & (uniform.steps[:, 0] <= fixed))
+    with pytest.raises(TheoryError, match="fixed delays only"):
+        nqm_delay.steps_to_target(spec, target, [1], distribution="uniform", start="empty")
+    with pytest.raises(TheoryError, match="distribution must be one of 'fixed', 'uniform'"):
+        nqm_delay.delay_probabilities("poisson", 3)
