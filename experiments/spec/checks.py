@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from training.config import OPTIMIZERS
+from training.delay import DELAY_KINDS
 from training.data import list_datasets
 from training.models import list_models
 from training.registry import did_you_mean
@@ -211,9 +212,8 @@ def trial_rules_canonical(stop: str, complete: bool) -> dict[str, Any]:
             **({"complete_trials": True} if complete else {})}
 
 
-# ``delays`` / ``workers`` and ``delay_kind``: the gradient-delay axis (training.delay). The
-# kinds are training.delay.DELAY_KINDS; ``workers`` is round-robin's W (delay W - 1).
-DELAY_KINDS = ("fixed", "uniform", "round_robin")
+# ``delays`` / ``workers`` and ``delay_kind``: the gradient-delay axis (training.delay, whose
+# DELAY_KINDS are the kinds); ``workers`` is round-robin's W (delay W - 1).
 DELAY_KEYS = ("delays", "workers", "delay_kind")
 
 
