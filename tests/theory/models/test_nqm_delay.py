@@ -104,7 +104,7 @@ def test_one_march_for_all_batch_sizes_and_chunks_of_the_grid_give_the_per_batch
     target = 0.02 * spec.initial_loss()
     lrs = np.logspace(-2, 0.3, 9)
     together = nqm_delay.steps_to_target(spec, target, [1, 8, 64], delays=[0, 3], lrs=lrs, start="empty")
-    monkeypatch.setattr(nqm_delay, "_CHUNK", 2 * spec.dim)      # two learning rates a chunk
+    monkeypatch.setattr(nqm_delay, "_STATE_FLOATS", 8 * spec.dim)   # 4 or 1 learning rates a chunk
     for i, b in enumerate([1, 8, 64]):
         alone = nqm_delay.steps_to_target(spec, target, [b], delays=[0, 3], lrs=lrs, start="empty")
         np.testing.assert_array_equal(alone.steps[0], together.steps[i])
@@ -138,16 +138,40 @@ def test_uniform_delays_match_monte_carlo_within_its_standard_error(tau, lr):
     assert np.all(np.abs(z) < 4.5), f"max |z| = {np.abs(z).max():.2f}"
 
 
+def covariance_recursion(spec, lr, batch, probs, steps):
+    """E x_k^2 from the full covariance of X = (x_k, ..., x_{k-tau}) per coordinate, written out:
+    x_{k+1} = x_k - lr (h x_{k-d} + xi) with P(d) = probs, starting from x_0 at every lag."""
+    lags, z, n = len(probs), lr * spec.h, lr * lr * spec.c / batch
+    cov = np.ones((spec.dim, lags, lags)) * spec.s0[:, None, None]
+    out = [cov[:, 0, 0].copy()]
+    for _ in range(steps):
+        rows = [np.eye(lags)[0] - zi * np.eye(lags) for zi in z]      # v_d = e_0 - z e_d, as rows
+        new = np.zeros_like(cov)
+        new[:, 1:, 1:] = cov[:, :-1, :-1]
+        for i in range(spec.dim):
+            mean_row = probs @ rows[i]                                 # e_0 - z p
+            cross = mean_row @ cov[i]
+            new[i, 0, 1:] = new[i, 1:, 0] = cross[:-1]
+            new[i, 0, 0] = sum(p * r @ cov[i] @ r for p, r in zip(probs, rows[i])) + n[i]
+        cov = new
+        out.append(cov[:, 0, 0].copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("tau", [0, 1, 3, 6])
+def test_uniform_delays_match_the_full_covariance_recursion(tau):
+    lr, steps = 0.4, 40
+    reference = covariance_recursion(SPEC, lr, 4.0, np.full(tau + 1, 1.0 / (tau + 1)), steps)
+    got = nqm_delay.delayed_second_moments(SPEC, [lr], 4.0, tau, steps, distribution="uniform")[:, 0]
+    np.testing.assert_allclose(got, reference, rtol=1e-10)
+
+
 @pytest.mark.parametrize("tau", [0, 2, 5])
 def test_the_covariance_recursion_with_one_delay_is_the_fixed_delay_path(tau):
-    lrs = np.array([0.05, 0.3, 0.7])
-    z, n = nqm_delay._terms(SPEC, lrs, 4.0, 0.0)
-    probs = nqm_delay.delay_probabilities("fixed", tau)
-    fixed = nqm_delay.delayed_second_moments(SPEC, lrs, 4.0, tau, 30)
-    for k, (det, noise) in enumerate(nqm_delay._covariance_paths(z, probs)):
-        np.testing.assert_allclose(det * SPEC.s0 + n * noise, fixed[k], rtol=1e-10)
-        if k == 30:
-            break
+    """The reference above, given all mass at tau, is the fixed-delay path."""
+    fixed = nqm_delay.delayed_second_moments(SPEC, [0.3], 4.0, tau, 30)[:, 0]
+    np.testing.assert_allclose(covariance_recursion(SPEC, 0.3, 4.0, np.eye(tau + 1)[tau], 30), fixed,
+                               rtol=1e-10)
     np.testing.assert_array_equal(nqm_delay.delay_probabilities("uniform", 3), np.full(4, 0.25))
 
 
