@@ -32,9 +32,9 @@ and the delay independent of the iterates,
     E x_{k+1} x_{k-j} = S_0j - z sum_d p_d S_dj,   the rest shifts down one lag,
 
 from S = s0 (all ones) at k = 0; the deterministic and the noise parts run as two such
-recursions (the loss is A_k + C_k / B again). S is Toeplitz along its time axis, so the state is
-kept as the last tau + 1 rows of cross-moments and their row sums, O(tau) work per coordinate
-and step (:func:`_uniform_paths`).
+recursions (the loss is A_k + C_k / B again). Every entry of S is a cross-moment
+E x_t x_{t-l} of one of the last tau + 1 steps, so the state is kept as those rows of
+cross-moments and S's row sums, O(tau) work per coordinate and step (:func:`_uniform_paths`).
 
 Stability (closed form, fixed delay): the recursion's characteristic polynomial is
 lam^(tau+1) - lam^tau + z; all its roots lie inside the unit circle iff
