@@ -32,8 +32,9 @@ and the delay independent of the iterates,
     E x_{k+1} x_{k-j} = S_0j - z sum_d p_d S_dj,   the rest shifts down one lag,
 
 from S = s0 (all ones) at k = 0; the deterministic and the noise parts run as two such
-recursions (the loss is A_k + C_k / B again). A one-point distribution gives the fixed-delay
-moments above.
+recursions (the loss is A_k + C_k / B again). Every entry of S is a cross-moment
+E x_t x_{t-l} of one of the last tau + 1 steps, so the state is kept as those rows of
+cross-moments and S's row sums, O(tau) work per coordinate and step (:func:`_uniform_paths`).
 
 Stability (closed form, fixed delay): the recursion's characteristic polynomial is
 lam^(tau+1) - lam^tau + z; all its roots lie inside the unit circle iff
@@ -56,8 +57,8 @@ from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector
 MAX_STEPS = 10**6
 STARTS = ("initial", "empty")
 DISTRIBUTIONS = ("fixed", "uniform")
-# coordinates x learning rates marched at once (the buffers hold 2 (tau + 1) times as many floats)
-_CHUNK = 200_000
+# floats of state marched at once (64 MB): learning rates are taken in chunks that fit
+_STATE_FLOATS = 8_000_000
 
 
 def stability_threshold(delay: int) -> float:
@@ -103,32 +104,37 @@ def _moment_paths(z: np.ndarray, tau: int, start: str, distribution: str):
     E x^2 = det s0 + n noise."""
     if distribution == "fixed":
         return ((phi * phi, noise) for phi, noise in _paths(z, tau, start))
-    return _covariance_paths(z, delay_probabilities(distribution, tau))
+    return _uniform_paths(z, tau)
 
 
-def _covariance_paths(z: np.ndarray, probs: np.ndarray):
-    """The covariance recursion of random delays (module docstring), lags first:
-    ``det[i, j]`` ~ E x_{k-i} x_{k-j} from x_0 alone, ``noise[i, j]`` from unit noises alone."""
-    lags = len(probs)
-    det = np.ones((lags, lags) + z.shape)
-    noise = np.zeros((lags, lags) + z.shape)
+def _uniform_paths(z: np.ndarray, tau: int):
+    """The covariance recursion of uniform delays (module docstring) in O(tau) per step.
+
+    S_k[i, j] = E x_{k-i} x_{k-j} = R_{k - min(i, j)}(|i - j|) with R_t(l) = E x_t x_{t-l}, so the
+    state is the last tau + 1 rows R_t (a ring buffer) and the row sums r_k(i) = sum_j S_k[i, j]:
+    with q = 1 / (tau + 1), sum_d p_d S_dj = q r_k(j), and r_{k+1}(i) = R_{k+1}(i) + r_k(i - 1)
+    - S_k[i - 1, tau] for i >= 1. Yields (deterministic part, noise part) of E x_k^2."""
+    lags, q = tau + 1, 1.0 / (tau + 1)
+    # [time slot t mod (tau + 1), lag, ...]: x_0 everywhere before step 0 (every R is s0 = 1)
+    parts = [[np.ones((lags, lags) + z.shape), np.full((lags,) + z.shape, float(lags))],
+             [np.zeros((lags, lags) + z.shape), np.zeros((lags,) + z.shape)]]
+    back = np.arange(1, lags)                              # i = 1..tau
+    k = 0
     while True:
-        yield det[0, 0], noise[0, 0]
+        now = k % lags
+        yield parts[0][0][now, 0], parts[1][0][now, 0]
+        corner_slots, corner_lags = (k - back + 1) % lags, lags - back      # S_k[i-1, tau]
         with np.errstate(over="ignore", invalid="ignore"):   # a diverging point stays above target
-            det, noise = _covariance_step(det, z, probs), _covariance_step(noise, z, probs)
-        noise[0, 0] += 1.0
-
-
-def _covariance_step(cov: np.ndarray, z: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """One step of E X X^T for X = (x_k, ..., x_{k-tau}) without the injected noise."""
-    mixed = np.tensordot(probs, cov, axes=(0, 0))                       # sum_d p_d S_dj
-    spread = np.tensordot(probs, cov[np.arange(len(probs)), np.arange(len(probs))], axes=(0, 0))
-    out = np.empty_like(cov)
-    out[1:, 1:] = cov[:-1, :-1]
-    cross = cov[0, :-1] - z * mixed[:-1]
-    out[0, 1:], out[1:, 0] = cross, cross
-    out[0, 0] = cov[0, 0] - 2.0 * z * mixed[0] + z * z * spread
-    return out
+            for injected, (hist, rows) in enumerate(parts):
+                cur = hist[now]
+                new = np.empty_like(cur)
+                new[0] = (cur[0] - 2.0 * z * q * cur.sum(0) + z * z * q * hist[:, 0].sum(0)
+                          + float(injected))                 # the noise part gets a unit noise
+                new[1:] = cur[:-1] - z * q * rows[:-1]
+                rows[1:] = new[1:] + rows[:-1] - hist[corner_slots, corner_lags]
+                rows[0] = new.sum(0)
+                hist[(k + 1) % lags] = new
+        k += 1
 
 
 def _paths(z: np.ndarray, tau: int, start: str):
@@ -188,11 +194,12 @@ def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
         if spectrum.initial_loss() < target:
             steps[:, j] = 0.0
             continue
+        # state per coordinate and learning rate: phi and psi buffers, or two histories and row sums
         if distribution == "fixed":
-            stable, width = grid[grid < max_stable_lr(spectrum, tau, precond)], 1
-        else:                                  # the state holds (tau + 1)^2 values a coordinate
-            stable, width = grid, (tau + 1) ** 2
-        per_chunk = max(1, _CHUNK // (spectrum.dim * width))
+            stable, width = grid[grid < max_stable_lr(spectrum, tau, precond)], 2 * (tau + 1)
+        else:
+            stable, width = grid, 2 * (tau + 1) * (tau + 2)
+        per_chunk = max(1, _STATE_FLOATS // (spectrum.dim * width))
         for s in range(0, len(stable), per_chunk):
             _first_hits(spectrum, target, stable[s:s + per_chunk], batches, tau, max_steps, precond,
                         (start, distribution), steps[:, j], best[:, j])

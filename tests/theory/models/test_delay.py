@@ -25,10 +25,12 @@ def test_optimal_steps_and_lr_match_brute_force_on_both_sides_of_the_cap():
     logu = lambda a, b: float(np.exp(rng.uniform(np.log(a), np.log(b))))  # noqa: E731
     capped = set()
     for _ in range(16):
-        L, M, s2, d, eps, b = logu(0.1, 10), logu(0.1, 1e3), logu(0.01, 10), logu(0.1, 10), logu(1e-3, 1), logu(1, 1e3)
+        L, M, s2, d = logu(0.1, 10), logu(0.1, 1e3), logu(0.01, 10), logu(0.1, 10)
+        eps, b = logu(1e-3, 1), logu(1, 1e3)
         tau = int(rng.integers(0, 17))
         log_k, eta = brute_force(L, M, s2, d, eps, b, tau)
-        assert delay.delayed_steps(L, M, s2, d, eps, b, tau) == pytest.approx(np.exp(log_k), rel=1e-6)
+        steps = delay.delayed_steps(L, M, s2, d, eps, b, tau)
+        assert steps == pytest.approx(np.exp(log_k), rel=1e-6)
         assert delay.optimal_lr(L, M, s2, eps, b, tau) == pytest.approx(eta, rel=1e-3)
         capped.add(delay.optimal_lr(L, M, s2, eps, b, tau) == delay.lr_cap(L, M, b, tau))
     assert capped == {True, False}
@@ -75,7 +77,8 @@ def test_one_parameter_without_additive_noise():
     for b in (1, 10, 300, 3000):
         assert delay.critical_delay(M, 0.0, 0.01, b) == pytest.approx(1 + M / b)
         for tau in (0, 1, 8):
-            ratio = delay.optimal_lr(1.0, M, 0.0, 0.01, b, tau) / delay.optimal_lr(1.0, M, 0.0, 0.01, b, 0)
+            ratio = (delay.optimal_lr(1.0, M, 0.0, 0.01, b, tau)
+                     / delay.optimal_lr(1.0, M, 0.0, 0.01, b, 0))
             assert ratio == pytest.approx(delay.lr_ratio(M, b, tau))
             assert delay.lr_ratio(M, b, tau) == pytest.approx((1 + M / b) / (1 + M / b + tau))
     # additive noise only: B_crit = 3 sigma^2 / eps, tau_crit(B) ~ 1 + B_crit / B for B << B_crit
@@ -113,7 +116,8 @@ def test_the_fitted_critical_delay_recovers_the_bound_without_additive_noise():
     taus = np.array([0, 1, 2, 4, 8, 16])
     steps = delay.delayed_steps(1.3, M, 0.0, 0.7, 0.01, b, taus)
     fit = delay.fit_critical_delay(taus, steps)
-    assert fit.tau_crit == pytest.approx(delay.critical_delay(M, 0.0, 0.01, b)) == pytest.approx(1 + M / b)
+    assert fit.tau_crit == pytest.approx(delay.critical_delay(M, 0.0, 0.01, b))
+    assert fit.tau_crit == pytest.approx(1 + M / b)
     assert fit.s0 == pytest.approx(steps[0]) and fit.points == 6
     assert delay.fit_critical_delay([0, 4], [100, 90]).tau_crit == np.inf
     with pytest.raises(TheoryError, match="at least 2 distinct"):
