@@ -99,6 +99,17 @@ def uniform_delays(seed: int, tau_max: int, start: int, stop: int) -> np.ndarray
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+@dataclass(frozen=True, eq=False)  # tensors inside: no element-wise ==
+class DelaySteps:
+    """K consecutive delayed steps of a stack, for a program that takes them in one call (the
+    compiled kernel): step k of trial i takes its gradient at ring slot ``read[k, i]`` and
+    leaves its updated weights in slot ``write[k]`` (``ring``: the queue's own)."""
+
+    ring: list[Tensor]
+    read: Tensor   # [K, n] int64
+    write: Tensor  # [K] int64
+
+
 @dataclass(eq=False)  # tensors inside: no element-wise ==
 class DelayQueue:
     """The past weights of one stack of n trials (see the module docstring): ``ring``, per
@@ -154,6 +165,15 @@ class DelayQueue:
         flat = torch.tensor([(s % self.slots) * n + i for i, s in enumerate(source)],
                             device=self.ring[0].device)
         return [r.view(-1, *r.shape[2:]).index_select(0, flat) for r in self.ring]
+
+    def steps(self, start: int, steps: int) -> "DelaySteps":
+        """Updates ``start`` .. ``start + steps - 1`` as a program that takes many steps in one
+        call reads them (:class:`DelaySteps`)."""
+        read = [[max(s - d, 0) % self.slots for d in self.delays(s)]
+                for s in range(start, start + steps)]
+        write = [(s + 1) % self.slots for s in range(start, start + steps)]
+        return DelaySteps(self.ring, torch.tensor(read, dtype=torch.long),
+                          torch.tensor(write, dtype=torch.long))
 
     def push_(self, params: Sequence[Tensor], step: int) -> None:
         """Keep the weights after update ``step`` (those of step ``step + 1``), in place."""

@@ -15,6 +15,7 @@ from torch import nn
 
 from training import data as data_mod
 from training import models
+from training.bench import delay as delay_bench
 from training.bench import first_call
 from training.bench.measure import CLOCKS, matmul_peak
 from training.bench import cuda as cuda_bench
@@ -23,6 +24,7 @@ from training.bench.models import BENCH_ONLY
 from training.bench.speed import MODELS, VAL_EXAMPLES, bench_dataset, format_table
 from training.data.dataset import Dataset
 from training.config import OPTIMIZERS
+from training.delay import DELAY_KINDS
 from training.device import device_info
 from training.distributed import costmodel
 from training.distributed.bench import BenchProtocol, measure
@@ -126,8 +128,10 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
               f"{info.driver_version}), {args.precision} matmul peak {peak / 1e3:.1f} TFLOP/s "
               f"({cuda_bench.PEAK_SIZE}^3), optimizer {args.optimizer}, {args.rounds} "
               f"interleaved round(s) of about {args.seconds / args.rounds:.2g} s per trainer")
-    rows, first_calls = [], []
     sizes = [int(s) for s in args.batch_sizes.split(",")]
+    if args.delay:
+        return _delay_bench(args, workloads, sizes)
+    rows, first_calls = [], []
     for label, net, ds in workloads:
         print(f"{label}: {ds.name}, {ds.n_train} training examples", flush=True)
         for b in sizes:
@@ -144,6 +148,27 @@ def run_trainer_bench(args: argparse.Namespace) -> int:
             print(first_calls[-1], flush=True)
     print(format_table(rows))
     print("\n".join(first_calls))
+    return 0
+
+
+def _delay_bench(args: argparse.Namespace, workloads: list[tuple[str, nn.Module, Dataset]],
+                 sizes: list[int]) -> int:
+    """``sparsescale bench --delay TAU``: the table of :func:`training.bench.delay.bench_delay`
+    rows (delay TAU against delay 0) for every model, batch size and ``--programs`` entry.
+    Returns 0."""
+    if args.delay < 0:
+        raise ConfigError(f"bench --delay: must be an integer >= 0, got {args.delay}")
+    programs = [p.strip() or None for p in args.programs.split(",")]
+    rows = []
+    for label, net, ds in workloads:
+        for b in sizes:
+            for program in programs:
+                rows.append(delay_bench.bench_delay(
+                    label, net, ds, b, args.trials, args.delay, args.delay_kind,
+                    None if program == "chosen" else program, args.seconds, args.rounds,
+                    args.clock))
+                print(delay_bench.format_delay_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(delay_bench.format_delay_table(rows))
     return 0
 
 
@@ -179,6 +204,14 @@ def add_trainer_bench_parser(subparsers: Any, name: str = "bench") -> Any:
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or process CPU time (robust on a shared machine "
                         "with --threads 1)")
+    p.add_argument("--delay", type=int, default=0,
+                   help="time delayed gradients instead: every trial with this delay against "
+                        "delay 0, both train_trials (training.bench.delay; default 0: off)")
+    p.add_argument("--delay-kind", dest="delay_kind", choices=DELAY_KINDS, default="fixed",
+                   help="the delays' kind with --delay (default fixed)")
+    p.add_argument("--programs", default="chosen",
+                   help="with --delay: comma-separated programs to time (e.g. batched,fused; "
+                        "default chosen: the program train_trials chooses)")
     add_device_argument(p, "cpu", "run both trainers")
     add_precision_argument(p)
     p.set_defaults(fn=run_trainer_bench)

@@ -5,6 +5,8 @@
   (:mod:`experiments.run.branching_study`);
 - ``advise``: a recommended batch size from one short run with branches, without a sweep
   (:mod:`experiments.cli.advise`);
+- ``design``: the runs or pairs a study needs for a stated resolution, from a pilot's store
+  (:mod:`experiments.cli.design`);
 - ``bench`` (the vectorized trainer against the plain loop, :mod:`training.bench.speed`) and
   ``bench ddp`` (DDP step times and the wall-clock cost model, :mod:`training.distributed.bench`);
 - ``ddp``: one DistributedDataParallel trial on the workers ``torchrun`` started
@@ -40,6 +42,7 @@ from training.process import setup_training_process
 
 from experiments.cli import bench, ddp
 from experiments.cli.advise import add_advise_parser
+from experiments.cli.design import add_design_parser
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
 from experiments.cli.options import add_device_argument, device_of
 from experiments.spec.errors import SpecError
@@ -302,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list data sets, models, pruning methods and bundled configs",
                        description="List the names accepted in study configs.")
     p.set_defaults(fn=_cmd_list)
+
+    add_design_parser(sub)
 
     bench.add_trainer_bench_parser(sub, "bench")
     bench_parser = sub.choices["bench"]

@@ -31,7 +31,7 @@ from theory.verdicts.lee_stage import (
 from experiments.report.analysis import reached_groups
 from experiments.report.formatting import fmt_interval, fmt_num, series_label
 from experiments.report.runs import RunSet
-from experiments.report.verdicts import VERDICT_COLUMNS, level_curves
+from experiments.report.verdicts import VERDICT_COLUMNS, level_curves, level_runs
 
 POINT_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high", "runs"]
 RATIO_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "low", "high",
@@ -80,14 +80,17 @@ def stage_view(runs: RunSet, level: float = 0.9) -> StagePart:
             reached = reached_groups(runs.groups)
             try:
                 judged = stage_verdicts(mine, level_curves(reached[reached["run"] == r.label]),
-                                        reference, level=level)
+                                        reference, level=level, runs=level_runs(
+                                            runs.groups[runs.groups["run"] == r.label],
+                                            runs.trials, getattr(r.spec, "stop", "") == "all"))
             except TheoryError:
                 judged = ()
             parts["verdicts"] += [{"run": r.label, "series": label(v.sparsity),
                                    "sparsity": v.sparsity, "claim": v.claim, "tier": v.tier,
                                    "value": v.value, "low": v.interval[0], "high": v.interval[1],
                                    "allowed_low": v.threshold[0], "allowed_high": v.threshold[1],
-                                   "verdict": v.verdict, "reason": v.reason} for v in judged]
+                                   "verdict": v.verdict, "reason": v.reason,
+                                   "statistic": v.statistic} for v in judged]
         parts["check"] += _check_rows(r.label, label, mine)
         examples = mine.loc[mine["quantity"] == "local_lipschitz", "examples"].dropna()
         samples.append(f"{r.label}: L's gradients on "
@@ -107,11 +110,10 @@ def _ratio_row(run: str, series: str, x: StageRatio) -> tuple:
 
 
 def _direction(x: StageRatio) -> str:
-    """The stage's verdict on "L is larger when sparse" from its ratio's interval."""
-    lo, hi = x.interval
-    if math.isnan(lo) or math.isnan(hi):
-        return INCONCLUSIVE
-    return HOLDS if lo > 1 else FAILS if hi < 1 else INCONCLUSIVE
+    """The stage's verdict on "L is larger when sparse" from its ratio's primary interval: the
+    paired one where the runs are paired, else the Welch one (:func:`stage_verdicts`)."""
+    side = interval_side(x.interval if math.isnan(x.paired[0]) else x.paired)
+    return {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
 
 
 def _stage_rows(run: str, label, table: pd.DataFrame, probes: pd.DataFrame,
@@ -212,7 +214,8 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
 PAIRED_NOTE = ("Paired runs' interval: trial i of every level starts from the same "
                "initialization and sees the same data order, so where both levels hold the same "
                "runs the 90 % paired t interval on the per-run log ratio is shown beside the "
-               "Welch one; the verdict uses the Welch interval.")
+               "Welch one; the verdict uses the paired interval wherever the runs are paired "
+               "(declared before the data), else the Welch one.")
 
 
 def _paired_column(frame: pd.DataFrame) -> list[str]:

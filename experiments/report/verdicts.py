@@ -7,6 +7,9 @@ claim of ``theory.verdicts.claims`` against the fitted curves: McCandlish et al.
 tier and a strict one, with its interval and a verdict "holds", "does not hold" or
 "inconclusive". :func:`verdict_sentences` states each verdict in one sentence; when a claim
 fails, :func:`failure_sentences` gives the quantities that show why.
+
+The step ratios count every run, those that missed the goal censored at their budget
+(:func:`level_runs`, :mod:`theory.verdicts.step_ratio`); each verdict records its statistic.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import pandas as pd
 from theory.verdicts.claims import FAILS, judge_claims
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
+from theory.verdicts.step_ratio import RUN_COLUMNS
 from theory.verdicts.summaries import find, summarize
 
 from experiments.report.analysis import Fits, reached_groups
 from experiments.report.formatting import fmt_interval, fmt_num, sparsity_label
 
 VERDICT_COLUMNS = ["run", "series", "sparsity", "claim", "tier", "value", "low", "high",
-                   "allowed_low", "allowed_high", "verdict", "reason"]
+                   "allowed_low", "allowed_high", "verdict", "reason", "statistic"]
+METAPARAMETER_KEYS = ["lr", "momentum", "decay_steps", "end_factor"]
 STEPS_DEFINITION = (
     "Steps-to-result: the first scheduled evaluation (every [eval] step) whose validation metric "
     "meets the goal, refined to the step inside the replay window; a trial's metric can dip below "
@@ -33,10 +38,12 @@ STEPS_DEFINITION = (
     "schedule-free answer.")
 
 
-def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str]
+def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str],
+             trials: pd.DataFrame | None = None, replicates: Sequence[str] = ()
              ) -> tuple[pd.DataFrame, list[str]]:
     """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
-    why none could be judged (when so)."""
+    why none could be judged (when so). ``trials`` and ``replicates``: as :func:`level_runs`
+    (without ``trials``, each reached group is a run)."""
     reached = reached_groups(groups)
     rows, skipped = [], []
     for run in runs:
@@ -51,14 +58,16 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
         try:
             summaries = summarize(mine)
             probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
-            judged = judge_claims(summaries, probed, curves)
+            judged = judge_claims(summaries, probed, curves, runs=level_runs(
+                groups[groups["run"] == run], trials, run in replicates))
         except TheoryError as exc:
             skipped.append(f"{run}: no claim judged ({exc}).")
             continue
         rows += [{"run": run, "series": series_of[v.sparsity], "sparsity": v.sparsity,
                   "claim": v.claim, "tier": v.tier, "value": v.value, "low": v.interval[0],
                   "high": v.interval[1], "allowed_low": v.threshold[0],
-                  "allowed_high": v.threshold[1], "verdict": v.verdict, "reason": v.reason}
+                  "allowed_high": v.threshold[1], "verdict": v.verdict, "reason": v.reason,
+                  "statistic": v.statistic}
                  for v in judged]
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS), skipped
 
@@ -68,6 +77,37 @@ def level_curves(reached: pd.DataFrame) -> list[MeasuredCurve]:
     return [MeasuredCurve(s, tuple(c["batch_size"].astype(float)),
                           tuple(c["steps_to_result"].astype(float)))
             for s, c in reached.sort_values(["batch_size", "seed"]).groupby("sparsity")]
+
+
+def level_runs(groups: pd.DataFrame, trials: pd.DataFrame | None,
+               replicates: bool = False) -> pd.DataFrame:
+    """Every run of one study's finished groups with its steps or, where it missed the goal, its
+    budget (``theory.verdicts.step_ratio.RUN_COLUMNS``). A run is a trial where ``replicates``
+    (each trial ran to its own goal, ``stop = "all"``) and a cell's trials share their
+    metaparameters; otherwise a group, whose steps are its best trial's (best of N)."""
+    done = groups[groups["status"] == "done"]
+    rows = []
+    for g in done.itertuples(index=False):
+        mine = (trials[trials["group_key"] == g.key] if trials is not None and len(trials)
+                else None)
+        if (replicates and mine is not None and len(mine)
+                and len(mine[METAPARAMETER_KEYS].astype(str).drop_duplicates()) == 1):
+            rows += [(float(g.sparsity), int(g.batch_size), (int(g.seed), int(t.trial)),
+                      float(t.hit_step) if t.status == "reached" else float(g.max_steps),
+                      t.status == "reached") for t in mine.itertuples(index=False)]
+        else:
+            hit = not pd.isna(g.steps_to_result)
+            rows.append((float(g.sparsity), int(g.batch_size), (int(g.seed), -1),
+                         float(g.steps_to_result) if hit else float(g.max_steps), hit))
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def verdicts_frame(table: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts as ``verdicts.csv`` stores them: ``study`` (the run's spec name) first, then
+    :data:`VERDICT_COLUMNS`, rows by run, claim, tier and level."""
+    study = dict(zip(info["run"], info["study"]))
+    out = table.assign(study=[study[r] for r in table["run"]])[["study", *VERDICT_COLUMNS]]
+    return out.sort_values(["run", "claim", "tier", "sparsity"], kind="stable").reset_index(drop=True)
 
 
 def _has(summaries, sparsity: float) -> bool:

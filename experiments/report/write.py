@@ -9,6 +9,10 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
 - ``report.md`` with ``figures/*.png`` beside it;
 - ``summary.csv``: one row per (run, sparsity, batch size): steps-to-result, best metaparameters,
   trials reached / diverged, fit and prediction values;
+- ``verdicts.csv``: every claim's stored verdict, one row per (run, level, claim, tier), with its
+  value, interval, allowed range, the statistic it uses and its reason
+  (:func:`experiments.report.verdicts.verdicts_frame`); the docs quote these
+  (``experiments/scripts/docs_verdicts.py``);
 - ``time_to_result.csv`` when a run folder holds ``cost_model.json``: predicted time-to-result
   per (series, batch size, workers k) on real hardware (:mod:`experiments.report.hardware`).
 
@@ -58,9 +62,10 @@ from experiments.report.sections import (
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
 )
+from experiments.report.stopping_view import stopping_lines
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
-    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts,
+    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts, verdicts_frame,
 )
 from experiments.report.lee_stage_view import StagePart, stage_sentences, stage_tables, stage_view
 
@@ -78,6 +83,7 @@ class Report:
     document: Document
     summary: pd.DataFrame
     time_to_result: pd.DataFrame
+    verdicts: pd.DataFrame
     delays: pd.DataFrame | None = None   # S(B, tau) per (run, level, B, tau): a delay axis only
 
 
@@ -93,7 +99,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     report = build(runs)
     # no time-to-result rows: remove the file an earlier report with a cost model left
     return write_document(report.document, out, {
-        "summary": report.summary,
+        "summary": report.summary, "verdicts": report.verdicts,
         "time_to_result": report.time_to_result if len(report.time_to_result) else None,
         "delays": report.delays})
 
@@ -142,7 +148,8 @@ def build(runs: RunSet) -> Report:
     missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
-    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels)
+    judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
+                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"])
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
     judged = pd.concat([judged, *(v for v in (stage.verdicts, delays.verdicts) if len(v))],
@@ -156,7 +163,8 @@ def build(runs: RunSet) -> Report:
                             sorted({s for r in runs.runs for s in r.spec.sparsities}))
         + sanity_sentences(sanity.table) + branching_sentences(critical, warm))
     sections = (
-        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs))),
+        Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs),
+                               *_stopping(runs))),
         Section("Findings", 2, (
             *((Table(findings_table(judged)), Paragraphs((FINDINGS_NOTE,), "note"))
               if len(judged) else ()),
@@ -200,6 +208,7 @@ def build(runs: RunSet) -> Report:
         document=Document("Study report: " + ", ".join(labels), sections),
         summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
         time_to_result=time_to_result_frame(hardware, runs.info()),
+        verdicts=verdicts_frame(judged, runs.info()),
         delays=delays.points if delays.measured else None)
 
 
@@ -232,6 +241,21 @@ def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
     distinct text, as a note under the overview."""
     texts = dict.fromkeys(t for r in runs.runs if (t := reductions(r.spec)))
     return (Paragraphs(tuple(texts), "note"),) if texts else ()
+
+
+def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
+    """Each run's pre-declared stopping rule and its looks at the stored paired runs
+    (:mod:`experiments.report.stopping_view`)."""
+    out = []
+    for r in runs.runs:
+        rule = getattr(r.spec, "stopping", None)
+        if rule is None:
+            continue
+        mine = (runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule)
+                else runs.schedule)
+        out.append(Paragraphs(tuple(f"{r.label}: {line}" if len(runs.runs) > 1 else line
+                                    for line in stopping_lines(mine, rule, r.spec.seeds))))
+    return tuple(out)
 
 
 FINDINGS_NOTE = (

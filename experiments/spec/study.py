@@ -82,6 +82,11 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     enabled = true
     k_max = 64
 
+    [stopping]                          # the pre-declared stopping rule of a paired claim
+    rule = "group_sequential"           # fixed | group_sequential (spec.tables.stopping)
+    rounds = 5                          # looks, one per round of seeds
+    boundary = "obrien_fleming"         # obrien_fleming | pocock
+
     [executor]
     workers = 2
     program_choice = "measure"          # measure | rules: how a cell's program is chosen
@@ -123,6 +128,7 @@ from experiments.spec.tables.goal import COMPARISONS, goal_table
 from experiments.spec.tables.probes import Probes, probes_table
 from experiments.spec.tables.pruning import PruningOptions, pruning_options, pruning_table
 from experiments.spec.tables.search import search_table
+from experiments.spec.tables.stopping import Stopping, stopping_table
 from experiments.spec.tables.workload import (
     device_keys, init_key, stored, workload_table,
 )
@@ -222,6 +228,8 @@ class Spec(SpecCore):
     # leaves the hash and every group key as they were before the axis
     delays: tuple[int, ...] = (0,)
     delay_kind: str = "fixed"
+    # the pre-declared stopping rule (experiments.spec.tables.stopping): in the hash when set
+    stopping: Stopping | None = None
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -260,6 +268,7 @@ class Spec(SpecCore):
             **overrides,
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
+            **({"stopping": self.stopping.canonical()} if self.stopping else {}),
         }
 
     def variants(self) -> list["Spec"]:
@@ -317,7 +326,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      for key, value in c["search"].items()}
     raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
-    for table in ("eval", "probes", "branching"):
+    for table in ("eval", "probes", "branching", "stopping"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
     spec = validate(raw, toml_text=toml_text, digests=digests,
@@ -341,7 +350,7 @@ MAX_TRIALS = 2**16
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
-            "search", "budget", "eval", "probes", "branching", "executor")
+            "search", "budget", "eval", "probes", "branching", "stopping", "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -385,6 +394,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     eval_schedule = eval_table(ck, ck.table(raw, "eval", "eval") or {})
     probes = probes_table(ck, raw, sparsities, trials, stop, len(seeds or ()), batch_sizes)
     branch = branching(ck, raw, batch_sizes)
+    stopping = stopping_table(ck, raw, sparsities, len(seeds or ()),
+                              probes.lipschitz_trials if probes.lipschitz_every else None)
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
@@ -406,7 +417,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         digests=found, method_digests=method_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
         complete_trials=complete, program_choice=program_choice, delays=delays,
-        delay_kind=delay_kind)
+        delay_kind=delay_kind, stopping=stopping)
 
 
 def reductions(spec: Spec) -> str:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,24 @@ def check_own_criterion(out):
     assert all(re.fullmatch(r"0\.[05]/(16|64)=\d+", g) for g in out["steps to result"].split())
 
 
+def check_async_nqm(out):
+    rows = {int(k.split("B=")[1].split(",")[0]): [float(v) for v in out[k].split()]
+            for k in out if k.startswith("steps at B=")}
+    assert sorted(rows) == [1, 4, 16, 64, 256]
+    grid = np.array([rows[b] for b in sorted(rows)])
+    assert np.all(np.diff(grid, axis=1) > 0) and np.all(np.diff(grid, axis=0) < 0)
+    b_crit = float(out["b_crit"])
+    assert 35 < b_crit < 60
+    measured = [float(v) for v in out["tau_crit measured"].split()]
+    predicted = [float(v) for v in out["tau_crit predicted"].split()]
+    # below B_crit the critical delay is B_crit / B, as the additive-noise reconstruction says
+    for m, p in zip(measured[:3], predicted[:3]):
+        assert m == pytest.approx(p, rel=0.25)
+    winners = {k: v for k, v in out.items() if k.startswith("sooner at")}
+    assert {v for k, v in winners.items() if k.endswith("W=4")} == {"sync"}
+    assert {v for k, v in winners.items() if k.endswith("W=16")} == {"async"}
+
+
 CHECKS = {
     "train_trials.py": check_train_trials,
     "prune_and_train.py": check_prune_and_train,
@@ -148,6 +167,7 @@ CHECKS = {
     "own_data.py": check_own_data,
     "noise_monitor.py": check_noise_monitor,
     "own_criterion.py": check_own_criterion,
+    "async_nqm.py": check_async_nqm,
 }
 
 

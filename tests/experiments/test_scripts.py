@@ -79,3 +79,29 @@ def test_best_trial_test_accuracy_decay_to_decays_linearly_over_the_run(tmp_path
     assert out.test_accuracy == pytest.approx(reference_accuracy(ds, out), abs=1.5 / len(ds.y_test))
     with pytest.raises(SystemExit, match="decay-to"):
         acc.main(run, epochs=1, decay_to=1.5)
+
+
+def test_docs_verdicts_writes_the_reports_verdicts_and_the_pages_tables(full, tmp_path):
+    """From a store: the same rows as the report's verdicts.csv (plus where they came from), each
+    with its statistic; then a page's table block written from them."""
+    import pandas as pd
+
+    from experiments.scripts import docs_verdicts
+    from theory.verdicts.step_ratio import STATISTIC
+
+    path = docs_verdicts.write_verdicts(full, tmp_path / "assets")
+    got = pd.read_csv(path)
+    report = pd.read_csv(full / "verdicts.csv")
+    pd.testing.assert_frame_equal(got.drop(columns="source"), report)
+    assert set(got["source"]) == {f"generated from the store in {full.name}/ by "
+                                  "experiments/scripts/docs_verdicts.py"}
+    steps = report[report["claim"] == "lee_sparsity (median step ratio)"]
+    assert len(steps) and set(steps["statistic"]) == {STATISTIC}
+    page = tmp_path / "page.md"
+    study = path.parent.name
+    page.write_text(f"Before.\n\n<!-- verdicts-table {study} -->\nstale\n<!-- /verdicts-table -->\n")
+    assert docs_verdicts.main(["--assets", str(tmp_path / "assets"), "--page", str(page)]) == 0
+    table = docs_verdicts.render_table(docs_verdicts.stored(tmp_path / "assets", study))
+    assert page.read_text() == (f"Before.\n\n<!-- verdicts-table {study} -->\n{table}"
+                                "<!-- /verdicts-table -->\n")
+    assert table.count("\n") == len(report) + 2 and "stale" not in page.read_text()

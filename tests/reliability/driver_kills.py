@@ -12,8 +12,11 @@ Moments:
 - ``lockwait``: two pool workers wait for a kernel's build lock that another process holds;
 - ``kernel`` / ``eager``: a study has stored its first group, its workers are inside the next
   ones, under the compiled kernel / the eager programs (``SPARSESCALE_KERNELS=0``);
-- ``build-term`` / ``build-kill``: a study's driver compiles the kernel (``cc1plus`` runs) in
-  a fresh ``TORCH_EXTENSIONS_DIR`` and gets SIGTERM / SIGKILL.
+- ``build-term`` / ``build-int`` / ``build-kill``: a study's driver compiles the kernel
+  (``cc1plus`` runs) in a fresh ``TORCH_EXTENSIONS_DIR`` and gets SIGTERM / Ctrl-C (SIGINT to
+  its process group, as a terminal sends it) / SIGKILL;
+- ``ddp``: the DDP launcher (``training.distributed.trainer.spawn``) has just spawned its two
+  ranks (0.3 s), still importing.
 
 ``python tests/reliability/driver_kills.py [--busy] [--repeats N] [--moments a,b]
 [--pool-startup]`` prints one table row per moment (``--busy``: beside two ``yes`` loops, one
@@ -31,46 +34,22 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
+
+try:
+    from .conftest import edit
+except ImportError:   # run as a script
+    from conftest import edit
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = (1.0, 2.0, 5.0)
 
-# A study of four groups whose learning rate never reaches the goal: each group runs its whole
+# A study of six groups whose learning rate never reaches the goal: each group runs its whole
 # budget (a second or more), so a kill after the first stored group lands inside the others.
-STUDY = textwrap.dedent("""\
-    name = "kills"
-    optimizer = "momentum"
-    batch_sizes = [4, 8, 16, 32, 64, 128]
-    sparsities = [0.0]
-    trials = 2
-    seeds = [0]
-
-    [workload]
-    dataset = "teacher"
-    dataset_options = {n = 300, dim = 6, num_classes = 3, hidden = 8}
-    model = "mlp"
-    model_options = {hidden = [8]}
-
-    [goal]
-    metric = "error"
-    target = 0.3
-
-    [search]
-    lr = 1e-6
-    momentum = 0.9
-
-    [budget]
-    max_steps = 3000
-
-    [eval]
-    every = 100
-
-    [probes]
-    enabled = false
-    """)
+STUDY = (edit("batch_sizes = [8, 32]", "batch_sizes = [4, 8, 16, 32, 64, 128]")
+         .replace('lr = {scale = "log", min = 0.01, max = 1.0}', "lr = 1e-6")
+         .replace("max_steps = 40", "max_steps = 3000").replace("every = 10", "every = 100"))
 
 # A C extension that compiles in about a second (Python.h only), named as torch's loader names
 # the module (TORCH_EXTENSION_NAME).
@@ -105,6 +84,12 @@ if __name__ == "__main__":
     pool = local_pool(2)
     wait([pool.submit(compiled_kernel.load_kernel, "tiny", Path(sys.argv[1]), "test", "none")
           for _ in range(2)])
+"""
+
+# A driver that runs two DDP ranks on loopback (each would sleep ``rank`` seconds).
+DDP_DRIVER = """import time
+from training.distributed.trainer import spawn
+spawn(time.sleep, 2, "gloo", 1)
 """
 
 
@@ -230,19 +215,38 @@ def reach(moment: str, tmp: Path, helpers: list[subprocess.Popen]) -> subprocess
         proc = study_driver(tmp, environment() if moment == "kernel" else eager)
         wait_until(lambda: done_groups(tmp / "run" / "results.sqlite") >= 1, 300, proc)
         return proc
-    if moment in ("build-term", "build-kill"):
+    if moment.startswith("build-"):
         proc = study_driver(tmp, environment(TORCH_EXTENSIONS_DIR=str(tmp / "ext")))
         wait_until(lambda: "cc1plus" in commands(session(proc.pid)), 120, proc)
         time.sleep(1.0)
         return proc
+    if moment == "ddp":
+        proc = start(["-c", DDP_DRIVER], eager, tmp / "driver.log")
+        wait_until(lambda: spawned_workers(proc) >= 2, 120, proc)
+        time.sleep(0.3)
+        return proc
     raise ValueError(f"unknown moment {moment!r}; allowed: {', '.join(MOMENTS)}")
 
 
-MOMENTS = ("startup", "lockwait", "kernel", "eager", "build-term", "build-kill")
+MOMENTS = ("startup", "lockwait", "kernel", "eager", "build-term", "build-int", "build-kill",
+           "ddp")
+
+
+def stop(proc: subprocess.Popen, moment: str) -> None:
+    """The moment's signal: SIGTERM to the driver (``build-term``), SIGINT to its process group
+    (``build-int``: Ctrl-C), else SIGKILL to the driver."""
+    if moment == "build-int":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM if moment == "build-term" else signal.SIGKILL)
+
+
+def signal_name(moment: str) -> str:
+    return {"build-term": "SIGTERM", "build-int": "Ctrl-C"}.get(moment, "SIGKILL")
 
 
 def kill_at(moment: str) -> dict[str, object]:
-    """Bring a driver to ``moment``, signal it (SIGTERM for ``build-term``, else SIGKILL) and
+    """Bring a driver to ``moment``, signal it (:func:`stop`) and
     count its session's processes then and 1, 2 and 5 s after: ``{"at": n, 1.0: n, ...,
     "names": the command names left at 1 s}``. Whatever is left after 5 s is killed."""
     helpers: list[subprocess.Popen] = []
@@ -253,7 +257,7 @@ def kill_at(moment: str) -> dict[str, object]:
             counts: dict[object, object] = {"at": len(session(proc.pid))}
             sid = proc.pid
             sent = time.monotonic()
-            proc.send_signal(signal.SIGTERM if moment == "build-term" else signal.SIGKILL)
+            stop(proc, moment)
             for check in CHECKS:
                 time.sleep(max(0.0, sent + check - time.monotonic()))
                 left = session(sid)
@@ -287,14 +291,19 @@ def kernel_ready(env: dict[str, str]) -> None:
                     "assert k.fused_sequential() is not None"], env=env, check=True, cwd=REPO)
 
 
-def _kernel_in_worker() -> tuple[int, float]:
-    """A pool task: load the compiled kernel; this worker's pid and the wall time then."""
+def _kernel_in_worker(meeting: str) -> tuple[int, float, float]:
+    """A pool task: load the compiled kernel; this worker's pid, the wall time then and the
+    seconds the load took. Each task then waits for the other in folder ``meeting``, so that
+    the two run on two workers."""
     from training.engine import compiled_kernel
 
+    start_load = time.time()
     assert compiled_kernel.fused_sequential() is not None
     ready = time.time()
-    time.sleep(0.3)   # so that the other task goes to the other worker
-    return os.getpid(), ready
+    (Path(meeting) / str(os.getpid())).touch()
+    while len(list(Path(meeting).iterdir())) < 2:
+        time.sleep(0.01)
+    return os.getpid(), ready, ready - start_load
 
 
 HOLDER = """import time
@@ -305,9 +314,10 @@ time.sleep(600)
 """
 
 
-def pool_startup(repeats: int) -> list[float]:
+def pool_startup(repeats: int) -> list[tuple[float, float, float]]:
     """Seconds from creating a pool of two workers to both having loaded the kernel, while
-    another process holds it loaded; one value per repeat."""
+    another process holds it loaded, and the seconds each worker's load took (the shorter
+    first); one triple per repeat."""
     from experiments.run.executors import local_pool
 
     env = environment()
@@ -318,14 +328,17 @@ def pool_startup(repeats: int) -> list[float]:
         assert holder.stdout.readline() == "loaded\n"
         times = []
         for _ in range(repeats):
-            start_time = time.time()
-            pool = local_pool(2)
-            try:
-                results = [f.result() for f in [pool.submit(_kernel_in_worker) for _ in range(2)]]
-            finally:
-                pool.shutdown()
-            assert len({pid for pid, _ in results}) == 2, results
-            times.append(max(ready for _, ready in results) - start_time)
+            with tempfile.TemporaryDirectory() as meeting:
+                start_time = time.time()
+                pool = local_pool(2)
+                try:
+                    results = [f.result() for f in
+                               [pool.submit(_kernel_in_worker, meeting) for _ in range(2)]]
+                finally:
+                    pool.shutdown()
+            assert len({pid for pid, _, _ in results}) == 2, results
+            times.append((max(ready for _, ready, _ in results) - start_time,
+                          *sorted(load for _, _, load in results)))
         return times
     finally:
         holder.kill()
@@ -341,12 +354,14 @@ def main() -> None:
     args = parser.parse_args()
     loops = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
              for _ in range(os.cpu_count() or 1)] if args.busy else []
+    # this checkout's code, here and in the pool's workers (they inherit sys.path), whatever
+    # an installed copy of the project says
+    sys.path.insert(0, str(REPO))
     try:
-        os.environ.setdefault("PYTHONPATH", str(REPO))
         if args.pool_startup:
             times = pool_startup(args.repeats)
-            print("pool of 2, kernel loaded elsewhere: " + ", ".join(f"{t:.2f}" for t in times)
-                  + " s")
+            print("pool of 2, kernel loaded elsewhere: start-up (the two loads) "
+                  + ", ".join(f"{t:.2f} ({a:.2f}, {b:.2f})" for t, a, b in times) + " s")
             return
         if "kernel" in args.moments:
             kernel_ready(environment())
@@ -355,9 +370,8 @@ def main() -> None:
         for moment in args.moments.split(","):
             for _ in range(args.repeats):
                 c = kill_at(moment)
-                sig = "SIGTERM" if moment == "build-term" else "SIGKILL"
-                print(f"| {moment} | {sig} | {c['at']} | {c[1.0]} | {c[2.0]} | {c[5.0]} | "
-                      f"{' '.join(c['names']) or '-'} |", flush=True)
+                print(f"| {moment} | {signal_name(moment)} | {c['at']} | {c[1.0]} | {c[2.0]} | "
+                      f"{c[5.0]} | {' '.join(c['names']) or '-'} |", flush=True)
     finally:
         for loop in loops:
             loop.kill()

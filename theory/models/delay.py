@@ -66,8 +66,8 @@ from theory.models.bounds import Number, _check_positive, _scalar_or_array
 @dataclass(frozen=True)
 class NoiseModel:
     """M and sigma^2 of E||g - grad f||^2 <= M ||grad f||^2 + sigma^2 (Stich 2019), fitted to
-    ``points`` measurements; ``residual`` is the root mean square of tr(Sigma) - (M |G|^2 +
-    sigma^2) over them."""
+    ``points`` measurements; ``residual`` is the root mean square of the relative misfit
+    (tr(Sigma) - M |G|^2 - sigma^2) / tr(Sigma) over them."""
 
     M: float
     sigma2: float
@@ -76,9 +76,11 @@ class NoiseModel:
 
 
 def fit_noise_model(g_sq: ArrayLike, trace_sigma: ArrayLike, additive: bool = True) -> NoiseModel:
-    """Fit tr(Sigma)_j = M |G|^2_j + sigma^2 to measurements j along a run (non-negative least
-    squares). ``additive=False`` fixes sigma^2 = 0 and returns the pooled simple noise scale
-    M = sum tr(Sigma) / sum |G|^2 (a ratio of sums, as :mod:`theory.estimators.noise` pools)."""
+    """Fit tr(Sigma)_j = M |G|^2_j + sigma^2 to measurements j along a run: non-negative least
+    squares on relative errors, as the measurements span orders of magnitude along a run (the
+    late, small ones would otherwise not count). ``additive=False`` fixes sigma^2 = 0 and returns
+    the pooled simple noise scale M = sum tr(Sigma) / sum |G|^2 (a ratio of sums, as
+    :mod:`theory.estimators.noise` pools)."""
     g = np.atleast_1d(np.asarray(g_sq, dtype=float))
     t = np.atleast_1d(np.asarray(trace_sigma, dtype=float))
     if g.ndim != 1 or g.shape != t.shape or g.size == 0:
@@ -95,8 +97,8 @@ def fit_noise_model(g_sq: ArrayLike, trace_sigma: ArrayLike, additive: bool = Tr
         # imported here: scipy.optimize costs a second at import
         from scipy.optimize import nnls
 
-        (m, s2), _ = nnls(np.stack([g, np.ones_like(g)], axis=1), t)
-    res = float(np.sqrt(np.mean((t - m * g - s2) ** 2)))
+        (m, s2), _ = nnls(np.stack([g / t, 1.0 / t], axis=1), np.ones_like(t))
+    res = float(np.sqrt(np.mean(((t - m * g - s2) / t) ** 2)))
     return NoiseModel(M=float(m), sigma2=float(s2), points=int(g.size), residual=res)
 
 
@@ -107,13 +109,15 @@ def noise_model_from(estimates: Sequence[object], additive: bool = True) -> Nois
         g = [float(e.g_sq) for e in estimates]
         t = [float(e.trace_sigma) for e in estimates]
     except AttributeError:
-        raise TheoryError("estimates must have g_sq and trace_sigma (e.g. theory.NoiseEstimate)") from None
+        raise TheoryError("estimates must have g_sq and trace_sigma "
+                          "(e.g. theory.NoiseEstimate)") from None
     return fit_noise_model(g, t, additive)
 
 
 def lr_cap(L: ArrayLike, M: ArrayLike, batch_size: ArrayLike, delay: ArrayLike) -> Number:
     """eta_max(B, tau) = 1 / (4 L (1 + M/B + tau)), the largest step the delayed bound allows."""
-    L, m, b, tau = _check_positive(L, "L"), _nonneg(M, "M"), _check_positive(batch_size, "batch_size"), _nonneg(delay, "delay")
+    L, m = _check_positive(L, "L"), _nonneg(M, "M")
+    b, tau = _check_positive(batch_size, "batch_size"), _nonneg(delay, "delay")
     return _scalar_or_array(1.0 / (4.0 * L * (1.0 + m / b + tau)))
 
 
@@ -121,7 +125,8 @@ def steps_at_lr(L: ArrayLike, M: ArrayLike, sigma2: ArrayLike, delta: ArrayLike,
                 batch_size: ArrayLike, delay: ArrayLike, lr: ArrayLike) -> Number:
     """K(eta) = 4 Delta B / (eta (eps B - 3 eta L sigma^2)); inf where the step exceeds
     eta_max(B, tau) or the noise term alone is >= eps."""
-    s2, d, e = _nonneg(sigma2, "sigma2"), _check_positive(delta, "delta"), _check_positive(eps, "eps")
+    s2, d = _nonneg(sigma2, "sigma2"), _check_positive(delta, "delta")
+    e = _check_positive(eps, "eps")
     b, lr_ = _check_positive(batch_size, "batch_size"), _check_positive(lr, "lr")
     cap = lr_cap(L, M, batch_size, delay)
     room = e * b - 3.0 * lr_ * np.asarray(L, dtype=float) * s2
@@ -135,9 +140,9 @@ def optimal_lr(L: ArrayLike, M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike,
     """The guideline eta*(B, tau) = min(eps B / (6 L sigma^2), 1 / (4 L (1 + M/B + tau)))."""
     cap = np.asarray(lr_cap(L, M, batch_size, delay))
     s2, e = _nonneg(sigma2, "sigma2"), _check_positive(eps, "eps")
-    b = np.asarray(batch_size, dtype=float)
+    b, lip = np.asarray(batch_size, dtype=float), np.asarray(L, dtype=float)
     with np.errstate(divide="ignore"):
-        noise = np.where(s2 > 0, e * b / (6.0 * np.asarray(L, dtype=float) * np.where(s2 > 0, s2, 1.0)), np.inf)
+        noise = np.where(s2 > 0, e * b / (6.0 * lip * np.where(s2 > 0, s2, 1.0)), np.inf)
     return _scalar_or_array(np.minimum(noise, cap))
 
 
@@ -163,10 +168,12 @@ def min_steps(L: ArrayLike, delta: ArrayLike, eps: ArrayLike, delay: ArrayLike =
     return _scalar_or_array(16.0 * L * d * (1.0 + tau) / e)
 
 
-def critical_batch(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike, delay: ArrayLike = 0.0) -> Number:
+def critical_batch(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike,
+                   delay: ArrayLike = 0.0) -> Number:
     """B_crit(tau) = E_min / S_min(tau) (module docstring, steps 4-5): M / (1 + tau) without
     additive noise, 3 sigma^2 / (eps (1 + tau)) without relative noise."""
-    m, s2, e, tau = _nonneg(M, "M"), _nonneg(sigma2, "sigma2"), _check_positive(eps, "eps"), _nonneg(delay, "delay")
+    m, s2 = _nonneg(M, "M"), _nonneg(sigma2, "sigma2")
+    e, tau = _check_positive(eps, "eps"), _nonneg(delay, "delay")
     if np.any((m == 0) & (s2 == 0)):
         raise TheoryError("M and sigma2 are both 0: the bound has no noise and no critical batch")
     noise = 3.0 * s2 / e
@@ -176,7 +183,8 @@ def critical_batch(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike, delay: Array
     return _scalar_or_array(per_unit_delay / (1.0 + tau))
 
 
-def critical_delay(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike, batch_size: ArrayLike) -> Number:
+def critical_delay(M: ArrayLike, sigma2: ArrayLike, eps: ArrayLike,
+                   batch_size: ArrayLike) -> Number:
     """tau_crit(B) = K*(B, 0) / S_min(0): 1 + M/B without additive noise (steps 5-6 of the module
     docstring); L and Delta cancel."""
     return _scalar_or_array(np.asarray(delayed_steps(1.0, M, sigma2, 1.0, eps, batch_size, 0.0))
@@ -202,11 +210,12 @@ def fit_critical_delay(delays: ArrayLike, steps: ArrayLike) -> DelayFit:
     s = _check_positive(np.atleast_1d(steps), "steps")
     if tau.ndim != 1 or tau.shape != s.shape or len(np.unique(tau)) < 2:
         raise TheoryError(f"delays and steps must be 1-D of equal length with at least 2 distinct "
-                          f"delays, got {np.atleast_1d(delays).tolist()} and {np.atleast_1d(steps).tolist()}")
+                          f"delays, got {np.atleast_1d(delays).tolist()} and "
+                          f"{np.atleast_1d(steps).tolist()}")
     c, a = np.polyfit(tau, s, 1)
     if a <= 0:
-        raise TheoryError(f"the fitted steps at delay 0 are {a:.3g} <= 0: the line does not describe "
-                          f"these steps {s.tolist()}")
+        raise TheoryError(f"the fitted steps at delay 0 are {a:.3g} <= 0: the line does not "
+                          f"describe these steps {s.tolist()}")
     return DelayFit(s0=float(a), tau_crit=float(a / c) if c > 0 else np.inf, points=int(len(s)))
 
 

@@ -1,5 +1,5 @@
-"""Noisy quadratic model with delayed gradients: exact expected loss, stability threshold, steps
-to a target against batch size and delay.
+"""Noisy quadratic model with delayed gradients (fixed or uniform delays): exact expected loss,
+stability threshold, steps to a target against batch size and delay.
 
 The model of :mod:`theory.models.nqm` (Zhang et al. 2019): loss 1/2 sum_i h_i x_i^2, a mini-batch
 gradient h_i x_i + noise of variance c_i / B, x_0 ~ N(0, diag(s0)). Delayed SGD applies at step k
@@ -23,12 +23,25 @@ This is the exact second moment (the noises are independent and zero-mean); it i
 recursion on the covariance of the last tau + 1 iterates gives, computed per coordinate in
 O(tau) memory instead of O(tau^2). At tau = 0 it is :func:`theory.models.nqm.sgd_second_moments`.
 
-Stability (closed form): the recursion's characteristic polynomial is lam^(tau+1) - lam^tau + z;
-all its roots lie inside the unit circle iff 0 < z < 2 sin(pi / (2 (2 tau + 1))) (Levin & May
-1976, for the delay-difference equation x_{k+1} = x_k - z x_{k-tau}): 2 at tau = 0, 1 at tau = 1,
-about pi / (2 tau) for large tau. The largest stable learning rate is that threshold over
-max_i p_i h_i, so it falls as 1/tau, the shape of the learning-rate guideline of
-:mod:`theory.models.delay`.
+Random delays (``distribution="uniform"``: tau_k uniform on 0..tau, drawn independently every
+step, start ``"initial"``): the delayed iterate is no longer one fixed lag, and the state is the
+covariance S of the last tau + 1 iterates per coordinate. With p_d the delay's probabilities
+and the delay independent of the iterates,
+
+    E x_{k+1}^2 = S_00 - 2 z sum_d p_d S_0d + z^2 sum_d p_d S_dd + a^2 c / B,
+    E x_{k+1} x_{k-j} = S_0j - z sum_d p_d S_dj,   the rest shifts down one lag,
+
+from S = s0 (all ones) at k = 0; the deterministic and the noise parts run as two such
+recursions (the loss is A_k + C_k / B again). Every entry of S is a cross-moment
+E x_t x_{t-l} of one of the last tau + 1 steps, so the state is kept as those rows of
+cross-moments and S's row sums, O(tau) work per coordinate and step (:func:`_uniform_paths`).
+
+Stability (closed form, fixed delay): the recursion's characteristic polynomial is
+lam^(tau+1) - lam^tau + z; all its roots lie inside the unit circle iff
+0 < z < 2 sin(pi / (2 (2 tau + 1))) (Levin & May 1976, for the delay-difference equation
+x_{k+1} = x_k - z x_{k-tau}): 2 at tau = 0, 1 at tau = 1, about pi / (2 tau) for large tau. The
+largest stable learning rate is that threshold over max_i p_i h_i, so it falls as 1/tau, the
+shape of the learning-rate guideline of :mod:`theory.models.delay`.
 """
 
 from __future__ import annotations
@@ -39,12 +52,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory.errors import TheoryError, check_int
-from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector, expected_loss
+from theory.models.nqm import SGD_LRS, Spectrum, _positive_vector
 
 MAX_STEPS = 10**6
 STARTS = ("initial", "empty")
-# coordinates x learning rates marched at once (bounds memory to tens of MB with tau <= 64)
-_CHUNK = 200_000
+DISTRIBUTIONS = ("fixed", "uniform")
+# floats of state marched at once (64 MB): learning rates are taken in chunks that fit
+_STATE_FLOATS = 8_000_000
 
 
 def stability_threshold(delay: int) -> float:
@@ -60,40 +74,87 @@ def max_stable_lr(spectrum: Spectrum, delay: int, precond: float = 0.0) -> float
 
 
 def delayed_second_moments(spectrum: Spectrum, lr: ArrayLike, batch_size: float, delay: int,
-                           steps: int, precond: float = 0.0, start: str = "initial") -> np.ndarray:
+                           steps: int, precond: float = 0.0, start: str = "initial",
+                           distribution: str = "fixed") -> np.ndarray:
     """E x_i(k)^2 for k = 0..steps under delayed SGD: shape [steps + 1, len(lr), d]."""
     lrs = _positive_vector(lr, "lr")
     tau = check_int(delay, "delay", minimum=0)
     n_steps = check_int(steps, "steps", minimum=0)
-    _check_start(start)
+    _check_options(start, distribution)
     z, n = _terms(spectrum, lrs, batch_size, precond)
     out = np.empty((n_steps + 1,) + z.shape)
-    for k, m in enumerate(_march(spectrum, z, n, tau, start)):
-        out[k] = m
+    for k, (det, noise) in enumerate(_moment_paths(z, tau, start, distribution)):
+        out[k] = det * spectrum.s0 + n * noise
         if k == n_steps:
             break
     return out
 
 
-def _march(spectrum: Spectrum, z: np.ndarray, n: np.ndarray, tau: int, start: str):
-    """Yield E x^2 at k = 0, 1, 2, ... (module docstring); ring buffers of the last tau + 1 values
-    of phi and psi."""
-    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)   # phi_{k-tau..k}
-    phi[-1] = 1.0
-    psi = np.zeros((tau + 1,) + z.shape)          # psi_{m-tau..m}; 0 before the impulse
-    psi[-1] = 1.0
-    # "empty": the noise sum lags tau steps behind, psi[0] = psi_{k-tau} (0 while k < tau)
-    lag = -1 if start == "initial" else 0
-    noise_sum = np.zeros(z.shape)
-    yield phi[-1] ** 2 * spectrum.s0
+def delay_probabilities(distribution: str, delay: int) -> np.ndarray:
+    """p_d for d = 0..tau: all mass at tau ("fixed") or 1 / (tau + 1) each ("uniform")."""
+    tau = check_int(delay, "delay", minimum=0)
+    _check_options("initial", distribution)
+    if distribution == "fixed":
+        return np.eye(tau + 1)[tau]
+    return np.full(tau + 1, 1.0 / (tau + 1))
+
+
+def _moment_paths(z: np.ndarray, tau: int, start: str, distribution: str):
+    """Yield (deterministic part, noise part) of E x_k^2 for k = 0, 1, ...:
+    E x^2 = det s0 + n noise."""
+    if distribution == "fixed":
+        return ((phi * phi, noise) for phi, noise in _paths(z, tau, start))
+    return _uniform_paths(z, tau)
+
+
+def _uniform_paths(z: np.ndarray, tau: int):
+    """The covariance recursion of uniform delays (module docstring) in O(tau) per step.
+
+    S_k[i, j] = E x_{k-i} x_{k-j} = R_{k - min(i, j)}(|i - j|) with R_t(l) = E x_t x_{t-l}, so the
+    state is the last tau + 1 rows R_t (a ring buffer) and the row sums r_k(i) = sum_j S_k[i, j]:
+    with q = 1 / (tau + 1), sum_d p_d S_dj = q r_k(j), and r_{k+1}(i) = R_{k+1}(i) + r_k(i - 1)
+    - S_k[i - 1, tau] for i >= 1. Yields (deterministic part, noise part) of E x_k^2."""
+    lags, q = tau + 1, 1.0 / (tau + 1)
+    # [time slot t mod (tau + 1), lag, ...]: x_0 everywhere before step 0 (every R is s0 = 1)
+    parts = [[np.ones((lags, lags) + z.shape), np.full((lags,) + z.shape, float(lags))],
+             [np.zeros((lags, lags) + z.shape), np.zeros((lags,) + z.shape)]]
+    back = np.arange(1, lags)                              # i = 1..tau
+    k = 0
     while True:
-        noise_sum += psi[lag] ** 2
-        # slot i holds index k - tau + i; the oldest (slot 0) is the delayed one
-        new_phi = phi[-1] - z * phi[0]
-        new_psi = psi[-1] - z * psi[0]
-        phi = np.concatenate([phi[1:], new_phi[None]]) if tau else new_phi[None]
-        psi = np.concatenate([psi[1:], new_psi[None]]) if tau else new_psi[None]
-        yield phi[-1] ** 2 * spectrum.s0 + n * noise_sum
+        now = k % lags
+        yield parts[0][0][now, 0], parts[1][0][now, 0]
+        corner_slots, corner_lags = (k - back + 1) % lags, lags - back      # S_k[i-1, tau]
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging point stays above target
+            for injected, (hist, rows) in enumerate(parts):
+                cur = hist[now]
+                new = np.empty_like(cur)
+                new[0] = (cur[0] - 2.0 * z * q * cur.sum(0) + z * z * q * hist[:, 0].sum(0)
+                          + float(injected))                 # the noise part gets a unit noise
+                new[1:] = cur[:-1] - z * q * rows[:-1]
+                rows[1:] = new[1:] + rows[:-1] - hist[corner_slots, corner_lags]
+                rows[0] = new.sum(0)
+                hist[(k + 1) % lags] = new
+        k += 1
+
+
+def _paths(z: np.ndarray, tau: int, start: str):
+    """Yield (phi_k, sum of psi_m^2 over the noises that reached step k) for k = 0, 1, 2, ...
+    (module docstring). Ring buffers of the last tau + 1 values, updated in place: the yielded
+    arrays change at the next step, so use them before asking for it."""
+    phi = np.full((tau + 1,) + z.shape, 1.0 if start == "initial" else 0.0)
+    psi = np.zeros((tau + 1,) + z.shape)
+    phi[0] = psi[0] = 1.0                         # slot k mod (tau + 1) holds index k
+    noise = np.zeros(z.shape)
+    k = 0
+    while True:
+        now, old = k % (tau + 1), (k + 1) % (tau + 1)   # old: index k - tau, overwritten next
+        yield phi[now], noise
+        # "empty": the noise of step m reaches the iterates tau steps later (psi_{k-tau}, which
+        # is 0 while k < tau)
+        noise += psi[now if start == "initial" else old] ** 2
+        phi[old] = phi[now] - z * phi[old]
+        psi[old] = psi[now] - z * psi[old]
+        k += 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,58 +168,78 @@ class DelayCurve:
     steps: np.ndarray
     best_lr: np.ndarray
     target: float
+    distribution: str = "fixed"
 
 
 def steps_to_target(spectrum: Spectrum, target: float, batch_sizes: ArrayLike,
                     delays: ArrayLike = (0,), lrs: ArrayLike | None = None,
                     max_steps: int = 100_000, precond: float = 0.0,
-                    start: str = "initial") -> DelayCurve:
+                    start: str = "initial", distribution: str = "fixed") -> DelayCurve:
     """First step k with E loss(k) < ``target``, fewest over the learning-rate grid (default:
-    nqm's SGD grid, unstable points dropped), for every batch size and delay. The loss path of a
-    delayed run may oscillate, so it is marched step by step rather than bisected."""
+    nqm's SGD grid), for every batch size and delay (fixed, or uniform on 0..delay). The loss
+    path of a delayed run may oscillate, so it is marched step by step rather than bisected.
+    Fixed delays drop the grid points beyond the stability threshold; random delays have no
+    closed-form threshold, and a diverging point simply never reaches the target."""
     if not (isinstance(target, (int, float)) and np.isfinite(target) and target > 0):
         raise TheoryError(f"target must be a positive loss value, got {target!r}")
     batches = _positive_vector(batch_sizes, "batch_sizes")
     taus = [check_int(int(t) if float(t).is_integer() else t, "delays", minimum=0)
             for t in np.atleast_1d(np.asarray(delays))]
     check_int(max_steps, "max_steps")
-    _check_start(start)
+    _check_options(start, distribution)
     grid = _positive_vector(SGD_LRS if lrs is None else lrs, "lrs")
     steps = np.full((len(batches), len(taus)), np.inf)
     best = np.full((len(batches), len(taus)), np.nan)
     for j, tau in enumerate(taus):
-        stable = grid[grid < max_stable_lr(spectrum, tau, precond)]
-        for i, b in enumerate(batches):
-            if spectrum.initial_loss() < target:
-                steps[i, j] = 0.0
-                continue
-            if stable.size:
-                k, lr = _first_hit(spectrum, target, stable, b, tau, max_steps, precond, start)
-                steps[i, j], best[i, j] = k, lr
-    return DelayCurve(batches, np.asarray(taus), steps, best, float(target))
+        if spectrum.initial_loss() < target:
+            steps[:, j] = 0.0
+            continue
+        # state per coordinate and learning rate: phi and psi buffers, or two histories and row sums
+        if distribution == "fixed":
+            stable, width = grid[grid < max_stable_lr(spectrum, tau, precond)], 2 * (tau + 1)
+        else:
+            stable, width = grid, 2 * (tau + 1) * (tau + 2)
+        per_chunk = max(1, _STATE_FLOATS // (spectrum.dim * width))
+        for s in range(0, len(stable), per_chunk):
+            _first_hits(spectrum, target, stable[s:s + per_chunk], batches, tau, max_steps, precond,
+                        (start, distribution), steps[:, j], best[:, j])
+    return DelayCurve(batches, np.asarray(taus), steps, best, float(target), distribution)
 
 
-def _first_hit(spectrum, target, lrs, batch, tau, max_steps, precond, start) -> tuple[float, float]:
-    """(first step below target, its learning rate) over ``lrs``, marching in chunks of lrs."""
-    per_chunk = max(1, _CHUNK // (spectrum.dim * (tau + 1)))
-    best_k, best_lr = np.inf, np.nan
-    for s in range(0, len(lrs), per_chunk):
-        part = lrs[s:s + per_chunk]
-        z, n = _terms(spectrum, part, batch, precond)
-        limit = min(max_steps, best_k - 1)     # a later chunk only matters if it is faster
-        for k, m in enumerate(_march(spectrum, z, n, tau, start)):
-            hit = expected_loss(m, spectrum) < target
-            if hit.any():
-                best_k, best_lr = float(k), float(part[np.argmax(hit)])
-                break
-            if k >= limit:
-                break
-    return best_k, best_lr
+def _first_hits(spectrum, target, lrs, batches, tau, max_steps, precond, options, steps,
+                best) -> None:
+    """Lower ``steps`` (and set ``best``, per batch size, in place) to the first step at which a
+    learning rate of ``lrs`` is below target. The paths do not depend on B: the loss is
+    A_k + C_k / B, with A_k = 1/2 sum h det_k s0 and C_k = 1/2 sum h a^2 p^2 c noise_k
+    (:func:`_moment_paths`), so one march serves every batch size."""
+    z, _ = _terms(spectrum, lrs, 1.0, precond)
+    p = spectrum.h ** (-float(precond))
+    weight_a = 0.5 * spectrum.h * spectrum.s0
+    weight_c = 0.5 * spectrum.h * p * p * spectrum.c
+    lr_sq = lrs * lrs
+    open_ = np.ones(len(batches), dtype=bool)
+    limit = min(max_steps, np.max(steps) - 1)     # a later chunk only matters if it is faster
+    for k, (det, noise) in enumerate(_moment_paths(z, tau, *options)):
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging point stays above target
+            loss = ((det @ weight_a)[None, :]
+                    + (lr_sq * (noise @ weight_c))[None, :] / batches[:, None])
+        hit = (loss < target) & open_[:, None] & (k < steps)[:, None]
+        for i in np.flatnonzero(hit.any(axis=1)):
+            steps[i], best[i] = float(k), float(lrs[np.argmax(hit[i])])
+        open_ &= ~hit.any(axis=1) & (k < steps)
+        if not open_.any() or k >= limit:
+            return
 
 
-def _check_start(start: str) -> None:
+def _check_options(start: str, distribution: str) -> None:
     if start not in STARTS:
         raise TheoryError(f"start must be one of {', '.join(map(repr, STARTS))}, got {start!r}")
+    if distribution not in DISTRIBUTIONS:
+        raise TheoryError(f"distribution must be one of {', '.join(map(repr, DISTRIBUTIONS))}, "
+                          f"got {distribution!r}")
+    if distribution != "fixed" and start != "initial":
+        raise TheoryError(f"start {start!r} is defined for fixed delays only; random delays start "
+                          f"from x_0 ('initial')")
 
 
 def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: float):
@@ -169,4 +250,5 @@ def _terms(spectrum: Spectrum, lrs: np.ndarray, batch_size: float, precond: floa
     return a * p * spectrum.h, a * a * p * p * spectrum.c / b
 
 
-__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "DelayCurve", "steps_to_target"]
+__all__ = ["stability_threshold", "max_stable_lr", "delayed_second_moments", "delay_probabilities",
+           "DelayCurve", "steps_to_target"]

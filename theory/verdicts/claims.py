@@ -11,7 +11,9 @@ the paper's own tolerance, and a strict one (within 2x).
 - ``lee_sparsity`` (Lee et al. 2021: sparser networks need more steps because their
   local Lipschitz constant L is larger; the bound's S_min is proportional to L Delta): the
   predicted sparse/reference ratio (L_s Delta_s) / (L_d Delta_d) against the measured one, as the
-  fitted S_min ratio and as the median over batch sizes of the step ratio. Paper: the measured
+  fitted S_min ratio and as the step ratio of :func:`theory.verdicts.step_ratio.step_ratio`
+  (Kaplan-Meier medians over runs, runs that missed the goal censored at their budget, median
+  over batch sizes, bootstrap over batch sizes and runs; best-of-N beside it). Paper: the measured
   ratio has a direction (its interval excludes 1), the prediction and the L ratio point the same
   way with intervals excluding 1, and, with >= 3 sparsity levels, prediction and measurement are
   ordered alike and monotone in sparsity. Strict: predicted / measured within 2x.
@@ -27,6 +29,8 @@ scales as sigma_s^2 / sigma_ref^2 by construction, a property of the bound, not 
 Interval arithmetic: a ratio of two independent estimates with only intervals known (fits) uses
 the conservative [low_a / high_b, high_a / low_b]; ratios of probe summaries use their bootstrap
 replicates (levels are independent runs).
+
+Every :class:`Verdict` records in ``statistic`` which statistic its measured side is.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from theory.errors import TheoryError, check_int
 from theory.models.predict import MeasuredCurve
 from theory.models.scaling import ScalingFit
+from theory.verdicts.step_ratio import STATISTIC, describe, runs_from_curves, step_ratio
 from theory.verdicts.summaries import Summary, find
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
@@ -53,13 +59,19 @@ SMALL_BATCHES = 3
 ABOVE, BELOW = (1.0, math.inf), (0.0, 1.0)
 
 Interval = tuple[float, float]
+# the statistics of the measured side, as Verdict.statistic names them
+FIT_STATISTIC = "fitted S(B) = S_min (1 + B_crit / B), bootstrap over seeds or residuals"
+NOISE_STATISTIC = "B_simple at the goal (ratio of sums over runs) over the fitted B_crit"
+SLOPE_STATISTIC = "least-squares slope of log steps on log B, t interval"
+PLATEAU_STATISTIC = "geometric mean over seeds at the largest B over the fitted S_min"
 
 
 @dataclass(frozen=True)
 class Verdict:
     """One claim at one sparsity level and tier: ``value`` and its ``interval``, the allowed
-    range ``threshold`` (low, high), the ``verdict`` (one of :data:`VERDICTS`) and a plain
-    ``reason`` giving the numbers behind it."""
+    range ``threshold`` (low, high), the ``verdict`` (one of :data:`VERDICTS`), a plain
+    ``reason`` giving the numbers behind it, and the ``statistic`` the measured side uses
+    (e.g. :data:`theory.verdicts.step_ratio.STATISTIC`)."""
 
     claim: str
     tier: str
@@ -69,6 +81,7 @@ class Verdict:
     threshold: Interval
     verdict: str
     reason: str
+    statistic: str = ""
 
 
 def judge(interval: Interval, allowed: Interval) -> str:
@@ -126,7 +139,8 @@ def mccandlish(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit]) -
                            "batch size on this workload",
                     INCONCLUSIVE: f"the interval straddles the {factor:g}x line"}[verdict]
             out.append(Verdict("mccandlish", tier, sparsity, value, interval,
-                               (1.0 / factor, factor), verdict, f"{numbers}; {says}"))
+                               (1.0 / factor, factor), verdict, f"{numbers}; {says}",
+                               NOISE_STATISTIC))
     return tuple(out)
 
 
@@ -134,26 +148,6 @@ def mccandlish(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit]) -
 class _Ratio:
     value: float
     interval: Interval
-
-
-def median_step_ratio(curve: MeasuredCurve, reference: MeasuredCurve, level: float = 0.9,
-                      n_boot: int = 1000, rng: int = 0) -> tuple[float, Interval]:
-    """Median over the batch sizes both curves reached of steps / reference steps (geometric
-    mean over seeds at each batch size), with a percentile bootstrap interval over batch sizes."""
-    per_b = []
-    for b in sorted(set(curve.batch_sizes) & set(reference.batch_sizes)):
-        per_b.append(_geo_mean(curve, b) / _geo_mean(reference, b))
-    if not per_b:
-        raise TheoryError(f"sparsity {curve.sparsity} and the reference share no batch size")
-    per_b = np.array(per_b)
-    gen = np.random.default_rng(rng)
-    reps = np.median(per_b[gen.integers(0, len(per_b), (check_int(n_boot, "n_boot"), len(per_b)))], 1)
-    return float(np.median(per_b)), _replicate_interval(reps, level)
-
-
-def _geo_mean(curve: MeasuredCurve, batch_size: float) -> float:
-    steps = np.asarray(curve.steps, dtype=float)[np.asarray(curve.batch_sizes) == batch_size]
-    return float(np.exp(np.log(steps).mean()))
 
 
 def _side(measured: Interval) -> Interval | None:
@@ -186,10 +180,14 @@ def ordering(measured: Sequence[Interval], predicted: Sequence[Interval]) -> tup
 
 def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
                  curves: Sequence[MeasuredCurve], reference: float = 0.0, level: float = 0.9,
-                 n_boot: int = 1000, rng: int = 0) -> tuple[Verdict, ...]:
+                 n_boot: int = 1000, rng: int = 0,
+                 runs: pd.DataFrame | None = None) -> tuple[Verdict, ...]:
     """Lee et al.'s sparsity claim per non-reference level, against the fitted S_min ratio and
-    the median step ratio, in both tiers (module docstring)."""
+    the step ratio, in both tiers (module docstring). ``runs``: every run with its steps or
+    budget (:data:`theory.verdicts.step_ratio.RUN_COLUMNS`); default: the curves' points, all
+    of which met the goal."""
     curve_by = {c.sparsity: c for c in curves}
+    runs = runs_from_curves(curves) if runs is None else runs
     levels = sorted(fits)
     for s in levels:
         if s not in curve_by:
@@ -198,6 +196,7 @@ def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
         raise TheoryError(f"reference sparsity {reference} has no fit; fits: {levels}")
     lr, dr = find(summaries, reference, "L_mean"), find(summaries, reference, "delta")
     l_ratio, predicted, measured = {}, {}, {"S_min ratio": {}, "median step ratio": {}}
+    said = {}
     for s in levels:
         if s == reference:
             continue
@@ -212,8 +211,9 @@ def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
         fit, ref = fits[s], fits[reference]
         measured["S_min ratio"][s] = _Ratio(fit.s_min / ref.s_min, ratio_interval(
             fit.intervals["s_min"], ref.intervals["s_min"]))
-        measured["median step ratio"][s] = _Ratio(*median_step_ratio(
-            curve_by[s], curve_by[reference], level, n_boot, rng))
+        steps = step_ratio(runs, s, reference, level, n_boot, rng)
+        measured["median step ratio"][s] = _Ratio(steps.value, steps.interval)
+        said[s] = describe(steps)
     out = []
     for view, meas in measured.items():
         order = None
@@ -221,17 +221,19 @@ def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
             one = (1.0, 1.0)
             order = ordering([one] + [meas[s].interval for s in levels if s != reference],
                              [one] + [predicted[s].interval for s in levels if s != reference])
+        statistic = FIT_STATISTIC if view == "S_min ratio" else STATISTIC
         for s in meas:
-            out += _lee_level(s, view, predicted[s], meas[s], l_ratio[s], order)
+            out += _lee_level(s, view, predicted[s], meas[s], l_ratio[s], order, statistic,
+                              "" if view == "S_min ratio" else f" ({said[s]})")
     return tuple(out)
 
 
 def _lee_level(sparsity: float, view: str, pred: _Ratio, meas: _Ratio, l_ratio: _Ratio,
-               order: tuple[str, str] | None) -> list[Verdict]:
+               order: tuple[str, str] | None, statistic: str, detail: str) -> list[Verdict]:
     claim = f"lee_sparsity ({view})"
     numbers = (f"predicted (L_s Delta_s)/(L_d Delta_d) = {_fmt(pred.value, pred.interval)}, "
                f"L_s/L_d = {_fmt(l_ratio.value, l_ratio.interval)}, measured {view} "
-               f"{_fmt(meas.value, meas.interval)}")
+               f"{_fmt(meas.value, meas.interval)}{detail}")
     side = _side(meas.interval)
     if side is None:
         paper, why = INCONCLUSIVE, f"the measured {view}'s interval contains 1: no direction to explain"
@@ -254,10 +256,11 @@ def _lee_level(sparsity: float, view: str, pred: _Ratio, meas: _Ratio, l_ratio: 
     strict_why = {HOLDS: "within 2x", FAILS: "off by more than 2x",
                   INCONCLUSIVE: "the interval straddles the 2x line"}[strict]
     return [Verdict(claim, "paper", sparsity, pred.value, pred.interval, threshold, paper,
-                    f"{numbers}; {why}"),
+                    f"{numbers}; {why}", statistic),
             Verdict(claim, "strict", sparsity, strict_value, strict_iv,
                     (1.0 / STRICT_FACTOR, STRICT_FACTOR), strict,
-                    f"predicted / measured {view} = {_fmt(strict_value, strict_iv)}; {strict_why}")]
+                    f"predicted / measured {view} = {_fmt(strict_value, strict_iv)}; {strict_why}",
+                    statistic)]
 
 
 def small_batch_slope(curve: MeasuredCurve, small: int = SMALL_BATCHES,
@@ -292,7 +295,8 @@ def shape(fits: Mapping[float, ScalingFit], curves: Sequence[MeasuredCurve],
         verdict = judge(iv, SLOPE_RANGE)
         out.append(Verdict("shape_slope", "paper", sparsity, slope, iv, SLOPE_RANGE, verdict,
                            f"slope of log steps over the {small} smallest batch sizes "
-                           f"{_fmt(slope, iv)}; perfect scaling is -1 (allowed -1.1 to -0.8)"))
+                           f"{_fmt(slope, iv)}; perfect scaling is -1 (allowed -1.1 to -0.8)",
+                           SLOPE_STATISTIC))
         largest = max(curve.batch_sizes)
         steps = np.log(np.asarray(curve.steps, dtype=float)[np.asarray(curve.batch_sizes) == largest])
         if len(steps) > 1:
@@ -305,16 +309,18 @@ def shape(fits: Mapping[float, ScalingFit], curves: Sequence[MeasuredCurve],
         verdict = judge(iv, (0.0, PLATEAU_FACTOR))
         out.append(Verdict("shape_plateau", "paper", sparsity, value, iv, (0.0, PLATEAU_FACTOR),
                            verdict, f"steps at the largest batch size {largest:g} / fitted S_min "
-                           f"= {_fmt(value, iv)} (a plateau: within {PLATEAU_FACTOR:g}x)"))
+                           f"= {_fmt(value, iv)} (a plateau: within {PLATEAU_FACTOR:g}x)",
+                           PLATEAU_STATISTIC))
     return tuple(out)
 
 
 def judge_claims(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
                  curves: Sequence[MeasuredCurve], reference: float = 0.0, level: float = 0.9,
-                 n_boot: int = 1000, rng: int = 0) -> tuple[Verdict, ...]:
+                 n_boot: int = 1000, rng: int = 0,
+                 runs: pd.DataFrame | None = None) -> tuple[Verdict, ...]:
     """Every scored claim: McCandlish, Lee's sparsity claim (when the study has a reference and
-    another level), and the shape claims."""
+    another level; ``runs`` as :func:`lee_sparsity`), and the shape claims."""
     out = mccandlish(summaries, fits)
     if reference in fits and len(fits) > 1:
-        out += lee_sparsity(summaries, fits, curves, reference, level, n_boot, rng)
+        out += lee_sparsity(summaries, fits, curves, reference, level, n_boot, rng, runs)
     return out + shape(fits, curves, level=level)

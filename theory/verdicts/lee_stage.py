@@ -34,8 +34,9 @@ Paired runs: in a study, trial i of every level starts from the same initializat
 (:func:`training.schedules.order.trial_seed`): neither seed depends on the sparsity. Where both levels
 hold the same runs (seed, trial), a ratio also carries the paired t interval on the per-run
 differences of log L (n - 1 degrees of freedom), which removes what the runs share (their
-data order: L at one step moves by 2x from run to run). The verdicts use the Welch interval,
-which assumes no pairing; the paired one is shown beside it.
+data order: L at one step moves by 2x from run to run). The verdicts use the paired interval
+wherever every batch size's runs are paired (declared here, before any data), else the Welch
+one, which assumes no pairing; both are shown.
 
 Why t intervals rather than the bootstrap of :mod:`theory.verdicts.summaries`: a study measures a few
 runs per level (Lee et al. ran each metaparameter point once), and a percentile bootstrap over
@@ -53,7 +54,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict, median_step_ratio
+from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict
+from theory.verdicts.step_ratio import STATISTIC, describe, runs_from_curves, step_ratio
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
 
@@ -62,6 +64,7 @@ STAGE_START = 1000
 STAGE_COLUMNS = ("sparsity", "seed", "batch_size", "trial", "step", "quantity", "value")
 QUANTITY = "local_lipschitz"
 NAN_INTERVAL = (math.nan, math.nan)
+L_STATISTIC = "each run's mean log L over the stage, Welch t interval over runs"
 
 Interval = tuple[float, float]
 
@@ -281,15 +284,17 @@ def _fmt(r: StageRatio | tuple[float, Interval]) -> str:
 
 def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                    reference: float = 0.0, start: int = STAGE_START, level: float = 0.9,
-                   n_boot: int = 1000, rng: int = 0) -> tuple[Verdict, ...]:
+                   n_boot: int = 1000, rng: int = 0,
+                   runs: pd.DataFrame | None = None) -> tuple[Verdict, ...]:
     """Lee et al.'s claim at their stage for every non-reference level of ``table`` (module
     docstring): ``lee_L_rises (steps >= start)`` and ``lee_L_explains (steps >= start)``, both
-    in the paper's tier; the measured step ratio is the median over batch sizes of
-    :func:`theory.verdicts.claims.median_step_ratio`."""
+    in the paper's tier; the measured step ratio is
+    :func:`theory.verdicts.step_ratio.step_ratio` over ``runs`` (every run, those that missed
+    the goal censored at their budget; default: the curves' points)."""
+    runs = runs_from_curves(curves) if runs is None else runs
     rows = stage_table(table, start=start)
     if reference not in set(rows.sparsity):
         raise TheoryError(f"no L at steps >= {start} for the reference sparsity {reference}")
-    curve_by = {c.sparsity: c for c in curves}
     points = point_ratios(table, reference, start, level)
     out = []
     for s in sorted(set(rows.sparsity) - {reference}):
@@ -302,21 +307,26 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                  "no step reached by every run of both levels")
         numbers = (f"L_s/L_d at steps >= {start} = {_fmt(ratio)} {where}; point by point "
                    f"{above} of {len(mine)} intervals above 1, {below} below")
-        side = interval_side(ratio.interval)
+        # the paired interval is the primary one wherever every stratum is paired (declared
+        # here, before any data: trial i of every level shares its initialization and order)
+        paired = not math.isnan(ratio.paired[0])
+        primary = ratio.paired if paired else ratio.interval
+        numbers += (f"; paired interval [{primary[0]:.3g}, {primary[1]:.3g}] (primary)"
+                    if paired else "; Welch interval (primary: the runs are not paired)")
+        side = interval_side(primary)
         verdict = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE}[side]
         says = {HOLDS: "L is larger in the sparse network at Lee's stage",
                 FAILS: "L is smaller in the sparse network at Lee's stage",
                 INCONCLUSIVE: "the interval contains 1 (or there is no interval)"}[verdict]
         claim = f"lee_L_rises (steps >= {start})"
-        out.append(Verdict(claim, "paper", s, ratio.value, ratio.interval, (1.0, math.inf),
-                           verdict, f"{numbers}; {says}"))
-        # a level that met the goal at no batch size where the reference did has no step ratio
-        # to explain (its runs ended at the budget): the L claim stands alone
-        if s not in curve_by or reference not in curve_by or not (
-                set(curve_by[s].batch_sizes) & set(curve_by[reference].batch_sizes)):
+        out.append(Verdict(claim, "paper", s, ratio.value, primary, (1.0, math.inf),
+                           verdict, f"{numbers}; {says}", L_STATISTIC))
+        # a level with no runs at a batch size the reference ran has no step ratio to explain
+        if not (set(runs.loc[runs["sparsity"] == s, "batch_size"])
+                & set(runs.loc[runs["sparsity"] == reference, "batch_size"])):
             continue
-        measured = median_step_ratio(curve_by[s], curve_by[reference], level, n_boot, rng)
-        m_side = interval_side(measured[1])
+        steps = step_ratio(runs, s, reference, level, n_boot, rng)
+        m_side = interval_side(steps.interval)
         if m_side == 0:
             explains, why = INCONCLUSIVE, "the measured step ratio's interval contains 1"
         elif side == 0:
@@ -329,7 +339,7 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                                     "workload at their stage")
         allowed = (1.0, math.inf) if m_side > 0 else (0.0, 1.0) if m_side < 0 else NAN_INTERVAL
         out.append(Verdict(f"lee_L_explains (steps >= {start})", "paper", s, ratio.value,
-                           ratio.interval, allowed, explains,
-                           f"L_s/L_d = {_fmt(ratio)}, measured median step ratio "
-                           f"{_fmt(measured)}; {why}"))
+                           primary, allowed, explains,
+                           f"L_s/L_d = {_fmt(ratio)}, measured {describe(steps)}; {why}",
+                           STATISTIC))
     return tuple(out)

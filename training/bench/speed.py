@@ -202,16 +202,22 @@ def _plain_loop(net: nn.Module, ds: data_mod.Dataset, batch_size: int, steps: in
 
 def vectorized(net: nn.Module, ds: data_mod.Dataset, batch_size: int, n_trials: int,
                steps: int, trials_per_stack: int | None = None, optimizer: str = "momentum",
-               device: str = "cpu", precision: str = "fp32", timer: StepTimer | None = None
+               device: str = "cpu", precision: str = "fp32", timer: StepTimer | None = None,
+               delay: int = 0, delay_kind: str = "fixed", program: str | None = None
                ) -> TrialsResult:
     """``train_trials`` on the ``n_trials`` trials of :func:`bench_trials` (``ds`` on
-    ``device`` already, so no run copies it). ``timer``: times the trainer's step loops
-    between its evaluations (``train_trials``'s ``step_timer``)."""
+    ``device`` already, so no run copies it), each with ``delay`` of ``delay_kind``
+    (:mod:`training.delay`), on ``program`` (None: as chosen). ``timer``: times the
+    trainer's step loops between its evaluations (``train_trials``'s ``step_timer``)."""
     run = RunConfig(batch_size, optimizer=optimizer, max_steps=steps, goal=NEVER,
                     eval_schedule=EvalSchedule(every=max(steps, 1)), device=device,
                     precision=precision)
-    return train_trials(net, ds, bench_trials(optimizer, n_trials), run,
-                        trials_per_stack=trials_per_stack, step_timer=timer)
+    # round_robin is given by its workers, W = delay + 1
+    late = (dict(delay_kind=delay_kind, workers=delay + 1) if delay_kind == "round_robin" else
+            dict(delay=delay, delay_kind=delay_kind))
+    trials = [replace(t, **late) for t in bench_trials(optimizer, n_trials)]
+    return train_trials(net, ds, trials, run, trials_per_stack=trials_per_stack,
+                        step_timer=timer, program=program)
 
 
 def bench(model: str, batch_size: int, n_trials: int, ds: data_mod.Dataset, peak: float,

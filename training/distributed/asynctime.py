@@ -20,7 +20,10 @@ applies it at once as one update of batch b, the worker pulls the new weights an
     t_async = c (1 + s X) + 2 (alpha + beta n_bytes)   (push the gradient, pull the weights),
 
 so updates arrive at rate W / E[t_async] (renewal theory). The server's own time and its
-bandwidth limit are not modelled (Koloskova et al. 2022 make the same assumption). The delay of
+bandwidth limit are not modelled (Koloskova et al. 2022 make the same assumption), and the
+push and the pull each pay the cost model's alpha, fitted per ring round inside a DDP step, as
+their latency. The fitted alpha also holds the waiting for the slower worker on the machine it
+was measured on, so the straggler scale s is the slowdown beyond that machine's own. The delay of
 an update is the number of updates applied between its worker's pull and its own application
 (every worker starts from w_0); with equal speeds and no stragglers the workers take turns and
 every delay is W - 1 once the first round is applied; with stragglers the delays spread, with
@@ -106,7 +109,8 @@ def simulate_sync(cost: CostModel, workers: int, per_worker_batch: int, steps: i
                   stragglers: Stragglers = Stragglers(), seed: int = 0) -> float:
     """Modelled seconds for ``steps`` synchronous steps: sum over steps of the slowest worker's
     compute plus the ring all-reduce."""
-    _check(workers, "workers"), _check(steps, "steps", 0)
+    _check(workers, "workers")
+    _check(steps, "steps", 0)
     rng = np.random.default_rng(seed)
     c = compute_time(cost, per_worker_batch)
     slow = stragglers.draw(rng, (steps, workers)).max(axis=1) if steps else np.zeros(0)
@@ -118,7 +122,8 @@ def simulate_async(cost: CostModel, workers: int, per_worker_batch: int, steps: 
     """Event order of ``steps`` asynchronous updates from ``workers`` workers that never wait:
     the time of the last update and every update's delay (module docstring). Ties (equal
     finishing times) are applied in worker order."""
-    _check(workers, "workers"), _check(steps, "steps")
+    _check(workers, "workers")
+    _check(steps, "steps")
     base, comm = compute_time(cost, per_worker_batch), push_pull_time(cost)
     jobs = max(1, -(-steps // workers))
     while True:
@@ -199,9 +204,10 @@ def compare(steps: Mapping[tuple[int, int], int | None], cost: CostModel,
     if not steps:
         raise CostModelError("steps is empty: give (batch size, delay) -> steps to the goal")
     for key, s in steps.items():
-        if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(v, (int, np.integer)) for v in key)
-                and key[0] >= 1 and key[1] >= 0):
-            raise CostModelError(f"steps keys must be (batch size >= 1, delay >= 0) integer pairs, got {key!r}")
+        integers = isinstance(key, tuple) and all(isinstance(v, (int, np.integer)) for v in key)
+        if not (integers and len(key) == 2 and key[0] >= 1 and key[1] >= 0):
+            raise CostModelError(f"steps keys must be (batch size >= 1, delay >= 0) integer pairs, "
+                                 f"got {key!r}")
         if s is not None and (not isinstance(s, (int, np.integer)) or s < 0):
             raise CostModelError(f"steps[{key}] must be an integer >= 0 or None, got {s!r}")
     ws = sorted({_check(w, "workers") for w in workers})
@@ -211,7 +217,7 @@ def compare(steps: Mapping[tuple[int, int], int | None], cost: CostModel,
             s_sync, s_async = steps.get((w * b, 0)), steps.get((b, w - 1))
             if (w * b, 0) not in steps or (b, w - 1) not in steps:
                 continue
-            t_sync = simulate_sync(cost, w, b, s_sync, stragglers, seed) if s_sync is not None else None
+            t_sync = None if s_sync is None else simulate_sync(cost, w, b, s_sync, stragglers, seed)
             # the delays asynchrony induces, over the measured run or a few rounds where none is
             run = simulate_async(cost, w, b, s_async or _ROUNDS * w, stragglers, seed)
             t_async = None if s_async is None else run.time if s_async else 0.0
@@ -226,9 +232,11 @@ def format_comparison(rows: Sequence[Comparison], stragglers: Stragglers) -> str
     head = (f"Modelled time to the goal, synchronous (barrier, global batch W b) against "
             f"asynchronous (W workers of batch b, delay W - 1); stragglers: "
             f"{stragglers.distribution}, scale {stragglers.scale:g}"
-            + (f", shape {stragglers.shape:g}" if stragglers.distribution == "lognormal" else "") + ".")
+            + (f", shape {stragglers.shape:g}" if stragglers.distribution == "lognormal" else "")
+            + ".")
     lines = [head, "",
-             "| b | W | sync steps | sync time | async steps | async time | delay mean / p95 / max | sooner |",
+             "| b | W | sync steps | sync time | async steps | async time "
+             "| delay mean / p95 / max | sooner |",
              "|---|---|---|---|---|---|---|---|"]
 
     def cell(v, fmt):

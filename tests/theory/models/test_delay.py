@@ -25,10 +25,12 @@ def test_optimal_steps_and_lr_match_brute_force_on_both_sides_of_the_cap():
     logu = lambda a, b: float(np.exp(rng.uniform(np.log(a), np.log(b))))  # noqa: E731
     capped = set()
     for _ in range(16):
-        L, M, s2, d, eps, b = logu(0.1, 10), logu(0.1, 1e3), logu(0.01, 10), logu(0.1, 10), logu(1e-3, 1), logu(1, 1e3)
+        L, M, s2, d = logu(0.1, 10), logu(0.1, 1e3), logu(0.01, 10), logu(0.1, 10)
+        eps, b = logu(1e-3, 1), logu(1, 1e3)
         tau = int(rng.integers(0, 17))
         log_k, eta = brute_force(L, M, s2, d, eps, b, tau)
-        assert delay.delayed_steps(L, M, s2, d, eps, b, tau) == pytest.approx(np.exp(log_k), rel=1e-6)
+        steps = delay.delayed_steps(L, M, s2, d, eps, b, tau)
+        assert steps == pytest.approx(np.exp(log_k), rel=1e-6)
         assert delay.optimal_lr(L, M, s2, eps, b, tau) == pytest.approx(eta, rel=1e-3)
         capped.add(delay.optimal_lr(L, M, s2, eps, b, tau) == delay.lr_cap(L, M, b, tau))
     assert capped == {True, False}
@@ -75,7 +77,8 @@ def test_one_parameter_without_additive_noise():
     for b in (1, 10, 300, 3000):
         assert delay.critical_delay(M, 0.0, 0.01, b) == pytest.approx(1 + M / b)
         for tau in (0, 1, 8):
-            ratio = delay.optimal_lr(1.0, M, 0.0, 0.01, b, tau) / delay.optimal_lr(1.0, M, 0.0, 0.01, b, 0)
+            ratio = (delay.optimal_lr(1.0, M, 0.0, 0.01, b, tau)
+                     / delay.optimal_lr(1.0, M, 0.0, 0.01, b, 0))
             assert ratio == pytest.approx(delay.lr_ratio(M, b, tau))
             assert delay.lr_ratio(M, b, tau) == pytest.approx((1 + M / b) / (1 + M / b + tau))
     # additive noise only: B_crit = 3 sigma^2 / eps, tau_crit(B) ~ 1 + B_crit / B for B << B_crit
@@ -113,7 +116,8 @@ def test_the_fitted_critical_delay_recovers_the_bound_without_additive_noise():
     taus = np.array([0, 1, 2, 4, 8, 16])
     steps = delay.delayed_steps(1.3, M, 0.0, 0.7, 0.01, b, taus)
     fit = delay.fit_critical_delay(taus, steps)
-    assert fit.tau_crit == pytest.approx(delay.critical_delay(M, 0.0, 0.01, b)) == pytest.approx(1 + M / b)
+    assert fit.tau_crit == pytest.approx(delay.critical_delay(M, 0.0, 0.01, b))
+    assert fit.tau_crit == pytest.approx(1 + M / b)
     assert fit.s0 == pytest.approx(steps[0]) and fit.points == 6
     assert delay.fit_critical_delay([0, 4], [100, 90]).tau_crit == np.inf
     with pytest.raises(TheoryError, match="at least 2 distinct"):
@@ -130,3 +134,28 @@ def test_tuned_learning_rates_beside_the_guideline():
     assert rows[4].guideline_ratio == pytest.approx(1.375 / 9.375)
     with pytest.raises(TheoryError, match="delay 0"):
         delay.lr_beside_guideline({(8, 1): 0.1}, M=1.0)
+
+
+def test_functions_broadcast_over_a_grid_of_batch_sizes_and_delays():
+    b = np.array([1.0, 16.0, 256.0])[:, None]
+    tau = np.array([0, 1, 4, 16])[None, :]
+    grid = delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b, tau)
+    assert grid.shape == (3, 4)
+    for i in range(3):
+        for j in range(4):
+            assert grid[i, j] == delay.delayed_steps(2.0, 50.0, 0.3, 1.0, 0.05, b[i, 0], tau[0, j])
+    assert np.all(np.diff(grid, axis=1) >= 0)           # delay never lowers the bound's steps
+    assert delay.critical_batch(50.0, 0.3, 0.05, tau).shape == (1, 4)
+
+
+def test_the_noise_fit_weighs_measurements_by_relative_error():
+    """A run's |G|^2 falls by orders of magnitude; a 10 % error on the largest point must not
+    swamp the small ones: relative least squares keeps sigma^2 near its value at the end."""
+    g = np.array([100.0, 10.0, 1.0, 0.1, 0.01])
+    t = 3.0 * g + 0.05
+    t[0] *= 1.1
+    fit = delay.fit_noise_model(g, t)
+    assert fit.sigma2 == pytest.approx(0.05, rel=0.05)
+    assert fit.M == pytest.approx(3.0, rel=0.05)
+    misfit = (t - fit.M * g - fit.sigma2) / t
+    assert fit.residual == pytest.approx(np.sqrt(np.mean(misfit**2)))

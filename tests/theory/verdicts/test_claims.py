@@ -10,7 +10,7 @@ import pytest
 from theory import TheoryError
 from theory.verdicts.claims import (
     FAILS, HOLDS, INCONCLUSIVE, combine, judge, judge_claims, lee_sparsity, mccandlish,
-    median_step_ratio, ordering, ratio_interval, shape, small_batch_slope,
+    ordering, ratio_interval, shape, small_batch_slope,
 )
 from theory.models.predict import MeasuredCurve
 from theory.models.scaling import ScalingFit
@@ -145,16 +145,6 @@ def test_ordering_rules():
     assert ordering([one, (1.5, 1.7), (1.2, 1.3)], [one, (1.2, 1.3), (1.4, 1.5)])[0] == FAILS
     assert "not monotone" in ordering([one, (1.5, 1.7), (1.2, 1.3)], [one, (2, 3), (1.4, 1.5)])[1]
     assert ordering([one, (1.5, 1.7), (1.6, 2.2)], [one, (1.2, 1.3), (1.4, 1.5)])[0] == INCONCLUSIVE
-
-
-def test_median_step_ratio():
-    dense = MeasuredCurve(0.0, (16, 32, 64, 64), (100.0, 60.0, 40.0, 10.0), (0, 0, 0, 1))
-    sparse = MeasuredCurve(0.9, (16, 32, 64, 128), (300.0, 90.0, 40.0, 30.0))
-    value, interval = median_step_ratio(sparse, dense, n_boot=300)
-    # per B: 3, 1.5, 40 / geomean(40, 10) = 2; B = 128 has no dense point
-    assert value == pytest.approx(2.0) and interval[0] >= 1.5 and interval[1] <= 3.0
-    with pytest.raises(TheoryError, match="share no batch size"):
-        median_step_ratio(MeasuredCurve(0.9, (8,), (1.0,)), dense)
 
 
 def test_shape_slope_and_plateau():

@@ -93,7 +93,12 @@ def test_paired_runs_carry_the_paired_t_interval_of_scipy():
     assert at_1000.paired[0] > 1 > at_1000.interval[0]      # paired: above 1; Welch: not
     a, r = (np.log(v).mean(axis=1) for v in (np.array(sparse), np.array(dense)))
     ci = stats.ttest_rel(a, r).confidence_interval(confidence_level=0.9)
-    assert overall_ratio(t, 0.9).paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    whole = overall_ratio(t, 0.9)
+    assert whole.paired == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    # paired runs: the verdict's interval is the paired one (the primary, declared before data)
+    rises = stage_verdicts(t, ())[0]
+    assert rises.interval == whole.paired and "(primary)" in rises.reason
+    assert rises.verdict == ("holds" if whole.paired[0] > 1 else "inconclusive")
 
 
 def test_runs_that_are_not_the_same_on_both_sides_have_no_paired_interval():
@@ -110,7 +115,7 @@ def test_no_common_step_gives_no_ratio():
 
 
 def curves(dense_steps, sparse_steps):
-    bs = (16.0, 32.0, 64.0, 128.0)
+    bs = (16.0, 32.0, 64.0, 128.0, 256.0)   # five: enough for a 90 % interval over them
     return [MeasuredCurve(0.0, bs, tuple(dense_steps)), MeasuredCurve(0.9, bs, tuple(sparse_steps))]
 
 
@@ -118,14 +123,14 @@ def test_verdicts_say_whether_L_rises_and_whether_it_explains_the_steps():
     wobble = [0.9, 1.0, 1.1]
     dense = rows(0.0, [[3.0 * w] * 4 for w in wobble])
     sparse = rows(0.9, [[6.0 * w] * 4 for w in wobble])
-    more = curves([4000, 2000, 1000, 600], [8000, 4100, 2200, 1300])
+    more = curves([4000, 2000, 1000, 600, 500], [8000, 4100, 2200, 1300, 1000])
     rises, explains = stage_verdicts(frame(dense, sparse), more)
     assert rises.claim == "lee_L_rises (steps >= 1000)" and rises.verdict == "holds"
     assert rises.value == pytest.approx(2.0) and rises.interval[0] > 1
     assert "4 of 4 intervals above 1" in rises.reason
     assert explains.verdict == "holds" and explains.threshold == (1.0, math.inf)
     # the sparse network took fewer steps: the same L ratio no longer explains them
-    fewer = curves([4000, 2000, 1000, 600], [2000, 1000, 500, 300])
+    fewer = curves([4000, 2000, 1000, 600, 500], [2000, 1000, 500, 300, 250])
     assert stage_verdicts(frame(dense, sparse), fewer)[1].verdict == "does not hold"
     # L smaller when sparse (the sign the early probes showed): Lee's claim does not hold
     low = rows(0.9, [[1.5 * w] * 4 for w in wobble])
@@ -144,6 +149,21 @@ def test_a_level_that_met_the_goal_nowhere_the_reference_did_gets_the_L_claim_al
     for given in (apart, apart[:1]):
         (rises,) = stage_verdicts(table, given)
         assert rises.claim == "lee_L_rises (steps >= 1000)" and rises.verdict == "holds"
+
+
+def test_runs_that_missed_the_goal_count_as_censored_in_the_explains_claim():
+    """Every sparse run stopped at its budget without meeting the goal, at five batch sizes
+    where the dense runs met it: dropped, there would be no step ratio; censored, the sparse
+    median lies beyond the budget, a ratio above 1 that L's rise explains."""
+    wobble = [0.9, 1.0, 1.1]
+    table = frame(rows(0.0, [[3.0 * w] * 4 for w in wobble]),
+                  rows(0.9, [[6.0 * w] * 4 for w in wobble]))
+    runs = pd.DataFrame([(s, b, 0, steps, s == 0.0) for b in (16, 32, 64, 128, 256)
+                         for s, steps in ((0.0, 4000.0 * 16 / b), (0.9, 5000.0))],
+                        columns=["sparsity", "batch_size", "run", "steps", "reached"])
+    rises, explains = stage_verdicts(table, [], runs=runs)
+    assert explains.verdict == "holds" and explains.statistic.startswith("Kaplan-Meier")
+    assert "0/1 and 1/1 runs met the goal" in explains.reason
 
 
 def test_verdicts_need_the_reference_level_at_the_stage():

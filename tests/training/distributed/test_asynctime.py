@@ -20,7 +20,8 @@ def test_without_stragglers_workers_take_turns_and_every_delay_is_w_minus_1():
     t = at.compute_time(COST, 16) + at.push_pull_time(COST)
     assert run.time == pytest.approx(10 * t, rel=1e-12)  # 40 updates = 10 rounds
     sync = at.simulate_sync(COST, 4, 16, 10, at.Stragglers("none"))
-    assert sync == pytest.approx(10 * (at.compute_time(COST, 16) + COST.allreduce_time(4)), rel=1e-12)
+    step = at.compute_time(COST, 16) + COST.allreduce_time(4)
+    assert sync == pytest.approx(10 * step, rel=1e-12)
 
 
 def test_sync_step_mean_is_the_harmonic_number_for_exponential_stragglers():
@@ -85,7 +86,8 @@ def test_compare_says_where_async_is_sooner():
     With S(Wb, 0) = S(b, W - 1) async wins; when the delay costs many more steps it loses."""
     cost = CostModel(t_fixed=1e-3, t_example=0.0, alpha=0.0, beta=0.0, n_params=1)
     steps = {(8, 0): 1000, (32, 0): 400, (8, 3): 400, (64, 0): 300, (8, 7): 5000, (16, 0): 600}
-    rows = {(r.per_worker_batch, r.workers): r for r in at.compare(steps, cost, (4, 8), at.Stragglers("none"))}
+    rows = at.compare(steps, cost, (4, 8), at.Stragglers("none"))
+    rows = {(r.per_worker_batch, r.workers): r for r in rows}
     r = rows[(8, 4)]
     assert (r.sync_steps, r.async_steps) == (400, 400)
     assert r.sync_time == pytest.approx(0.4) and r.async_time == pytest.approx(0.1)

@@ -3,6 +3,8 @@ training runs the eager program with the same results, one warning naming why, a
 kernel that ran; under SPARSESCALE_REQUIRE_KERNEL=1 (CI) the same failures are errors, in the
 library and in the test suite."""
 
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +22,8 @@ from training import EvalSchedule, RunConfig, Trial
 from training.engine import compiled_kernel as kernels
 from training.engine import kernel_cache
 from training.engine.strategy import ruled_strategy
+
+from tests.reliability.driver_kills import TINY_SOURCE
 
 
 @pytest.fixture
@@ -267,16 +271,6 @@ def test_build_name_covers_the_build_but_not_the_checkouts_path(monkeypatch, tmp
     assert kernels.build_name("fused_sequential") != name
 
 
-# A C extension that compiles in about a second (Python.h only), named as torch's loader names
-# the module (TORCH_EXTENSION_NAME): the build lock's tests build it for real.
-TINY_SOURCE = """#include <Python.h>
-#define CAT2(a, b) a##b
-#define CAT(a, b) CAT2(a, b)
-#define STR2(a) #a
-#define STR(a) STR2(a)
-static struct PyModuleDef tiny = {PyModuleDef_HEAD_INIT, STR(TORCH_EXTENSION_NAME), nullptr, -1};
-PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&tiny); }
-"""
 # A builder that never finishes: it takes torch's lock as torch's loader does, then "compiles".
 STUCK_BUILDER = """import os, sys, time
 from pathlib import Path
@@ -311,18 +305,89 @@ def wait_for(path, text, timeout, proc=None):
     return False
 
 
-def test_a_build_killed_by_sigkill_does_not_block_the_next_process(tmp_path):
-    """The next process waits for a build in progress, says so once on stderr naming the
-    builder's pid and folder, and finishes its own build as soon as that builder is killed
-    by SIGKILL (which runs no cleanup: torch's lock file stays behind)."""
+def tiny(tmp_path, checkout="src"):
+    """The tiny kernel's sources in ``tmp_path/checkout`` and an environment whose extension
+    cache is ``tmp_path/ext`` (skipped without a compiler or ninja)."""
     if (reason := kernels.missing_tool()) is not None:
         pytest.skip(reason)
-    sources = tmp_path / "src"
-    sources.mkdir()
+    sources = tmp_path / checkout
+    sources.mkdir(parents=True)
     (sources / "tiny.cpp").write_text(TINY_SOURCE)
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
            kernels.REQUIRE_ENV: "1", "PYTHONPATH": str(Path(training.__file__).parents[1])}
     env.pop(kernels.DISABLE_ENV, None)
+    return sources, env
+
+
+def load_tiny(sources, env) -> subprocess.CompletedProcess:
+    """A fresh process that loads (building if need be) the tiny kernel of ``sources``."""
+    return subprocess.run([sys.executable, "-c", NEXT_BUILDER, str(sources)], env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_two_checkouts_of_one_version_share_one_build(tmp_path):
+    """Two copies of one kernel's sources at different paths (two checkouts of one commit
+    sharing an environment and the cache), each loaded in turn twice: one build in all (one
+    line in ninja's log, one "compiling"), where a build command naming the sources' path made
+    torch rebuild at every change of checkout."""
+    a, env = tiny(tmp_path, "a/csrc")
+    b, _ = tiny(tmp_path, "b/csrc")
+    runs = [load_tiny(src, env) for src in (a, b, a, b)]
+    folder = tmp_path / "ext" / kernels.build_name("tiny", a)
+    assert [r.returncode for r in runs] == [0] * 4, [r.stderr for r in runs]
+    assert {r.stdout for r in runs} == {f"loaded {folder.name}\n"}
+    assert sum(r.stderr.count("compiling the test kernel") for r in runs) == 1
+    log = (folder / ".ninja_log").read_text().splitlines()
+    assert len([line for line in log if not line.startswith("#")]) == 2   # compile, link
+
+
+def test_processes_loading_a_complete_build_take_no_lock(tmp_path):
+    """With the kernel built, two processes loading it at once while a third holds the build
+    lock (a build of another checkout, a long load): neither waits, neither says so."""
+    sources, env = tiny(tmp_path)
+    assert load_tiny(sources, env).returncode == 0
+    folder = tmp_path / "ext" / kernels.build_name("tiny", sources)
+    fd = os.open(folder / kernel_cache.LOCK_NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        loaders = [subprocess.Popen([sys.executable, "-c", NEXT_BUILDER, str(sources)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for _ in range(2)]
+        outputs = [proc.communicate(timeout=120) for proc in loaders]
+    finally:
+        os.close(fd)
+        for proc in locals().get("loaders", []):
+            if proc.poll() is None:
+                proc.kill()
+    assert [proc.returncode for proc in loaders] == [0, 0], outputs
+    assert outputs == [(f"loaded {folder.name}\n", "")] * 2
+
+
+def test_a_half_written_build_is_rebuilt_not_loaded(tmp_path):
+    """A library cut short (a build killed while linking) without its completion record, or
+    with a record of another size, is never imported: the next process builds again."""
+    sources, env = tiny(tmp_path)
+    assert load_tiny(sources, env).returncode == 0
+    folder = tmp_path / "ext" / kernels.build_name("tiny", sources)
+    library = folder / f"{folder.name}.so"
+    whole = library.read_bytes()
+    for record_too in (False, True):
+        library.write_bytes(whole[:len(whole) // 2])
+        if not record_too:
+            (folder / kernel_cache.COMPLETE).unlink()
+        again = load_tiny(sources, env)
+        assert again.returncode == 0 and again.stdout == f"loaded {folder.name}\n", again.stderr
+        assert "compiling the test kernel" in again.stderr
+        record = json.loads((folder / kernel_cache.COMPLETE).read_text())
+        assert record == {"key": folder.name, "library": library.name,
+                          "bytes": library.stat().st_size}
+
+
+def test_a_build_killed_by_sigkill_does_not_block_the_next_process(tmp_path):
+    """The next process waits for a build in progress, says so once on stderr naming the
+    builder's pid and folder, and finishes its own build as soon as that builder is killed
+    by SIGKILL (which runs no cleanup: torch's lock file stays behind)."""
+    sources, env = tiny(tmp_path)
     folder = tmp_path / "ext" / kernels.build_name("tiny", sources)
     logs = {name: tmp_path / f"{name}.log" for name in ("stuck", "next", "next.err")}
     with logs["stuck"].open("w") as out:

@@ -84,6 +84,9 @@ struct Trainer {
   std::vector<T*> ptrs;              // the current chunk's activations
   std::vector<T*> grads;             // where the current trial's gradients go
   int64_t step = 0;                  // the step of the call whose batch is read (train_steps)
+  // the weights the gradient is taken at, one trial's per parameter, when not the current ones
+  // (delayed gradients, training/delay.py)
+  std::vector<const T*> from;
 
   explicit Trainer(const Problem<T>& p) : P(p), n(p.layers.size()) {
     first = n;
@@ -114,7 +117,9 @@ struct Trainer {
     grads.resize(P.params.size());
   }
 
-  const T* param(int64_t i, int64_t t) const { return P.params[i] + t * P.sizes[i]; }
+  const T* param(int64_t i, int64_t t) const {
+    return from.empty() ? P.params[i] + t * P.sizes[i] : from[i];
+  }
   const T* weight(size_t l, int64_t t) const {
     return permuted(P.layers[l]) ? wp[l].data() : param(P.layers[l].param, t);
   }
@@ -412,7 +417,9 @@ std::vector<torch::Tensor> train_steps_impl(
     const std::vector<std::optional<torch::Tensor>>& masks, const torch::Tensor& x,
     const torch::Tensor& y, const torch::Tensor& idx, const std::vector<int64_t>& encoding,
     int64_t chunk, const torch::Tensor& lr, const torch::Tensor& mu, const torch::Tensor& hyper,
-    int64_t first_step, int64_t optimizer, const torch::Tensor& limit) {
+    int64_t first_step, int64_t optimizer, const torch::Tensor& limit,
+    const std::vector<torch::Tensor>& ring, const torch::Tensor& read,
+    const torch::Tensor& write) {
   int64_t steps = idx.size(0), n = idx.size(1), batch = idx.size(2);
   auto P = problem<T>(params, x, encoding, x.size(0) ? x.numel() / x.size(0) : 0, batch, chunk);
   set_targets(P, y);
@@ -454,13 +461,41 @@ std::vector<torch::Tensor> train_steps_impl(
   auto trial_of = [](const std::vector<T*>& b, size_t i, int64_t offset) {
     return b.empty() ? nullptr : b[i] + offset;
   };
+  // delayed gradients: ring[i] [S, N, *shape] holds past weights; step k of trial t takes its
+  // gradient at slot read[k, t] and leaves its updated weights in slot write[k]
+  const bool delayed = !ring.empty();
+  std::vector<T*> slots;
+  const int64_t *readp = nullptr, *writep = nullptr;
+  if (delayed) {
+    TORCH_CHECK(ring.size() == params.size() && read.scalar_type() == torch::kLong &&
+                    read.is_contiguous() && read.numel() == steps * n &&
+                    write.scalar_type() == torch::kLong && write.is_contiguous() &&
+                    write.numel() == steps,
+                "delayed steps need one ring per parameter, read slots [K, N], write slots [K]");
+    int64_t depth = ring[0].size(0);
+    for (size_t i = 0; i < ring.size(); ++i) {
+      TORCH_CHECK(ring[i].is_contiguous() && ring[i].scalar_type() == x.scalar_type() &&
+                      ring[i].size(0) == depth && ring[i].numel() == depth * n * P.sizes[i],
+                  "a ring must be [S, N, *shape] of the parameter's dtype, contiguous");
+      slots.push_back(ring[i].data_ptr<T>());
+    }
+    readp = read.data_ptr<int64_t>();
+    writep = write.data_ptr<int64_t>();
+    for (int64_t j = 0; j < steps * n; ++j)
+      TORCH_CHECK(readp[j] >= 0 && readp[j] < depth, "read slots must lie in [0, S)");
+    for (int64_t j = 0; j < steps; ++j)
+      TORCH_CHECK(writep[j] >= 0 && writep[j] < depth, "write slots must lie in [0, S)");
+  }
   for_trials(n, [&](int64_t begin, int64_t end) {
     Trainer<T> tr(P);
     tr.own_grads();
+    if (delayed) tr.from.resize(params.size());
     for (int64_t t = begin; t < end; ++t) {
       int64_t k = 0;
       for (; k < steps; ++k) {
         tr.step = k;
+        for (size_t i = 0; delayed && i < params.size(); ++i)
+          tr.from[i] = slots[i] + (readp[k * n + t] * n + t) * P.sizes[i];
         T l = lossp[k * n + t] = tr.loss_and_grads(t);
         if (!((double)l <= limp[t])) break;  // diverged: no update (NaN fails too), no more steps
         const Rule<T> rule(optimizer, lrp[k * n + t], mup[t],
@@ -470,6 +505,9 @@ std::vector<torch::Tensor> train_steps_impl(
           update(P.params[i] + offset, trial_of(buf, i, offset), trial_of(buf2, i, offset),
                  tr.grads[i], mask[i] ? mask[i] + t * mask_stride[i] : nullptr, P.sizes[i],
                  rule);
+          if (delayed)  // the weights after the update, still in cache
+            std::copy(P.params[i] + offset, P.params[i] + offset + P.sizes[i],
+                      slots[i] + (writep[k] * n + t) * P.sizes[i]);
         }
       }
       takenp[t] = k;
@@ -553,7 +591,9 @@ std::vector<torch::Tensor> loss_and_grads(std::vector<torch::Tensor> params, tor
 // took: K, or the step whose loss exceeded its limit)]. Per step and trial: lr [K, N]; per
 // trial: mu (momentum) and, for adam / adamw, hyper [N, 4] = (beta1, beta2, eps,
 // weight_decay); bufs: momentum buffers, or Adam's m with v in bufs2; first_step: 0-based step
-// of idx[0], shared (Adam's bias corrections).
+// of idx[0], shared (Adam's bias corrections). Delayed gradients (training/delay.py; ring
+// empty: none): ring [S, N, *shape] per parameter, the gradient of step k of trial t taken at
+// ring slot read[k, t], the weights after its update copied into slot write[k].
 std::vector<torch::Tensor> train_steps(std::vector<torch::Tensor> params,
                                        std::vector<torch::Tensor> bufs,
                                        std::vector<torch::Tensor> bufs2,
@@ -562,7 +602,9 @@ std::vector<torch::Tensor> train_steps(std::vector<torch::Tensor> params,
                                        torch::Tensor idx, std::vector<int64_t> encoding,
                                        int64_t chunk, torch::Tensor lr, torch::Tensor mu,
                                        torch::Tensor hyper, int64_t first_step,
-                                       int64_t optimizer, torch::Tensor limit) {
+                                       int64_t optimizer, torch::Tensor limit,
+                                       std::vector<torch::Tensor> ring, torch::Tensor read,
+                                       torch::Tensor write) {
   TORCH_CHECK(idx.dim() == 3 && !params.empty() && params[0].size(0) == idx.size(1),
               "batch indices must be [K, N, B] for N trials");
   TORCH_CHECK(optimizer >= fused::SGD && optimizer <= fused::ADAMW,
@@ -575,11 +617,11 @@ std::vector<torch::Tensor> train_steps(std::vector<torch::Tensor> params,
   if (x_train.scalar_type() == torch::kFloat)
     return fused::train_steps_impl<float>(params, bufs, bufs2, masks, x_train, y_train, idx,
                                           encoding, chunk, lr, mu, hyper, first_step, optimizer,
-                                          limit);
+                                          limit, ring, read, write);
   TORCH_CHECK(x_train.scalar_type() == torch::kDouble, "float32 or float64 only");
   return fused::train_steps_impl<double>(params, bufs, bufs2, masks, x_train, y_train, idx,
                                          encoding, chunk, lr, mu, hyper, first_step, optimizer,
-                                         limit);
+                                         limit, ring, read, write);
 }
 
 // The update of one trial in place, as train_steps applies it, for gradients computed elsewhere

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import nn
 
+from training.delay import DelaySteps
 from training.engine.module_state import ModuleState
 from training.engine.updates import StackUpdate
 from training.models.features import Features
@@ -58,6 +59,10 @@ class Program(Protocol):
     takes_module_state: ClassVar[bool] = False
     #: :meth:`train_steps` takes many steps in one call (the loop hands it a budget's worth)
     takes_many_steps: ClassVar[bool] = False
+    #: :meth:`train_step` / :meth:`train_steps` take delayed gradients (``delayed``, a
+    #: :class:`training.delay.DelaySteps`); else the loop runs a stack of delayed trials through
+    #: :meth:`loss_and_grads` at their past weights and applies the update itself
+    takes_delays: ClassVar[bool] = False
 
     def forward(self, params: Sequence[Tensor], x: Tensor, module: ModuleState | None = None
                 ) -> Tensor:
@@ -77,17 +82,19 @@ class Program(Protocol):
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                    idx: Tensor, update: StackUpdate, limit: Tensor,
-                   module: ModuleState | None = None) -> Tensor:
+                   module: ModuleState | None = None, delayed: DelaySteps | None = None
+                   ) -> Tensor:
         """One step of every trial on its batch ``x_train[idx[i]]`` (``idx`` [N, B]): the losses
-        [N], with ``update`` applied in place to the trials whose loss is at most ``limit``.
-        Only where :meth:`updates_in_step`."""
+        [N], with ``update`` applied in place to the trials whose loss is at most ``limit``
+        (``delayed``: as :meth:`train_steps`'). Only where :meth:`updates_in_step`."""
         raise NotImplementedError(f"{type(self).__name__} does not update inside its step")
 
     def train_steps(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
-                    idx: Tensor, updates: Sequence[StackUpdate], limit: Tensor
-                    ) -> tuple[Tensor, Tensor]:
+                    idx: Tensor, updates: Sequence[StackUpdate], limit: Tensor,
+                    delayed: DelaySteps | None = None) -> tuple[Tensor, Tensor]:
         """``len(updates)`` steps in one call (``idx`` [K, N, B]): the losses [K, N] and the
-        updates each trial took [N]. Only where :attr:`takes_many_steps`."""
+        updates each trial took [N]; ``delayed``: where the gradients are taken (only where
+        :attr:`takes_delays`). Only where :attr:`takes_many_steps`."""
         raise NotImplementedError(f"{type(self).__name__} takes one step a call")
 
     def timed_trials(self, trials_per_stack: int) -> int:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from training.delay import DelaySteps
 from training.engine import compiled_kernel as kernels
 from training.engine.programs.base import Cell, Program
 from training.engine.module_state import ModuleState
@@ -121,6 +122,7 @@ class FusedProgram(Program):
     ``BatchedProgram`` with Linear / Conv1d / ReLU layers."""
 
     takes_many_steps = True
+    takes_delays = True
 
     encoding: list[int]
     kernel: object
@@ -150,8 +152,8 @@ class FusedProgram(Program):
         return optimizer in OPTIMIZERS
 
     def train_steps(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
-                    idx: Tensor, updates: Sequence[StackUpdate], limit: Tensor
-                    ) -> tuple[Tensor, Tensor]:
+                    idx: Tensor, updates: Sequence[StackUpdate], limit: Tensor,
+                    delayed: DelaySteps | None = None) -> tuple[Tensor, Tensor]:
         """K = ``len(updates)`` consecutive steps of every trial, step k on the batch
         ``x_train[idx[k, i]]`` (``idx`` [K, N, B]) with ``updates[k]`` (masked gradient, then the
         rule of torch.optim.SGD with per-trial lr and mu, or of Adam / AdamW with per-trial lr,
@@ -164,24 +166,34 @@ class FusedProgram(Program):
         Each trial runs its K steps before the next trial starts, so its weights and optimizer
         state stay in the core's L2 cache across them (the MLP's 180 KB with momentum; 32
         trials' do not fit in a 2 MiB L2); each update runs right after its backward pass, on
-        gradients still in cache."""
+        gradients still in cache.
+
+        ``delayed`` (:class:`training.delay.DelaySteps`): step k of trial i takes its gradient
+        at the weights in ring slot ``read[k, i]``, and its weights after the update are copied
+        into slot ``write[k]`` right away, still in cache: the queue costs one in-cache copy of
+        the weights a trial-step."""
         update = updates[0]
+        ring, read, write = ((delayed.ring, delayed.read, delayed.write) if delayed else
+                             ([], _NO_SLOTS, _NO_SLOTS))
         first, second = update.kernel_state()
         return tuple(self.kernel.train_steps(
             list(params), first, second, list(update.masks), x_train, y_train, idx,
             self.encoding, self.examples_per_chunk, torch.stack([u.lr for u in updates]),
             update.mu, _NO_HYPER if update.adam is None else update.adam.hyper, update.step,
-            OPTIMIZERS.index(update.optimizer), limit))
+            OPTIMIZERS.index(update.optimizer), limit, ring, read, write))
 
     def train_step(self, params: Sequence[Tensor], x_train: Tensor, y_train: Tensor,
                    idx: Tensor, update: StackUpdate, limit: Tensor,
-                   module: ModuleState | None = None) -> Tensor:
+                   module: ModuleState | None = None, delayed: DelaySteps | None = None
+                   ) -> Tensor:
         """One step of :meth:`train_steps` (batch ``x_train[idx[i]]`` of trial i, ``idx``
         [N, B]): the losses [N]; trials whose loss exceeds ``limit`` keep their state."""
-        return self.train_steps(params, x_train, y_train, idx.unsqueeze(0), [update], limit)[0][0]
+        return self.train_steps(params, x_train, y_train, idx.unsqueeze(0), [update], limit,
+                                delayed)[0][0]
 
 
 _NO_HYPER = torch.empty(0, dtype=torch.float64)  # the SGD rules read no Adam metaparameters
+_NO_SLOTS = torch.empty(0, dtype=torch.long)     # no delayed gradients
 
 
 def working_set(encoding: Sequence[int], input_size: int) -> int:
