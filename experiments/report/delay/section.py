@@ -73,7 +73,8 @@ def delay_section(runs: RunSet, part: DelayPart) -> Section:
                "Tuned: the effective learning rate lr / (1 − momentum) of the best trial (the "
                "seed with the fewest steps); ratio: over the tuned rate at τ = 0 and the same B; "
                "guideline: (1 + M/B) / (1 + M/B + τ) with M = B_crit(0). No adjustment would be "
-               "a ratio of 1."),
+               "a ratio of 1. The tuned rate can only take the searched values (the spec's "
+               "trials points), so a ratio is resolved no finer than their spacing."),
         *async_blocks(runs, part),
     ]
     return Section(HEADING, 2, tuple(blocks))
@@ -158,13 +159,13 @@ def async_blocks(runs: RunSet, part: DelayPart) -> list:
             continue
         mine = part.points[part.points["run"] == run.label]
         for series, g in mine.groupby("series", sort=False):
-            steps = {(int(r.batch_size), int(r.delay)): None if math.isnan(r.steps) else int(r.steps)
+            steps = {(int(r.batch_size), int(r.delay)): None if math.isnan(r.steps) else round(r.steps)
                      for r in g.itertuples(index=False)}
             workers = sorted({d + 1 for _, d in steps if d > 0})
             rows = compare(steps, rc.cost, workers, STRAGGLERS) if workers else []
             frame = pd.DataFrame([{
-                "b": c.per_worker_batch, "W": c.workers, "sync steps (B = W b)": c.sync_steps,
-                "sync time (s)": fmt_num(c.sync_time, 3), "async steps (τ = W − 1)": c.async_steps,
+                "b": c.per_worker_batch, "W": c.workers, "sync steps (B = W b)": fmt_num(c.sync_steps),
+                "sync time (s)": fmt_num(c.sync_time, 3), "async steps (τ = W − 1)": fmt_num(c.async_steps),
                 "async time (s)": fmt_num(c.async_time, 3),
                 "delay mean / p95 / max": f"{c.mean_delay:.2f} / {c.p95_delay:.0f} / {c.max_delay}",
                 "sooner": c.winner} for c in rows])

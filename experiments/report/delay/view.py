@@ -58,7 +58,15 @@ TIER = (0.5, 2.0)
 N_BOOT = 100
 LEVEL = 0.9
 CELL = ["run", "sparsity", "series", "batch_size", "delay"]   # report order: runs, levels
-CLAIMS = ("stich_one_parameter", "stich_lr_guideline", "delay_sparsity")
+# each claim's statistic, as the verdict tables record it
+STATISTICS = {
+    "stich_one_parameter": "measured tau_crit(B) over 1 + B_crit(0) / B, geometric mean over B; "
+                           "seed bootstrap",
+    "stich_lr_guideline": "tuned lr(B, tau) / lr(B, 0) over the guideline's ratio, geometric "
+                          "mean over (B, tau > 0); seed bootstrap",
+    "delay_sparsity": "sparse / dense tau_crit(B) over the ratio B_crit(0) predicts, geometric "
+                      "mean over B; seed bootstrap",
+}
 
 
 @dataclass(frozen=True)
@@ -262,7 +270,7 @@ def delay_view(groups: pd.DataFrame, trials: pd.DataFrame, n_boot: int | None = 
         rows.append({"run": run, "series": labels[(run, sparsity)], "sparsity": sparsity,
                      "claim": claim, "tier": "within 2x", "value": value, "low": low,
                      "high": high, "allowed_low": TIER[0], "allowed_high": TIER[1],
-                     "verdict": verdict, "reason": reason})
+                     "verdict": verdict, "reason": reason, "statistic": STATISTICS[claim]})
     m = {labels[key]: value for key, value in sync_b_crit(done).items()}
     return DelayPart(cells, crit, b_crit, pd.DataFrame(rows, columns=VERDICT_COLUMNS), m)
 

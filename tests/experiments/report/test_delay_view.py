@@ -82,6 +82,7 @@ def test_the_bound_s_own_curves_give_its_critical_delay_and_batch_and_the_claims
                             (0.0, "stich_lr_guideline"), (0.9, "stich_lr_guideline"),
                             (0.9, "delay_sparsity")}
     assert (v["verdict"] == "holds").all(), v[["value", "low", "high"]]
+    assert v["statistic"].str.endswith("seed bootstrap").all()
     assert v.loc[(0.0, "stich_lr_guideline"), "value"] == pytest.approx(1.0, rel=0.15)
 
 
