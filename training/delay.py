@@ -72,7 +72,7 @@ def check_delay(delay: object, kind: object, workers: object) -> int:
     if delay not in (0, workers - 1):
         raise ConfigError(f"trial delay {delay} disagrees with workers={workers}: round_robin "
                           f"over W workers has delay W - 1 = {workers - 1}; allowed: leave "
-                          f"delay out, or {workers - 1}")
+                          f"delay out, or {workers - 1} (did you mean workers={delay + 1}?)")
     return int(workers) - 1
 
 

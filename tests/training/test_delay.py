@@ -314,6 +314,7 @@ def test_queue_reads_a_slot_without_a_copy_when_the_trials_agree():
     (dict(workers=4), "for delay_kind 'round_robin' only"),
     (dict(delay_kind="round_robin", workers=0), "workers must be an integer >= 1"),
     (dict(delay_kind="round_robin", workers=3, delay=1), "W - 1 = 2"),
+    (dict(delay_kind="round_robin", delay=3), "did you mean workers=4"),
 ])
 def test_bad_delays_raise_one_clear_error(fields, message):
     with pytest.raises(ConfigError, match=message):
