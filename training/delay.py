@@ -10,15 +10,16 @@ the update at step t applies the gradient computed at the weights of step t - ta
 trial's own mini-batch xi_t of that step (its data order is the same as without delay).
 ``update`` is the optimizer's rule (SGD, momentum, Nesterov, Adam, AdamW, masks first), applied
 to the current weights and optimizer state: only the gradient is stale. For the first steps,
-where t - tau_t < 0, the gradient is taken at the initial weights w_0 (the convention
-x_t = x_0 for t < 0 of the delayed-SGD analyses). This is what W workers of equal speed that
+where t - tau_t < 0, the gradient is taken at the initial weights w_0 (weights
+w_t = w_0 for t < 0). This is what W workers of equal speed that
 start together from w_0 do: each of the first W updates is a gradient at w_0, on another
 worker's mini-batch, and no update is lost while the queue fills. With tau_t = 0 it is SGD.
 
 Delay kinds (:data:`DELAY_KINDS`, ``training.Trial.delay_kind``):
 
-- ``"fixed"``: tau_t = tau (``Trial.delay``) at every step, the bounded-staleness model with a
-  constant maximal delay that Stich, Mohtashami & Jaggi (2021) analyse;
+- ``"fixed"``: tau_t = tau (``Trial.delay``) at every step. Stich, Mohtashami & Jaggi (2021)
+  analyse SGD with delays bounded by a maximal delay tau; this kind is that model at its bound,
+  and the other two stay within it;
 - ``"uniform"``: tau_t drawn uniformly from {0, ..., tau_max} (``Trial.delay`` is tau_max) at
   every step, independently, from the trial's own data seed (:func:`uniform_delays`): the
   same draws whatever trials share its group, in a replay and on a rerun;
