@@ -123,6 +123,9 @@ class DelayQueue:
     uniform: list[bool]
     seeds: list[int]
     _block: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    # where a gather of past weights goes, reused step after step (a fresh 2 MB allocation a
+    # step is an mmap and its page faults under glibc's defaults)
+    _gathered: list[Tensor] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(cls, params: Sequence[Tensor], trials: Sequence, seeds: Sequence[int]
@@ -165,7 +168,11 @@ class DelayQueue:
         n = len(source)
         flat = torch.tensor([(s % self.slots) * n + i for i, s in enumerate(source)],
                             device=self.ring[0].device)
-        return [r.view(-1, *r.shape[2:]).index_select(0, flat) for r in self.ring]
+        if not self._gathered:
+            self._gathered = [torch.empty_like(r[0]) for r in self.ring]
+        for r, out in zip(self.ring, self._gathered):
+            torch.index_select(r.view(-1, *r.shape[2:]), 0, flat, out=out)
+        return list(self._gathered)
 
     def steps(self, start: int, steps: int) -> "DelaySteps":
         """Updates ``start`` .. ``start + steps - 1`` as a program that takes many steps in one
