@@ -22,6 +22,7 @@ import pandas as pd
 from theory.verdicts.claims import FAILS, judge_claims
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
+from theory.verdicts.noise_along import b_simple_at_goal, noise_points
 from theory.verdicts.step_ratio import RUN_COLUMNS
 from theory.verdicts.summaries import find, summarize
 
@@ -39,11 +40,13 @@ STEPS_DEFINITION = (
 
 
 def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str],
-             trials: pd.DataFrame | None = None, replicates: Sequence[str] = ()
-             ) -> tuple[pd.DataFrame, list[str]]:
+             trials: pd.DataFrame | None = None, replicates: Sequence[str] = (),
+             schedule: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
     why none could be judged (when so). ``trials`` and ``replicates``: as :func:`level_runs`
-    (without ``trials``, each reached group is a run)."""
+    (without ``trials``, each reached group is a run); ``schedule``: the probes at Lee et al.'s
+    stage, whose runs that met the goal join the early probes' in B_simple at the goal
+    (:func:`goal_noise`)."""
     reached = reached_groups(groups)
     rows, skipped = [], []
     for run in runs:
@@ -59,7 +62,8 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
             summaries = summarize(mine)
             probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
             judged = judge_claims(summaries, probed, curves, runs=level_runs(
-                groups[groups["run"] == run], trials, run in replicates))
+                groups[groups["run"] == run], trials, run in replicates),
+                b_simple=goal_noise(mine, schedule, trials, run))
         except TheoryError as exc:
             skipped.append(f"{run}: no claim judged ({exc}).")
             continue
@@ -100,6 +104,19 @@ def level_runs(groups: pd.DataFrame, trials: pd.DataFrame | None,
             rows.append((float(g.sparsity), int(g.batch_size), (int(g.seed), -1),
                          float(g.steps_to_result) if hit else float(g.max_steps), hit))
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def goal_noise(probes: pd.DataFrame, schedule: pd.DataFrame | None,
+               trials: pd.DataFrame | None, run: str) -> dict:
+    """B_simple at the goal per level of one run, pooled over its early probes' runs and the
+    runs at Lee et al.'s stage that met the goal (``theory.verdicts.noise_along``)."""
+    stage = None
+    if schedule is not None and len(schedule) and trials is not None and len(trials):
+        stage = schedule[schedule["run"] == run]
+        met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
+        keys = ["sparsity", "seed", "batch_size", "trial"]
+        stage = stage.merge(met[keys].drop_duplicates(), on=keys)
+    return b_simple_at_goal(noise_points(probes, stage))
 
 
 def verdicts_frame(table: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:

@@ -141,7 +141,8 @@ def build(runs: RunSet) -> Report:
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
-                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"])
+                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
+                                runs.schedule)
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
     judged = pd.concat([judged, stage.verdicts], ignore_index=True) if len(stage.verdicts) \
