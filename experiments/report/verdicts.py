@@ -22,7 +22,7 @@ import pandas as pd
 from theory.verdicts.claims import FAILS, judge_claims
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
-from theory.verdicts.noise_along import b_simple_at_goal, noise_points
+from theory.verdicts.noise_along import b_simple_along, b_simple_at_goal, noise_points
 from theory.verdicts.step_ratio import RUN_COLUMNS
 from theory.verdicts.summaries import find, summarize
 
@@ -110,13 +110,39 @@ def goal_noise(probes: pd.DataFrame, schedule: pd.DataFrame | None,
                trials: pd.DataFrame | None, run: str) -> dict:
     """B_simple at the goal per level of one run, pooled over its early probes' runs and the
     runs at Lee et al.'s stage that met the goal (``theory.verdicts.noise_along``)."""
-    stage = None
-    if schedule is not None and len(schedule) and trials is not None and len(trials):
-        stage = schedule[schedule["run"] == run]
-        met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
-        keys = ["sparsity", "seed", "batch_size", "trial"]
-        stage = stage.merge(met[keys].drop_duplicates(), on=keys)
-    return b_simple_at_goal(noise_points(probes, stage))
+    return b_simple_at_goal(noise_points(probes, _met(schedule, trials, run)))
+
+
+def _met(schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+         run: str) -> pd.DataFrame | None:
+    """The rows at Lee et al.'s stage of one run's trials that met the goal (the others end at
+    their budget, not at the goal)."""
+    if schedule is None or not len(schedule) or trials is None or not len(trials):
+        return None
+    met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
+    keys = ["sparsity", "seed", "batch_size", "trial"]
+    return schedule[schedule["run"] == run].merge(met[keys].drop_duplicates(), on=keys)
+
+
+def noise_along_table(groups: pd.DataFrame, probes: pd.DataFrame,
+                      schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+                      runs: Sequence[str]) -> pd.DataFrame:
+    """B_simple along training per series, pooled over its probed runs (the early probes' and
+    those at Lee et al.'s stage that met the goal) in fifths of the run, with bootstrap
+    intervals over runs (``theory.verdicts.noise_along.b_simple_along``)."""
+    rows = []
+    for run in runs:
+        mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
+        series = dict(zip(groups.loc[groups["run"] == run, "sparsity"],
+                          groups.loc[groups["run"] == run, "series"]))
+        for x in b_simple_along(noise_points(mine, _met(schedule, trials, run))):
+            rows.append({"series": series.get(x.sparsity, sparsity_label(x.sparsity)),
+                         "fraction of the run": f"{x.start:.1f}-{x.stop:.1f}",
+                         "B_simple [90 %]": f"{fmt_num(x.value, 3)} "
+                                            f"{fmt_interval(*x.interval)}",
+                         "runs": x.runs, "points": x.points, "interval over": x.over})
+    return pd.DataFrame(rows, columns=["series", "fraction of the run", "B_simple [90 %]", "runs",
+                                       "points", "interval over"])
 
 
 def verdicts_frame(table: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
