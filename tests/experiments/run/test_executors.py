@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments.run.executors import local_pool
-from training.lifetime import death_prelude
+from training.processes.lifetime import death_prelude
 
 
 def _total(mask: dict[str, torch.Tensor], scale: float = 1.0) -> float:
