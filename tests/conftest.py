@@ -62,7 +62,7 @@ def seeded_global_generators():
 @pytest.fixture(autouse=True)
 def ieee_subnormals():
     """Tests that run the ``sparsescale`` command in this process get its subnormal flushing
-    (training.process.flush_subnormals) on this thread; every test starts and ends without it,
+    (training.processes.setup.flush_subnormals) on this thread; every test starts and ends without it,
     as the library leaves a process (Hypothesis refuses to draw floats otherwise)."""
     torch.set_flush_denormal(False)
     yield

@@ -27,8 +27,10 @@ from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predi
 from theory.models.scaling import ScalingFit, fit_scaling
 from theory.monitor import layer_norms
 from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
-from theory.verdicts import claims, probe_points, summaries, trajectory
+from theory.verdicts import claims, noise_along, probe_points, step_ratio, summaries, trajectory
 from theory.verdicts.claims import Verdict, judge_claims
 from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, schedule_steps
+from theory.verdicts.noise_along import NoiseScale, b_simple_along, b_simple_at_goal
+from theory.verdicts.step_ratio import StepRatio, censored_step_ratio, km_median
 from theory.verdicts.summaries import Summary, summarize
 from theory.verdicts.trajectory import probe_trajectory, replay_states

@@ -11,7 +11,7 @@ Public API::
     training.train_trials(net, ds, [trial, training.Trial(lr=0.3, momentum=0.9)], run)
 """
 
-from training import config, data, device, distributed, goal, masks, models, process, schedules
+from training import config, data, device, distributed, goal, masks, models, processes, schedules
 from training.schedules import lr_schedule, order
 from training.config import EvalSchedule, RunConfig, Trial
 from training.data import DataError, DataIOError, Dataset
@@ -26,7 +26,7 @@ from training.trials import TrialsResult, choose_program, train_trials
 
 __all__ = [
     "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order",
-    "process", "schedules",
+    "processes", "schedules",
     "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
     "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
     "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",

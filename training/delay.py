@@ -10,15 +10,16 @@ the update at step t applies the gradient computed at the weights of step t - ta
 trial's own mini-batch xi_t of that step (its data order is the same as without delay).
 ``update`` is the optimizer's rule (SGD, momentum, Nesterov, Adam, AdamW, masks first), applied
 to the current weights and optimizer state: only the gradient is stale. For the first steps,
-where t - tau_t < 0, the gradient is taken at the initial weights w_0 (the convention
-x_t = x_0 for t < 0 of the delayed-SGD analyses). This is what W workers of equal speed that
+where t - tau_t < 0, the gradient is taken at the initial weights w_0 (weights
+w_t = w_0 for t < 0). This is what W workers of equal speed that
 start together from w_0 do: each of the first W updates is a gradient at w_0, on another
 worker's mini-batch, and no update is lost while the queue fills. With tau_t = 0 it is SGD.
 
 Delay kinds (:data:`DELAY_KINDS`, ``training.Trial.delay_kind``):
 
-- ``"fixed"``: tau_t = tau (``Trial.delay``) at every step, the bounded-staleness model with a
-  constant maximal delay that Stich, Mohtashami & Jaggi (2021) analyse;
+- ``"fixed"``: tau_t = tau (``Trial.delay``) at every step. Stich, Mohtashami & Jaggi (2021)
+  analyse SGD with delays bounded by a maximal delay tau; this kind is that model at its bound,
+  and the other two stay within it;
 - ``"uniform"``: tau_t drawn uniformly from {0, ..., tau_max} (``Trial.delay`` is tau_max) at
   every step, independently, from the trial's own data seed (:func:`uniform_delays`): the
   same draws whatever trials share its group, in a replay and on a rerun;
@@ -72,7 +73,7 @@ def check_delay(delay: object, kind: object, workers: object) -> int:
     if delay not in (0, workers - 1):
         raise ConfigError(f"trial delay {delay} disagrees with workers={workers}: round_robin "
                           f"over W workers has delay W - 1 = {workers - 1}; allowed: leave "
-                          f"delay out, or {workers - 1}")
+                          f"delay out, or {workers - 1} (did you mean workers={delay + 1}?)")
     return int(workers) - 1
 
 
@@ -122,6 +123,9 @@ class DelayQueue:
     uniform: list[bool]
     seeds: list[int]
     _block: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    # where a gather of past weights goes, reused step after step (a fresh 2 MB allocation a
+    # step is an mmap and its page faults under glibc's defaults)
+    _gathered: list[Tensor] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(cls, params: Sequence[Tensor], trials: Sequence, seeds: Sequence[int]
@@ -164,7 +168,11 @@ class DelayQueue:
         n = len(source)
         flat = torch.tensor([(s % self.slots) * n + i for i, s in enumerate(source)],
                             device=self.ring[0].device)
-        return [r.view(-1, *r.shape[2:]).index_select(0, flat) for r in self.ring]
+        if not self._gathered:
+            self._gathered = [torch.empty_like(r[0]) for r in self.ring]
+        for r, out in zip(self.ring, self._gathered):
+            torch.index_select(r.view(-1, *r.shape[2:]), 0, flat, out=out)
+        return list(self._gathered)
 
     def steps(self, start: int, steps: int) -> "DelaySteps":
         """Updates ``start`` .. ``start + steps - 1`` as a program that takes many steps in one

@@ -9,11 +9,16 @@ The same switches hold for every kernel: ``SPARSESCALE_KERNELS=0`` or :func:`dis
 them silently, ``SPARSESCALE_REQUIRE_KERNEL=1`` makes a failed build a :class:`KernelError`.
 The noise monitor's per-example norms (:mod:`theory.monitor.kernel`) use it; the trainer's own
 kernel stays private to the engine.
+
+A study's driver asks :func:`kernels_ready` before its workers start (built now if need be, so
+that they neither build nor warn), and a worker told that the driver's build failed trains
+within :func:`disabled`.
 """
 
+from training.engine.strategy import kernels_ready
 from training.engine.compiled_kernel import (
     DISABLE_ENV, REQUIRE_ENV, KernelError, KernelWarning, disabled, enabled, load_kernel, required,
 )
 
 __all__ = ["DISABLE_ENV", "REQUIRE_ENV", "KernelError", "KernelWarning", "disabled", "enabled",
-           "load_kernel", "required"]
+           "kernels_ready", "load_kernel", "required"]

@@ -154,7 +154,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     environment's setting (:func:`choose_program` says what it chooses), within
     :func:`given_programs` the program it gives for the batch size.
     A process that trains many groups should call
-    :func:`training.process.setup_training_process` once (the ``sparsescale`` command and its
+    :func:`training.processes.setup.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
     """
     with _checked(model, dataset, run, "train_trials") as random:

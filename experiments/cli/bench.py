@@ -30,7 +30,7 @@ from training.distributed import costmodel
 from training.distributed.bench import BenchProtocol, measure
 from training.distributed.trainer import backend_for
 from training.errors import ConfigError
-from training.process import setup_training_process
+from training.processes.setup import setup_training_process
 
 from experiments.cli.ddp import add_workload_arguments, build_workload
 from experiments.cli.options import add_device_argument, add_precision_argument, device_of

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.errors import SparsescaleError
-from training.process import setup_training_process
+from training.processes.setup import setup_training_process
 
 from experiments.cli import bench, ddp
 from experiments.cli.advise import add_advise_parser

@@ -22,6 +22,7 @@ import pandas as pd
 from theory.verdicts.claims import FAILS, judge_claims
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
+from theory.verdicts.noise_along import b_simple_along, b_simple_at_goal, noise_points
 from theory.verdicts.step_ratio import RUN_COLUMNS
 from theory.verdicts.summaries import find, summarize
 
@@ -39,11 +40,13 @@ STEPS_DEFINITION = (
 
 
 def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str],
-             trials: pd.DataFrame | None = None, replicates: Sequence[str] = ()
-             ) -> tuple[pd.DataFrame, list[str]]:
+             trials: pd.DataFrame | None = None, replicates: Sequence[str] = (),
+             schedule: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
     why none could be judged (when so). ``trials`` and ``replicates``: as :func:`level_runs`
-    (without ``trials``, each reached group is a run)."""
+    (without ``trials``, each reached group is a run); ``schedule``: the probes at Lee et al.'s
+    stage, whose runs that met the goal join the early probes' in B_simple at the goal
+    (:func:`goal_noise`)."""
     reached = reached_groups(groups)
     rows, skipped = [], []
     for run in runs:
@@ -59,7 +62,8 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
             summaries = summarize(mine)
             probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
             judged = judge_claims(summaries, probed, curves, runs=level_runs(
-                groups[groups["run"] == run], trials, run in replicates))
+                groups[groups["run"] == run], trials, run in replicates),
+                b_simple=goal_noise(mine, schedule, trials, run))
         except TheoryError as exc:
             skipped.append(f"{run}: no claim judged ({exc}).")
             continue
@@ -100,6 +104,45 @@ def level_runs(groups: pd.DataFrame, trials: pd.DataFrame | None,
             rows.append((float(g.sparsity), int(g.batch_size), (int(g.seed), -1),
                          float(g.steps_to_result) if hit else float(g.max_steps), hit))
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def goal_noise(probes: pd.DataFrame, schedule: pd.DataFrame | None,
+               trials: pd.DataFrame | None, run: str) -> dict:
+    """B_simple at the goal per level of one run, pooled over its early probes' runs and the
+    runs at Lee et al.'s stage that met the goal (``theory.verdicts.noise_along``)."""
+    return b_simple_at_goal(noise_points(probes, _met(schedule, trials, run)))
+
+
+def _met(schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+         run: str) -> pd.DataFrame | None:
+    """The rows at Lee et al.'s stage of one run's trials that met the goal (the others end at
+    their budget, not at the goal)."""
+    if schedule is None or not len(schedule) or trials is None or not len(trials):
+        return None
+    met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
+    keys = ["sparsity", "seed", "batch_size", "trial"]
+    return schedule[schedule["run"] == run].merge(met[keys].drop_duplicates(), on=keys)
+
+
+def noise_along_table(groups: pd.DataFrame, probes: pd.DataFrame,
+                      schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+                      runs: Sequence[str]) -> pd.DataFrame:
+    """B_simple along training per series, pooled over its probed runs (the early probes' and
+    those at Lee et al.'s stage that met the goal) in fifths of the run, with bootstrap
+    intervals over runs (``theory.verdicts.noise_along.b_simple_along``)."""
+    rows = []
+    for run in runs:
+        mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
+        series = dict(zip(groups.loc[groups["run"] == run, "sparsity"],
+                          groups.loc[groups["run"] == run, "series"]))
+        for x in b_simple_along(noise_points(mine, _met(schedule, trials, run))):
+            rows.append({"series": series.get(x.sparsity, sparsity_label(x.sparsity)),
+                         "fraction of the run": f"{x.start:.1f}-{x.stop:.1f}",
+                         "B_simple [90 %]": f"{fmt_num(x.value, 3)} "
+                                            f"{fmt_interval(*x.interval)}",
+                         "runs": x.runs, "points": x.points, "interval over": x.over})
+    return pd.DataFrame(rows, columns=["series", "fraction of the run", "B_simple [90 %]", "runs",
+                                       "points", "interval over"])
 
 
 def verdicts_frame(table: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:

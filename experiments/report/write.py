@@ -65,7 +65,8 @@ from experiments.report.theory_view import (
 from experiments.report.stopping_view import stopping_lines
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
-    STEPS_DEFINITION, failure_sentences, findings_table, verdict_table, verdicts, verdicts_frame,
+    STEPS_DEFINITION, failure_sentences, findings_table, noise_along_table, verdict_table, verdicts,
+    verdicts_frame,
 )
 from experiments.report.lee_stage_view import StagePart, stage_sentences, stage_tables, stage_view
 
@@ -149,7 +150,8 @@ def build(runs: RunSet) -> Report:
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
-                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"])
+                                [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
+                                runs.schedule)
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
     judged = pd.concat([judged, *(v for v in (stage.verdicts, delays.verdicts) if len(v))],
@@ -276,6 +278,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                                     for r in runs.runs))
     probed = [f"{r.label}: {text}" for r in runs.runs
               if (text := probe_definition_text(r.results.run_dir)) is not None]
+    noise = noise_along_table(runs.groups, runs.probes, runs.schedule, runs.trials, runs.labels)
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         _table("Claims in their own terms", verdict_table(judged),
@@ -292,6 +295,10 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                "of its group met the goal), one line per probed batch size (median over seeds); "
                "black line and grey band: the series' fitted B_crit and its interval.",
                F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
+        *([_table("B_simple along training, pooled over the probed runs", noise,
+                  "Ratio of sums tr Σ / |G|² over every probed run's points in each fifth of "
+                  "the run (McCandlish et al. 2018), bootstrap over runs (over one run's points "
+                  "where a level has one run).")] if len(noise) else []),
         Figure("fig6_smoothness", "Figure 6. L and λ_max along the run, dense beside sparse",
                "Lee et al. (2021)'s local Lipschitz constant on the run's own update (their γ grid, "
                "full training split, masked gradients) and the top Hessian eigenvalue (Lanczos), "

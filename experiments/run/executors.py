@@ -2,7 +2,7 @@
 
 - :func:`local_pool`: a ``ProcessPoolExecutor`` whose workers run one torch thread each (spawned,
   not forked: forking a process that already ran torch's OpenMP pool can hang the child) and
-  end with the driver however it dies (:mod:`training.lifetime`).
+  end with the driver however it dies (:mod:`training.processes.lifetime`).
 - :func:`dask_executor`: a Dask distributed executor, ``address`` = ``tcp://host:port`` of a running
   scheduler or ``"local"`` for a ``LocalCluster`` on loopback. Dask is an optional extra
   (``pip install 'sparsescale[dask]'``).
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
 from training.errors import SparsescaleError, SparsescaleIOError
-from training.lifetime import on_launcher_thread
+from training.processes.lifetime import on_launcher_thread
 
 
 class ExecutorError(SparsescaleError, ValueError):
@@ -45,8 +45,8 @@ def _init_worker(counter=None) -> None:
 
     import torch
 
-    from training.lifetime import exit_with_parent
-    from training.process import setup_training_process
+    from training.processes.lifetime import exit_with_parent
+    from training.processes.setup import setup_training_process
 
     torch.set_num_threads(1)
     setup_training_process()
@@ -70,7 +70,7 @@ class LocalPool(ProcessPoolExecutor):
 
     def _spawn_process(self) -> None:
         """Start one worker (``ProcessPoolExecutor`` calls it from the thread that submits)
-        from :func:`training.lifetime.on_launcher_thread`: on Linux the worker then receives
+        from :func:`training.processes.lifetime.on_launcher_thread`: on Linux the worker then receives
         SIGKILL when the driver dies, from its first statement, while it still imports the
         driver's modules, rather than from its initializer on; and never because the
         submitting thread (a short-lived one, say) ended."""

@@ -26,7 +26,7 @@ import torch
 
 import training
 from training.config import ADAM_KEYS
-from training.process import compiled_kernel_ready, without_compiled_kernel
+from training.extensions import disabled as without_compiled_kernel, kernels_ready
 
 from experiments.run import timing
 from experiments.run.complete import train_group
@@ -333,7 +333,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             # that it is missing, and tell them not to try)
             # (a CUDA study never runs it: the kernel is CPU code)
             on_cpu = spec.device == "cpu"
-            use_kernels = on_cpu and compiled_kernel_ready(model, dataset.input_shape)
+            use_kernels = on_cpu and kernels_ready(model, dataset.input_shape)
             own = executor is None
             n_workers = workers or spec.workers or default_workers(spec.device)
             # a pool no larger than the work: one group or probed run per worker

@@ -14,9 +14,9 @@ stored verdicts. ``tests/docs/test_verdict_words.py`` checks the pages against t
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -79,19 +79,23 @@ def write_verdicts(run_dir: Path, assets: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR")
-    p.add_argument("--assets", type=Path, default=ASSETS)
-    p.add_argument("--page", type=Path, action="append", default=[],
-                   help="a page whose verdict tables to write again (repeatable)")
-    args = p.parse_args(argv)
-    for run_dir in args.run_dirs:
-        print(f"{write_verdicts(run_dir, args.assets)}")
-    for page in args.page:
-        print(f"{page}: {write_tables(page, args.assets)} verdict table(s) written")
+def main(argv: list[str]) -> int:
+    """``RUN_DIR ... [--assets DIR] [--page FILE ...]`` (module docstring)."""
+    assets, pages, run_dirs = ASSETS, [], []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--assets":
+            assets = Path(next(args))
+        elif arg == "--page":
+            pages.append(Path(next(args)))
+        else:
+            run_dirs.append(Path(arg))
+    for run_dir in run_dirs:
+        print(write_verdicts(run_dir, assets))
+    for page in pages:
+        print(f"{page}: {write_tables(page, assets)} verdict table(s) written")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

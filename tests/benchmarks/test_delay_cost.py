@@ -88,7 +88,7 @@ def test_bench_delay_command_prints_the_cost_table(capsys):
 
 def main() -> None:
     torch.set_num_threads(1)
-    training.process.setup_training_process()
+    training.processes.setup.setup_training_process()
     torch.set_num_threads(1)
     rows = []
     for model in ("mlp", "cnn1d"):

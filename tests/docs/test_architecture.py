@@ -124,7 +124,7 @@ def names_in(path: Path) -> set[str]:
 TORCH_NAMES = {"kernel_size", "sdpa_kernel"}
 # the modules whose "kernel" names hold compiled code (its build, its module, its calls)
 COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.py",
-            "training/extensions.py", "training/process.py",
+            "training/extensions.py", "training/processes/setup.py",
             "training/engine/strategy.py", "training/engine/updates.py",
             "training/engine/programs/fused.py", "training/engine/programs/per_trial.py",
             "theory/monitor/kernel.py", "theory/monitor/monitor.py", "experiments/run/runner.py"}

@@ -14,8 +14,8 @@ precision ("within 10 %") against every selected interval. Checked:
 
 - a tied word states the stored verdict of every selected row (they must agree);
 - every verdict statement is tied: a bold phrase with a verdict word (holds, does not hold,
-  inconclusive), an answer "? No." / "? Yes.", "<claim> holds / does not hold / did not hold /
-  is inconclusive", and Lee et al.'s "L rises with sparsity" unless it is said as theirs; in
+  inconclusive), an answer "? No." / "? Yes.", "<author>'s claim holds / does not hold / did
+  not hold / is inconclusive", and Lee et al.'s "L rises with sparsity" unless it is said as theirs; in
   the log, an entry marked ``**Superseded**`` (with a link to what supersedes it) is exempt:
   its words are the record of their day;
 - a "within N %" said of L is tied, with ``within=``;
@@ -47,7 +47,9 @@ MARKER = re.compile(r"<!-- verdict (?P<study>\S+) (?P<claim>\S+)(?P<opts>(?: \S+
 BOLD = re.compile(r"\*\*(?P<text>[^*]+?)\*\*")
 VERDICT_WORD = re.compile(r"\b(holds?|does not hold|did not hold|inconclusive|undecided)\b", re.I)
 ANSWER = re.compile(r"\?\**\s+\**(?P<text>Yes|No)[.,;:]")
-CLAIM_SAYS = re.compile(r"\bclaims?\b[^.;:\n]{0,60}?\b(?P<text>does not hold|did not hold|"
+# a paper's claim (its authors named), not a claim about speed or cost
+CLAIM_SAYS = re.compile(r"\b(McCandlish|Lee|Shallue|Merrill|Zhang)\b(?:[^.;:]|(?<=\bal)\.){0,30}?"
+                        r"\bclaims?\b[^.;:]{0,60}?\b(?P<text>does not hold|did not hold|"
                         r"do not hold|holds|held|hold|is inconclusive|was inconclusive)\b")
 L_RISES = re.compile(r"(\bL\b|Lipschitz|^\s*It\b)[^.]{0,60}?\b(rises|grows|increases|is larger|"
                      r"is higher)\b[^.]{0,20}?\bspars\w*", re.I)

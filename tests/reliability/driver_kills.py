@@ -158,6 +158,11 @@ def wait_until(condition, timeout: float, proc: subprocess.Popen) -> None:
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """A driver in a session of its own, its stdout and stderr in ``log``."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # a shell's background job ignores SIGINT, and so would the driver (an ignored signal
+        # stays ignored across exec, and Python then installs no KeyboardInterrupt): Ctrl-C
+        # reaches a foreground command
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with log.open("w") as out:
         return subprocess.Popen([sys.executable, *argv], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)

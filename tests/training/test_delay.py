@@ -314,6 +314,7 @@ def test_queue_reads_a_slot_without_a_copy_when_the_trials_agree():
     (dict(workers=4), "for delay_kind 'round_robin' only"),
     (dict(delay_kind="round_robin", workers=0), "workers must be an integer >= 1"),
     (dict(delay_kind="round_robin", workers=3, delay=1), "W - 1 = 2"),
+    (dict(delay_kind="round_robin", delay=3), "did you mean workers=4"),
 ])
 def test_bad_delays_raise_one_clear_error(fields, message):
     with pytest.raises(ConfigError, match=message):
@@ -340,3 +341,22 @@ def test_trainers_without_delays_refuse_them(mlp):
         train_schedule_trials(net, ds, [trial], run)
     with pytest.raises(ConfigError, match="start or return_state does not train delayed"):
         training.train_trials(net, ds, [Trial(lr=0.1), trial], run, return_state=True)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_diverging_delayed_trial_leaves_its_stack_alone(teacher320, program, request):
+    """A huge learning rate diverges (its loss at its past weights above the limit) at the
+    same step on every program; the trial beside it trains as the plain loop does."""
+    net = model_for(program, teacher320, request)
+    trials = [Trial(lr=1e3, momentum=0.9, delay=2),
+              Trial(lr=0.05, momentum=0.9, delay=3, delay_kind="uniform")]
+    run = RunConfig(BATCH, "momentum", max_steps=STEPS, dtype=F64,
+                    eval_schedule=EvalSchedule(every=STEPS))
+    res = training.train_trials(net, teacher320, trials, run, program=program)
+    ref = training.train_trials(net, teacher320, trials, run,
+                                program="func" if program == "func" else "batched")
+    assert res.status[0] == "diverged" and res.diverged_step == ref.diverged_step
+    assert res.diverged_step[0] > 0
+    want, _ = delayed_loop(net, teacher320, trials[1], "momentum", 1, {})
+    for k, p in want.named_parameters():
+        assert close(res.state(1)[k], p.detach()), k

@@ -14,7 +14,7 @@ import training
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_tuned_allocator_reuses_freed_activations():
-    from training.process import tune_allocator
+    from training.processes.setup import tune_allocator
 
     assert tune_allocator()
     x = torch.ones(16, 512, 100)  # 3.3 MB, like one activation of a stack at B = 512
@@ -37,7 +37,7 @@ def test_tuned_allocator_reuses_freed_activations():
 def test_library_calls_leave_the_process_alone():
     """Importing the packages and training a group does not tune the allocator: only a process
     owner (the CLI, a worker initializer, a benchmark) does."""
-    code = ("import training, training.process as p; ds = training.data.load('teacher', n=100, "
+    code = ("import training, training.processes.setup as p; ds = training.data.load('teacher', n=100, "
             "dim=4, num_classes=2); net = training.models.build('linear', ds); "
             "training.train_trials(net, ds, [{'lr': 0.1}], training.RunConfig(8, max_steps=2)); "
             "import pruning, theory, torch; print(p._allocator_tuned, "
@@ -53,7 +53,7 @@ def run_python(code: str) -> str:
 
 FLUSHED_KERNEL = """
 import torch, training
-from training.process import setup_training_process
+from training.processes.setup import setup_training_process
 from training.engine.programs.fused import try_build
 torch.set_num_threads(2)
 net = torch.nn.Sequential(torch.nn.Linear(40, 3, bias=False))
@@ -88,7 +88,7 @@ def test_training_processes_flush_subnormals_on_every_kernel_thread():
 ORPHAN_DRIVER = """import multiprocessing, sys, time
 
 def child():
-    from training.lifetime import exit_with_parent
+    from training.processes.lifetime import exit_with_parent
     exit_with_parent(poll=0.1)
     print("child", multiprocessing.current_process().pid, flush=True)
     time.sleep(600)

@@ -6,12 +6,15 @@ not hold" when it lies wholly outside, and "inconclusive" when it straddles the 
 the paper's own tolerance, and a strict one (within 2x).
 
 - ``mccandlish`` (McCandlish et al. 2018 find that the simple noise scale predicts the critical
-  batch size to within about an order of magnitude across tasks): B_simple at the goal
-  (:mod:`theory.verdicts.summaries`) against the fitted B_crit. Paper: ratio within 10x; strict: 2x.
+  batch size to within about an order of magnitude across tasks): B_simple at the goal against
+  the fitted B_crit; pooled over every probed run with a bootstrap over runs where given
+  (:func:`theory.verdicts.noise_along.b_simple_at_goal`), else the summaries'
+  (:mod:`theory.verdicts.summaries`). Paper: ratio within 10x; strict: 2x.
 - ``lee_sparsity`` (Lee et al. 2021: sparser networks need more steps because their
   local Lipschitz constant L is larger; the bound's S_min is proportional to L Delta): the
   predicted sparse/reference ratio (L_s Delta_s) / (L_d Delta_d) against the measured one, as the
-  fitted S_min ratio and as the step ratio of :func:`theory.verdicts.step_ratio.step_ratio`
+  fitted S_min ratio and as the step ratio of
+  :func:`theory.verdicts.step_ratio.censored_step_ratio`
   (Kaplan-Meier medians over runs, runs that missed the goal censored at their budget, median
   over batch sizes, bootstrap over batch sizes and runs; best-of-N beside it). Paper: the measured
   ratio has a direction (its interval excludes 1), the prediction and the L ratio point the same
@@ -46,7 +49,10 @@ from scipy import stats
 from theory.errors import TheoryError, check_int
 from theory.models.predict import MeasuredCurve
 from theory.models.scaling import ScalingFit
-from theory.verdicts.step_ratio import STATISTIC, describe, runs_from_curves, step_ratio
+from theory.verdicts.noise_along import NoiseScale, describe as describe_noise
+from theory.verdicts.step_ratio import (
+    STATISTIC, censored_step_ratio, describe, runs_from_curves,
+)
 from theory.verdicts.summaries import Summary, find
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
@@ -123,14 +129,18 @@ def _replicate_interval(reps: np.ndarray, level: float) -> Interval:
     return tuple(float(q) for q in np.quantile(finite, [alpha, 1.0 - alpha]))
 
 
-def mccandlish(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit]) -> tuple[Verdict, ...]:
-    """Fitted B_crit against B_simple at the goal, per level in ``fits`` (module docstring)."""
+def mccandlish(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
+               b_simple: Mapping[float, NoiseScale] | None = None) -> tuple[Verdict, ...]:
+    """Fitted B_crit against B_simple at the goal, per level in ``fits`` (module docstring):
+    ``b_simple`` (sparsity -> pooled over runs) where it has the level, else the summaries'."""
     out = []
     for sparsity, fit in sorted(fits.items()):
-        bs = find(summaries, sparsity, "b_simple_goal")
+        pooled = (b_simple or {}).get(sparsity)
+        bs = pooled or find(summaries, sparsity, "b_simple_goal")
         value = bs.value / fit.b_crit
         interval = ratio_interval(bs.interval, fit.intervals["b_crit"])
-        numbers = (f"B_simple at the goal {_fmt(bs.value, bs.interval)} / fitted B_crit "
+        source = f" ({describe_noise(pooled)})" if pooled else ""
+        numbers = (f"B_simple at the goal {_fmt(bs.value, bs.interval)}{source} / fitted B_crit "
                    f"{_fmt(fit.b_crit, fit.intervals['b_crit'])} = {_fmt(value, interval)}")
         for tier, factor in (("paper", MCCANDLISH_FACTOR), ("strict", STRICT_FACTOR)):
             verdict = judge(interval, (1.0 / factor, factor))
@@ -211,7 +221,7 @@ def lee_sparsity(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
         fit, ref = fits[s], fits[reference]
         measured["S_min ratio"][s] = _Ratio(fit.s_min / ref.s_min, ratio_interval(
             fit.intervals["s_min"], ref.intervals["s_min"]))
-        steps = step_ratio(runs, s, reference, level, n_boot, rng)
+        steps = censored_step_ratio(runs, s, reference, level, n_boot, rng)
         measured["median step ratio"][s] = _Ratio(steps.value, steps.interval)
         said[s] = describe(steps)
     out = []
@@ -317,10 +327,12 @@ def shape(fits: Mapping[float, ScalingFit], curves: Sequence[MeasuredCurve],
 def judge_claims(summaries: Sequence[Summary], fits: Mapping[float, ScalingFit],
                  curves: Sequence[MeasuredCurve], reference: float = 0.0, level: float = 0.9,
                  n_boot: int = 1000, rng: int = 0,
-                 runs: pd.DataFrame | None = None) -> tuple[Verdict, ...]:
-    """Every scored claim: McCandlish, Lee's sparsity claim (when the study has a reference and
-    another level; ``runs`` as :func:`lee_sparsity`), and the shape claims."""
-    out = mccandlish(summaries, fits)
+                 runs: pd.DataFrame | None = None,
+                 b_simple: Mapping[float, NoiseScale] | None = None) -> tuple[Verdict, ...]:
+    """Every scored claim: McCandlish (``b_simple`` as :func:`mccandlish`), Lee's sparsity claim
+    (when the study has a reference and another level; ``runs`` as :func:`lee_sparsity`), and
+    the shape claims."""
+    out = mccandlish(summaries, fits, b_simple)
     if reference in fits and len(fits) > 1:
         out += lee_sparsity(summaries, fits, curves, reference, level, n_boot, rng, runs)
     return out + shape(fits, curves, level=level)

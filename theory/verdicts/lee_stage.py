@@ -55,7 +55,9 @@ import pandas as pd
 from scipy import stats
 
 from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE, Verdict
-from theory.verdicts.step_ratio import STATISTIC, describe, runs_from_curves, step_ratio
+from theory.verdicts.step_ratio import (
+    STATISTIC, censored_step_ratio, describe, runs_from_curves,
+)
 from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
 
@@ -289,8 +291,8 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
     """Lee et al.'s claim at their stage for every non-reference level of ``table`` (module
     docstring): ``lee_L_rises (steps >= start)`` and ``lee_L_explains (steps >= start)``, both
     in the paper's tier; the measured step ratio is
-    :func:`theory.verdicts.step_ratio.step_ratio` over ``runs`` (every run, those that missed
-    the goal censored at their budget; default: the curves' points)."""
+    :func:`theory.verdicts.step_ratio.censored_step_ratio` over ``runs`` (every run, those that
+    missed the goal censored at their budget; default: the curves' points)."""
     runs = runs_from_curves(curves) if runs is None else runs
     rows = stage_table(table, start=start)
     if reference not in set(rows.sparsity):
@@ -325,7 +327,7 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
         if not (set(runs.loc[runs["sparsity"] == s, "batch_size"])
                 & set(runs.loc[runs["sparsity"] == reference, "batch_size"])):
             continue
-        steps = step_ratio(runs, s, reference, level, n_boot, rng)
+        steps = censored_step_ratio(runs, s, reference, level, n_boot, rng)
         m_side = interval_side(steps.interval)
         if m_side == 0:
             explains, why = INCONCLUSIVE, "the measured step ratio's interval contains 1"

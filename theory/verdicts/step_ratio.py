@@ -15,7 +15,7 @@ order), ``steps`` (its steps-to-result, or its budget where it missed the goal) 
   stays at exactly 1/2 between two hits, the midpoint of the two (so without censoring it is
   the ordinary sample median). Infinite when more than half the runs may still be short of the
   goal at the last hit (the median lies beyond the budget).
-- :func:`step_ratio`: per batch size both levels ran, the ratio of their medians; the level's
+- :func:`censored_step_ratio`: per batch size both levels ran, the ratio of their medians; the level's
   value is the median of those ratios over batch sizes. Beside it the best-of-N ratio (the
   fewest steps of any run, Shallue et al. 2019's tuned steps-to-result when runs are the
   points of a search), per batch size and as the median over batch sizes. Interval: percentile
@@ -29,7 +29,7 @@ order), ``steps`` (its steps-to-result, or its budget where it missed the goal) 
   runs number :func:`units_needed` (5 at 90 %), the interval is (0, inf) and ``resolved`` is
   False: the design cannot give an interval at that level.
 
-:data:`STATISTIC` names the statistic a verdict that uses :func:`step_ratio` records.
+:data:`STATISTIC` names the statistic a verdict that uses :func:`censored_step_ratio` records.
 """
 
 from __future__ import annotations
@@ -134,7 +134,9 @@ def _median(x: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.nanmedian(x, axis=axis)
 
 
-def _outward_interval(reps: np.ndarray, level: float) -> Interval:
+def outward_interval(reps: np.ndarray, level: float) -> Interval:
+    """Percentile interval of bootstrap replicates, each end at the nearest replicate outward (no
+    interpolation, so infinite replicates stay usable); NaN replicates left out."""
     alpha = (1.0 - level) / 2.0
     reps = reps[~np.isnan(reps)]
     if reps.size == 0:
@@ -172,7 +174,7 @@ def _best(cell: pd.DataFrame) -> float:
     return float(hit.min()) if len(hit) else math.inf
 
 
-def step_ratio(runs: pd.DataFrame, sparsity: float, reference: float = 0.0, level: float = 0.9,
+def censored_step_ratio(runs: pd.DataFrame, sparsity: float, reference: float = 0.0, level: float = 0.9,
                n_boot: int = 1000, rng: int = 0) -> StepRatio:
     """Steps of ``sparsity`` over ``reference`` at the batch sizes both ran (module docstring)."""
     runs = check_runs(runs)
@@ -204,7 +206,7 @@ def step_ratio(runs: pd.DataFrame, sparsity: float, reference: float = 0.0, leve
     best = float(_median(np.array([x.best_ratio for x in batches])))
     units = max(len(shared), min(min(x.runs) for x in batches))
     resolved = units >= units_needed(level)
-    interval = _outward_interval(reps, level) if resolved else (0.0, math.inf)
+    interval = outward_interval(reps, level) if resolved else (0.0, math.inf)
     return StepRatio(sparsity, reference, value, interval, best, tuple(batches), paired_all,
                      resolved)
 

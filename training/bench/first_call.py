@@ -41,7 +41,7 @@ def measure(net: nn.Module, ds: Dataset, batch_size: int, n_trials: int, optimiz
 
 def main(path: str) -> None:
     from training.bench.speed import vectorized
-    from training.process import setup_training_process
+    from training.processes.setup import setup_training_process
 
     cell = torch.load(path, weights_only=False)
     torch.set_num_threads(cell["threads"])

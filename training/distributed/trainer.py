@@ -51,7 +51,7 @@ from training.errors import ConfigError
 from training.goal import as_goal, goal_metric, is_diverged, loss_fn
 from training.masks import apply_mask, mask_
 from training.schedules.order import BatchOrder, trial_seed
-from training.lifetime import children_die_with_this_thread, exit_with_parent
+from training.processes.lifetime import children_die_with_this_thread, exit_with_parent
 from training.reference import evaluate, make_optimizer
 from training.results import Curve, ReferenceResult
 from training import randomness

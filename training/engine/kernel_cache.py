@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from training.lifetime import LINUX, death_prelude
+from training.processes.lifetime import LINUX, death_prelude
 
 LOCK_NAME = "build.lock"
 COMPLETE = "complete.json"
@@ -134,7 +134,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 class _GuardedSubprocess:
     """``subprocess`` as torch's extension builder sees it during a guarded build: ``run``
-    starts the command (ninja) with :func:`training.lifetime.death_prelude` (SIGTERM when this
+    starts the command (ninja) with :func:`training.processes.lifetime.death_prelude` (SIGTERM when this
     thread ends) and stops it with SIGTERM, not SIGKILL, when the wait is interrupted; every
     other name is ``subprocess``'s."""
 

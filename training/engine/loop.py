@@ -8,14 +8,17 @@ update to the last evaluation.
    chunk, by the strategy's rules (:mod:`training.engine.strategy`) or measured among its
    candidates (:mod:`training.engine.choice`) with this loop's own step, every program built
    from one registry (:mod:`training.engine.programs`).
-2. **Stacks** (:class:`TrialStack`, :func:`make_stacks`): the trials in stacks of that size,
-   each trial's weights, mask, optimizer state and data seed stacked along dim 0.
+2. **Stacks** (:mod:`training.engine.stack`): the trials in stacks of that size, each
+   trial's weights, mask, optimizer state, data seed and (delayed trials, apart from the
+   others) queue of past weights stacked along dim 0.
 3. **Steps** (:class:`Runner`): between two evaluations of ``run.eval_schedule``, every stack
    takes its updates in turn (:meth:`Runner.steps`); a trial whose mini-batch loss diverges
-   leaves its stack before that update.
+   leaves its stack before that update. A delayed trial's gradient is taken at its past
+   weights (:mod:`training.delay`).
 4. **Evaluations and replay** (:func:`advance`, :func:`replay`): at each evaluation a trial meeting
    the goal for the first time is replayed from the previous evaluation with an evaluation
-   after every step, so its hit step is exact to the step.
+   after every step (from a snapshot that copies the queue of past weights too), so its hit
+   step is exact to the step.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ B = 8, then stalled the other worker's Python).
 What it keeps: each trial runs on one intra-op thread, whichever worker takes it, so a trial's
 result does not depend on the thread count or on which trials share the pool (it equals the
 one-thread run, bit for bit). The workers copy their caller's subnormal flushing
-(:func:`training.process.flush_subnormals`: the flags belong to a thread). Models that draw
+(:func:`training.processes.setup.flush_subnormals`: the flags belong to a thread). Models that draw
 random numbers do not spread (their draws go through the process-wide generator, one trial at a
 time: :mod:`training.randomness`).
 """

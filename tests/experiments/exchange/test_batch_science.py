@@ -243,8 +243,9 @@ def test_shallue_counts_the_first_100_complete_trials(tmp_path):
     write_study(folder / "64", 64, "nesterov_momentum", np.random.default_rng(3),
                 trials=slow + (("COMPLETE", 1.0),), shuffle=False)
     first = import_batch_science(folder, tmp_path / "first", METRIC, TARGET)
-    every = import_batch_science(folder, tmp_path / "every", METRIC, TARGET, first=None)
-    assert first[0].reached == every[0].reached == 1
+    assert cli.main(["import", "batch-science", str(folder), "--out", str(tmp_path / "every"),
+                     "--metric", METRIC, "--target", str(TARGET), "--every-trial"]) == 0
+    assert first[0].reached == 1
     [(steps, best)] = stored_points(tmp_path / "first").values()
     assert (steps, best) == archive_rule(folder / "64", first=100) and best <= 100
     assert stored_points(tmp_path / "every") == {64: archive_rule(folder / "64")}

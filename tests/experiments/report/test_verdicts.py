@@ -48,7 +48,17 @@ def test_the_report_section_holds_the_table_the_figures_and_the_findings_open_wi
     runs, _, table, _ = judged
     report = build(runs)
     (section,) = [s for s in report.document.sections if s.title == "Theory vs measurement"]
-    paragraphs, sub, fig_b, fig_l = section.blocks
+    paragraphs, sub, fig_b, noise, fig_l = section.blocks
+    # B_simple along training: per series and fifth of the run, the ratio of sums over every
+    # probed run's points (here the last fifth of the dense runs, written out)
+    along = noise.blocks[0].frame
+    dense = runs.probes[(runs.probes["sparsity"] == 0.0) & (runs.probes["fraction"] >= 0.8)]
+    sums = dense.pivot_table(index=["seed", "batch_size", "step"], columns="quantity",
+                             values="value").sum()
+    last = along[(along["series"] == along["series"].iloc[0])].iloc[-1]
+    assert last["fraction of the run"] == "0.8-1.0"
+    assert last["B_simple [90 %]"].startswith(fmt_num(sums["trace_sigma"] / sums["g_sq"], 3))
+    assert last["runs"] == dense.groupby(["seed", "batch_size"]).ngroups > 1
     assert paragraphs.texts[0].startswith(V.STEPS_DEFINITION)
     assert "This report used: " in paragraphs.texts[0] and "every 10" in paragraphs.texts[0]
     shown = sub.blocks[0].frame

@@ -77,7 +77,7 @@ def test_a_worker_makes_its_gpu_current(monkeypatch):
     chosen = []
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    monkeypatch.setattr("training.process.setup_training_process", lambda: True)
+    monkeypatch.setattr("training.processes.setup.setup_training_process", lambda: True)
     import signal
 
     before = signal.getsignal(signal.SIGINT)

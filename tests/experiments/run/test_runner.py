@@ -349,7 +349,7 @@ def test_a_killed_driver_leaves_no_process_and_a_rerun_completes_the_store(tmp_p
     """SIGTERM (kill, systemd, SLURM) to the driver alone, with its pool started: the driver
     stores what finished, ends its workers, says so in one line and exits 143. SIGKILL of the
     driver alone runs none of that: the workers see their parent die and exit by themselves
-    (training.lifetime). Either way no descendant is left, and a rerun
+    (training.processes.lifetime). Either way no descendant is left, and a rerun
     completes the store as an uninterrupted run writes it."""
     toml = tmp_path / "kill.toml"
     toml.write_text(KILL)

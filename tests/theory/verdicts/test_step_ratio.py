@@ -10,7 +10,8 @@ import pytest
 from theory import TheoryError
 from theory.models.predict import MeasuredCurve
 from theory.verdicts.step_ratio import (
-    RUN_COLUMNS, STATISTIC, km_median, km_medians, runs_from_curves, step_ratio, units_needed,
+    RUN_COLUMNS, STATISTIC, km_median, km_medians, runs_from_curves, censored_step_ratio,
+    units_needed,
 )
 
 
@@ -70,7 +71,7 @@ def test_paired_constant_ratio_has_exactly_that_interval():
     dense = [(r, 100.0 * (r + 1), True) for r in range(5)]   # five pairs: 90 % resolvable
     cells = {(0.0, 32): dense, (0.5, 32): [(r, 2 * t, h) for r, t, h in dense],
              (0.0, 64): dense, (0.5, 64): [(r, 2 * t, h) for r, t, h in dense]}
-    ratio = step_ratio(runs(cells), 0.5, n_boot=500)
+    ratio = censored_step_ratio(runs(cells), 0.5, n_boot=500)
     assert ratio.paired and ratio.value == 2.0 and ratio.interval == (2.0, 2.0)
     assert ratio.best == 2.0 and ratio.statistic == STATISTIC
 
@@ -81,11 +82,11 @@ def test_bootstrap_over_runs_is_the_enumerated_distribution():
     100: the 90 % interval is [1, 3]."""
     cells = {(0.0, 64): [(f"d{i}", 100, True) for i in range(5)],
              (0.9, 64): [(f"s{i}", t, True) for i, t in enumerate((100, 100, 100, 300, 300))]}
-    ratio = step_ratio(runs(cells), 0.9, n_boot=4000)
+    ratio = censored_step_ratio(runs(cells), 0.9, n_boot=4000)
     assert not ratio.paired and ratio.resolved
     assert ratio.value == 1.0 and ratio.best == 1.0 and ratio.interval == (1.0, 3.0)
     # at 70 % the quantiles 0.15 and 0.85 still fall on 1 and 3 (3 has chance 0.317)
-    assert step_ratio(runs(cells), 0.9, level=0.7, n_boot=4000).interval == (1.0, 3.0)
+    assert censored_step_ratio(runs(cells), 0.9, level=0.7, n_boot=4000).interval == (1.0, 3.0)
 
 
 def test_too_few_units_give_no_interval():
@@ -93,9 +94,9 @@ def test_too_few_units_give_no_interval():
     assert [units_needed(x) for x in (0.5, 0.75, 0.9, 0.95)] == [2, 3, 5, 6]
     cells = {(0.0, 64): [(i, 100 * (i + 1), True) for i in range(4)],
              (0.9, 64): [(i, 200 * (i + 1), True) for i in range(4)]}
-    few = step_ratio(runs(cells), 0.9, n_boot=500)
+    few = censored_step_ratio(runs(cells), 0.9, n_boot=500)
     assert not few.resolved and few.interval == (0.0, math.inf) and few.value == 2.0
-    assert step_ratio(runs(cells), 0.9, level=0.75, n_boot=500).interval == (2.0, 2.0)
+    assert censored_step_ratio(runs(cells), 0.9, level=0.75, n_boot=500).interval == (2.0, 2.0)
 
 
 def test_censored_runs_count_and_best_of_n_stands_beside_the_median():
@@ -105,13 +106,13 @@ def test_censored_runs_count_and_best_of_n_stands_beside_the_median():
              (0.5, 64): [(0, 2944, 1), (1, 3255, 1), (2, 3500, 0)],
              (0.0, 32): [(0, 3283, 1), (1, 4020, 1), (2, 5000, 0)],
              (0.5, 32): [(0, 5000, 0), (1, 5000, 0), (2, 5000, 0)]}
-    only64 = step_ratio(runs({k: v for k, v in cells.items() if k[1] == 64}), 0.5, n_boot=2000)
+    only64 = censored_step_ratio(runs({k: v for k, v in cells.items() if k[1] == 64}), 0.5, n_boot=2000)
     assert only64.value == pytest.approx(3255 / 3251)
     assert only64.best == pytest.approx(2944 / 2327)
     # three pairs and one batch size: no 90 % interval (the bootstrap alone would say
     # [1.001, inf], from ten distinct resamples)
     assert not only64.resolved and only64.interval == (0.0, math.inf)
-    both = step_ratio(runs(cells), 0.5, n_boot=2000, level=0.75)
+    both = censored_step_ratio(runs(cells), 0.5, n_boot=2000, level=0.75)
     b32 = both.batches[0]
     assert (b32.batch_size, b32.median, b32.ratio, b32.best_ratio, b32.reached) == (
         32, (math.inf, 4020.0), math.inf, math.inf, (0, 2))
@@ -122,13 +123,13 @@ def test_censored_runs_count_and_best_of_n_stands_beside_the_median():
 def test_curves_without_censoring_and_bad_tables():
     dense = MeasuredCurve(0.0, (16, 32, 64, 64), (100.0, 60.0, 40.0, 10.0), (0, 0, 0, 1))
     sparse = MeasuredCurve(0.9, (16, 32, 64, 128), (300.0, 90.0, 40.0, 30.0), (0, 0, 0, 0))
-    ratio = step_ratio(runs_from_curves([dense, sparse]), 0.9, n_boot=300)
+    ratio = censored_step_ratio(runs_from_curves([dense, sparse]), 0.9, n_boot=300)
     # per B: 3, 1.5 and, at B = 64, 40 over the median of the dense seeds (25): 1.6
     assert [x.ratio for x in ratio.batches] == [3.0, 1.5, 1.6] and ratio.value == 1.6
     with pytest.raises(TheoryError, match="share no batch size"):
-        step_ratio(runs_from_curves([dense, MeasuredCurve(0.9, (8,), (1.0,))]), 0.9)
+        censored_step_ratio(runs_from_curves([dense, MeasuredCurve(0.9, (8,), (1.0,))]), 0.9)
     table = runs_from_curves([dense])
     with pytest.raises(TheoryError, match="lacks column"):
-        step_ratio(table.drop(columns="reached"), 0.9)
+        censored_step_ratio(table.drop(columns="reached"), 0.9)
     with pytest.raises(TheoryError, match="positive and finite"):
-        step_ratio(table.assign(steps=math.nan), 0.9)
+        censored_step_ratio(table.assign(steps=math.nan), 0.9)

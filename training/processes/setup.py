@@ -1,20 +1,15 @@
 """Process-wide setup for a process that trains: called once by whoever owns the process (the
 ``sparsescale`` command, a worker pool's initializer, a benchmark), never by a library function,
 because it changes the whole process. How the processes a driver starts end with it is
-:mod:`training.lifetime`'s job.
+:mod:`training.processes.lifetime`'s job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import sys
-from collections.abc import Iterator, Sequence
 
 import torch
-from torch import nn
-
-from training.engine import compiled_kernel, strategy
 
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -68,18 +63,3 @@ def flush_subnormals() -> bool:
     thread count."""
     return bool(torch.set_flush_denormal(True))
 
-
-def compiled_kernel_ready(model: nn.Module, input_shape: Sequence[int]) -> bool:
-    """Whether the compiled kernel ``model`` would train with is usable, built now if need be
-    (once per process and source version, with one warning when it cannot be built); True for
-    a model that needs none. A study's driver calls it before its workers start, so that they
-    neither build nor warn."""
-    return strategy.kernels_ready(model, input_shape)
-
-
-@contextlib.contextmanager
-def without_compiled_kernel() -> Iterator[None]:
-    """Within the block, train with the eager programs as if the compiled kernel were missing
-    (a worker told that the driver's build failed)."""
-    with compiled_kernel.disabled():
-        yield
