@@ -31,8 +31,10 @@ The claims, with the one parameter M read off the batch axis as the synchronous 
 
 Each is judged in a factor-2 tier (:data:`TIER`): "holds" when the whole 90 % interval (bootstrap
 over replicate seeds, :data:`N_BOOT` replicates, every fit redone per replicate) lies in
-[1/2, 2], "does not hold" when it lies wholly outside, else "inconclusive"; with one seed there
-is no interval and the verdict is "inconclusive".
+[1/2, 2], "does not hold" when it lies wholly outside, else "inconclusive". With fewer seeds than
+``theory.verdicts.step_ratio.units_needed`` (5 at 90 %) the seeds cannot carry a 90 % interval
+(the widest, their [min, max], covers a median with chance 1 - 2^(1 - k) only): the verdict is
+then "inconclusive" whatever the bootstrap says, and the reason gives the value and the seeds.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from theory.errors import TheoryError
 from theory.models.delay import lr_ratio
 from theory.models.scaling import fit_scaling
 from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE
+from theory.verdicts.step_ratio import units_needed
 
 from experiments.report import analysis as A
 from experiments.report.formatting import fmt_interval, fmt_num
@@ -238,6 +241,9 @@ def judge(value: float, low: float, high: float, seeds: int) -> tuple[str, str]:
     if seeds < 2 or math.isnan(low):
         return INCONCLUSIVE, f"{fmt_num(value, 3)} on one seed: no interval over seeds"
     where = f"{fmt_num(value, 3)} {fmt_interval(low, high)}"
+    if seeds < units_needed(LEVEL):
+        return INCONCLUSIVE, (f"{where} over {seeds} seeds: too few for a {LEVEL:.0%} interval "
+                              f"(at least {units_needed(LEVEL)})")
     if lo <= low and high <= hi:
         return HOLDS, f"{where} lies within [{lo:g}, {hi:g}]"
     if high < lo or low > hi:

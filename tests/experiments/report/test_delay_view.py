@@ -24,7 +24,7 @@ S_MIN, M = {0.0: 100.0, 0.9: 220.0}, {0.0: 64.0, 0.9: 32.0}
 DELAYS = (0, 1, 3, 7)
 
 
-def delay_store(run_dir, seeds=(0, 1), k=1.0, lr_factor=1.0, noise=0.02):
+def delay_store(run_dir, seeds=(0, 1, 2, 3, 4), k=1.0, lr_factor=1.0, noise=0.02):
     """A synthetic study with delays ``DELAYS``: k scales the delay's cost, ``lr_factor`` the best
     trial's learning rate against the guideline's."""
     spec = loads(f"delays = {list(DELAYS)}\n" + spec_text("delayed", "sgd", seeds, "0.0"))
@@ -57,11 +57,19 @@ def test_critical_delay_interpolates_linearly_and_says_when_it_is_a_bound():
 
 
 def test_judge_needs_the_whole_interval_on_one_side():
-    assert judge(1.0, 0.8, 1.3, 3)[0] == "holds"
-    assert judge(1.0, 0.4, 1.3, 3)[0] == "inconclusive"
-    assert judge(5.0, 3.0, 7.0, 3)[0] == "does not hold"
+    assert judge(1.0, 0.8, 1.3, 5)[0] == "holds"
+    assert judge(1.0, 0.4, 1.3, 5)[0] == "inconclusive"
+    assert judge(5.0, 3.0, 7.0, 5)[0] == "does not hold"
     verdict, reason = judge(1.0, 1.0, 1.0, 1)
     assert verdict == "inconclusive" and "one seed" in reason
+
+
+def test_fewer_than_five_seeds_carry_no_90_percent_interval():
+    # [min, max] of k seeds covers a median with chance 1 - 2^(1 - k): 0.875 at k = 4
+    for seeds in (2, 3, 4):
+        verdict, reason = judge(1.0, 0.9, 1.1, seeds)
+        assert verdict == "inconclusive" and f"over {seeds} seeds: too few" in reason
+    assert judge(1.0, 0.9, 1.1, 5)[0] == "holds"
 
 
 def test_the_bound_s_own_curves_give_its_critical_delay_and_batch_and_the_claims_hold(tmp_path):
