@@ -12,9 +12,7 @@ thread CPU time over the plain loop's in the same round. With the default
 from __future__ import annotations
 
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:                 # run as a script
     sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks.test_monitor_overhead import batches, workload
+from tests.benchmarks.test_monitor_overhead import alternate, batches, workload
 from theory import NoiseScaleMonitor
 
 # label: the monitor's keyword arguments (None: no monitor); the optimizer is filled in
@@ -69,20 +67,9 @@ def overhead(name: str, steps: int = 20, rounds: int = 10) -> dict[str | None, f
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     data = batches(ds, steps)
     loop(net, opt, data[:2])                  # the optimizer's state exists from here on
-    labels = [k for k in VARIANTS if name != "mlp" or k != "norm_layers"]   # (the MLP has none)
-    times: dict[str | None, list[float]] = {key: [] for key in (None, *labels)}
-    for _ in range(rounds):
-        for label, runs in times.items():
-            monitor = None if label is None else make(net, opt, label)
-            loop(net, opt, data[:3], monitor)                     # warm up
-            start = time.thread_time()
-            loop(net, opt, data, monitor)
-            runs.append((time.thread_time() - start) / steps)
-            if monitor is not None:
-                monitor.close()
-    plain = times.pop(None)
-    return {None: min(plain), **{key: statistics.median(t / p - 1 for t, p in zip(runs, plain))
-                                 for key, runs in times.items()}}
+    labels = tuple(k for k in VARIANTS if name != "mlp" or k != "norm_layers")  # (MLP: none)
+    return alternate(labels, lambda label: make(net, opt, label),
+                     lambda part, monitor: loop(net, opt, part, monitor), data, rounds, warm=3)
 
 
 def main() -> None:

@@ -125,6 +125,7 @@ class Parts:
             self.groups.append((NORM, norms))
         # the owners some group reads: only their per-example terms are taken
         self.needed = {o for _, group in self.groups for o in group}
+        self.needed_params = {i for o in self.needed for i in self.owners[o][2]}
         if optimizer is not None:
             check_optimizer(optimizer)
         self.passes = optimizer is not None
@@ -164,8 +165,10 @@ class Parts:
         return [math.fsum(values[i] for i in own) for _, _, own in self.owners]
 
     def grad_squares(self, scaled: bool = False) -> torch.Tensor:
-        """Per-parameter squared norms of ``.grad`` (preconditioned with ``scaled``)."""
-        grads = [p.grad for p in self.params]
+        """Per-parameter squared norms of ``.grad``: preconditioned with ``scaled``, else those
+        of the needed owners' parameters only (0 for the others)."""
+        grads = [p.grad if scaled or i in self.needed_params else None
+                 for i, p in enumerate(self.params)]
         grads = [g.coalesce().to_dense() if g is not None and g.is_sparse else g for g in grads]
         with torch.no_grad():
             return _squares(grads, self.scale() if scaled else None)
@@ -202,7 +205,7 @@ class Parts:
             self._last[name] = self.smoothers[name].add(g, t)
         # a step without a reading (no preconditioner yet) keeps the smoothed values as they were
         g_s, t_s, b_s, g_se, t_se, b_se = self._last.get(name, (math.nan,) * 6)
-        return PartReading(name, b_s, g_s, t_s, b_se, g_se, t_se, noise_scale(t, g), g, t)
+        return PartReading(b_s, g_s, t_s, b_se, g_se, t_se, noise_scale(t, g), g, t, name=name)
 
     def read(self, u_small: list[float], c_small: float, u_big: list[float], c_big: float,
              pre: tuple[float, float, float, float] | None) -> tuple[PartReading, ...]:
