@@ -35,19 +35,23 @@ def examples(x, y):
     return [(x[i:i + 1], y[i:i + 1]) for i in range(x.shape[0])]
 
 
-def unbiased(grads, names, sizes, scale=None):
+def unbiased(grads, names, sizes, scale=None, population=None):
     """(|G_S|^2, tr Sigma_S) over the parameters ``names`` from the gradients of disjoint
     batches of ``sizes`` examples, averaged with equal weights: u_small the mean of their squared
     norms (c = mean 1/b), u_big that of their mean (c = sum 1/(k^2 b)); ``scale`` multiplies each
-    parameter's gradient elementwise first."""
+    parameter's gradient elementwise first; with ``population`` N each c = x becomes
+    N/(N-1) (x - 1/N) (drawn without replacement, Cochran 1977)."""
+    def coef(x):
+        return x if population is None else population / (population - 1) * (x - 1 / population)
+
     def vec(g):
         return torch.cat([(g[n] * (scale[n] if scale else 1)).reshape(-1) for n in names])
     vs = [vec(g) for g in grads]
     k = len(vs)
     u_small = sum(float(v.pow(2).sum()) for v in vs) / k
     u_big = float(torch.stack(vs).mean(0).pow(2).sum())
-    c_small = sum(1 / b for b in sizes) / k
-    c_big = sum(1 / (k * k * b) for b in sizes)
+    c_small = sum(coef(1 / b) for b in sizes) / k
+    c_big = coef(sum(1 / (k * k * b) for b in sizes))
     t = (u_small - u_big) / (c_small - c_big)
     return u_big - c_big * t, t
 
@@ -88,14 +92,14 @@ def norm_params(net):
             for k, _ in mod.named_parameters(recurse=False)]
 
 
-def check_layers(reading, net, grads, sizes):
+def check_layers(reading, net, grads, sizes, population=None):
     """Every layer's part and the norm layers' against the ground truth; the layers' |G|^2 and
     tr(Sigma) add up to the whole model's."""
     parts = {p.name: p for p in reading.parts}
     layers = [p for p in reading.parts if p.name not in ("norm", "preconditioned")]
     for part in layers:
-        check(part, *unbiased(grads, module_params(net, part.name), sizes))
-    check(parts["norm"], *unbiased(grads, norm_params(net), sizes))
+        check(part, *unbiased(grads, module_params(net, part.name), sizes, population=population))
+    check(parts["norm"], *unbiased(grads, norm_params(net), sizes, population=population))
     g = math.fsum(p.step_g_sq for p in layers)
     t = math.fsum(p.step_trace_sigma for p in layers)
     assert g == pytest.approx(reading.step_g_sq, rel=1e-10)
@@ -157,18 +161,28 @@ class BatchNormCNN(nn.Module):
 
 # -- per example -------------------------------------------------------------------------------
 
-def test_layers_and_norm_layers_per_example_on_a_transformer():
+@pytest.mark.parametrize("population", [None, 500])
+def test_layers_and_norm_layers_per_example_on_a_transformer(population):
+    """Each step against the ground truth; the parts' window averages their steps' values."""
     torch.manual_seed(0)
     net = TinyTransformer().double()
-    monitor = NoiseScaleMonitor(net, window=3, per_layer=True, norm_layers=True)
+    monitor = NoiseScaleMonitor(net, window=3, per_layer=True, norm_layers=True,
+                                population=population)
+    history = []
     for step in range(2):
         x, y = token_batch(12, step)
         net.zero_grad()
         F.cross_entropy(net(x), y).backward()
         r = monitor.step()
         assert r.method == "per_example"
-        parts = check_layers(r, net, loop_gradients(TinyTransformer, net, examples(x, y)), [1] * 12)
+        grads = loop_gradients(TinyTransformer, net, examples(x, y))
+        parts = check_layers(r, net, grads, [1] * 12, population)
         assert set(parts) >= {"tok", "blocks.0.ln1", "blocks.0.ff.0", "ln_f", "head", "norm"}
+        history.append(parts["norm"])
+    assert history[-1].trace_sigma == pytest.approx(
+        (history[0].step_trace_sigma + history[1].step_trace_sigma) / 2, rel=1e-12)
+    assert history[-1].g_sq == pytest.approx(
+        (history[0].step_g_sq + history[1].step_g_sq) / 2, rel=1e-12)
 
 
 def test_layers_per_example_on_the_library_mlp():
