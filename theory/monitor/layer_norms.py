@@ -255,6 +255,13 @@ def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tenso
                                                       rows.square().sum(1)))
 
 
+def normalized(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """The normalized input xhat, by the layer's own kernel without its affine parameters."""
+    if isinstance(module, nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    return F.rms_norm(x, module.normalized_shape, eps=module.eps)
+
+
 def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
           calls: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     b = calls[0][0].shape[0]
@@ -265,13 +272,8 @@ def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
     bias = bias is not None and bias.requires_grad
     g = _positions([_rows(g, b, *shape) for _, g in calls], dt)
     if weight:
-        # the normalized input, by the layer's own kernel without its affine parameters
         x = _positions([_rows(x, b, *shape) for x, _ in calls], dt)
-        if isinstance(module, nn.LayerNorm):
-            xhat = F.layer_norm(x, shape, eps=module.eps)
-        else:
-            xhat = F.rms_norm(x, shape, eps=module.eps)
-        terms.squares.append(torch.linalg.vecdot(g, xhat, dim=1))    # sum_p g_p o xhat_p
+        terms.squares.append(torch.linalg.vecdot(g, normalized(module, x), dim=1))  # sum_p g o xhat
     if bias:
         terms.squares.append(g.sum(1))
 

@@ -154,10 +154,9 @@ class NoiseScaleMonitor:
         self._active = True
         self._closed = False
         self.capture = Capture(self.module, self.params, method, self.ddp)
-        if self.parts is not None and (self.parts.passes or self.capture.per_pass_norms):
-            # the parts read each backward pass's gradients (before the hooks are attached)
+        if self.parts is not None and self.capture.per_pass_norms:
+            # the parts read each micro-batch's gradients (before the hooks are attached)
             self.capture.part_hook = self.parts.on_backward
-            self.parts.per_parameter = self.capture.per_pass_norms
         self.layers, self.blockers = self.capture.layers, self.capture.blockers
         # the kernel (theory.monitor.kernel), loaded at the first per-example step;
         # False: not loaded yet
@@ -245,34 +244,29 @@ class NoiseScaleMonitor:
         c_small, c_big = self._coef(1.0), self._coef(sum(1.0 / (k * k * b) for b in sizes))
         g, t = solve_two_sizes(u_small, c_small, u_big, c_big)
         if self.parts is not None:
-            parts, examples = self.parts, self.parts.example_sums(self.capture, calls)
+            parts = self.parts
+            examples, pre = parts.example_sums(self.capture, calls)
             small = [math.fsum(b * b * v[o] for b, v in zip(sizes, examples))
                      / (scale * scale * batch) for o in range(len(parts.owners))]
-            self._read_parts(small, c_small, c_big, scale, k)
+            pre_small = None if pre is None else \
+                math.fsum(b * b * v for b, v in zip(sizes, pre)) / (scale * scale * batch)
+            self._read_parts(small, c_small, c_big, scale, k, pre_small)
         return g, t, batch
 
     def _read_parts(self, small: list[float], c_small: float, c_big: float, scale: float,
-                    k: int) -> None:
-        """The parts' readings from the owners' small averages: their big ones from ``.grad``,
-        the preconditioned pair from the step's backward passes (module docstring of
-        :mod:`theory.monitor.parts`)."""
+                    k: int, pre_small: float | None = None) -> None:
+        """The parts' readings from the owners' small averages: their big ones from ``.grad``;
+        the preconditioned small average ``pre_small`` from the per-example terms, or from the
+        micro-batches' backward passes where it is None (:mod:`theory.monitor.parts`)."""
         parts = self.parts
         big = [v / (scale * k) ** 2 for v in parts.owner_sums(parts.grad_squares())]
         pre = None
-        if parts.passes:
-            passes = self.capture.backwards
-            if len(passes) < 2:
-                raise TheoryError(f"NoiseScaleMonitor(optimizer=...): the preconditioned noise "
-                                  f"scale needs at least 2 backward passes (micro-batches) per "
-                                  f"step, got {len(passes)}")
-            if parts.scale() is not None:
-                sizes = [b.batch for b in passes]
-                self._sizes(sizes)
-                n = len(passes)
-                u_small = math.fsum(float(b.parts[1].sum()) for b in passes) / (n * scale ** 2)
-                u_big = float(parts.grad_squares(scaled=True).sum()) / (scale * n) ** 2
-                pre = (u_small, sum(self._coef(1.0 / b) for b in sizes) / n, u_big,
-                       self._coef(sum(1.0 / (n * n * b) for b in sizes)))
+        if parts.passes and parts.scale() is not None:
+            u_big = float(parts.grad_squares(scaled=True).sum()) / (scale * k) ** 2
+            if pre_small is None:
+                pre_small = math.fsum(float(b.parts[1].sum()) for b in self.capture.backwards
+                                      ) / (k * scale * scale)
+            pre = (pre_small, c_small, u_big, c_big)
         self._part_readings = parts.read(small, c_small, big, c_big, pre)
 
     def _micro_batch(self, passes: list[Backward], scale: float) -> tuple[float, float, int]:

@@ -24,22 +24,24 @@ with the whole model's coefficients c, so each part is unbiased where the whole 
   elementwise by P = 1 / (sqrt(v_hat) + eps), v_hat = v / (1 - beta2^t) the optimizer's
   bias-corrected second moment (``max_exp_avg_sq`` under ``amsgrad``), as AdaptDL / Pollux does
   for adaptive optimizers (Qiao et al. 2021, "Pollux: Co-adaptive Cluster Scheduling for
-  Goodput-Optimized Deep Learning"): B_pre = tr(P Sigma P) / |P G|^2. P is read when the step's
-  first backward pass ends and is the same for the whole step (the optimizer has not stepped
-  yet). It needs each micro-batch's gradient (at least 2 backward passes per step, under any
-  method but DDP): a per-example preconditioned norm would need each example's gradient
-  formed, which the per-example terms avoid. Before the optimizer's first step there is no
-  v_hat and the reading is nan.
+  Goodput-Optimized Deep Learning"): B_pre = tr(P Sigma P) / |P G|^2, from the same two averages
+  as the whole model's: under the per-example estimator |P o g_i|^2 per example
+  (:mod:`theory.monitor.preconditioned`, which forms each example's gradient of one layer at a
+  time except for a Linear layer on one position), under the micro-batch one |P o g_j|^2 per
+  micro-batch, as AdaptDL does. P is read from the optimizer's state at the step (at its first
+  backward pass under micro-batches) and is the same for the whole step: the optimizer has not
+  stepped since. Before the optimizer's first step there is no v_hat and the reading is nan.
 
-Cost: the parts take their sums with torch operators, one host read per layer and pass under
-the per-example estimator (not the compiled kernel), and one norm per parameter and backward
-under the micro-batch one.
+Cost: the parts take their sums with torch operators (not the compiled kernel), one host read
+per step under the per-example estimator, and one norm per parameter and backward under the
+micro-batch one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,6 +50,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from theory.errors import TheoryError
 from theory.estimators.sampling import noise_scale
 from theory.monitor.layer_norms import Terms
+from theory.monitor.preconditioned import scaled_function
 from theory.monitor.readings import PartReading, Smoother, solve_two_sizes
 
 NORM_LAYERS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, _BatchNorm)
@@ -104,16 +107,18 @@ def _squares(grads: Sequence[torch.Tensor | None], scale: Sequence[torch.Tensor 
 
 
 class Parts:
-    """The parts a monitor reads (module docstring) and their smoothing; ``passes``: whether it
-    needs each backward pass's gradient (the preconditioned part); ``per_parameter``: whether
-    each backward pass's plain norms are read per parameter (set by the monitor under the
-    micro-batch estimator)."""
+    """The parts a monitor reads (module docstring) and their smoothing; ``passes``: whether
+    there is a preconditioned part."""
 
     def __init__(self, module: nn.Module, params: list[nn.Parameter], per_layer: bool,
                  norm_layers: bool, optimizer: torch.optim.Optimizer | None,
                  window: int | None, ema: float | None) -> None:
         self.params, self.optimizer = params, optimizer
         self.owners = owners(module, params)
+        # each owner's parameters by their names in it (for the per-example preconditioner)
+        index = {id(p): i for i, p in enumerate(params)}
+        self.names = [{k: index[id(p)] for k, p in m._parameters.items()
+                       if p is not None and id(p) in index} for _, m, _ in self.owners]
         self.groups: list[tuple[str, list[int]]] = []
         if per_layer:
             self.groups += [(name, [o]) for o, (name, _, _) in enumerate(self.owners)]
@@ -129,7 +134,6 @@ class Parts:
         if optimizer is not None:
             check_optimizer(optimizer)
         self.passes = optimizer is not None
-        self.per_parameter = False
         names = [name for name, _ in self.groups] + ([PRECONDITIONED] if self.passes else [])
         self.smoothers = {name: Smoother(window, ema) for name in names}
         self._last: dict[str, tuple[float, ...]] = {}
@@ -146,13 +150,12 @@ class Parts:
         return self._scale
 
     def on_backward(self, grads: Sequence[torch.Tensor | None]
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One backward pass's per-parameter squared norms, plain (where ``per_parameter``) and
-        preconditioned (where there is a preconditioner), else None."""
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One micro-batch backward pass's per-parameter squared norms, plain and preconditioned
+        (None where there is no preconditioner)."""
         with torch.no_grad():
             p = self.scale() if self.passes else None
-            return (_squares(grads, None) if self.per_parameter else None,
-                    None if p is None else _squares(grads, p))
+            return _squares(grads, None), None if p is None else _squares(grads, p)
 
     def reset(self) -> None:
         self._scale, self._scale_read = None, False
@@ -173,30 +176,42 @@ class Parts:
         with torch.no_grad():
             return _squares(grads, self.scale() if scaled else None)
 
-    def example_sums(self, capture: object, calls: list) -> list[list[float]]:
+    def example_sums(self, capture: Any, calls: list) -> tuple[list[list[float]],
+                                                                  list[float] | None]:
         """Per pass, each needed owner's sum over the pass's examples of their squared gradient
-        norms (0 for the others), from the capture's per-example terms (:meth:`theory.monitor.capture.Capture.pass_terms`'s
-        functions, one layer at a time)."""
+        norms (0 for the others), from the capture's per-example terms (the functions of
+        :meth:`theory.monitor.capture.Capture.pass_terms`, one layer at a time); and per pass
+        the sum of the preconditioned ones (:mod:`theory.monitor.preconditioned`), or None
+        where there is no preconditioner."""
         owner_of = {name: o for o, (name, _, _) in enumerate(self.owners)}
         layers, terms_of = capture.layer_list, capture.terms_of
-        found, where = [], []
+        scales = self.scale() if self.passes else None
+        found, where = [], []           # where: (pass, owner), owner -1 the preconditioned sum
         with torch.no_grad():
             for j, run in enumerate(calls):
                 for index, pairs in run:
-                    owner = owner_of[layers[index][0] or "model"]
-                    if owner not in self.needed:
-                        continue
-                    terms = Terms()
-                    terms_of[index](terms, layers[index][1], pairs)
-                    values = terms.per_example(pairs[0][0].shape[0], pairs[0][1])
-                    found.append(values.double().sum())
-                    where.append((j, owner))
+                    name, module = layers[index]
+                    owner = owner_of[name or "model"]
+                    jobs = [(owner, terms_of[index], ())] if owner in self.needed else []
+                    if scales is not None:
+                        own = {k: scales[i] for k, i in self.names[owner].items()}
+                        jobs.append((-1, scaled_function(module), (own,)))
+                    for key, function, extra in jobs:
+                        terms = Terms()
+                        function(terms, module, pairs, *extra)
+                        found.append(terms.per_example(pairs[0][0].shape[0], pairs[0][1])
+                                     .double().sum())
+                        where.append((j, key))
             # (one host read for all of them)
             values = torch.stack(found).tolist() if found else []
         out = [[0.0] * len(self.owners) for _ in calls]
-        for (j, owner), value in zip(where, values):
-            out[j][owner] += value
-        return out
+        pre = None if scales is None else [0.0] * len(calls)
+        for (j, key), value in zip(where, values):
+            if key < 0:
+                pre[j] += value
+            else:
+                out[j][key] += value
+        return out, pre
 
     # -- readings ------------------------------------------------------------------------------
 
