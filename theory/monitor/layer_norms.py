@@ -221,16 +221,25 @@ def _conv(terms: Terms, module: nn.Conv1d | nn.Conv2d,
         terms.squares.append(d.sum(2))
 
 
-def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
-               ) -> None:
-    if not module.weight.requires_grad:
-        return
+def embedding_slots(module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The calls' token ids ``[B, P]`` and output gradients ``[B, P, D]`` along the positions,
+    the gradients zero at ``padding_idx`` (which gets no gradient)."""
     b = calls[0][0].shape[0]
     dt = _compute_dtype(calls[0][1])
     idx = _positions([x if x.dim() == 2 else x.reshape(b, -1) for x, _ in calls], torch.int64)
     d = _positions([_rows(g, b, module.embedding_dim) for _, g in calls], dt)
     if module.padding_idx is not None:
         d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
+    return idx, d
+
+
+def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
+               ) -> None:
+    if not module.weight.requires_grad:
+        return
+    idx, d = embedding_slots(module, calls)
+    b, dt = d.shape[0], d.dtype
     positions = idx.shape[1]
     if positions == 1:
         terms.squares.append(d)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from theory.monitor.layer_norms import (
-    Terms, _compute_dtype, _positions, _rows, _windows, normalized,
+    Terms, _compute_dtype, _positions, _rows, _windows, embedding_slots, normalized,
 )
 
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]
@@ -64,15 +64,10 @@ def _conv(terms: Terms, module: nn.Conv1d | nn.Conv2d, calls: Pairs, p: Scales) 
 def _embedding(terms: Terms, module: nn.Embedding, calls: Pairs, p: Scales) -> None:
     if p.get("weight") is None:
         return
-    b = calls[0][0].shape[0]
-    dt = _compute_dtype(calls[0][1])
-    idx = _positions([x if x.dim() == 2 else x.reshape(b, -1) for x, _ in calls], torch.int64)
-    d = _positions([_rows(g, b, module.embedding_dim) for _, g in calls], dt)
-    if module.padding_idx is not None:
-        d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
-    rows = d.new_zeros(b, module.num_embeddings, module.embedding_dim)
+    idx, d = embedding_slots(module, calls)
+    rows = d.new_zeros(d.shape[0], module.num_embeddings, module.embedding_dim)
     rows.scatter_add_(1, idx.unsqueeze(2).expand_as(d), d)
-    terms.squares.append(rows * p["weight"].to(dt))
+    terms.squares.append(rows * p["weight"].to(d.dtype))
 
 
 def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm, calls: Pairs, p: Scales) -> None:
