@@ -74,17 +74,25 @@ def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[nn.Paramet
     """P = 1 / (sqrt(v_hat) + eps) for each of ``params`` (None for one the optimizer does not
     hold), or None before the optimizer's first step (module docstring)."""
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-    out: list[torch.Tensor | None] = []
-    for p in params:
+    held, moments, corrections, eps = [], [], [], []
+    for i, p in enumerate(params):
         state, group = optimizer.state.get(p), group_of.get(id(p))
         if group is None:
-            out.append(None)
             continue
         if not state or "exp_avg_sq" not in state:
             return None
-        v = state["max_exp_avg_sq"] if group.get("amsgrad") else state["exp_avg_sq"]
-        v_hat = v / (1.0 - group["betas"][1] ** float(state["step"]))
-        out.append(1.0 / (v_hat.sqrt() + group["eps"]))
+        held.append(i)
+        moments.append(state["max_exp_avg_sq"] if group.get("amsgrad") else state["exp_avg_sq"])
+        corrections.append(1.0 - group["betas"][1] ** float(state["step"]))
+        eps.append(group["eps"])
+    out: list[torch.Tensor | None] = [None] * len(params)
+    if held:
+        # (fused over the parameters: a per-parameter loop of four operators dominated)
+        scales = torch._foreach_sqrt(torch._foreach_div(moments, corrections))
+        torch._foreach_add_(scales, eps)
+        torch._foreach_reciprocal_(scales)
+        for i, s in zip(held, scales):
+            out[i] = s
     return out
 
 
@@ -97,12 +105,15 @@ def check_optimizer(optimizer: object) -> None:
 def _squares(grads: Sequence[torch.Tensor | None], scale: Sequence[torch.Tensor | None] | None
              ) -> torch.Tensor:
     """[|s_p g_p|^2 for each parameter p] in float64, 0 where g_p is None (s: ``scale``, or 1)."""
-    present = [(i, g if scale is None else g * scale[i]) for i, g in enumerate(grads)
-               if g is not None and (scale is None or scale[i] is not None)]
+    held = [i for i, g in enumerate(grads)
+            if g is not None and (scale is None or scale[i] is not None)]
     out = torch.zeros(len(grads), dtype=torch.float64)
-    if present:
-        found = torch._foreach_norm([g for _, g in present])
-        out[[i for i, _ in present]] = torch.stack([n.double() for n in found]).square().cpu()
+    if held:
+        tensors = [grads[i] for i in held]
+        if scale is not None:
+            tensors = torch._foreach_mul(tensors, [scale[i] for i in held])
+        found = torch._foreach_norm(tensors)
+        out[held] = torch.stack([n.double() for n in found]).square().cpu()
     return out
 
 
