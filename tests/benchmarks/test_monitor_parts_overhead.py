@@ -2,9 +2,9 @@
 per-layer and preconditioned noise scales, against the plain loop and the monitor alone.
 
 The loop of tests/benchmarks/test_monitor_overhead.py, with Adam and each step's batch of 64 as
-two accumulated micro-batches of 32 (the preconditioned part needs them), one thread; the loops
-alternate within every round, and each overhead is the median over rounds of the loop's per-step
-thread CPU time over the plain loop's in the same round. With the default
+two accumulated micro-batches of 32 (a loop with accumulation, the case every part covers), one
+thread; the loops alternate within every round, and each overhead is the median over rounds of
+the loop's per-step thread CPU time over the plain loop's in the same round. With the default
 ``--benchmark-disable`` the test runs once as a quick check of the readings.
 ``python tests/benchmarks/test_monitor_parts_overhead.py`` prints the table.
 """
