@@ -55,7 +55,7 @@ def test_parts_loop_reads_every_part(benchmark):
     monitor = NoiseScaleMonitor(net, norm_layers=True, per_layer=True, optimizer=opt)
     reading = benchmark(loop, net, opt, batches(ds, 5), monitor)
     names = [p.name for p in reading.parts]
-    assert names[-2:] == ["norm", "preconditioned"]
+    assert names[-2:] == ["<norm layers>", "<preconditioned>"]
     assert all(math.isfinite(p.trace_sigma) for p in reading.parts)
 
 

@@ -54,7 +54,9 @@ from theory.monitor.preconditioned import scaled_function
 from theory.monitor.readings import PartReading, Smoother, solve_two_sizes
 
 NORM_LAYERS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, _BatchNorm)
-PRECONDITIONED, NORM = "preconditioned", "norm"
+# the parts' names beside the layers' module names, which cannot take these (nor can a module
+# name be empty, the model's own, whose parameters are named ROOT)
+PRECONDITIONED, NORM, ROOT = "<preconditioned>", "<norm layers>", "<model>"
 
 
 def owners(module: nn.Module, params: Sequence[nn.Parameter]
@@ -65,7 +67,7 @@ def owners(module: nn.Module, params: Sequence[nn.Parameter]
     for name, m in module.named_modules():
         own = [index[id(p)] for p in m._parameters.values() if p is not None and id(p) in index]
         if own:
-            found.append((name or "model", m, own))
+            found.append((name or ROOT, m, own))
     return found
 
 
@@ -202,7 +204,7 @@ class Parts:
             for j, run in enumerate(calls):
                 for index, pairs in run:
                     name, module = layers[index]
-                    owner = owner_of[name or "model"]
+                    owner = owner_of[name or ROOT]
                     jobs = [(owner, terms_of[index], ())] if owner in self.needed else []
                     if scales is not None:
                         own = {k: scales[i] for k, i in self.names[owner].items()}

@@ -42,7 +42,8 @@ class Estimate:
 @dataclass(frozen=True)
 class PartReading(Estimate):
     """One part's reading (:mod:`theory.monitor.parts`): ``name`` is a layer's module name,
-    ``"norm"`` or ``"preconditioned"``."""
+    (``"<model>"`` for the model's own parameters), ``"<norm layers>"`` or
+    ``"<preconditioned>"``."""
 
     name: str
 

@@ -12,6 +12,7 @@ from torch import nn
 
 import training
 from theory import NoiseScaleMonitor, TheoryError
+from theory.monitor.parts import NORM, PRECONDITIONED
 
 from .monitor_models import TinyTransformer, token_dataset
 
@@ -82,7 +83,7 @@ def check(part, g, t):
 
 
 def module_params(net, module_name):
-    prefix = "" if module_name == "model" else module_name + "."
+    prefix = "" if module_name == "<model>" else module_name + "."
     return [k for k, _ in net.named_parameters() if k.startswith(prefix) and
             "." not in k[len(prefix):]]
 
@@ -97,10 +98,10 @@ def check_layers(reading, net, grads, sizes, population=None):
     """Every layer's part and the norm layers' against the ground truth; the layers' |G|^2 and
     tr(Sigma) add up to the whole model's."""
     parts = {p.name: p for p in reading.parts}
-    layers = [p for p in reading.parts if p.name not in ("norm", "preconditioned")]
+    layers = [p for p in reading.parts if p.name not in (NORM, PRECONDITIONED)]
     for part in layers:
         check(part, *unbiased(grads, module_params(net, part.name), sizes, population=population))
-    check(parts["norm"], *unbiased(grads, norm_params(net), sizes, population=population))
+    check(parts[NORM], *unbiased(grads, norm_params(net), sizes, population=population))
     g = math.fsum(p.step_g_sq for p in layers)
     t = math.fsum(p.step_trace_sigma for p in layers)
     assert g == pytest.approx(reading.step_g_sq, rel=1e-10)
@@ -178,8 +179,8 @@ def test_layers_and_norm_layers_per_example_on_a_transformer(population):
         assert r.method == "per_example"
         grads = loop_gradients(TinyTransformer, net, examples(x, y))
         parts = check_layers(r, net, grads, [1] * 12, population)
-        assert set(parts) >= {"tok", "blocks.0.ln1", "blocks.0.ff.0", "ln_f", "head", "norm"}
-        history.append(parts["norm"])
+        assert set(parts) >= {"tok", "blocks.0.ln1", "blocks.0.ff.0", "ln_f", "head", NORM}
+        history.append(parts[NORM])
     assert history[-1].trace_sigma == pytest.approx(
         (history[0].step_trace_sigma + history[1].step_trace_sigma) / 2, rel=1e-12)
     assert history[-1].g_sq == pytest.approx(
@@ -220,11 +221,11 @@ def test_preconditioned_on_a_transformer(kind):
     r = micro_step(monitor, net, parts)
     assert r.method == "per_example"
     names = [k for k, _ in net.named_parameters()]
-    pre = {p.name: p for p in r.parts}["preconditioned"]
+    pre = {p.name: p for p in r.parts}[PRECONDITIONED]
     examples_of = [e for x, y in parts for e in examples(x, y)]
     grads = loop_gradients(TinyTransformer, net, examples_of)
     check(pre, *pooled(grads, names, [5, 7], scale))
-    check({p.name: p for p in r.parts}["norm"], *pooled(grads, norm_params(net), [5, 7]))
+    check({p.name: p for p in r.parts}[NORM], *pooled(grads, norm_params(net), [5, 7]))
     assert pre.step_trace_sigma != pytest.approx(r.step_trace_sigma, rel=1e-3)
 
 
@@ -244,9 +245,9 @@ def test_a_batchnorm_cnn_gets_micro_batch_parts():
     assert r.method == "micro_batch"
     grads = loop_gradients(BatchNormCNN, net, parts)
     by_name = check_layers(r, net, grads, [4, 6, 5])
-    assert set(by_name) == {"conv", "bn", "head", "norm", "preconditioned"}
+    assert set(by_name) == {"conv", "bn", "head", NORM, PRECONDITIONED}
     names = [k for k, _ in net.named_parameters()]
-    check(by_name["preconditioned"], *unbiased(grads, names, [4, 6, 5], scale))
+    check(by_name[PRECONDITIONED], *unbiased(grads, names, [4, 6, 5], scale))
 
 
 def grouped_cnn():
@@ -281,6 +282,34 @@ def test_preconditioned_per_example_in_one_backward(name):
                                 scale))
 
 
+class OwnScale(nn.Module):
+    """A layer named ``norm`` and a parameter the model owns itself (micro-batches only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+        self.norm = nn.LayerNorm(4)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.scale * self.norm(torch.tanh(self.lin(x))))
+
+
+def test_part_names_do_not_collide_with_layer_names():
+    torch.manual_seed(4)
+    net = OwnScale().double()
+    gen = torch.Generator().manual_seed(1)
+    parts = [(torch.randn(b, 5, generator=gen, dtype=torch.float64),
+              torch.randint(3, (b,), generator=gen)) for b in (3, 5)]
+    monitor = NoiseScaleMonitor(net, per_layer=True, norm_layers=True)
+    r = micro_step(monitor, net, parts)
+    assert r.method == "micro_batch"
+    by_name = check_layers(r, net, loop_gradients(OwnScale, net, parts), [3, 5])
+    assert set(by_name) == {"<model>", "lin", "norm", "head", NORM}
+    assert by_name["norm"].step_g_sq == by_name[NORM].step_g_sq
+
+
 # -- logging and bad input -------------------------------------------------------------------------
 
 def test_parts_are_logged_by_name(tmp_path):
@@ -293,7 +322,7 @@ def test_parts_are_logged_by_name(tmp_path):
         r = monitor.step()
     header, row = path.read_text().splitlines()
     columns = dict(zip(header.split(","), row.split(",")))
-    assert float(columns["step_b_simple[norm]"]) == pytest.approx(r.parts[0].step_b_simple)
+    assert float(columns["step_b_simple[<norm layers>]"]) == pytest.approx(r.parts[0].step_b_simple)
 
 
 def test_bad_parts_are_refused():
