@@ -27,6 +27,7 @@ from theory.models.predict import MeasuredCurve, Prediction, ProbeSummary, predi
 from theory.models.scaling import ScalingFit, fit_scaling
 from theory.monitor import layer_norms
 from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
+from theory.monitor.readings import PartReading
 from theory.verdicts import claims, noise_along, probe_points, step_ratio, summaries, trajectory
 from theory.verdicts.claims import Verdict, judge_claims
 from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, schedule_steps

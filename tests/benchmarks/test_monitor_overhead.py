@@ -135,16 +135,27 @@ def overhead(name: str, everies: tuple[int, ...] = EVERIES, steps: int = 40, rou
     torch.set_num_threads(1)
     net, ds = workload(name)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
-    data = batches(ds, steps)
-    times: dict[int | str | None, list[float]] = {key: [] for key in (None, "hooks", *everies)}
+    return alternate(("hooks", *everies),
+                     lambda every: EmptyHooks(net) if every == "hooks"
+                     else NoiseScaleMonitor(net, every=every),
+                     lambda data, monitor: loop(net, opt, data, monitor), batches(ds, steps),
+                     rounds)
+
+
+def alternate(keys: tuple, make, run, data: list, rounds: int, warm: int = 5
+              ) -> dict[int | str | None, float]:
+    """Per-step thread CPU seconds of ``run(data, None)`` (key None; its fastest round) and, for
+    each key, the overhead of ``run(data, make(key))`` as a fraction of that: the loops
+    alternate within every round (after ``warm`` steps each), and each overhead is the median
+    over rounds of the loop's time over the plain loop's in the same round."""
+    times: dict[int | str | None, list[float]] = {key: [] for key in (None, *keys)}
     for _ in range(rounds):
-        for every, runs in times.items():
-            monitor = (None if every is None else EmptyHooks(net) if every == "hooks"
-                       else NoiseScaleMonitor(net, every=every))
-            loop(net, opt, data[:5], monitor)                     # warm up
+        for key, runs in times.items():
+            monitor = None if key is None else make(key)
+            run(data[:warm], monitor)                     # warm up
             start = time.thread_time()
-            loop(net, opt, data, monitor)
-            runs.append((time.thread_time() - start) / steps)
+            run(data, monitor)
+            runs.append((time.thread_time() - start) / len(data))
             if monitor is not None:
                 monitor.close()
     plain = times.pop(None)

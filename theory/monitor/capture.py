@@ -111,6 +111,7 @@ class Backward:
     batch: int | None
     grad_sq: torch.Tensor
     problem: str | None
+    parts: Any = None       # what the parts' hook read of it (theory.monitor.parts)
 
 
 def no_backward() -> TheoryError:
@@ -200,6 +201,8 @@ class Capture:
             method == "micro_batch" or (method == "auto" and bool(self.blockers)))
         self.per_example_hooks = not ddp and not self.blockers and method in ("auto",
                                                                               "per_example")
+        # what each backward pass's gradients give the parts (theory.monitor.parts), or None
+        self.part_hook: Callable[[Sequence[torch.Tensor | None]], Any] | None = None
         # the first measured step checks that no supported layer's parameter is used outside
         # the layer's own calls (used_outside); the forwards until then keep their graph's nodes
         self.graph_checked = False
@@ -224,7 +227,7 @@ class Capture:
                             zip(self.layer_list, self._layer_hooks)]
             if not self.graph_checked and self._root_hook is None:
                 self._root_hook = self.module.register_forward_hook(self._on_output)
-        if self.per_pass_norms:
+        if self.per_pass_norms or self.part_hook is not None:
             self._hooks.append(torch.autograd.graph.register_multi_grad_hook(
                 self.params, self._on_backward, mode="all"))
 
@@ -321,8 +324,11 @@ class Capture:
     def _on_backward(self, grads: Sequence[torch.Tensor | None]) -> None:
         run, self.pass_ = self.pass_, None
         batch = run.batch if run is not None else None
-        self.backwards.append(Backward(batch, total_sq([g for g in grads if g is not None]),
-                                       None if run else "a backward pass without a forward"))
+        present = [g for g in grads if g is not None]
+        self.backwards.append(Backward(
+            batch, total_sq(present) if self.per_pass_norms else torch.zeros(()),
+            None if run else "a backward pass without a forward",
+            None if self.part_hook is None else self.part_hook(grads)))
 
     # -- what a step read --------------------------------------------------------------------
 

@@ -221,16 +221,25 @@ def _conv(terms: Terms, module: nn.Conv1d | nn.Conv2d,
         terms.squares.append(d.sum(2))
 
 
-def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
-               ) -> None:
-    if not module.weight.requires_grad:
-        return
+def embedding_slots(module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The calls' token ids ``[B, P]`` and output gradients ``[B, P, D]`` along the positions,
+    the gradients zero at ``padding_idx`` (which gets no gradient)."""
     b = calls[0][0].shape[0]
     dt = _compute_dtype(calls[0][1])
     idx = _positions([x if x.dim() == 2 else x.reshape(b, -1) for x, _ in calls], torch.int64)
     d = _positions([_rows(g, b, module.embedding_dim) for _, g in calls], dt)
     if module.padding_idx is not None:
         d = d * (idx != module.padding_idx).unsqueeze(2).to(dt)
+    return idx, d
+
+
+def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tensor, torch.Tensor]]
+               ) -> None:
+    if not module.weight.requires_grad:
+        return
+    idx, d = embedding_slots(module, calls)
+    b, dt = d.shape[0], d.dtype
     positions = idx.shape[1]
     if positions == 1:
         terms.squares.append(d)
@@ -255,6 +264,13 @@ def _embedding(terms: Terms, module: nn.Embedding, calls: list[tuple[torch.Tenso
                                                       rows.square().sum(1)))
 
 
+def normalized(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """The normalized input xhat, by the layer's own kernel without its affine parameters."""
+    if isinstance(module, nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    return F.rms_norm(x, module.normalized_shape, eps=module.eps)
+
+
 def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
           calls: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     b = calls[0][0].shape[0]
@@ -265,13 +281,8 @@ def _norm(terms: Terms, module: nn.LayerNorm | nn.RMSNorm,
     bias = bias is not None and bias.requires_grad
     g = _positions([_rows(g, b, *shape) for _, g in calls], dt)
     if weight:
-        # the normalized input, by the layer's own kernel without its affine parameters
         x = _positions([_rows(x, b, *shape) for x, _ in calls], dt)
-        if isinstance(module, nn.LayerNorm):
-            xhat = F.layer_norm(x, shape, eps=module.eps)
-        else:
-            xhat = F.rms_norm(x, shape, eps=module.eps)
-        terms.squares.append(torch.linalg.vecdot(g, xhat, dim=1))    # sum_p g_p o xhat_p
+        terms.squares.append(torch.linalg.vecdot(g, normalized(module, x), dim=1))  # sum_p g o xhat
     if bias:
         terms.squares.append(g.sum(1))
 

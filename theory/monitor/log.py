@@ -1,6 +1,7 @@
 """Where :class:`theory.NoiseScaleMonitor` writes its readings: a CSV file (one row per step, a
 header naming the fields) and TensorBoard scalars (``torch.utils.tensorboard.SummaryWriter``,
-tag ``noise/<field>``)."""
+tag ``noise/<field>``). A reading's parts (:mod:`theory.monitor.parts`) add the columns and tags
+``<field>[<part>]`` for their smoothed and per-step B_simple, |G|^2 and tr(Sigma)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from training.errors import SparsescaleIOError
 # the numeric fields drawn as TensorBoard curves
 SCALARS = ("b_simple", "g_sq", "trace_sigma", "b_simple_se", "g_sq_se", "trace_sigma_se",
            "step_b_simple", "step_g_sq", "step_trace_sigma")
+# the fields of each part (theory.monitor.parts) written beside them
+PART_FIELDS = ("b_simple", "g_sq", "trace_sigma", "step_b_simple", "step_g_sq",
+               "step_trace_sigma")
 
 
 class ReadingLog:
@@ -53,6 +57,9 @@ class ReadingLog:
         if self._file is None and self._writer is None:
             return
         row = asdict(reading)
+        for part in row.pop("parts", ()):
+            for name in PART_FIELDS:
+                row[f"{name}[{part['name']}]"] = part[name]
         if self._file is not None:
             if self._rows is None:
                 self._rows = csv.DictWriter(self._file, fieldnames=list(row))
@@ -61,9 +68,8 @@ class ReadingLog:
             self._rows.writerow(row)
             self._file.flush()
         if self._writer is not None:
-            for name in SCALARS:
-                value = row[name]
-                if math.isfinite(value):
+            for name, value in row.items():
+                if (name in SCALARS or "[" in name) and math.isfinite(value):
                     self._writer.add_scalar(f"noise/{name}", value, row["step"])
 
     def close(self) -> None:

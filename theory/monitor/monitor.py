@@ -53,7 +53,9 @@ under mixed precision. The scale cannot be read from gradients; B_simple does no
 in the mode the model is in (dropout included).
 
 What the hooks capture, and what a measured step costs: :mod:`theory.monitor.capture`; the
-readings and their smoothing: :mod:`theory.monitor.readings`.
+readings and their smoothing: :mod:`theory.monitor.readings`; the noise scales per layer, of the
+normalization layers and of Adam's preconditioned gradient (``per_layer``, ``norm_layers``,
+``optimizer``): :mod:`theory.monitor.parts`.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ from theory.monitor.capture import (
 )
 from theory.monitor.ddp import LocalNormHook, batch_term
 from theory.monitor.log import ReadingLog
-from theory.monitor.readings import NoiseReading, Smoother, solve_two_sizes
+from theory.monitor.parts import Parts
+from theory.monitor.readings import NoiseReading, PartReading, Smoother, solve_two_sizes
 from theory.estimators.sampling import noise_scale
 
 METHODS = ("auto", "per_example", "micro_batch", "ddp")
@@ -94,6 +97,10 @@ class NoiseScaleMonitor:
     writes). ``comm_hook`` / ``comm_state``: a DDP communication hook of yours that the
     monitor's wraps and calls on every bucket (default: DDP's own all-reduce mean over DDP's
     process group, into whose last bucket the monitor folds its two per-rank scalars).
+    ``per_layer`` / ``norm_layers`` / ``optimizer`` (an ``Adam`` or ``AdamW``): also read the
+    noise scale of each layer, of the normalization layers together, of the gradients
+    preconditioned by the optimizer's second moment, into ``NoiseReading.parts``
+    (:mod:`theory.monitor.parts`; not under DDP).
 
     Use: ``loss.backward()`` (one or more times), then ``reading = monitor.step()``, then the
     optimizer step. ``close()`` (or ``with``) removes the hooks and closes the logs.
@@ -102,7 +109,9 @@ class NoiseScaleMonitor:
     def __init__(self, model: nn.Module, *, window: int | None = None, ema: float | None = None,
                  population: int | None = None, method: str = "auto", every: int = 1,
                  csv: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
-                 comm_hook: Callable | None = None, comm_state: Any = None) -> None:
+                 comm_hook: Callable | None = None, comm_state: Any = None,
+                 per_layer: bool = False, norm_layers: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TheoryError(f"NoiseScaleMonitor needs an nn.Module, got {type(model).__name__}")
         if method not in METHODS:
@@ -131,12 +140,23 @@ class NoiseScaleMonitor:
                               f"parameters that require gradients")
         self.method, self.population = method, population
         self.smoother = Smoother(window, ema)
+        self.parts: Parts | None = None
+        if per_layer or norm_layers or optimizer is not None:
+            if self.ddp:
+                raise TheoryError("per_layer, norm_layers and optimizer are not available under "
+                                  "DistributedDataParallel")
+            self.parts = Parts(self.module, self.params, per_layer, norm_layers, optimizer,
+                               window, ema)
+        self._part_readings: tuple[PartReading, ...] = ()
         self.calls = 0
         self.last: NoiseReading | None = None
         self.rank = 0
         self._active = True
         self._closed = False
         self.capture = Capture(self.module, self.params, method, self.ddp)
+        if self.parts is not None and self.capture.per_pass_norms:
+            # the parts read each micro-batch's gradients (before the hooks are attached)
+            self.capture.part_hook = self.parts.on_backward
         self.layers, self.blockers = self.capture.layers, self.capture.blockers
         # the kernel (theory.monitor.kernel), loaded at the first per-example step;
         # False: not loaded yet
@@ -221,9 +241,33 @@ class NoiseScaleMonitor:
         sums, grad_sq = self._example_sums(calls)
         u_small = sum(b * b * v for b, v in zip(sizes, sums)) / (scale * scale * batch)
         u_big = grad_sq / (scale * k) ** 2
-        g, t = solve_two_sizes(u_small, self._coef(1.0), u_big,
-                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        c_small, c_big = self._coef(1.0), self._coef(sum(1.0 / (k * k * b) for b in sizes))
+        g, t = solve_two_sizes(u_small, c_small, u_big, c_big)
+        if self.parts is not None:
+            parts = self.parts
+            examples, pre = parts.example_sums(self.capture, calls)
+            small = [math.fsum(b * b * v[o] for b, v in zip(sizes, examples))
+                     / (scale * scale * batch) for o in range(len(parts.owners))]
+            pre_small = None if pre is None else \
+                math.fsum(b * b * v for b, v in zip(sizes, pre)) / (scale * scale * batch)
+            self._read_parts(small, c_small, c_big, scale, k, pre_small)
         return g, t, batch
+
+    def _read_parts(self, small: list[float], c_small: float, c_big: float, scale: float,
+                    k: int, pre_small: float | None = None) -> None:
+        """The parts' readings from the owners' small averages: their big ones from ``.grad``;
+        the preconditioned small average ``pre_small`` from the per-example terms, or from the
+        micro-batches' backward passes where it is None (:mod:`theory.monitor.parts`)."""
+        parts = self.parts
+        big = [v / (scale * k) ** 2 for v in parts.owner_sums(parts.grad_squares())]
+        pre = None
+        if parts.passes and parts.scale() is not None:
+            u_big = float(parts.grad_squares(scaled=True).sum()) / (scale * k) ** 2
+            if pre_small is None:
+                pre_small = math.fsum(float(b.parts[1].sum()) for b in self.capture.backwards
+                                      ) / (k * scale * scale)
+            pre = (pre_small, c_small, u_big, c_big)
+        self._part_readings = parts.read(small, c_small, big, c_big, pre)
 
     def _micro_batch(self, passes: list[Backward], scale: float) -> tuple[float, float, int]:
         sizes = [b.batch for b in passes]
@@ -232,8 +276,13 @@ class NoiseScaleMonitor:
         u_small = sum(values) / (k * scale * scale)
         c_small = sum(self._coef(1.0 / b) for b in sizes) / k
         u_big = grad_sq / (scale * k) ** 2
-        g, t = solve_two_sizes(u_small, c_small, u_big,
-                               self._coef(sum(1.0 / (k * k * b) for b in sizes)))
+        c_big = self._coef(sum(1.0 / (k * k * b) for b in sizes))
+        g, t = solve_two_sizes(u_small, c_small, u_big, c_big)
+        if self.parts is not None:
+            per_pass = [self.parts.owner_sums(b.parts[0]) for b in passes]
+            small = [math.fsum(v[o] for v in per_pass) / (k * scale * scale)
+                     for o in range(len(self.parts.owners))]
+            self._read_parts(small, c_small, c_big, scale, k)
         return g, t, batch
 
     def _ddp(self, scale: float) -> tuple[float, float, int]:
@@ -289,6 +338,8 @@ class NoiseScaleMonitor:
     def _reset(self) -> None:
         """Forget the step's passes (the fresh-gradient check ends with the first step)."""
         self.capture.reset()
+        if self.parts is not None:
+            self.parts.reset()
         if self.ddp:
             self._ddp_hook.reset()
 
@@ -310,7 +361,7 @@ class NoiseScaleMonitor:
                                b_simple=b_s, g_sq=g_s, trace_sigma=t_s, b_simple_se=b_se,
                                g_sq_se=g_se, trace_sigma_se=t_se, step_b_simple=noise_scale(t, g),
                                step_g_sq=g, step_trace_sigma=t, smoothing=self.smoother.label,
-                               steps=self.smoother.steps)
+                               steps=self.smoother.steps, parts=self._part_readings)
         self.log.write(reading)
         self.last = reading
         return reading

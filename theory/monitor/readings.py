@@ -22,19 +22,12 @@ from theory.estimators.sampling import noise_scale
 
 
 @dataclass(frozen=True)
-class NoiseReading:
-    """One step's reading of :class:`NoiseScaleMonitor`.
+class Estimate:
+    """A noise scale's values: ``g_sq`` ~ |G|^2, ``trace_sigma`` ~ tr(Sigma) smoothed,
+    ``b_simple`` their ratio, ``*_se`` standard errors from the spread of the per-step estimates
+    (nan until two steps); ``step_g_sq`` / ``step_trace_sigma`` / ``step_b_simple`` this step's
+    own unbiased estimates."""
 
-    ``g_sq`` ~ |G|^2, ``trace_sigma`` ~ tr(Sigma) smoothed as ``smoothing`` says, ``b_simple``
-    their ratio, ``*_se`` standard errors from the spread of the per-step estimates (nan until
-    two steps); ``step_g_sq`` / ``step_trace_sigma`` / ``step_b_simple`` this step's own unbiased
-    estimates; ``batch_size`` the examples this step saw (all micro-batches and ranks),
-    ``method`` the estimator that ran, ``steps`` how many steps the smoothing holds.
-    """
-
-    step: int
-    method: str
-    batch_size: int
     b_simple: float
     g_sq: float
     trace_sigma: float
@@ -44,8 +37,32 @@ class NoiseReading:
     step_b_simple: float
     step_g_sq: float
     step_trace_sigma: float
+
+
+@dataclass(frozen=True)
+class PartReading(Estimate):
+    """One part's reading (:mod:`theory.monitor.parts`): ``name`` is a layer's module name,
+    (``"<model>"`` for the model's own parameters), ``"<norm layers>"`` or
+    ``"<preconditioned>"``."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class NoiseReading(Estimate):
+    """One step's reading of :class:`NoiseScaleMonitor`: the whole model's :class:`Estimate`,
+    smoothed as ``smoothing`` says; ``batch_size`` the examples this step saw (all
+    micro-batches and ranks), ``method`` the estimator that ran, ``steps`` how many steps the
+    smoothing holds; ``parts`` the parts' readings (:mod:`theory.monitor.parts`), empty unless
+    asked for.
+    """
+
+    step: int
+    method: str
+    batch_size: int
     smoothing: str
     steps: int
+    parts: tuple[PartReading, ...] = ()
 
 
 def solve_two_sizes(u_small: float, c_small: float, u_big: float, c_big: float
