@@ -1,19 +1,19 @@
 """The cost of L at Lee et al.'s stage as a fraction of the training it measures, for schedules
 of the ``[probes]`` table, on one stored run of a study.
 
-For the first probed run of ``--sparsity`` in a run folder (its store and spec): the training
+For the first probed run of level ``sparsity`` in a run folder (its store and spec): the training
 of that run alone (its replay to its end, one torch thread: the cost L would add to if it were
 taken inside the run), then, on the states of that replay, the measurements of each schedule
 (``--every`` N, ``--examples`` L's sample, with or without the noise quantities measured beside
 L). Fraction = measurement seconds / training seconds; the replay a study's probes add today
 (one more pass of training per probed run) is printed beside it.
 
-    python -m experiments.scripts.probe_cost runs/lee_lipschitz_fashion_mnist --sparsity 0
+    python -m experiments.scripts.probe_cost RUN_DIR [SPARSITY]     # default sparsity 0
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 
 import theory
@@ -36,18 +36,15 @@ SCHEDULES = (("every 1000, L + noise, 2000 ex.", 1000, 2000, SCHEDULE_MEASURED),
 START = 1000
 
 
-def main(argv: list[str] | None = None) -> list[tuple[str, int, float, float]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run_dir")
-    p.add_argument("--sparsity", type=float, default=0.0)
-    args = p.parse_args(argv)
-    spec = load_results(args.run_dir).spec
+def main(run_dir: str, sparsity: float = 0.0) -> list[tuple[str, int, float, float]]:
+    """(label, points, seconds, fraction of training) per schedule (module docstring)."""
+    spec = load_results(run_dir).spec
     workload = Workload.of(spec)
     dataset = workload.load_dataset()
     seed = spec.seeds[0]
-    masks = workload.masks(dataset, [(args.sparsity, seed)])
-    with open_store(args.run_dir) as store:
-        task = probe_tasks(spec, store, args.sparsity, {seed: masks[(args.sparsity, seed)]})[0]
+    masks = workload.masks(dataset, [(sparsity, seed)])
+    with open_store(run_dir) as store:
+        task = probe_tasks(spec, store, sparsity, {seed: masks[(sparsity, seed)]})[0]
     horizon, p_ = task.horizon, spec.probes
     run = training.RunConfig(int(task.group.batch_size), spec.optimizer, seed=int(task.group.seed))
     out = []
@@ -65,13 +62,13 @@ def main(argv: list[str] | None = None) -> list[tuple[str, int, float, float]]:
         states = theory.replay_states(model, dataset, trial, run, needed, task.mask,
                                       int(task.trial.trial))
         train = time.perf_counter() - start
-        print(f"run: sparsity {args.sparsity:g}, B = {run.batch_size}, {horizon} steps; "
+        print(f"run: sparsity {sparsity:g}, B = {run.batch_size}, {horizon} steps; "
               f"training (its replay, 1 thread) {train:.1f} s")
         for label, steps, examples, quantities in plans:
             start = time.perf_counter()
             theory.probe_trajectory(
                 model, dataset, trial, run, steps, horizon, mask=task.mask,
-                sparsity=args.sparsity, trial_index=int(task.trial.trial), average=p_.average,
+                sparsity=sparsity, trial_index=int(task.trial.trial), average=p_.average,
                 examples=p_.examples, sample_seed=seed, states=states,
                 lipschitz_seed=LIPSCHITZ_SAMPLE_SEED, quantities=quantities,
                 lipschitz_update="into", lipschitz_examples=examples)
@@ -83,4 +80,4 @@ def main(argv: list[str] | None = None) -> list[tuple[str, int, float, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
