@@ -109,11 +109,11 @@ def format_design(comps: VarianceComponents, delta: float, rows: Sequence[Sample
     first = rows[0]
     lines += ["", f"to resolve {size} (delta = {delta:.4g} on the {scale} scale) with a "
                   f"{first.level:.0%} two-sided interval and {first.power:.0%} power:",
-              "  points/run  design    needed  points in all"]
+              "  points/run  design       needed  points in all"]
     for r in rows:
         kind = "pairs" if r.paired else "runs/level"
         total = r.n * r.points * 2
-        lines.append(f"  {r.points:>10g}  {kind:<10}{r.n:>6}  {total:>13g}")
+        lines.append(f"  {r.points:>10g}  {kind:<11}{r.n:>7}  {total:>13g}")
     if not math.isnan(comps.within) and comps.between > 0:
         # the runs no number of points per run can go below: sigma_w^2 / m -> 0
         floor = sample_size(comps.between, delta, first.level, first.power, paired=False)
