@@ -62,7 +62,7 @@ from experiments.report.sections import (
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
 )
-from experiments.report.stopping_view import stopping_lines
+from experiments.report.design_view import stopping_lines
 from experiments.spec.study import reductions
 from experiments.report.verdicts import (
     STEPS_DEFINITION, failure_sentences, findings_table, noise_along_table, verdict_table, verdicts,
@@ -247,7 +247,7 @@ def _reductions(runs: RunSet) -> tuple[Paragraphs, ...]:
 
 def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
     """Each run's pre-declared stopping rule and its looks at the stored paired runs
-    (:mod:`experiments.report.stopping_view`)."""
+    (:mod:`experiments.report.design_view`)."""
     out = []
     for r in runs.runs:
         rule = getattr(r.spec, "stopping", None)

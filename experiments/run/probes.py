@@ -123,7 +123,8 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
     run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
                              device=spec.device, precision=spec.precision)
     along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
-    lee = theory.schedule_steps(horizon, p.lipschitz_every) if p.lipschitz_every else ()
+    lee = (theory.schedule_steps(horizon, p.lipschitz_every, p.lipschitz_start)
+           if p.lipschitz_every else ())
     needed = set(needed_steps(along, max(horizon, 1), p.average) if along else ())
     needed |= set(needed_steps(lee, horizon, p.average, "into") if lee else ())
     if not needed:

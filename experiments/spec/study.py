@@ -74,6 +74,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     hessian_examples = 16               # examples of B_noise's tr(H Sigma) sample
     lanczos = 20                        # Lanczos steps for lambda_max (Lee's L: always full split)
     lipschitz_every = 1000              # Lee's stage: L and noise at steps N, 2N, ... to the end
+    lipschitz_start = 1000              # ... from this step on (default N)
     lipschitz_examples = 8000           # ... L on a fixed sample (experiments.spec.tables.probes)
     lipschitz_trials = 3                # ... runs per probed group
     lipschitz_check = [0.0]             # ... levels whose first run checks L on the whole split

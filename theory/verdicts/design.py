@@ -189,7 +189,7 @@ def sample_size(variance: float, delta: float, level: float = 0.9, power: float 
     return max(seen)   # a 2-cycle between n and n + 1 resolves to the larger
 
 
-def plan(components: VarianceComponents, delta: float, points: Sequence[float],
+def sample_sizes(components: VarianceComponents, delta: float, points: Sequence[float],
          level: float = 0.9, power: float = 0.8, t_quantiles: bool = False
          ) -> tuple[SampleSize, ...]:
     """For each number of points per run: the runs per level (unpaired) and, where the pilot

@@ -35,14 +35,16 @@ def probe_steps(horizon: int, points: int = DEFAULT_POINTS) -> tuple[int, ...]:
     return tuple(sorted({int(s) for s in np.rint(np.linspace(0, horizon, points))}))
 
 
-def schedule_steps(horizon: int, every: int) -> tuple[int, ...]:
-    """The steps k ``every`` for k = 1, 2, ... up to ``horizon`` (H, the run's goal step or
-    budget), where Lee et al. (2021) measure L: their ``edps/train.py`` logs it at iteration
-    k ``lipschitz_interval`` (default 1,000) while the run goes on, until the goal or the
-    budget ends it; never at initialization. Empty when H < ``every``."""
+def schedule_steps(horizon: int, every: int, start: int | None = None) -> tuple[int, ...]:
+    """The steps k ``every`` >= ``start`` (default ``every``) for k = 1, 2, ... up to
+    ``horizon`` (H, the run's goal step or budget), where Lee et al. (2021) measure L: their
+    ``edps/train.py`` logs it at iteration k ``lipschitz_interval`` (default 1,000) while the
+    run goes on, until the goal or the budget ends it; never at initialization. Empty when
+    H < ``every``."""
     check_int(horizon, "horizon", minimum=0)
     check_int(every, "every")
-    return tuple(range(every, horizon + 1, every))
+    first = every if start is None else max(every, every * -(-check_int(start, "start") // every))
+    return tuple(range(first, horizon + 1, every))
 
 
 def probe_batch_sizes(reached: Sequence[int], b_crit: float | None,

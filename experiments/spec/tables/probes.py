@@ -7,6 +7,7 @@ that decide which trials a group counts.
 In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measured)::
 
     lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the run's end
+    lipschitz_start = 1000        # ... from this step on (default N; Lee's stage starts at 1,000)
     lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
     lipschitz_trials = 3          # runs probed per probed group (reached first, fewest steps)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
@@ -19,7 +20,8 @@ goal or the step budget (``train_iterations``) ends the run, on the whole traini
 against the whole split at the first point of one run per listed level.
 
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
-alone; the other three need ``lipschitz_every``. Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
+alone; the others need ``lipschitz_every``. ``lipschitz_start`` skips the points before it
+(a dense schedule, N = 250, need not pay for points before Lee's stage). Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
 of studies without them do not move.
 """
 
@@ -35,8 +37,9 @@ from training.config import is_int
 from experiments.spec.checks import Checker
 
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
-LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_examples": None,
-                                      "lipschitz_trials": 1, "lipschitz_check": ()}
+LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_start": None,
+                                      "lipschitz_examples": None, "lipschitz_trials": 1,
+                                      "lipschitz_check": ()}
 
 
 def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
@@ -47,10 +50,12 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     every = table.get("lipschitz_every")
     if every is not None:
         out["lipschitz_every"] = ck.integer(every, "probes.lipschitz_every", 1)
-    for key in ("lipschitz_trials", "lipschitz_check"):
+    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check"):
         if key in table and every is None:
             ck.add(f"probes.{key}", "only used with probes.lipschitz_every; allowed: set "
                                     "lipschitz_every = N (steps between L's points) or remove it")
+    if "lipschitz_start" in table and every is not None:
+        out["lipschitz_start"] = ck.integer(table["lipschitz_start"], "probes.lipschitz_start", 1)
     if "lipschitz_examples" in table:
         out["lipschitz_examples"] = ck.integer(table["lipschitz_examples"],
                                                "probes.lipschitz_examples", 2)
@@ -116,6 +121,7 @@ class Probes:
     hessian_examples: int = 16
     lanczos: int = 20
     lipschitz_every: int | None = None
+    lipschitz_start: int | None = None
     lipschitz_examples: int | None = None
     lipschitz_trials: int = 1
     lipschitz_check: tuple[float, ...] = ()

@@ -10,7 +10,7 @@ import pytest
 
 from theory.verdicts.sequential import boundary_constants, look
 
-from experiments.report.stopping_view import looks, paired_differences, stopping_lines
+from experiments.report.design_view import looks, paired_differences, stopping_lines
 from experiments.spec.tables.stopping import Stopping
 
 SEEDS = (0, 1, 2, 3)

@@ -35,6 +35,10 @@ def edit(text: str, old: str, new: str) -> str:
      "probes.lipschitz_check", "the study's sparsities (0, 0.5)"),
     (edit(STAGE, "lipschitz_every = 1000", "lipschitz_every = 1000\nlipschitz_check = [0.0]"),
      "probes.lipschitz_check", "whole split already"),
+    (edit(STAGE, "lipschitz_every = 1000", "lipschitz_every = 1000\nlipschitz_start = 0"),
+     "probes.lipschitz_start", "an integer >= 1"),
+    (edit(TINY, "enabled = false", "enabled = true\nlipschitz_start = 1000"),
+     "probes.lipschitz_start", "only used with probes.lipschitz_every"),
     (edit(STAGE, "lipschitz_every = 1000", "lipschitz_evry = 1000"), "probes.lipschitz_evry",
      "did you mean 'lipschitz_every'"),
     (edit(TINY, "seeds = [0]", 'seeds = [0]\nstop = "al"'), "stop", "did you mean 'all'"),
@@ -49,7 +53,8 @@ def test_a_bad_key_is_one_line_naming_it(text, key, word):
 
 
 FULL = (edit(STAGE, "lipschitz_every = 1000",
-             "lipschitz_every = 1000\nlipschitz_examples = 8000\nlipschitz_trials = 3\n"
+             "lipschitz_every = 1000\nlipschitz_start = 2000\nlipschitz_examples = 8000\n"
+             "lipschitz_trials = 3\n"
              "lipschitz_check = [0.5, 0.0]")
         .replace("seeds = [0]", 'seeds = [0]\nstop = "all"\ncomplete_trials = true'))
 
@@ -60,7 +65,8 @@ def test_set_keys_enter_the_hash_and_come_back_from_a_store():
     assert (full.stop, full.complete_trials) == ("all", True)
     c = full.canonical()
     assert {k: c["probes"][k] for k in c["probes"] if k.startswith("lipschitz")} == {
-        "lipschitz_every": 1000, "lipschitz_examples": 8000, "lipschitz_trials": 3,
+        "lipschitz_every": 1000, "lipschitz_start": 2000, "lipschitz_examples": 8000,
+        "lipschitz_trials": 3,
         "lipschitz_check": [0.0, 0.5]}
     assert (c["stop"], c["complete_trials"]) == ("all", True)
     # unset: nothing of them in the canonical JSON, so earlier hashes stand

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from theory.errors import TheoryError
-from theory.verdicts.design import (VarianceComponents, plan, sample_size,
+from theory.verdicts.design import (VarianceComponents, sample_size, sample_sizes,
                                     variance_components)
 
 
@@ -90,10 +90,10 @@ def test_t_quantiles_satisfy_their_own_equation():
     assert n > sample_size(v, delta, 0.95, 0.9, True)
 
 
-def test_plan_runs_and_pairs_per_points():
+def test_sample_sizes_of_runs_and_pairs_per_points():
     c = VarianceComponents(between=0.02, within=0.1, cov_paired=0.015, runs=6, points=18,
                            cells=2, pairs=3, points_per_run=3, run_mean_sd=0.2)
-    rows = plan(c, math.log(1.1), (3, 12))
+    rows = sample_sizes(c, math.log(1.1), (3, 12))
     z2 = (stats.norm.ppf(0.95) + stats.norm.ppf(0.8)) ** 2
     d2 = math.log(1.1) ** 2
     # unpaired: V(m) per run, two levels' means (k = 2); paired: V_d(m) per pair (k = 1)
@@ -105,6 +105,6 @@ def test_plan_runs_and_pairs_per_points():
         k = 1 if r.paired else 2
         assert r.n == math.ceil(k * want[(r.points, r.paired)] * z2 / d2)
     with pytest.raises(TheoryError, match="points per run"):
-        plan(c, 0.1, (0,))
+        sample_sizes(c, 0.1, (0,))
     with pytest.raises(TheoryError, match="delta"):
         sample_size(0.1, 0.0)
