@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from theory.errors import TheoryError
 from theory.monitor.layer_norms import (
     Terms, _compute_dtype, _positions, _rows, _windows, embedding_slots, normalized,
 )
@@ -96,4 +97,5 @@ def scaled_function(module: nn.Module) -> ScaledFunction:
     for kinds, scaled in _LAYERS:
         if isinstance(module, kinds):
             return scaled
-    raise TypeError(f"{type(module).__name__} has no preconditioned per-example terms")
+    raise TheoryError(f"{type(module).__name__} has no preconditioned per-example terms; "
+                      f"supported: the layers of theory.monitor.layer_norms.SUPPORTED")
