@@ -85,7 +85,8 @@ def lightning_fit(net: nn.Module, data: TensorDataset, steps: int, options: dict
             self.stamps.append(time.thread_time())
 
     clock = Clock()
-    callbacks = [clock] if options is None else [clock, NoiseScaleCallback(**options)]
+    callbacks = [clock] if options is None else [clock, NoiseScaleCallback(module="net",
+                                                                           **options)]
     with tempfile.TemporaryDirectory() as tmp:
         trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                              callbacks=callbacks, enable_checkpointing=False,

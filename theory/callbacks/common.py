@@ -138,7 +138,8 @@ class Run:
         self.monitor: NoiseScaleMonitor | None = None
         self.examples: Examples | None = None
         self.reading: NoiseReading | None = None      # a fresh reading not yet decided on
-        self.measured = 0
+        self.measured = self.counted = 0
+        self.hint = ""        # what the framework's error adds where the model ran no forward
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.close()
@@ -146,12 +147,16 @@ class Run:
         self.monitor = NoiseScaleMonitor(model, optimizer=optimizer if self.preconditioned
                                          else None, **self.options)
         self.examples = Examples(model)
-        self.reading, self.measured = None, 0
+        self.reading, self.measured, self.counted = None, 0, 0
 
     def read(self, loss_scale: float) -> dict[str, float]:
         """The step's metrics (empty between measured steps, ``every`` > 1)."""
         if self.monitor is None:
             raise TheoryError("the noise-scale callback read a step before training started")
+        if self.examples.count == self.counted:
+            raise TheoryError(f"the monitored model ({type(self.monitor.module).__name__}) ran no "
+                              f"forward with gradients in this step{self.hint}")
+        self.counted = self.examples.count
         before = self.monitor.calls
         reading = self.monitor.step(loss_scale)
         if reading is None or reading.step != before + 1:

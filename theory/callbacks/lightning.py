@@ -45,16 +45,23 @@ class NoiseScaleCallback(pl.Callback):
     ``noise/trace_sigma``, their standard errors and per-step values, and each part's as
     ``noise/b_simple[<part>]`` ...; drives ``policy`` (module docstring).
 
+    ``module``: the name of the network inside the ``LightningModule`` that ``training_step``
+    calls (``"net"`` for ``self.net(x)``; default None: the ``LightningModule`` itself, called
+    as ``self(x)``): the monitor's hooks see the forwards of the module they are attached to.
     ``preconditioned``: also the noise scale of the gradient preconditioned by the optimizer
     (an Adam or AdamW); ``decide_every``: ask the policy every that many measured steps;
     ``prefix``: the metrics' names start with it; ``options``: the monitor's keyword arguments
     (``window``, ``ema``, ``every``, ``per_layer``, ``norm_layers``, ``population``, ...)."""
 
-    def __init__(self, *, preconditioned: bool = False, policy: Any = None, decide_every: int = 1,
-                 prefix: str = "noise/", **options: Any) -> None:
+    def __init__(self, *, module: str | None = None, preconditioned: bool = False,
+                 policy: Any = None, decide_every: int = 1, prefix: str = "noise/",
+                 **options: Any) -> None:
         super().__init__()
+        self.module = module
         self.run = Run(preconditioned=preconditioned, policy=policy, decide_every=decide_every,
                        prefix=prefix, options=options)
+        self.run.hint = ("; if training_step calls a network inside the LightningModule "
+                         "(self.net(x)), name it: NoiseScaleCallback(module='net')")
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
@@ -64,7 +71,13 @@ class NoiseScaleCallback(pl.Callback):
         if self.run.preconditioned and len(optimizers) != 1:
             raise TheoryError(f"preconditioned=True needs one optimizer, the run has "
                               f"{len(optimizers)}")
-        self.run.start(pl_module, optimizers[0] if optimizers else None)
+        try:
+            model = pl_module if self.module is None else pl_module.get_submodule(self.module)
+        except AttributeError:
+            names = [name for name, _ in pl_module.named_children()]
+            raise TheoryError(f"module={self.module!r}: the {type(pl_module).__name__} has no such "
+                              f"sub-module; its children: {', '.join(names) or 'none'}") from None
+        self.run.start(model, optimizers[0] if optimizers else None)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         log(pl_module, self.run.read(1.0 / trainer.accumulate_grad_batches))

@@ -124,3 +124,22 @@ def test_a_policy_sets_the_lr_and_the_batch_size_of_the_next_step():
 def test_an_unknown_monitor_option_is_refused_by_name():
     with pytest.raises(TheoryError, match="unknown monitor option 'windw' \\(did you mean 'window'"):
         NoiseScaleCallback(windw=3)
+
+
+def test_a_training_step_that_calls_a_sub_module_is_named_in_the_error():
+    class Inner(Module):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+    x, y = data()
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False,
+                         callbacks=[NoiseScaleCallback()], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(TheoryError, match="NoiseScaleCallback\\(module='net'\\)"):
+        trainer.fit(Inner(), DataLoader(TensorDataset(x, y), batch_size=8))
+    with pytest.raises(TheoryError, match="no such sub-module; its children: net"):
+        pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False,
+                   callbacks=[NoiseScaleCallback(module="nte")], enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False
+                   ).fit(Module(), DataLoader(TensorDataset(x, y), batch_size=8))
