@@ -1,7 +1,9 @@
 """The noise scale in a Lightning run: :class:`NoiseScaleCallback`, a ``lightning.pytorch``
 (or ``pytorch_lightning``) ``Callback`` that attaches :class:`theory.NoiseScaleMonitor` to the
-``LightningModule``, logs every measured step's reading through the module's ``log_dict`` (so
-through the Trainer's loggers, at their ``log_every_n_steps``) and optionally drives a
+``LightningModule``, logs the readings through the module's ``log_dict`` (so through the
+Trainer's loggers) at the Trainer's logging steps (``log_every_n_steps``: the latest values
+measured since the last one, logged only then, since Lightning's ``log`` costs about as much as
+the monitor; as float64, where Lightning would make a Python number float32) and optionally drives a
 batch-size policy (:mod:`theory.callbacks.common`). Needs ``pip install 'sparsescale[lightning]'``.
 
 Where it reads: in ``on_before_optimizer_step``, after the step's last backward pass (with
@@ -32,14 +34,6 @@ pl = require(("lightning.pytorch", "pytorch_lightning"), "lightning",
              "theory.callbacks.lightning")
 
 
-def log(pl_module: Any, values: dict[str, float]) -> None:
-    """``values`` through the module's ``log_dict``, as float64 tensors (Lightning turns a Python
-    number into a tensor of the default dtype, float32)."""
-    if values:
-        pl_module.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()},
-                           on_step=True, on_epoch=False, batch_size=1)
-
-
 class NoiseScaleCallback(pl.Callback):
     """Logs the noise scale of every measured step as ``noise/b_simple``, ``noise/g_sq``,
     ``noise/trace_sigma``, their standard errors and per-step values, and each part's as
@@ -60,6 +54,8 @@ class NoiseScaleCallback(pl.Callback):
         self.module = module
         self.run = Run(preconditioned=preconditioned, policy=policy, decide_every=decide_every,
                        prefix=prefix, options=options)
+        self.pending: dict[str, float] = {}
+        self.stepped = False
         self.run.hint = ("; if training_step calls a network inside the LightningModule "
                          "(self.net(x)), name it: NoiseScaleCallback(module='net')")
 
@@ -80,13 +76,24 @@ class NoiseScaleCallback(pl.Callback):
         self.run.start(model, optimizers[0] if optimizers else None)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        log(pl_module, self.run.read(1.0 / trainer.accumulate_grad_batches))
+        self.pending.update(self.run.read(1.0 / trainer.accumulate_grad_batches))
+        self.stepped = True
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if not self.stepped:          # a micro-batch before the step's last
+            return
+        self.stepped = False
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
-        log(pl_module, self.run.decide(trainer.global_step, trainer.optimizers[0], schedulers,
-                                       trainer.train_dataloader, trainer.accumulate_grad_batches))
+        self.pending.update(self.run.decide(
+            trainer.global_step, trainer.optimizers[0], schedulers, trainer.train_dataloader,
+            trainer.accumulate_grad_batches))
+        connector = getattr(trainer, "_logger_connector", None)
+        if self.pending and (connector is None or connector.should_update_logs):
+            values, self.pending = self.pending, {}
+            pl_module.log_dict({k: torch.tensor(v, dtype=torch.float64)
+                                for k, v in values.items()},
+                               on_step=True, on_epoch=False, batch_size=1)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.close()

@@ -64,13 +64,13 @@ class Module(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=LR)
 
 
-def fit(callback, steps: int, batch: int = 8, accumulate: int = 1):
+def fit(callback, steps: int, batch: int = 8, accumulate: int = 1, every: int = 1):
     x, y = data()
     module = Module()
     start = copy.deepcopy(module.net)
     tape, logger = Tape(module.net), Recorder()
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=logger,
-                         log_every_n_steps=1, callbacks=[callback], enable_checkpointing=False,
+                         log_every_n_steps=every, callbacks=[callback], enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          accumulate_grad_batches=accumulate)
     trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=batch))
@@ -96,6 +96,15 @@ def test_the_logged_noise_scales_are_the_monitors_on_the_same_batches(accumulate
     # the parts' |G|^2 and tr(Sigma) add up to the whole model's (per layer)
     assert last["noise/step_g_sq"] == pytest.approx(
         sum(last[f"noise/step_g_sq[net.{i}]"] for i in (0, 1, 3)))
+
+
+def test_at_the_loggers_steps_the_latest_reading_is_logged():
+    module, start, tape, logger, labels_of = fit(NoiseScaleCallback(**OPTIONS), steps=4, every=2)
+    truth = replay(start, tape.inputs, labels_of, lr=LR, preconditioned=False, **OPTIONS)
+    steps = [s for s in sorted(logger.rows) if noise(logger.rows[s])]
+    assert steps == [1, 3]
+    for s in steps:
+        assert_same(noise(logger.rows[s]), truth[s])
 
 
 class Doubling:
