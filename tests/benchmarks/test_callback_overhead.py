@@ -127,6 +127,7 @@ def huggingface_fit(net: nn.Module, data: TensorDataset, steps: int, options: di
         x, y = data.tensors
         trainer = transformers.Trainer(model=Model(), args=args, train_dataset=[
             {"x": a, "labels": b} for a, b in zip(x, y)])
+        trainer.remove_callback(transformers.PrinterCallback)    # (its summary lines)
         trainer.add_callback(clock)
         if options is not None:
             trainer.add_callback(NoiseScaleCallback(trainer, **options))
