@@ -76,7 +76,8 @@ WORKLOADS = {
     # (stich_delay_mnist1d, dense, no delay: B_crit 159, median of five seeds)
     "quickstart": Workload(
         "mnist1d", "mlp", "sgd", {"lr": 0.3}, training.Goal("error", 0.4), 32, 8000,
-        "159 (stich_delay_mnist1d: dense, no delay, SGD)", {"num_samples": 10_000}),
+        "159 (stich_delay_mnist1d: dense, no delay, SGD)", {"num_samples": 10_000},
+        checkpoints=8, batches=32),
     "fashion_mnist": Workload(
         "fashion_mnist", "lee_cnn", "momentum", {"lr": 0.01, "momentum": 0.9},
         training.Goal("error", 0.25, strict=False), 16, 4000,
