@@ -376,7 +376,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     ex.shutdown(wait=False, cancel_futures=True)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
-                                    store.frame("branching"), store.frame("schedule_probes"))
+                                    store.frame("branching"), store.frame("stage_probes"))
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 
