@@ -1,8 +1,9 @@
 """The architecture page holds to the code: its module-size table is the code's (generated here:
 ``SPARSESCALE_WRITE_DOCS=1`` rewrites it), no module is over 500 lines and no folder holds more
 than 16 modules, and its glossary is stated once and kept: each term defined once, the programs
-those of the registry, every dotted name it quotes importable, and the words "kernel" and "plan"
-in no name of the code but those the glossary gives them."""
+those of the registry, every dotted name it quotes importable, and the words "kernel", "plan"
+and "method" in no name of the code but those the glossary gives them, nor "schedule" in a name
+of Lee et al.'s stage."""
 
 import ast
 import importlib
@@ -80,7 +81,8 @@ def glossary() -> dict[str, str]:
 
 def test_each_term_is_defined_once():
     terms = glossary()
-    assert {"program", "kernel", "strategy", "cell", "stack", "chunk", "plan"} <= set(terms)
+    assert {"program", "kernel", "strategy", "cell", "stack", "chunk", "plan", "criterion",
+            "stage"} <= set(terms)
 
 
 def test_the_programs_are_the_registrys():
@@ -120,8 +122,10 @@ def names_in(path: Path) -> set[str]:
     return found
 
 
-# torch's own names, in which "kernel" is a convolution's window or an attention backend
-TORCH_NAMES = {"kernel_size", "sdpa_kernel"}
+# Python's and torch's own names, in which "kernel" is a convolution's window or an attention
+# backend, and "method" a kind of function or of process start
+TORCH_NAMES = {"kernel_size", "sdpa_kernel", "classmethod", "staticmethod", "init_method",
+               "start_method"}
 # the modules whose "kernel" names hold compiled code (its build, its module, its calls)
 COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.py",
             "training/extensions.py", "training/processes/setup.py",
@@ -130,16 +134,40 @@ COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.
             "theory/monitor/kernel.py", "theory/monitor/monitor.py", "experiments/run/runner.py"}
 
 
+# the modules whose "method" is an estimator's way of computing (the noise monitor's, the trace
+# estimator's, the bootstrap's resampling, numpy's quantile), never a pruning criterion
+ESTIMATORS = {"theory/monitor/capture.py", "theory/monitor/monitor.py",
+              "theory/monitor/readings.py", "theory/estimators/curvature.py",
+              "theory/models/scaling.py", "theory/verdicts/step_ratio.py"}
+
+
 @pytest.mark.parametrize("word, allowed", [
     ("kernel", COMPILED),
     ("plan", {str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.py")}),
+    ("method", ESTIMATORS),
 ])
 def test_a_word_names_its_concept_only(word, allowed):
-    """"kernel" names compiled code only; "plan" the study's plan only (experiments)."""
+    """"kernel" names compiled code only; "plan" the study's plan only (experiments); "method"
+    an estimator's way of computing only: a pruning criterion is a "criterion" everywhere."""
     stray = {}
     for path in modules():
         rel = str(path.relative_to(ROOT))
         names = {n for n in names_in(path) if word in n.lower() and n not in TORCH_NAMES}
         if names and rel not in allowed:
             stray[rel] = sorted(names)
+    assert stray == {}
+
+
+# a name saying "schedule" and one of Lee et al.'s stage's things: the stage is "stage"
+# ("schedule" names the lr, evaluation and batch-size schedules)
+STAGE_AS_SCHEDULE = re.compile(r"schedul\w*(probe|stage|lipschitz|row|quantit|measur|step)|"
+                               r"(probe|stage|lipschitz)\w*schedul", re.IGNORECASE)
+
+
+def test_lee_stage_is_named_stage():
+    stray = {}
+    for path in modules():
+        names = sorted(n for n in names_in(path) if STAGE_AS_SCHEDULE.search(n))
+        if names:
+            stray[str(path.relative_to(ROOT))] = names
     assert stray == {}

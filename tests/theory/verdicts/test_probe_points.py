@@ -48,3 +48,11 @@ def test_stage_steps_from_a_start():
     assert stage_steps(2000, 300, 1000) == (1200, 1500, 1800)   # multiples of N only
     assert stage_steps(900, 250, 1000) == ()
     assert stage_steps(1000, 250) == (250, 500, 750, 1000)
+
+
+def test_schedule_steps_is_a_deprecated_alias_of_stage_steps():
+    import theory
+
+    with pytest.warns(DeprecationWarning, match="'schedule_steps' is deprecated, use "
+                                                "'stage_steps'"):
+        assert theory.schedule_steps is theory.stage_steps
