@@ -17,6 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("training", "pruning", "theory", "experiments")
 MAX_LINES, AIM_LINES, MAX_MODULES = 500, 400, 16
+# The modules allowed past MAX_LINES (up to LONG_LINES), each with why it stays one module: a
+# split would cut one job in two, or make a 20-40-line module only to meet the number. The page
+# lists the same ones ("## Module sizes"); keep the list short.
+LONG_LINES = 700
+LONG = {
+    "experiments/spec/study.py": "the Spec, its canonical form and its validation are one "
+                                 "contract: the spec hash; each table's parser already has "
+                                 "its own module",
+    "training/engine/loop.py": "the step loop, the call it takes and what it leaves (Call, "
+                               "Outcome): the stack's steps, evaluations and replay share the "
+                               "Runner and the stack",
+}
 BEGIN, END = "<!-- module sizes: generated -->", "<!-- end of module sizes -->"
 
 
@@ -51,9 +63,17 @@ def test_the_module_size_table_is_the_codes():
                                       "SPARSESCALE_WRITE_DOCS=1 to rewrite it")
 
 
-def test_no_module_is_over_500_lines():
-    over = {str(p.relative_to(ROOT)): lines(p) for p in modules() if lines(p) > MAX_LINES}
+def test_no_module_is_over_500_lines_but_those_listed():
+    over = {rel: n for rel, n in ((str(p.relative_to(ROOT)), lines(p)) for p in modules())
+            if n > (LONG_LINES if rel in LONG else MAX_LINES)}
     assert over == {}
+    assert all((ROOT / rel).exists() for rel in LONG), "a listed module is gone: unlist it"
+
+
+def test_the_page_lists_the_modules_allowed_past_500_lines():
+    text = PAGE.read_text(encoding="utf-8").split("## Module sizes", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([\w/]+\.py)`: ", text, re.MULTILINE)
+    assert listed == list(LONG), "docs/architecture.md, Module sizes: list LONG's modules"
 
 
 def test_no_folder_holds_more_than_16_modules():
