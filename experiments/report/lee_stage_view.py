@@ -1,4 +1,4 @@
-"""Lee et al. (2021)'s L at their own stage, for the report: the store's ``schedule_probes``
+"""Lee et al. (2021)'s L at their own stage, for the report: the store's ``stage_probes``
 (L every N steps of each probed run up to its goal or budget, :mod:`experiments.run.probes`)
 read by :mod:`theory.verdicts.lee_stage`, beside the initialization and the early probes.
 
@@ -64,7 +64,7 @@ def stage_view(runs: RunSet, level: float = 0.9) -> StagePart:
     parts: dict[str, list] = {k: [] for k in ("points", "ratios", "stages", "verdicts", "check")}
     samples = []
     for r in runs.runs:
-        mine = runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule) else runs.schedule
+        mine = runs.stage[runs.stage["run"] == r.label] if len(runs.stage) else runs.stage
         if not len(mine):
             continue
         label = lambda s: series_label(r.label, s, runs.combined)   # noqa: E731

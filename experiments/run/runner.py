@@ -281,7 +281,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then the probes and the branching measurement run (unless
     disabled: ``probes=False`` skips both) and the report is written.
-    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
     model into ``out`` for the report's time-to-result section (:mod:`experiments.run.costcache`:
@@ -376,7 +376,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     ex.shutdown(wait=False, cancel_futures=True)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
-                                    store.frame("branching"), store.frame("schedule_probes"))
+                                    store.frame("branching"), store.frame("stage_probes"))
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 

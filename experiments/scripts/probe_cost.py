@@ -19,7 +19,7 @@ import time
 import theory
 from experiments.run.executors import torch_threads
 from experiments.run.probes import (
-    LIPSCHITZ_SAMPLE_SEED, SCHEDULE_MEASURED, on_device, probe_tasks, stored_trial,
+    LIPSCHITZ_SAMPLE_SEED, STAGE_MEASURED, on_device, probe_tasks, stored_trial,
 )
 from experiments.run.workload import Workload
 from experiments.store.database import open_store
@@ -29,8 +29,8 @@ import training
 
 # (label, every, L's sample, quantities): today's schedule, then the denser ones, all from
 # Lee's stage on (step 1,000: lipschitz_start)
-SCHEDULES = (("every 1000, L + noise, 2000 ex.", 1000, 2000, SCHEDULE_MEASURED),
-             ("every 250, L + noise, 2000 ex.", 250, 2000, SCHEDULE_MEASURED),
+SCHEDULES = (("every 1000, L + noise, 2000 ex.", 1000, 2000, STAGE_MEASURED),
+             ("every 250, L + noise, 2000 ex.", 250, 2000, STAGE_MEASURED),
              ("every 250, L only, 2000 ex.", 250, 2000, ("local_lipschitz",)),
              ("every 250, L only, 1000 ex.", 250, 1000, ("local_lipschitz",)))
 START = 1000
@@ -52,7 +52,7 @@ def main(run_dir: str, sparsity: float = 0.0) -> list[tuple[str, int, float, flo
         _, model = on_device(workload, "cpu", dataset,
                              workload.init_seed(seed, int(task.trial.trial)))
         trial = stored_trial(task.trial)
-        plans = [(label, theory.schedule_steps(horizon, every, START), examples, quantities)
+        plans = [(label, theory.stage_steps(horizon, every, START), examples, quantities)
                  for label, every, examples, quantities in SCHEDULES]
         needed = sorted(set().union(*(needed_steps(steps, horizon, p_.average, "into")
                                       for _, steps, _, _ in plans)) | {horizon})

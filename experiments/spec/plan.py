@@ -123,9 +123,9 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
                for kind, digest in sorted(spec.digests.items())),
              *(f"pruning criterion {path}: source sha256 {digest[:12]}"
-               for path, digest in sorted(spec.method_digests.items())),
+               for path, digest in sorted(spec.criterion_digests.items())),
              *([f"init {spec.init}"] if spec.init != "torch" else []),
-             *([f"pruning {spec.pruning_method}: " + ", ".join(
+             *([f"pruning {spec.pruning_criterion}: " + ", ".join(
                  f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
                  for k, v in spec.pruning_options.canonical().items())]
                if spec.pruning_options.canonical() else []),

@@ -1,6 +1,6 @@
-"""Pruning series of a study: each criterion of ``[pruning] method`` and its sanity checks.
+"""Pruning series of a study: each criterion of ``[pruning] criterion`` and its sanity checks.
 
-``method = ["snip", "grasp"]`` with ``sanity = ["shuffle", "reinit"]`` gives the series snip,
+``criterion = ["snip", "grasp"]`` with ``sanity = ["shuffle", "reinit"]`` gives the series snip,
 snip-shuffle, snip-reinit, grasp, grasp-shuffle, grasp-reinit. Each series runs as a sub-study of
 its own (``Spec.variants``, as several optimizers do): its store in ``RUN_DIR/<series>``
 (``RUN_DIR/<optimizer>/<series>`` with several optimizers), one report comparing them all in
@@ -42,27 +42,28 @@ REINIT_SEED_OFFSET = 1_000_003
 MASKS_FILE = "masks.json"
 
 
-def series_names(methods: tuple[str, ...], sanity: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    """(method, sanity transform or None) of every series, criterion first then its checks."""
-    return [(m, t) for m in methods for t in (None, *sanity)]
+def series_names(criteria: tuple[str, ...], sanity: tuple[str, ...]
+                 ) -> list[tuple[str, str | None]]:
+    """(criterion, sanity transform or None) of every series, criterion first then its checks."""
+    return [(c, t) for c in criteria for t in (None, *sanity)]
 
 
-def series_label(method: str, transform: str | None) -> str:
+def series_label(criterion: str, transform: str | None) -> str:
     """``snip``, ``snip-shuffle``, ...: the series' name and its sub-study folder."""
-    return method if transform is None else f"{method}-{transform}"
+    return criterion if transform is None else f"{criterion}-{transform}"
 
 
-def series_mask(method: str, transform: str | None, sparsity: float, seed: int,
+def series_mask(criterion: str, transform: str | None, sparsity: float, seed: int,
                 dataset: training.Dataset, build: Callable[[int], nn.Module],
                 **options: Any) -> pruning.Mask:
-    """The mask of series (``method``, ``transform``) at (``sparsity``, ``seed``) for the model
+    """The mask of series (``criterion``, ``transform``) at (``sparsity``, ``seed``) for the model
     ``build(seed)`` trains (see the module docstring for each transform). ``options``: further
     arguments of ``pruning.prune`` (a study's ``[pruning]`` options: ``examples``,
     ``prune_biases``). An unknown transform raises ``pruning.PruningError``."""
-    return series_masks(method, transform, [sparsity], seed, dataset, build, **options)[0]
+    return series_masks(criterion, transform, [sparsity], seed, dataset, build, **options)[0]
 
 
-def series_masks(method: str, transform: str | None, sparsities: list[float], seed: int,
+def series_masks(criterion: str, transform: str | None, sparsities: list[float], seed: int,
                  dataset: training.Dataset, build: Callable[[int], nn.Module],
                  **options: Any) -> list[pruning.Mask]:
     """:func:`series_mask` at every level of ``sparsities``, the criterion scored once
@@ -72,7 +73,7 @@ def series_masks(method: str, transform: str | None, sparsities: list[float], se
                                    f"{', '.join(SANITY)}")
     init_seed = seed + REINIT_SEED_OFFSET if transform == "reinit" else seed
     keep = "lowest" if transform == "invert" else "highest"
-    masks = pruning.prune_levels(build(init_seed), method, sparsities, dataset=dataset,
+    masks = pruning.prune_levels(build(init_seed), criterion, sparsities, dataset=dataset,
                                  seed=seed, keep=keep, **options)
     return [_transformed(m, transform, seed, init_seed) for m in masks]
 

@@ -38,10 +38,10 @@ from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.store.schema import (
-    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, RENAMED_COLUMNS,
-    SCHEDULE_QUANTITIES, SCHEMA, SORT_KEYS, BranchRow, GroupRecord, ProbeRow, ScheduleRow,
-    StudyInfo, WarmupRow,
+    COLUMNS, PROBE_QUANTITIES, SCHEMA, STAGE_QUANTITIES, BranchRow, GroupRecord, ProbeRow,
+    StageRow, StudyInfo, WarmupRow,
 )
+from experiments.store.upgrade import add_columns, read_frame, rename_tables
 
 DB_NAME = "results.sqlite"
 
@@ -161,8 +161,11 @@ class Store:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA foreign_keys=ON")
+            # an older store upgraded: its renamed tables first, or the schema would make
+            # them empty beside the old ones (experiments.store.upgrade)
+            self._write(rename_tables)
             self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(SCHEMA)])
-            self._write(_add_columns)
+            self._write(add_columns)
         except BaseException as exc:
             self.close()
             if isinstance(exc, (OSError, sqlite3.Error)) and not isinstance(exc, StoreError):
@@ -303,17 +306,17 @@ class Store:
         return {float(r[0]) for r in self.conn.execute("SELECT DISTINCT sparsity FROM probes")}
 
     def write_probes(self, sparsity: float, rows: Sequence[ProbeRow],
-                     schedule: Sequence[ScheduleRow] = ()) -> None:
+                     stage: Sequence[StageRow] = ()) -> None:
         """Write all probe rows of one sparsity level, and its rows at Lee et al.'s stage
-        (``schedule``), in one transaction (replacing old ones)."""
-        for given, allowed in ((rows, PROBE_QUANTITIES), (schedule, SCHEDULE_QUANTITIES)):
+        (``stage``), in one transaction (replacing old ones)."""
+        for given, allowed in ((rows, PROBE_QUANTITIES), (stage, STAGE_QUANTITIES)):
             bad = sorted({r.quantity for r in given} - set(allowed))
             if bad:
                 raise StoreContentError(f"probe quantities {bad}; allowed: {', '.join(allowed)}")
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
-            for table in ("probes", "schedule_probes"):
+            for table in ("probes", "stage_probes"):
                 c.execute(f"DELETE FROM {table} WHERE sparsity = ?", (float(sparsity),))
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
@@ -321,11 +324,11 @@ class Store:
                 [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
                   r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
             c.executemany(
-                f"INSERT INTO schedule_probes ({', '.join(COLUMNS['schedule_probes'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['schedule_probes']))})",
+                f"INSERT INTO stage_probes ({', '.join(COLUMNS['stage_probes'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['stage_probes']))})",
                 [(float(sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
                   int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv,
-                  tv) for r in schedule])
+                  tv) for r in stage])
 
         self._write(tx)
 
@@ -441,49 +444,6 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
 
 def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
-
-
-def existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-
-
-def _add_columns(c: sqlite3.Cursor) -> None:
-    """Rename the :data:`~experiments.store.schema.RENAMED_COLUMNS` a store holds under their
-    old names, then add the :data:`~experiments.store.schema.ADDED_COLUMNS` it lacks."""
-    for table, pairs in RENAMED_COLUMNS.items():
-        have = existing_columns(c, table)
-        for old, new in pairs:
-            if old in have and new not in have:
-                c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
-    for table, columns in ADDED_COLUMNS.items():
-        have = existing_columns(c, table)
-        for name, kind in columns:
-            if name not in have:
-                c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-
-
-def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
-    """Table ``table`` as a DataFrame sorted by its natural keys; a table or column added since
-    the store was written reads empty (NULL, or the default its type gives), a renamed column
-    under its new name, without the store being changed."""
-    have = existing_columns(conn, table)
-    if not have:   # a table added later, in a store written before it (read-only: not made)
-        return pd.DataFrame(columns=list(COLUMNS[table]))
-    # a column added later is NULL in a store written before it, and a renamed one is read
-    # under its new name (read-only: not migrated)
-    renamed = {new: old for old, new in RENAMED_COLUMNS.get(table, ())}
-    added = {c: kind.split(" DEFAULT ")[1] if " DEFAULT " in kind else "NULL"
-             for c, kind in ADDED_COLUMNS.get(table, ())}
-    select = [c if c in have else f"{renamed[c]} AS {c}" if renamed.get(c) in have
-              else f"{added[c]} AS {c}" if c in added else c
-              for c in COLUMNS[table]]
-    df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
-    for col in NULLABLE_INT:
-        if col in df.columns:
-            df[col] = df[col].astype("Int64")
-    if table in SORT_KEYS and len(df):
-        df = df.sort_values(SORT_KEYS[table], kind="stable").reset_index(drop=True)
-    return df
 
 
 def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:

@@ -1,11 +1,13 @@
 """The results store's schema: its tables and columns, and the rows a study writes.
 
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
-(:func:`experiments.store.results.load_results`) and the report: columns are added; the one
-renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, and a store
-holding the old name is read, and migrated when opened for writing, under the new one.
+(:func:`experiments.store.results.load_results`) and the report: tables and columns are added;
+the one column renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, the
+one table renamed (``schedule_probes``, now ``stage_probes``) in ``RENAMED_TABLES``, and a store
+holding an old name is read, and migrated when opened for writing, under the new one
+(:mod:`experiments.store.upgrade`).
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s (and, on Lee et al.'s step schedule, :class:`ScheduleRow` s),
+probes produce :class:`ProbeRow` s (and, at Lee et al.'s stage, :class:`StageRow` s),
 the branching measurement :class:`BranchRow` s and
 :class:`WarmupRow` s; :class:`StudyInfo` is the study's one row.
 """
@@ -29,7 +31,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
-    "schedule_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
+    "stage_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
                         "value", "examples", "seconds", "lib_version", "torch_version"),
     "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
                   "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
@@ -44,7 +46,7 @@ SORT_KEYS: dict[str, list[str]] = {
     "trials": ["sparsity", "batch_size", "delay", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
-    "schedule_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
+    "stage_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
     "branching": ["sparsity", "seed", "step"],
     "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
     "programs": ["batch_size"],
@@ -76,6 +78,13 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 # COLUMN); a read-only reader reads the old column under the new name.
 RENAMED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "groups": (("kernel", "program"),),   # until 2026-12: "kernel" named the program
+}
+
+# Tables renamed after stores were written with the old name: old -> new. A store holding the
+# old table gets the new name when opened for writing (ALTER TABLE ... RENAME TO); a read-only
+# reader reads the old table under the new name.
+RENAMED_TABLES: dict[str, str] = {
+    "schedule_probes": "stage_probes",   # until 2026-12: "schedule" named Lee et al.'s stage
 }
 
 # Columns that legitimately differ between two runs of the same spec.
@@ -120,7 +129,7 @@ CREATE TABLE IF NOT EXISTS probes (
     quantity TEXT NOT NULL, value REAL, seconds REAL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
     PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
-CREATE TABLE IF NOT EXISTS schedule_probes (   -- L at Lee et al.'s stage: every N steps to the goal
+CREATE TABLE IF NOT EXISTS stage_probes (   -- L at Lee et al.'s stage: every N steps to the goal
     sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
     trial INTEGER NOT NULL, step INTEGER NOT NULL,
     horizon INTEGER NOT NULL,   -- the trial's own steps-to-result: the run ends there
@@ -154,7 +163,7 @@ PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hess
                     "local_lipschitz", "loss")
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
 # same points, and L on the whole split where lipschitz_check asks for it
-SCHEDULE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
+STAGE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
                        "b_simple", "loss")
 
 
@@ -229,7 +238,7 @@ class ProbeRow:
 
 
 @dataclass(frozen=True)
-class ScheduleRow:
+class StageRow:
     """One measurement at Lee et al.'s stage: trial ``trial`` of the group (sparsity, seed,
     batch_size), at step ``step`` = k N of its run, which reached the goal at ``horizon``;
     ``examples``: the sample L's gradients used (None: the whole training split; rows of

@@ -4,7 +4,7 @@
 Lee et al.'s released code (``namhoonlee/effect-dps-public``: ``edps/train.py``, ``check.py``,
 ``main.py``) logs L at every ``lipschitz_interval`` = 1,000 steps of each run until the goal (or
 the step budget) ends it, never at initialization. Their explanation: a sparser network needs
-more steps because its L is larger. The input here is the store's ``schedule_probes`` table
+more steps because its L is larger. The input here is the store's ``stage_probes`` table
 (columns ``sparsity, seed, batch_size, trial, step, quantity, value``): a *run* is one (seed,
 trial) of a (level, batch size); a *point* is a step k N of it.
 
