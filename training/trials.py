@@ -48,6 +48,7 @@ from training.config import (
 from training.data.dataset import Dataset
 from training.delay import refuse
 from training.engine import choice, loop
+from training.engine.watch import Watch
 from training.engine.resume import check_data_seeds, check_init_params, check_start
 from training.errors import ConfigError
 from training.goal import as_goal
@@ -113,7 +114,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  return_state: bool = False,
                  step_timer: contextlib.AbstractContextManager | None = None,
                  init_params: Mapping[str, Tensor] | None = None,
-                 program: str | None = None) -> TrialsResult:
+                 program: str | None = None, watch: Watch | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -153,6 +154,9 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     instead of ``SPARSESCALE_PROGRAM_CHOICE``'s (:mod:`training.engine.choice`). None: the
     environment's setting (:func:`choose_program` says what it chooses), within
     :func:`given_programs` the program it gives for the batch size.
+    ``watch``: a :class:`training.Watch`, called at its steps with every trial's weights before
+    and after that update (a measurement taken inside the run instead of by a replay; the
+    trials train as they would without it).
     A process that trains many groups should call
     :func:`training.processes.setup.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
@@ -166,7 +170,8 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
             refuse(call.trials, "train_trials with start or return_state",
                    "a TrainState holds no queue of past weights")
         out = loop.run(model, dataset, run,
-                       replace(call, **_choosing(program, call.batch_size)))
+                       replace(call, watch=None if watch is None else watch.checked(),
+                               **_choosing(program, call.batch_size)))
     return _result(call.trials, out)
 
 

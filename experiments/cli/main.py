@@ -81,7 +81,8 @@ def _dry_run(spec, out: str | None) -> int:
     spec before its factory's code changed: a run there is refused, which the note says)."""
     from experiments.run import runner
     from experiments.spec.plan import format_plan, plan
-    from experiments.store.database import other_study, stored_study
+    from experiments.store.database import stored_study
+    from experiments.store.refusals import other_study
 
     base = runner.run_folder(spec, out)
     for variant in spec.variants():

@@ -25,7 +25,7 @@ from theory.verdicts.claims import FAILS, HOLDS, INCONCLUSIVE
 from theory.errors import TheoryError
 from theory.verdicts.lee_stage import (
     STAGE_START, StageRatio, early_ratio, initialization_ratio, interval_side, overall_ratio,
-    point_ratios, stage_points, stage_verdicts,
+    point_ratios, sample_check, stage_points, stage_verdicts,
 )
 
 from experiments.report.analysis import reached_groups
@@ -38,7 +38,8 @@ RATIO_COLUMNS = ["run", "series", "sparsity", "batch_size", "step", "value", "lo
                  "runs", "reference_runs", "paired_low", "paired_high"]
 STAGE_COLUMNS = ["run", "series", "sparsity", "stage", "where", "value", "low", "high", "runs",
                  "reference_runs", "verdict", "paired_low", "paired_high"]
-CHECK_COLUMNS = ["run", "series", "batch_size", "trial", "step", "examples", "sample", "full"]
+CHECK_COLUMNS = ["run", "series", "batch_size", "trial", "step", "examples", "sample", "full",
+                 "spread", "agrees"]
 STAGES = ("initialization (step 0)", "early stage (probes along [0, H], after step 0)",
           f"Lee's stage (steps >= {STAGE_START:,})")
 
@@ -153,9 +154,13 @@ def _check_rows(run: str, label, table: pd.DataFrame) -> list[tuple]:
         key = (r.sparsity, r.seed, r.batch_size, r.trial, r.step)
         if key in sample.index:
             s = sample.loc[key]
+            # every run's L on the sample at that (level, batch size, step): the spread
+            runs = sample.xs((r.sparsity, r.batch_size, r.step),
+                             level=["sparsity", "batch_size", "step"]).value
+            c = sample_check(float(s.value), float(r.value), runs.to_numpy(float))
             out.append((run, label(r.sparsity), int(r.batch_size), int(r.trial), int(r.step),
                         int(s.examples) if not pd.isna(s.examples) else None, float(s.value),
-                        float(r.value)))
+                        float(r.value), c.spread, c.agrees))
     return out
 
 
@@ -203,11 +208,17 @@ def stage_tables(part: StagePart) -> list[tuple[str, pd.DataFrame, str]]:
             "L on the sample": [f"{fmt_num(v, 4)} ({fmt_num(n)} examples)" for v, n in
                                 zip(c["sample"], c["examples"])],
             "L on the whole split": [fmt_num(v, 4) for v in c["full"]],
-            "sample / whole": [fmt_num(a / b, 3) for a, b in zip(c["sample"], c["full"])]})
+            "sample / whole": [fmt_num(a / b, 3) for a, b in zip(c["sample"], c["full"])],
+            "within the run-to-run spread?": [
+                "– (one run)" if agrees is None or pd.isna(agrees) else
+                f"{'yes' if agrees else 'no'} (SD of log L over runs {fmt_num(sd, 3)})"
+                for agrees, sd in zip(c["agrees"], c["spread"])]})
         out.append(("L's sample against the whole training split", check,
                     "The reduction's effect at one point: L of the same update computed on the "
                     "fixed sample and on every training example (Lee et al.'s check.py uses the "
-                    "whole split)."))
+                    "whole split); it agrees where |log(sample / whole)| is at most the SD of "
+                    "log L over the level's runs at that step "
+                    "(theory.verdicts.lee_stage.sample_check)."))
     return out
 
 

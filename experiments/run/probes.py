@@ -26,6 +26,9 @@ replay and task; the first one is the run the points along [0, H] are measured o
 ``lipschitz_check`` adds L on the whole split at the first point of each listed level's first
 probed run (lowest seed, smallest probed batch size, best trial).
 These rows go to the ``stage_probes`` table in the level's transaction.
+With ``lipschitz_in_run`` none of this replays: L at Lee's stage (and its check) came with
+the groups (:mod:`experiments.run.lipschitz_inside`), and only the best trial of each probed
+group is replayed, for the points along [0, H].
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from theory.verdicts.trajectory import needed_steps
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
+from experiments.run.lipschitz_inside import LIPSCHITZ_SAMPLE_SEED
 from experiments.run.timing import probed_runs
 from experiments.store.schema import ProbeRow, StageRow
 from experiments.spec.study import Spec
@@ -61,8 +65,6 @@ from experiments.run.workload import Workload, best_trials, on_device, stored_tr
 PROBE_THREADS = 1
 # what is measured at each point of Lee et al.'s stage (no Hessian: their schedule never had one)
 STAGE_MEASURED = ("g_sq", "trace_sigma", "b_simple", "local_lipschitz", "loss")
-# L's fixed sample at Lee's stage: the same examples for every run, level and point
-LIPSCHITZ_SAMPLE_SEED = 0
 
 
 def probe_network(model: torch.nn.Module, dataset: training.Dataset,
@@ -123,8 +125,9 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
     run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
                              device=spec.device, precision=spec.precision)
     along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
+    # inside the run, L at Lee's stage came with the group (experiments.run.lipschitz_inside)
     lee = (theory.stage_steps(horizon, p.lipschitz_every, p.lipschitz_start)
-           if p.lipschitz_every else ())
+           if p.lipschitz_every and not p.lipschitz_in_run else ())
     needed = set(needed_steps(along, max(horizon, 1), p.average) if along else ())
     needed |= set(needed_steps(lee, horizon, p.average, "into") if lee else ())
     if not needed:
@@ -206,8 +209,10 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
     p = spec.probes
-    k = p.lipschitz_trials if p.lipschitz_every else 1
-    unreached = bool(p.lipschitz_every) and spec.stop != "first"
+    # L inside the run: only the best trial's probes along [0, H] are replayed
+    stage = bool(p.lipschitz_every) and not p.lipschitz_in_run
+    k = p.lipschitz_trials if stage else 1
+    unreached = stage and spec.stop != "first"
     curves = functools.cache(lambda: store.frame("curves"))   # read once, only if needed
     tasks: list[ProbeTask] = []
     for seed in spec.seeds:

@@ -22,7 +22,6 @@ order the groups finished in).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sqlite3
 import sys
@@ -42,6 +41,7 @@ from experiments.store.schema import (
     StageRow, StudyInfo, WarmupRow,
 )
 from experiments.store.upgrade import add_columns, read_frame, rename_tables
+from experiments.store.refusals import other_data, other_study
 
 DB_NAME = "results.sqlite"
 
@@ -275,6 +275,11 @@ class Store:
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
                 [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
                  for t in rec.trials for s, l, m in t.curve])
+            if rec.stage:   # L at Lee's stage taken inside the group's runs
+                c.execute("DELETE FROM stage_probes WHERE sparsity = ? AND seed = ? AND "
+                          "batch_size = ?", (float(rec.sparsity), int(rec.seed),
+                                             int(rec.batch_size)))
+                _insert_stage(c, rec.stage, lv, tv)
 
         self._write(tx)
 
@@ -308,7 +313,8 @@ class Store:
     def write_probes(self, sparsity: float, rows: Sequence[ProbeRow],
                      stage: Sequence[StageRow] = ()) -> None:
         """Write all probe rows of one sparsity level, and its rows at Lee et al.'s stage
-        (``stage``), in one transaction (replacing old ones)."""
+        (``stage``), in one transaction (replacing old ones; the level's stage rows only
+        when ``stage`` holds some: L taken inside the runs came with the groups)."""
         for given, allowed in ((rows, PROBE_QUANTITIES), (stage, STAGE_QUANTITIES)):
             bad = sorted({r.quantity for r in given} - set(allowed))
             if bad:
@@ -316,19 +322,33 @@ class Store:
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
-            for table in ("probes", "stage_probes"):
+            for table in ("probes", "stage_probes")[:2 if stage else 1]:
                 c.execute(f"DELETE FROM {table} WHERE sparsity = ?", (float(sparsity),))
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['probes']))})",
                 [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
                   r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
+            _insert_stage(c, stage, lv, tv)
+
+        self._write(tx)
+
+    # -- looks -------------------------------------------------------------------------------
+
+    def write_looks(self, taken: Sequence[Any]) -> None:
+        """Replace the stored looks of a group-sequential rule with ``taken``
+        (:class:`theory.verdicts.sequential.Look` s, in order), in one transaction."""
+        now = now_iso()
+
+        def tx(c: sqlite3.Cursor) -> None:
+            c.execute("DELETE FROM looks")
             c.executemany(
-                f"INSERT INTO stage_probes ({', '.join(COLUMNS['stage_probes'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['stage_probes']))})",
-                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
-                  int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv,
-                  tv) for r in stage])
+                f"INSERT INTO looks ({', '.join(COLUMNS['looks'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['looks']))})",
+                [(int(x.look), int(x.looks), int(x.pairs), float(x.mean),
+                  _none_if_nan(x.interval[0]), _none_if_nan(x.interval[1]),
+                  _none_if_nan(x.statistic), float(x.boundary), float(x.nominal), int(x.stop),
+                  x.why, now) for x in taken])
 
         self._write(tx)
 
@@ -369,54 +389,6 @@ class Store:
         return read_frame(self.conn, table)
 
 
-# provenance keys that identify a data set's content (a data set made from the running
-# interpreter's files differs between Python versions)
-CONTENT_KEYS = ("corpus_digest", "digest")
-
-
-def other_data(path: Path, stored: str | None, given: str | None) -> str | None:
-    """Why the store at ``path`` refuses to add to its study with data whose provenance is
-    ``given``: the content digest it recorded (``stored``) differs. None when they agree or
-    either is unknown."""
-    try:
-        old, new = json.loads(stored or "{}"), json.loads(given or "{}")
-    except json.JSONDecodeError:
-        return None
-    for key in CONTENT_KEYS:
-        if key in old and key in new and old[key] != new[key]:
-            versions = (f" (written with Python {old.get('python_version')}, this is "
-                        f"{new.get('python_version')})" if "python_version" in old else "")
-            return (f"{path} holds results on other data: its data set's {key} is {old[key]}, "
-                    f"this one's {new[key]}{versions}; results on other data are never mixed: "
-                    f"choose another --out folder")
-    return None
-
-
-def other_study(path: Path, existing: StudyInfo, info: StudyInfo) -> str:
-    """Why the store at ``path``, holding ``existing``, refuses the study ``info``: the keys
-    their specs differ in (a changed factory digest: the factory's code changed)."""
-    try:
-        keys = _differences(json.loads(existing.spec_json), json.loads(info.spec_json))
-    except json.JSONDecodeError:
-        keys = []
-    code = (" (the factory module's code changed since: a new study, whose groups are all new)"
-            if keys and all(k.endswith("_digest") for k in keys) else "")
-    listed = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-    differ = f"; they differ in {listed}" if keys else ""
-    return (f"{path} holds a different study ({existing.name!r}, spec hash "
-            f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
-            f"{info.spec_hash[:12]}){differ}{code}; studies are never mixed: choose another "
-            f"--out folder")
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted key paths where two canonical specs differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b))
-                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)]
-    return [] if a == b else [prefix or "(spec)"]
-
-
 def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     """The study row and the keys of the finished groups of the store in ``run_dir``, read
     without writing anything; ``(None, set())`` where there is no store yet."""
@@ -440,6 +412,16 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     finally:
         conn.close()
     return (StudyInfo(*row) if row else None), keys
+
+
+def _insert_stage(c: sqlite3.Cursor, rows: Sequence[StageRow], lv: str, tv: str) -> None:
+    """Insert rows of Lee et al.'s stage (``stage_probes``)."""
+    c.executemany(
+        f"INSERT INTO stage_probes ({', '.join(COLUMNS['stage_probes'])}) VALUES "
+        f"({', '.join('?' * len(COLUMNS['stage_probes']))})",
+        [(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
+          int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv, tv)
+         for r in rows])
 
 
 def _split_sql(script: str) -> Iterable[str]:

@@ -39,6 +39,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
                "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
     "programs": ("batch_size", "program", "choice", "recorded"),
+    "looks": ("look", "looks", "pairs", "mean", "low", "high", "statistic", "boundary",
+              "nominal", "stop", "why", "recorded"),
 }
 
 SORT_KEYS: dict[str, list[str]] = {
@@ -50,6 +52,7 @@ SORT_KEYS: dict[str, list[str]] = {
     "branching": ["sparsity", "seed", "step"],
     "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
     "programs": ["batch_size"],
+    "looks": ["look"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
@@ -89,7 +92,8 @@ RENAMED_TABLES: dict[str, str] = {
 
 # Columns that legitimately differ between two runs of the same spec.
 VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-            "probes": ("seconds",), "branching": ("seconds",), "programs": ("recorded",)}
+            "probes": ("seconds",), "branching": ("seconds",), "programs": ("recorded",),
+            "stage_probes": ("seconds",), "looks": ("recorded",)}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -156,6 +160,12 @@ CREATE TABLE IF NOT EXISTS programs (
     program TEXT NOT NULL,            -- training.engine.programs.registry.PROGRAMS: every group of the cell runs it
     choice TEXT NOT NULL,             -- how it was chosen: ruled | measured | forced, or groups (those a store held before the table)
     recorded TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS looks (   -- a group-sequential rule's looks (experiments.run.rounds)
+    look INTEGER PRIMARY KEY, looks INTEGER NOT NULL, pairs INTEGER NOT NULL,
+    mean REAL NOT NULL, low REAL, high REAL,   -- paired mean log ratio, repeated interval
+    statistic REAL, boundary REAL NOT NULL, nominal REAL NOT NULL,
+    stop INTEGER NOT NULL,   -- 1: the study stopped at this look (no later round trained)
+    why TEXT NOT NULL, recorded TEXT NOT NULL);
 """
 
 # theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
@@ -212,6 +222,8 @@ class GroupRecord:
     driver_version: str | None = None
     precision: str | None = None
     delay: int = 0   # its trials' gradient delay (training.delay)
+    # L at Lee et al.'s stage taken inside its runs (experiments.run.lipschitz_inside)
+    stage: tuple["StageRow", ...] = ()
 
     @property
     def n_reached(self) -> int:

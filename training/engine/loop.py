@@ -24,7 +24,7 @@ update to the last evaluation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -39,6 +39,7 @@ from training.engine.programs.common import stacked_loss_and_grad
 from training.engine.resume import DataOrigin, end_state, load_stack
 from training.engine.stack import TrialStack, make_stacks
 from training.engine.strategy import Strategy, cell
+from training.engine.watch import Watch, watched_steps
 from training.goal import Goal, goal_metric, metric_value
 from training.schedules.order import epoch_permutation
 from training.state import TrainState
@@ -79,6 +80,7 @@ class Call:
     step_timer: contextlib.AbstractContextManager | None = None
     program: str | None = None
     setting: str | None = None
+    watch: Watch | None = None
 
 
 @dataclass(frozen=True)
@@ -317,7 +319,8 @@ def run(model: nn.Module, dataset: Dataset, run: RunConfig, call: Call) -> Outco
         stop_now = False
         for k, st in enumerate(stacks):
             # stack after stack, so that only one stack's replay snapshot is alive at a time
-            st, dropped, met, hits = advance(runner, st, prev, e, goal, record)
+            st, dropped, met, hits = advance(runner, st, prev, e, goal, record,
+                                             call.watch, names, buffer_names)
             stacks[k] = st
             for s, i, p in dropped:
                 diverged[i], final[i], taken[i] = s, p, s
@@ -401,16 +404,19 @@ def strategy(c: Cell, run: RunConfig, call: Call, runner: Runner) -> Strategy:
     return choice.strategy(c, time_step, call.program, call.setting)
 
 
-def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
-             ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
-                        dict[int, int]]:
+def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record,
+            watch: Watch | None = None, names: Sequence[str] = (),
+            buffer_names: Sequence[str] = ()
+            ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
+                       dict[int, int]]:
     """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
     its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
     and their exact hit steps (:func:`replay`). The replay's snapshot (not needed for a one-step
-    interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
+    interval, nor without a goal) is freed on return, so one stack's copy is alive at a time.
+    ``watch``: called at its steps in (start, end] with the weights ``names`` and
+    ``buffer_names`` (:func:`training.engine.watch.watched_steps`)."""
     snapshot = st.clone() if end - start > 1 and goal is not None else None
-    with runner.step_timer:
-        st, dropped_all = runner.steps(st, start, end)
+    st, dropped_all = watched_steps(runner, st, start, end, watch, names, buffer_names)
     met = record(st, end, end - start) if st.ids else []
     hits = replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
     return st, dropped_all, met, hits

@@ -11,6 +11,7 @@ In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measu
     lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
     lipschitz_trials = 3          # runs probed per probed group (reached first, fewest steps)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
+    lipschitz_in_run = true       # L taken inside the training runs, not by a replay of them
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``, ``edps/train.py``) measures L inside
 each run at every multiple of ``lipschitz_interval`` (default 1,000, ``edps/main.py``) until the
@@ -18,6 +19,14 @@ goal or the step budget (``train_iterations``) ends the run, on the whole traini
 (``edps/check.py``, batches of 1,000). Here the probed runs are replayed bit for bit
 (``theory.probe_trajectory``) and measured at the same steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
 against the whole split at the first point of one run per listed level.
+
+``lipschitz_in_run = true`` takes L at the same steps inside the training runs
+(:mod:`experiments.run.lipschitz_inside`: the trainer hands each update's weights to the
+measurement, no replay): every trial that did not diverge is measured at the probed batch sizes
+(explicit ones, ``"smallest"`` or ``"largest"``: the trainer cannot wait for the fitted
+``"b_crit"``), so ``lipschitz_trials`` is not used; with a sample, the whole-split check runs at
+every level (``lipschitz_check`` defaults to, and must list, all of them). The noise at Lee's
+stage is then not measured (the replay measured it beside L).
 
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
 alone; the others need ``lipschitz_every``. ``lipschitz_start`` skips the points before it
@@ -39,7 +48,7 @@ from experiments.spec.checks import Checker
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
 LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_start": None,
                                       "lipschitz_examples": None, "lipschitz_trials": 1,
-                                      "lipschitz_check": ()}
+                                      "lipschitz_check": (), "lipschitz_in_run": False}
 
 
 def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
@@ -50,7 +59,7 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     every = table.get("lipschitz_every")
     if every is not None:
         out["lipschitz_every"] = ck.integer(every, "probes.lipschitz_every", 1)
-    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check"):
+    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check", "lipschitz_in_run"):
         if key in table and every is None:
             ck.add(f"probes.{key}", "only used with probes.lipschitz_every; allowed: set "
                                     "lipschitz_every = N (steps between L's points) or remove it")
@@ -71,6 +80,38 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     if "lipschitz_check" in table:
         out["lipschitz_check"] = _check_levels(ck, table["lipschitz_check"], sparsities,
                                                "lipschitz_examples" in table)
+    if every is not None and "lipschitz_in_run" in table:
+        out |= _in_run(ck, table, sparsities, out["lipschitz_check"])
+    return out
+
+
+def _in_run(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
+            check: tuple[float, ...]) -> dict[str, Any]:
+    """``lipschitz_in_run`` and what it changes (module docstring): the check at every level
+    with a sample; no ``lipschitz_trials``, no ``"b_crit"`` batch size."""
+    path = "probes.lipschitz_in_run"
+    value = table["lipschitz_in_run"]
+    if not isinstance(value, bool):
+        ck.add(path, f"found {value!r}; allowed: true or false")
+        return {}
+    if not value:
+        return {}
+    if "lipschitz_trials" in table:
+        ck.add("probes.lipschitz_trials", "not used with lipschitz_in_run = true (every run of "
+                                          "the probed groups is measured); allowed: remove it")
+    if "b_crit" in table.get("batch_sizes", ("b_crit",)):
+        ck.add("probes.batch_sizes", "\"b_crit\" is known only once the sweep is trained, and "
+                                     "lipschitz_in_run measures L while it trains; allowed: "
+                                     "\"smallest\", \"largest\" or batch sizes")
+    out: dict[str, Any] = {"lipschitz_in_run": True}
+    if "lipschitz_examples" in table and sparsities is not None:
+        missing = [s for s in sparsities if "lipschitz_check" in table and s not in check]
+        if missing:
+            ck.add("probes.lipschitz_check", f"lacks {', '.join(f'{s:g}' for s in missing)}: "
+                                             "with lipschitz_in_run the whole-split check runs "
+                                             "at every level; allowed: every sparsity, or "
+                                             "remove the key (its default then)")
+        out["lipschitz_check"] = tuple(sorted(sparsities))
     return out
 
 
@@ -125,6 +166,7 @@ class Probes:
     lipschitz_examples: int | None = None
     lipschitz_trials: int = 1
     lipschitz_check: tuple[float, ...] = ()
+    lipschitz_in_run: bool = False
 
     def canonical(self) -> dict[str, Any]:
         """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
