@@ -1,5 +1,6 @@
-"""The cost of L at Lee et al.'s stage as a fraction of the training it measures: by replay (the
-probes' path before ``lipschitz_in_run``) and inside the run (:mod:`experiments.run.lipschitz_inside`).
+"""The cost of L at Lee et al.'s stage as a fraction of the training it measures: by replay
+(the probes' path without ``lipschitz_in_run``) and inside the run
+(:mod:`experiments.run.lipschitz_inside`).
 
 One run of level ``sparsity`` (one torch thread, the study's precision): a run folder's first
 probed run, up to its end; or, given a config (a TOML path or bundled name), trial 0 of the

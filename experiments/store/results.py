@@ -34,8 +34,9 @@ class Results:
     size, replicate) of the warmup comparison; ``schedule_probes`` one per quantity at each
     step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
     ``programs`` one per cell (batch size): the program every group of it ran
-    (``groups.program``, each group's); ``predictions`` is empty unless something stored
-    predictions.
+    (``groups.program``, each group's); ``looks`` one per look a group-sequential rule took
+    while the study trained (:mod:`experiments.run.rounds`; the stopping one has ``stop``);
+    ``predictions`` is empty unless something stored predictions.
     """
 
     run_dir: Path
@@ -51,6 +52,8 @@ class Results:
     spec: StudySpec | None = None
     schedule_probes: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["schedule_probes"])))
+    looks: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["looks"])))
 
 
 def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
