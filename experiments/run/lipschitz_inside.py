@@ -5,7 +5,7 @@ probed batch size (:func:`inside_batch_sizes`) trains with a :class:`training.Wa
 steps t = k N >= ``lipschitz_start`` (:func:`theory.stage_steps` up to the budget): at each,
 for every trial still training, the local Lipschitz constant of the update into t,
 
-    L_t = max_gamma |grad f(w_{t-1} + gamma (w_t - w_{t-1})) - grad f(w_{t-1})| / |gamma (w_t - w_{t-1})|,
+    L_t = max_gamma |grad f(w_{t-1} + gamma d) - grad f(w_{t-1})| / |gamma d|,  d = w_t - w_{t-1},
 
 gamma in 0.1 .. 0.9, gradients over kept weights on the fixed sample of ``lipschitz_examples``
 training examples (seed :data:`LIPSCHITZ_SAMPLE_SEED`, the same sample

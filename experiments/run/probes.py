@@ -209,10 +209,9 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
     p = spec.probes
-    # L inside the run: only the best trial's probes along [0, H] are replayed
-    stage = bool(p.lipschitz_every) and not p.lipschitz_in_run
-    k = p.lipschitz_trials if stage else 1
-    unreached = stage and spec.stop != "first"
+    # L inside the run: only the first chosen trial's probes along [0, H] are replayed
+    k = p.lipschitz_trials if p.lipschitz_every and not p.lipschitz_in_run else 1
+    unreached = bool(p.lipschitz_every) and spec.stop != "first"
     curves = functools.cache(lambda: store.frame("curves"))   # read once, only if needed
     tasks: list[ProbeTask] = []
     for seed in spec.seeds:

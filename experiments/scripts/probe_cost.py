@@ -1,5 +1,6 @@
-"""The cost of L at Lee et al.'s stage as a fraction of the training it measures: by replay (the
-probes' path before ``lipschitz_in_run``) and inside the run (:mod:`experiments.run.lipschitz_inside`).
+"""The cost of L at Lee et al.'s stage as a fraction of the training it measures: by replay
+(the probes' path without ``lipschitz_in_run``) and inside the run
+(:mod:`experiments.run.lipschitz_inside`).
 
 One run of level ``sparsity`` (one torch thread, the study's precision): a run folder's first
 probed run, up to its end; or, given a config (a TOML path or bundled name), trial 0 of the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -78,13 +80,13 @@ def main(source: str, sparsity: float = 0.0, steps: int = 2000) -> dict[str, flo
     spec, dataset, model, trial, index, mask, run, horizon = _run(source, sparsity, steps)
     out: dict[str, float] = {}
     with torch_threads(1):
-        def train(watch=None) -> float:
+        def train(watch=None, steps=horizon) -> float:
             start = time.perf_counter()
-            training.train_trials(model, dataset, [trial], run, masks=mask, first_index=index,
-                                  watch=watch)
+            training.train_trials(model, dataset, [trial], replace(run, max_steps=steps),
+                                  masks=mask, first_index=index, watch=watch)
             return time.perf_counter() - start
 
-        train()   # warm: the program's choice and first allocations are not the run's
+        train(steps=50)   # warm: the program's choice and first allocations are not the run's
         out["training"] = base = train()
         print(f"run: sparsity {sparsity:g}, B = {run.batch_size}, {horizon} steps; training "
               f"{base:.1f} s ({base / (horizon * run.batch_size) * 1e6:.1f} us an example-step)")
@@ -98,14 +100,14 @@ def main(source: str, sparsity: float = 0.0, steps: int = 2000) -> dict[str, flo
             model, dataset, trial, run, before, horizon, mask=mask, sparsity=sparsity,
             trial_index=index, average=spec.probes.average, examples=spec.probes.examples,
             states=states, lipschitz_seed=LIPSCHITZ_SAMPLE_SEED, quantities=STAGE_MEASURED,
-            lipschitz_update="into", lipschitz_examples=BEFORE_EXAMPLES)
+            lipschitz_update="into", lipschitz_examples=min(BEFORE_EXAMPLES, dataset.n_train))
         out["before"] = measured = time.perf_counter() - start
         print(f"before: replay {replay:.1f} s + every {BEFORE_EVERY}, L + noise on "
-              f"{BEFORE_EXAMPLES} ex., {len(before)} points {measured:.1f} s = "
+              f"{min(BEFORE_EXAMPLES, dataset.n_train)} ex., {len(before)} points {measured:.1f} s = "
               f"{(replay + measured) / base:.0%} of training")
         after = theory.stage_steps(horizon, AFTER_EVERY, START)
         sizes = {n: InsideL(InsidePlan(after, n, False, LIPSCHITZ_SAMPLE_SEED), model, dataset,
-                            lambda _: mask) for n in SIZES}
+                            lambda _: mask) for n in SIZES if n <= dataset.n_train}
 
         def every_size(t, ids, before_w, after_w):
             for inside in sizes.values():
@@ -124,11 +126,12 @@ def main(source: str, sparsity: float = 0.0, steps: int = 2000) -> dict[str, flo
                   f"{AFTER_EVERY} steps ({point / (10 * n) * 1e6:.1f} us an example-gradient)")
         # the smaller samples' L beside the largest's at the same updates: mean and SD over
         # the points of log(L_n / L_largest), to set beside the run-to-run spread of log L
-        largest = sizes[SIZES[0]].values
-        for n in SIZES[1:]:
+        first, *others = sizes
+        largest = sizes[first].values
+        for n in others:
             logs = torch.tensor([math.log(v / largest[k]) for k, v in sizes[n].values.items()])
             out[f"log ratio {n}"] = float(logs.mean())
-            print(f"  log(L_{n} / L_{SIZES[0]}) over the points: mean {float(logs.mean()):+.3f}, "
+            print(f"  log(L_{n} / L_{first}) over the points: mean {float(logs.mean()):+.3f}, "
                   f"SD {float(logs.std()) if len(logs) > 1 else math.nan:.3f}")
     return out
 

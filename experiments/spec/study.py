@@ -395,10 +395,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     eval_schedule = eval_table(ck, ck.table(raw, "eval", "eval") or {})
     probes = probes_table(ck, raw, sparsities, trials, stop, len(seeds or ()), batch_sizes)
     branch = branching(ck, raw, batch_sizes)
-    # the pairs a seed gives: its probed runs (inside the run: every trial of the group)
-    per_seed = (trials if probes.lipschitz_in_run else probes.lipschitz_trials)
-    stopping = stopping_table(ck, raw, sparsities, len(seeds or ()),
-                              per_seed if probes.lipschitz_every else None,
+    stopping = stopping_table(ck, raw, sparsities, len(seeds or ()), probes.pairs_per_seed(trials),
                               probes.lipschitz_in_run)
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "

@@ -45,7 +45,8 @@ class Watch:
             raise ConfigError(f"watch steps must be integers >= 1 (the update into step t), "
                               f"got {list(self.steps)[:5]}")
         if not callable(self.callback):
-            raise ConfigError(f"watch callback must be callable, got {type(self.callback).__name__}")
+            raise ConfigError(f"watch callback must be callable, got "
+                              f"{type(self.callback).__name__}")
         return Watch(steps, self.callback)
 
 

@@ -168,6 +168,14 @@ class Probes:
     lipschitz_check: tuple[float, ...] = ()
     lipschitz_in_run: bool = False
 
+    def pairs_per_seed(self, trials: int | None) -> int | None:
+        """The runs a seed gives at Lee's stage (each paired across levels): the probed
+        ``lipschitz_trials``, or inside the run every one of the ``trials``; None without
+        the stage."""
+        if not self.lipschitz_every:
+            return None
+        return trials if self.lipschitz_in_run else self.lipschitz_trials
+
     def canonical(self) -> dict[str, Any]:
         """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of
         studies without them stay those of earlier versions."""
