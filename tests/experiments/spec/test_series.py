@@ -68,7 +68,7 @@ def test_bad_pruning_tables_name_the_key():
         "pruning.sanity: found duplicates in ['invert', 'invert']; allowed: distinct values"]
     assert problems(with_pruning('sanity = ["invert"]', TINY.replace(
         "sparsities = [0.0, 0.5]", "sparsities = [0.0]"))) == [
-        "pruning: a list of methods or sanity checks needs a sparsity level > 0; allowed: add "
+        "pruning: a list of criteria or sanity checks needs a sparsity level > 0; allowed: add "
         "one to sparsities"]
     assert problems(with_pruning('scope = "layer"'))[0].startswith("pruning.scope: unknown key")
 
