@@ -125,11 +125,13 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
     run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
                              device=spec.device, precision=spec.precision)
     along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
+    # Lee's stage ends where the run did, or at lipschitz_until in every run (a fixed window);
     # inside the run, L at Lee's stage came with the group (experiments.run.lipschitz_inside)
-    lee = (theory.stage_steps(horizon, p.lipschitz_every, p.lipschitz_start)
+    end = p.lipschitz_until or horizon
+    lee = (theory.stage_steps(end, p.lipschitz_every, p.lipschitz_start)
            if p.lipschitz_every and not p.lipschitz_in_run else ())
     needed = set(needed_steps(along, max(horizon, 1), p.average) if along else ())
-    needed |= set(needed_steps(lee, horizon, p.average, "into") if lee else ())
+    needed |= set(needed_steps(lee, end, p.average, "into") if lee else ())
     if not needed:
         return [], []
     states = theory.replay_states(model, dataset, stored_trial(trial), run, sorted(needed), mask,
@@ -143,11 +145,11 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
         curvature_examples=p.curvature_examples, hessian_examples=p.hessian_examples,
         lanczos=p.lanczos, lipschitz_examples=p.lipschitz_examples, **common) if along else None
     stage = [theory.probe_trajectory(
-        model, dataset, stored_trial(trial), run, lee, horizon, quantities=STAGE_MEASURED,
+        model, dataset, stored_trial(trial), run, lee, end, quantities=STAGE_MEASURED,
         lipschitz_update="into", lipschitz_examples=p.lipschitz_examples, **common)] if lee else []
     if lee and check:
         full = theory.probe_trajectory(
-            model, dataset, stored_trial(trial), run, lee[:1], horizon,
+            model, dataset, stored_trial(trial), run, lee[:1], end,
             quantities=("local_lipschitz",), lipschitz_update="into", **common)
         stage.append(full.assign(quantity="local_lipschitz_full"))
     seconds = time.perf_counter() - start
@@ -157,7 +159,7 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
         for r in rows.itertuples(index=False)]
     sizes = {"local_lipschitz": p.lipschitz_examples, "local_lipschitz_full": None}
     stage_rows = [StageRow(float(r.sparsity), int(r.seed), int(r.batch_size),
-                              int(trial.trial), int(r.step), horizon, r.quantity, float(r.value),
+                              int(trial.trial), int(r.step), end, r.quantity, float(r.value),
                               sizes.get(r.quantity, p.examples), seconds)
                   for frame in stage for r in frame.itertuples(index=False)]
     return early_rows, stage_rows

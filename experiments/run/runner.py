@@ -38,6 +38,7 @@ from experiments.spec.plan import GroupPlan, plan, run_order
 from experiments.run.lipschitz_inside import InsideL, InsidePlan, inside_plan, run_end
 from experiments.run.probes import start_probes
 from experiments.run.rounds import train_rounds
+from experiments.run.tuning import tune
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.factories import Factory
 from experiments.spec.errors import SpecError
@@ -310,6 +311,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
     A group-sequential ``[stopping]`` rule trains the groups round by round and stops at the
     first look that stops (:mod:`experiments.run.rounds`).
+    A study with ``[tuning]`` first runs its search into ``out/search`` and trains its groups
+    at each cell's best point (:mod:`experiments.run.tuning`).
     ``program_choice``: how the program of a cell no rule covers is chosen, ``"measure"`` or
     ``"rules"`` (default: the spec's ``[executor] program_choice``, else the workers'
     ``SPARSESCALE_PROGRAM_CHOICE``, else measure; :mod:`training.engine.choice`). Each cell's
@@ -340,6 +343,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
 
     if dask is None:   # a Dask cluster's workers may have GPUs its driver lacks
         training.device.resolve_device(spec.device, "workload.device")
+    if spec.tuning is not None and not spec.tuned:   # Lee's protocol: search, then repeat
+        with clock.phase("tuning"):
+            spec = tune(spec, out, lambda s, d: run_study(s, d, workers, executor, quiet, dask,
+                                                          probes=False, report=False))
     workload, dataset, model = load_workload(spec)
     groups = plan(spec)
     with open_store(out, study_info(spec, dataset)) as store:

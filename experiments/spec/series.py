@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,30 @@ def series_names(criteria: tuple[str, ...], sanity: tuple[str, ...]
 def series_label(criterion: str, transform: str | None) -> str:
     """``snip``, ``snip-shuffle``, ...: the series' name and its sub-study folder."""
     return criterion if transform is None else f"{criterion}-{transform}"
+
+
+def control_variants(spec: Any) -> list[Any]:
+    """The specs of a study with ``[pruning] bias_controls`` (Lee et al.'s bias confound,
+    issue 47): the study itself without the key (its store in ``RUN_DIR``), then one sub-study
+    per control in ``RUN_DIR/<control>``: ``no_bias``, the dense level of the model built with
+    ``bias = false``; ``dense_biases``, the sparse levels pruned with ``prune_biases = false``.
+    Every one keeps the study's seeds, trials and tuning: trial i of each starts from the same
+    weights (Lee's initialization draws no bias) and sees the same data order, so the controls'
+    runs pair with the study's. A control carries no stopping rule (its levels are not the
+    rule's)."""
+    options = spec.pruning_options
+    base = replace(options, bias_controls=())
+    out = [replace(spec, pruning_options=base)]
+    for control in options.bias_controls:
+        if control == "no_bias":
+            change = dict(model_options={**spec.model_options, "bias": False}, sparsities=(0.0,),
+                          pruning_options=base)
+        else:
+            change = dict(sparsities=tuple(x for x in spec.sparsities if x > 0),
+                          pruning_options=replace(base, prune_biases=False))
+        out.append(replace(spec, name=f"{spec.name}-{control}", series=control, subdir=control,
+                           stopping=None, **change))
+    return out
 
 
 def series_mask(criterion: str, transform: str | None, sparsity: float, seed: int,

@@ -88,6 +88,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     rounds = 5                          # looks, one per round of seeds
     boundary = "obrien_fleming"         # obrien_fleming | pocock
 
+    [tuning]                            # search each (level, B), then repeat its best point
+    points = 8                          # (experiments.spec.tables.tuning); trials: the repeats
+    seed = 1000
+
     [executor]
     workers = 2
     program_choice = "measure"          # measure | rules: how a cell's program is chosen
@@ -120,7 +124,7 @@ from experiments.spec.checks import Checker, delays_canonical, trial_rules_canon
 from experiments.spec.errors import SpecError, SpecIOError
 from experiments.spec.factories import Factory
 from experiments.spec.search import Dimension, optimizer_search
-from experiments.spec.series import SANITY, series_label, series_names
+from experiments.spec.series import SANITY, control_variants, series_label, series_names
 from experiments.spec.tables.branching import Branching, branching
 from experiments.spec.tables.budget import Budget, budget_table
 from experiments.spec.tables.eval import eval_table
@@ -132,6 +136,11 @@ from experiments.spec.tables.pruning import (
 )
 from experiments.spec.tables.search import search_table
 from experiments.spec.tables.stopping import Stopping, stopping_table
+from experiments.spec.tables.tuning import Tuning, tuning_table
+# the bundled configs and their reductions text (kept importable from here)
+from experiments.spec.bundled import (  # noqa: F401
+    CONFIG_DIR, list_configs, reductions, resolve_config,
+)
 from experiments.spec.tables.workload import (
     device_keys, init_key, stored, workload_table,
 )
@@ -233,6 +242,10 @@ class Spec(SpecCore):
     delay_kind: str = "fixed"
     # the pre-declared stopping rule (experiments.spec.tables.stopping): in the hash when set
     stopping: Stopping | None = None
+    # search, then repeat the best point (experiments.spec.tables.tuning): in the hash when
+    # set; ``tuned``: each (sparsity, batch size)'s best point, set by the runner after the search
+    tuning: Tuning | None = None
+    tuned: dict[tuple[float, int], dict[str, Any]] = field(default_factory=dict, compare=False)
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -273,6 +286,7 @@ class Spec(SpecCore):
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
             **({"stopping": self.stopping.canonical()} if self.stopping else {}),
+            **({"tuning": self.tuning.canonical()} if self.tuning else {}),
         }
 
     def variants(self) -> list["Spec"]:
@@ -280,6 +294,8 @@ class Spec(SpecCore):
         named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
         [<series>]``. Only the first series of each optimizer keeps the dense level. Each
         optimizer searches its own space (:func:`experiments.spec.search.optimizer_search`)."""
+        if self.pruning_options.bias_controls:   # one optimizer and series (validated)
+            return control_variants(self)
         optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
         series = series_names(self.pruning_criteria or (self.pruning_criterion,), self.sanity)
         if len(optimizers) == 1 and len(series) == 1:
@@ -328,7 +344,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      for key, value in c["search"].items()}
     raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
-    for table in ("eval", "probes", "branching", "stopping"):
+    for table in ("eval", "probes", "branching", "stopping", "tuning"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
     spec = validate(raw, toml_text=toml_text, digests=digests, criterion_digests=(
@@ -351,7 +367,7 @@ MAX_TRIALS = 2**16
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
-            "search", "budget", "eval", "probes", "branching", "stopping", "executor")
+            "search", "budget", "eval", "probes", "branching", "stopping", "tuning", "executor")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -397,6 +413,13 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     branch = branching(ck, raw, batch_sizes)
     stopping = stopping_table(ck, raw, sparsities, len(seeds or ()), probes.pairs_per_seed(trials),
                               probes.lipschitz_in_run)
+    tuning = tuning_table(ck, raw, seeds)
+    if tuning and (complete or len(delays or ()) > 1):
+        ck.add("tuning", "cannot be combined with complete_trials or a delay axis (a cell's one "
+               "point is repeated); allowed: one of them")
+    if options.bias_controls and (len(optimizers) > 1 or not {0.0} < set(sparsities or ())):
+        ck.add("pruning.bias_controls", "needs one optimizer, the dense level 0 and a sparse "
+               "level; allowed: sparsities = [0.0, ...] with one optimizer")
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
@@ -418,18 +441,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         digests=found, criterion_digests=criterion_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
         complete_trials=complete, program_choice=program_choice, delays=delays,
-        delay_kind=delay_kind, stopping=stopping)
-
-
-def reductions(spec: Spec) -> str:
-    """The spec's ``reductions`` text (how a bundled study's design is reduced from the
-    paper's), read from its TOML text: like ``description``, not part of the hash, so a store
-    keeps it in ``spec_toml`` and the report prints it. Empty when there is none."""
-    try:
-        value = tomllib.loads(spec.toml).get("reductions", "") if spec.toml else ""
-    except tomllib.TOMLDecodeError:
-        return ""
-    return value.strip() if isinstance(value, str) else ""
+        delay_kind=delay_kind, stopping=stopping, tuning=tuning)
 
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None
@@ -481,20 +493,3 @@ def load(path: str | Path, model: Factory | None = None, dataset: Factory | None
     folder = p.resolve().parent
     return loads(text, str(p), model, dataset,
                  () if folder == CONFIG_DIR else (str(folder),))
-
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def list_configs() -> list[str]:
-    """Names of the bundled study configs (``experiments/configs/*.toml``)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-
-
-def resolve_config(path: str | Path) -> Path:
-    """``path`` if it exists, else the bundled config of that name (``quickstart``)."""
-    p = Path(path)
-    if p.exists():
-        return p
-    bundled = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
-    return bundled if bundled.exists() else p

@@ -8,6 +8,7 @@ In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measu
 
     lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the run's end
     lipschitz_start = 1000        # ... from this step on (default N; Lee's stage starts at 1,000)
+    lipschitz_until = 5750        # ... up to this step in every run, whatever its goal
     lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
     lipschitz_trials = 3          # runs probed per probed group (reached first, fewest steps)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
@@ -30,7 +31,10 @@ stage is then not measured (the replay measured it beside L).
 
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
 alone; the others need ``lipschitz_every``. ``lipschitz_start`` skips the points before it
-(a dense schedule, N = 250, need not pay for points before Lee's stage). Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
+(a dense schedule, N = 250, need not pay for points before Lee's stage). ``lipschitz_until``
+measures every probed run over the same window, the replay continuing past the run's goal (or
+its budget): Lee's code stops at the goal, so a level that meets it early gets few points;
+a fixed window gives every run of every level the same points (issue 47's decisive study). Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
 of studies without them do not move.
 """
 
@@ -48,7 +52,8 @@ from experiments.spec.checks import Checker
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
 LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_start": None,
                                       "lipschitz_examples": None, "lipschitz_trials": 1,
-                                      "lipschitz_check": (), "lipschitz_in_run": False}
+                                      "lipschitz_check": (), "lipschitz_in_run": False,
+                                      "lipschitz_until": None}
 
 
 def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
@@ -59,12 +64,17 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     every = table.get("lipschitz_every")
     if every is not None:
         out["lipschitz_every"] = ck.integer(every, "probes.lipschitz_every", 1)
-    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check", "lipschitz_in_run"):
+    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check", "lipschitz_in_run",
+                "lipschitz_until"):
         if key in table and every is None:
             ck.add(f"probes.{key}", "only used with probes.lipschitz_every; allowed: set "
                                     "lipschitz_every = N (steps between L's points) or remove it")
     if "lipschitz_start" in table and every is not None:
         out["lipschitz_start"] = ck.integer(table["lipschitz_start"], "probes.lipschitz_start", 1)
+    if "lipschitz_until" in table and every is not None:
+        first = out["lipschitz_start"] or out["lipschitz_every"] or 1
+        out["lipschitz_until"] = ck.integer(table["lipschitz_until"], "probes.lipschitz_until",
+                                            first)
     if "lipschitz_examples" in table:
         out["lipschitz_examples"] = ck.integer(table["lipschitz_examples"],
                                                "probes.lipschitz_examples", 2)
@@ -167,6 +177,7 @@ class Probes:
     lipschitz_trials: int = 1
     lipschitz_check: tuple[float, ...] = ()
     lipschitz_in_run: bool = False
+    lipschitz_until: int | None = None
 
     def pairs_per_seed(self, trials: int | None) -> int | None:
         """The runs a seed gives at Lee's stage (each paired across levels): the probed

@@ -21,6 +21,16 @@ How a mask is made: Lee et al. (2021)'s protocol as keys (:class:`PruningOptions
     examples = "all"          # SNIP on the whole training split, in chunks of 100
     prune_biases = true       # biases are scored and pruned too
     mask_per_trial = true     # every trial its own initialization and its own mask
+    bias_controls = ["no_bias", "dense_biases"]   # the controls of "biases removed"
+
+SNIP with biases prunes every bias at every sparse level under Lee's initialization (biases
+start at zero, so their saliency |g w| is zero): the dense network has biases and every sparse
+one has none. ``bias_controls`` separates "weights pruned" from "biases removed" with extra
+series, each a sub-study of its own (:func:`experiments.spec.series.control_variants`):
+``no_bias``, the dense network built without biases (``model_options = {bias = false}``: the
+model must take that option, as ``lee_cnn`` does); ``dense_biases``, every sparse level with
+``prune_biases = false``. It needs ``prune_biases = true`` and the dense level, and one
+optimizer and one pruning series.
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``): ``edps/prune.py`` sums SNIP's
 saliency over the whole training split in batches of 100; ``edps/model.py`` scores (and masks)
@@ -53,7 +63,10 @@ from experiments.spec.factories import FactoryError, is_path, resolve, split
 from experiments.spec.series import SANITY
 
 # the keys that say how a mask is made (PruningOptions)
-OPTION_KEYS = ("examples", "prune_biases", "mask_per_trial")
+OPTION_KEYS = ("examples", "prune_biases", "mask_per_trial", "bias_controls")
+# the bias controls of Lee's stage (issue 47): the dense network without biases, and each
+# sparse level with its biases kept dense (experiments.spec.series.control_variants)
+BIAS_CONTROLS = ("no_bias", "dense_biases")
 KEYS = ("criterion", "sanity", *OPTION_KEYS)
 # the key's deprecated name: read as "criterion", and the name the canonical JSON (every stored
 # spec and hash) gives it and its digest
@@ -184,6 +197,7 @@ class PruningOptions:
     examples: str | None = None
     prune_biases: bool = False
     mask_per_trial: bool = False
+    bias_controls: tuple[str, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The keys that differ from their defaults (none: older hashes stay valid)."""
@@ -194,6 +208,8 @@ class PruningOptions:
             out["prune_biases"] = True
         if self.mask_per_trial:
             out["mask_per_trial"] = True
+        if self.bias_controls:
+            out["bias_controls"] = list(self.bias_controls)
         return out
 
     def prune_kwargs(self) -> dict[str, Any]:
@@ -228,7 +244,20 @@ def pruning_options(ck: Checker, raw: Mapping[str, Any],
             ck.add(f"pruning.{key}", f"found {value!r}; allowed: true or false")
             value = False
         flags[key] = value
-    return PruningOptions(examples, **flags)
+    controls = table.get("bias_controls", [])
+    if not isinstance(controls, list):
+        ck.add("pruning.bias_controls", f"found {controls!r}; allowed: a list of "
+                                        f"{', '.join(BIAS_CONTROLS)}")
+        controls = []
+    controls = _distinct(ck, "pruning.bias_controls", controls, tuple(
+        ck.choice(v, f"pruning.bias_controls[{i}]", BIAS_CONTROLS) for i, v in enumerate(controls)))
+    if controls and not flags["prune_biases"]:
+        ck.add("pruning.bias_controls", "needs prune_biases = true (without it every level keeps "
+                                        "its biases); allowed: set it, or remove bias_controls")
+    if controls and (len(criteria) > 1 or table.get("sanity")):
+        ck.add("pruning.bias_controls", "needs one criterion and no sanity checks; allowed: one "
+                                        "pruning series")
+    return PruningOptions(examples, **flags, bias_controls=controls or ())
 
 
 def _whole_split(name: str) -> bool:
