@@ -47,6 +47,7 @@ from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
 from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
+from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.hardware import hardware_view, time_to_result_frame
 from experiments.report.prose import (
@@ -177,6 +178,7 @@ def build(runs: RunSet) -> Report:
         _theory_section(runs, fits, judged, stage),
         *([delay_section(runs, delays)] if delays.measured else []),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
+        *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
