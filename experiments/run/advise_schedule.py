@@ -99,7 +99,10 @@ def schedule_advice(spec: Spec, advice, *, seed: int = 0, replicates: int = 5,
         rows += [{"run": spec.name, "sparsity": advice.sparsity, "seed": seed, "policy": label,
                   "replicate": r, "batch_size": b, "steps_to_result": pt.hit_step,
                   "examples_to_result": pt.examples_to_result,
-                  "seconds_to_result": pt.seconds(step_time) if pt.hit_step is not None else None}
+                  "seconds_to_result": pt.seconds(step_time) if pt.hit_step is not None else None,
+                  "max_steps": run.max_steps, "measured_examples": pt.measured_examples,
+                  "t_fixed": step_time.t_fixed,
+                  "t_example": step_time.t_example}
                  for r, pt in enumerate(trials)]
     frame = pd.DataFrame(rows).astype({"steps_to_result": "Int64", "examples_to_result": "Int64"})
     table = summary(frame)

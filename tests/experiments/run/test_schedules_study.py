@@ -21,7 +21,7 @@ from ..conftest import TINY
 
 TWIN = TINY.replace("sparsities = [0.0, 0.5]", "sparsities = [0.0]") + (
     "\n[branching]\nenabled = true\ncheckpoints = 3\nk_max = 4\nwarmup = false\n"
-    "\n[schedules]\nenabled = true\nreplicates = 5\nevery = 10\nmeasure_steps = 2\n"
+    "\n[schedules]\nenabled = true\nreplicates = 5\nevery = 2\nmeasure_steps = 2\n"
     "[schedules.options.goodput]\nmin_gain = 0.0\n")
 POLICIES = ["fixed", "goodput", "noise_ramp", "cbs_warmup", "seesaw"]
 
