@@ -20,7 +20,8 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`
 computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
 :mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
 ``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
-B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.schedules` the
+batch-size policies' shoot-out (studies with ``[schedules]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
 :mod:`experiments.report.figures.theory` the figures and
 :mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
