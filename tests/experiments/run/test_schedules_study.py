@@ -91,3 +91,12 @@ def test_table_errors_name_the_key():
     text = str(err.value)
     assert "schedules.replicates" in text and "did you mean 'goodput'" in text
     assert "schedules.options.seesaw" in text
+
+
+def test_the_table_enters_the_hash_only_when_enabled_and_round_trips():
+    from experiments.spec.study import from_canonical
+
+    plain, off, on = (loads(TINY), loads(TINY + "\n[schedules]\nreplicates = 6\n"), loads(TWIN))
+    assert plain.hash == off.hash and on.hash != loads(TWIN.replace("every = 2", "every = 3")).hash
+    back = from_canonical(json.loads(on.to_json()))
+    assert back.schedules == on.schedules and back.hash == on.hash
