@@ -228,8 +228,11 @@ class Seesaw:
 def make_policy(name: str | Policy | Any, options: Mapping[str, Any] | None = None) -> Policy:
     """The policy ``name`` stands for: a registered name (:data:`POLICIES`) or an import path
     ``"package.module:Name"`` of a class (built with ``options``), a function of
-    (signal, current) or an object with ``decide``; a policy object as it is."""
+    (signal, current) or an object with ``decide``; a policy class built with ``options``; a
+    policy object or function as it is."""
     options = dict(options or {})
+    if isinstance(name, type):   # a policy class: built with the options
+        return as_policy(_build(name, name.__qualname__, options))
     if not isinstance(name, str):
         if options:
             raise TheoryError("options are given with a policy object: build it with them")

@@ -5,7 +5,6 @@ stored; the spec table's errors name the key."""
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 

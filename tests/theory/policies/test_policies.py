@@ -138,6 +138,7 @@ def test_registry_names_paths_and_errors(monkeypatch):
     monkeypatch.setitem(sys.modules, "my_policies", mod)
     assert make_policy("my_policies:Halve", {"floor": 4}).decide(Signal(0, 0), Setting(6, 1.0)) == Setting(4, 1.0)
     assert make_policy("my_policies:double").decide(Signal(0, 0), Setting(6, 1.0)) == Setting(12, 1.0)
+    assert make_policy(Halve, {"floor": 2}) == Halve(2)
     with pytest.raises(TheoryError, match="has no attribute 'nope'"):
         make_policy("my_policies:nope")
     with pytest.raises(TheoryError, match="cannot import"):
