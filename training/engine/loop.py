@@ -100,7 +100,7 @@ class Outcome:
     taken: list[int]
     final: dict[int, list[Tensor]]
     steps_run: int
-    strategy: Strategy
+    strategy: Strategy | None   # None: several calls made it (training.train_schedule_trials)
     end_state: TrainState | None = None
     end_trials: tuple[int, ...] = ()
 
