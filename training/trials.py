@@ -268,11 +268,10 @@ def _call(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[s
                      check_data_seeds(data_seeds, n), inits, trials_per_stack, **given)
 
 
-def _result(trials: list[Trial], out: loop.Outcome, program: str | None = None) -> TrialsResult:
+def _result(trials: list[Trial], out: loop.Outcome) -> TrialsResult:
     """The result of ``trials`` from what the loop left of them (``out``: their final
     parameters ``out.names``, then module buffers ``out.buffer_names`` where a program kept
-    them, are ``out.final[i]``); ``program``: the programs' names where several calls of the
-    loop made ``out`` (:func:`training.train_schedule_trials`), else its strategy's."""
+    them, are ``out.final[i]``)."""
     n, names, final, hit, diverged = len(trials), out.names, out.final, out.hit, out.diverged
     status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
               else "not_reached" for i in range(n)]
@@ -286,6 +285,6 @@ def _result(trials: list[Trial], out: loop.Outcome, program: str | None = None) 
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
         diverged_step=list(diverged), steps_taken=list(out.taken), curves=curves,
-        steps_run=out.steps_run, trials=trials, program=program or out.strategy.name,
-        params=params, end_state=out.end_state, end_trials=out.end_trials, buffers=buffers,
-        **({} if out.strategy is None else {"program_choice": out.strategy.choice}))
+        steps_run=out.steps_run, trials=trials, program=out.program, params=params,
+        end_state=out.end_state, end_trials=out.end_trials, buffers=buffers,
+        program_choice=out.program_choice)
