@@ -52,6 +52,8 @@ from theory.policies.builtin import make_policy
 from theory.policies.interface import Policy, Setting, Signal, StepTime, step_seconds
 
 DEFAULT_MEASURE_STEPS = 4
+# micro-batches per measured step where the per-example norms cannot read a layer
+MICRO_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -244,8 +246,8 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
     (``state``, N = 1) at batch ``batch_size``: ``steps`` batches drawn without replacement
     from the training split (``population`` = its size) by a generator seeded ``seed``, each
     two accumulated forward and backward passes of its halves on a copy of ``model`` in train
-    mode (so that the micro-batch estimator reads any layer); the caller's random state is left
-    as it was. ``adam``: the trial whose Adam state (``state``'s m, v and step, its betas and
+    mode, read by the per-example estimator; where it cannot read a layer, ``MICRO_BATCHES``
+    passes read by the micro-batch estimator. The caller's random state is left as it was. ``adam``: the trial whose Adam state (``state``'s m, v and step, its betas and
     eps) preconditions the gradients for the ``"<preconditioned>"`` part."""
     if state.n_trials != 1:
         raise TheoryError(f"read_noise reads one trial; state has {state.n_trials}")
@@ -260,6 +262,21 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
         monitor_options["optimizer"] = _adam(net, state, adam)
     data = dataset.to(run.device, run.dtype)
     criterion = loss_fn(dataset.task, dataset.loss)
+    try:
+        return _read(net, data, criterion, batch_size, steps, seed, monitor_options, 2)
+    except TheoryError as exc:
+        # a layer the per-example norms cannot read (a table read outside its call, a shared
+        # parameter): the micro-batch estimator reads any layer
+        if "method" in monitor_options or "micro_batch" not in str(exc):
+            raise
+        return _read(net, data, criterion, batch_size, steps, seed,
+                     {**monitor_options, "method": "micro_batch"}, MICRO_BATCHES)
+
+
+def _read(net: nn.Module, data: Dataset, criterion: Any, batch_size: int, steps: int, seed: int,
+          monitor_options: Mapping[str, Any], passes: int) -> Any:
+    """The monitor's reading of ``steps`` seeded batches of ``net`` (:func:`read_noise`), each
+    split into ``passes`` accumulated backward passes (as many as its examples allow)."""
     gen = torch.Generator().manual_seed(int(seed))
     reading = None
     with torch.random.fork_rng(devices=[]), \
@@ -267,10 +284,10 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
                               **monitor_options) as monitor:
         torch.manual_seed(int(seed))
         for _ in range(steps):
-            idx = torch.randperm(data.n_train, generator=gen)[:batch_size].to(run.device)
-            # two halves, each its own backward pass: the per-example estimator reads them as
-            # one batch, and any layer can be read by the micro-batch one
-            halves = idx.tensor_split(2) if batch_size >= 4 else (idx,)
+            idx = torch.randperm(data.n_train, generator=gen)[:batch_size].to(data.x_train.device)
+            # the per-example estimator reads the passes as one batch; the micro-batch one
+            # compares them, so it gets more of them
+            halves = idx.tensor_split(min(passes, batch_size // 2)) if batch_size >= 4 else (idx,)
             net.zero_grad(set_to_none=True)
             for half in halves:
                 (criterion(net(data.x_train[half]), data.y_train[half]) / len(halves)).backward()

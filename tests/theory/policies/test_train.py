@@ -152,3 +152,22 @@ def test_a_policys_part_sets_what_the_monitor_reads(data, net):
     assert got[0].decisions and got[0].measured_examples > 0
     with pytest.raises(TheoryError, match="needs an Adam-type run"):
         train_under_policy(net, data, [Trial(lr=0.1)], replace(run, optimizer="momentum"), pol, every=6)
+
+
+class OutsideUse(torch.nn.Module):
+    """A layer whose weight is also read outside its own call: per-example norms cannot see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.shift = torch.nn.Linear(8, 3), torch.nn.Linear(1, 3)
+
+    def forward(self, x):
+        return self.body(x) + self.shift.weight[:, 0]
+
+
+def test_a_layer_the_per_example_norms_cannot_read_falls_back_to_micro_batches(data):
+    net = OutsideUse()
+    params = {k: v.detach().unsqueeze(0) for k, v in net.named_parameters()}
+    state = TrainState(params, {}, 0, DataPosition(), (1.0,))
+    reading = read_noise(net, data, state, 64, RunConfig(16), steps=2)
+    assert reading.method == "micro_batch" and reading.b_simple == reading.b_simple
