@@ -240,17 +240,13 @@ class Runner:
             loss = loss[sel]
             grads = None if grads is None else [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
-        if grads is None:
-            return st, dropped
-        update = st.update(self.optimizer, step)
-        if st.delay is None:
-            update.apply_(st.params, grads)
-        else:   # the new weights straight into the queue's next slot, the stack's weights
-            # views of it from now on: no copy into the queue (a program that takes delays
-            # keeps the weights itself)
-            kept = st.delay.slot(step + 1)
-            update.apply_(st.params, grads, kept)
-            st.params[:] = kept
+        if grads is not None and st.delay is None:
+            st.update(self.optimizer, step).apply_(st.params, grads)
+        elif grads is not None:   # the new weights straight into the queue's next slot, the
+            # stack's weights its views from now on: no copy into the queue (a program that
+            # takes delays keeps the weights itself)
+            st.update(self.optimizer, step).apply_(st.params, grads, st.delay.slot(step + 1))
+            st.params[:] = st.delay.slot(step + 1)
         return st, dropped
 
     @torch.no_grad()
