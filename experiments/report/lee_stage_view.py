@@ -154,12 +154,12 @@ def bias_control_rows(runs: RunSet) -> list[dict]:
     kept"), L at Lee's stage and steps, from the study's run and its controls' runs."""
     by_series = {getattr(r.spec, "series", ""): r for r in runs.runs}
     main = by_series.get("")
-    if main is None or not len(runs.schedule) or not (
+    if main is None or not len(runs.stage) or not (
             {"no_bias", "dense_biases"} & set(by_series)):
         return []
 
     def tables(r: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
-        return runs.schedule[runs.schedule["run"] == r.label], _runs_of(r, runs)
+        return runs.stage[runs.stage["run"] == r.label], _runs_of(r, runs)
 
     study = tables(main)
     sparse = sorted(s for s in set(study[0]["sparsity"]) if s > 0)
