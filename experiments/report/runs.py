@@ -62,7 +62,7 @@ class Run:
 class RunSet:
     """The runs of one report and their tables, each with ``run`` (label) and ``series`` columns
     first: ``groups``, ``trials``, ``probes``, ``study``, ``branching``, ``warmup`` and
-    ``schedule`` (the store's ``schedule_probes``: L at Lee et al.'s stage) as stored,
+    ``stage`` (the store's ``stage_probes``: L at Lee et al.'s stage) as stored,
     ``planned`` one row per (sparsity, batch size, seed) the run's spec plans (with ``probes``:
     whether it plans probes).
     ``order`` lists the series in report order: runs as given, sparsity ascending."""
@@ -76,7 +76,7 @@ class RunSet:
     order: tuple[str, ...]
     branching: pd.DataFrame = field(default_factory=pd.DataFrame)
     warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
-    schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stage: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def combined(self) -> bool:
@@ -159,7 +159,7 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
         order += [series_label(r.label, s, combined) for s in levels]
     return RunSet(runs, stacked("groups"), stacked("trials"), stacked("probes"), stacked("study"),
                   planned, tuple(order), stacked("branching"), stacked("warmup"),
-                  stacked("schedule_probes"))
+                  stacked("stage_probes"))
 
 
 def planned_cells(spec: StudySpec) -> list[tuple[float, int, int, int]]:

@@ -20,7 +20,8 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`
 computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
 :mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
 ``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
-B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.schedules` the
+batch-size policies' shoot-out (studies with ``[schedules]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
 :mod:`experiments.report.figures.theory` the figures and
 :mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
@@ -47,6 +48,7 @@ from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
 from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
+from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.hardware import hardware_view, time_to_result_frame
 from experiments.report.prose import (
@@ -151,7 +153,7 @@ def build(runs: RunSet) -> Report:
     hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
                                 [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
-                                runs.schedule)
+                                runs.stage)
     stage = stage_view(runs)
     # the claim at Lee et al.'s stage beside the early probes' claims
     judged = pd.concat([judged, *(v for v in (stage.verdicts, delays.verdicts) if len(v))],
@@ -177,6 +179,7 @@ def build(runs: RunSet) -> Report:
         _theory_section(runs, fits, judged, stage),
         *([delay_section(runs, delays)] if delays.measured else []),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
+        *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
@@ -253,8 +256,8 @@ def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
         rule = getattr(r.spec, "stopping", None)
         if rule is None:
             continue
-        mine = (runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule)
-                else runs.schedule)
+        mine = (runs.stage[runs.stage["run"] == r.label] if len(runs.stage)
+                else runs.stage)
         out.append(Paragraphs(tuple(f"{r.label}: {line}" if len(runs.runs) > 1 else line
                                     for line in stopping_lines(mine, rule, r.spec.seeds))))
     return tuple(out)
@@ -278,7 +281,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                                     for r in runs.runs))
     probed = [f"{r.label}: {text}" for r in runs.runs
               if (text := probe_definition_text(r.results.run_dir)) is not None]
-    noise = noise_along_table(runs.groups, runs.probes, runs.schedule, runs.trials, runs.labels)
+    noise = noise_along_table(runs.groups, runs.probes, runs.stage, runs.trials, runs.labels)
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         _table("Claims in their own terms", verdict_table(judged),

@@ -1,7 +1,8 @@
 """Reading a study's store: :func:`load_results` gives its tables as pandas DataFrames sorted by
 their natural keys (two stores with the same contents load identically, whatever order the groups
 finished in) and its validated spec. It opens the store read-only: a table or column added since
-the store was written reads empty (NULL), and nothing is migrated."""
+the store was written reads empty (NULL), a renamed one under its new name, and nothing is
+migrated (:mod:`experiments.store.upgrade`)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import pandas as pd
 from experiments.spec.errors import SpecError
 from experiments.spec.external import StudySpec, external_spec, is_external
 from experiments.spec.study import from_canonical
-from experiments.store.database import (
-    DB_NAME, StoreContentError, check_is_store, failure, read_frame,
-)
+from experiments.store.database import DB_NAME, StoreContentError, check_is_store, failure
 from experiments.store.schema import COLUMNS
+from experiments.store.upgrade import read_frame
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,12 @@ class Results:
     trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
     ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
     (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
-    size, replicate) of the warmup comparison; ``schedule_probes`` one per quantity at each
+    size, replicate) of the warmup comparison; ``stage_probes`` one per quantity at each
     step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
     ``programs`` one per cell (batch size): the program every group of it ran
-    (``groups.program``, each group's); ``predictions`` is empty unless something stored
-    predictions.
+    (``groups.program``, each group's); ``looks`` one per look a group-sequential rule took
+    while the study trained (:mod:`experiments.run.rounds`; the stopping one has ``stop``);
+    ``predictions`` is empty unless something stored predictions.
     """
 
     run_dir: Path
@@ -49,8 +50,10 @@ class Results:
     programs: pd.DataFrame = field(default_factory=pd.DataFrame)
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: StudySpec | None = None
-    schedule_probes: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["schedule_probes"])))
+    stage_probes: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["stage_probes"])))
+    looks: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["looks"])))
 
 
 def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:

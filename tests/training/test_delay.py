@@ -294,16 +294,35 @@ def test_queue_reads_a_slot_without_a_copy_when_the_trials_agree():
     params = [torch.arange(6.0).view(2, 3)]
     q = DelayQueue.start(params, [Trial(lr=1, delay=2), Trial(lr=1, delay=2)], [0, 1])
     assert q.stale(params, 0)[0] is params[0]         # step 0: the weights themselves
-    q.push_([params[0] + 1], 0)
-    q.push_([params[0] + 2], 1)
+    q.slot(1)[0].copy_(params[0] + 1)                 # what updates 0 and 1 write
+    q.slot(2)[0].copy_(params[0] + 2)
     at = q.stale(params, 3)[0]                        # weights of step 1, a view of the ring
     assert at.data_ptr() == q.ring[0][1].data_ptr() and torch.equal(at, params[0] + 1)
+    assert q.slot(4)[0].data_ptr() == at.data_ptr()   # S = 3 slots: step 4 overwrites step 1
     mixed = DelayQueue.start(params, [Trial(lr=1, delay=1), Trial(lr=1, delay=2)], [0, 1])
-    mixed.push_([params[0] + 1], 0)
-    mixed.push_([params[0] + 2], 1)
+    mixed.slot(1)[0].copy_(params[0] + 1)
+    mixed.slot(2)[0].copy_(params[0] + 2)
     # step 2: trial 0 reads step 1, trial 1 step 0
     assert torch.equal(mixed.stale(params, 2)[0], torch.stack([params[0][0] + 1, params[0][1]]))
     assert DelayQueue.start(params, [Trial(lr=1), Trial(lr=1)], [0, 1]) is None
+
+
+def test_the_queue_reads_each_trials_own_past_step_across_a_block():
+    """The reads worked out a block of steps at a time: every trial's gradient weights at
+    update t are those of step max(t - tau_t, 0), with tau_t its own draw (uniform_delays) or
+    its fixed delay, from the first steps to past the edge of the first block."""
+    trials = [Trial(lr=1, delay=3, delay_kind="uniform"), Trial(lr=1, delay=2),
+              Trial(lr=1, delay=5, delay_kind="uniform"), Trial(lr=1, delay=1)]
+    seeds = [5, 6, 7, 8]
+    params = [torch.zeros(4, 2)]                      # every weight: the step it belongs to
+    q = DelayQueue.start(params, trials, seeds)
+    for t in range(BLOCK + 6):
+        tau = [int(uniform_delays(s, tr.delay, t, t + 1)[0]) if tr.delay_kind == "uniform"
+               else tr.delay for s, tr in zip(seeds, trials)]
+        want = torch.tensor([float(max(t - d, 0)) for d in tau]).unsqueeze(1).expand(4, 2)
+        assert torch.equal(q.stale(params, t)[0], want), t
+        params = q.slot(t + 1)                        # what the update writes, as the loop
+        params[0].fill_(t + 1)
 
 
 @pytest.mark.parametrize("fields, message", [
