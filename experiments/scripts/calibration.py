@@ -49,9 +49,9 @@ from training.state import TrainState
 @dataclass(frozen=True)
 class Workload:
     """A base run and what to branch and read along it; ``swept``: the stored sweep's fitted
-    B_crit [90 %] and where it comes from; ``micro``: micro-batches per monitored batch
-    (2 or more for the micro-batch estimator, which a model whose parameters the per-example
-    terms cannot see needs)."""
+    B_crit [90 %] and where it comes from; ``micro``: micro-batches per monitored batch;
+    ``monitor``: the monitor's further options (the micro-batch estimator for a model whose
+    parameters the per-example terms cannot see, with ``micro`` >= 2)."""
 
     dataset: str
     model: str
@@ -69,7 +69,7 @@ class Workload:
     batches: int = 16
     batch: int = 64
     micro: int = 1
-    method: str = "auto"
+    monitor: dict = field(default_factory=dict)
 
 
 WORKLOADS = {
@@ -90,7 +90,7 @@ WORKLOADS = {
         training.Goal("loss", 2.3), 8, 8000, "57.4 [49.8, 65.4] (lm_python_source)",
         {"context": 32, "max_train_windows": 16384, "max_val_windows": 512},
         {"layers": 2, "width": 32, "heads": 2}, checkpoints=4, k_max=32, multipliers=(1.0, 2.0),
-        micro=4, method="micro_batch"),
+        micro=4, monitor={"method": "micro_batch"}),
 }
 TINY = Workload("teacher", "mlp", "adam", {"lr": 0.01}, training.Goal("error", 0.5), 8, 400,
                 "none (a tiny twin)", {"n": 600, "dim": 8, "num_classes": 3, "hidden": 16},
@@ -132,7 +132,7 @@ def noise_at(model: nn.Module, state: TrainState, dataset: training.Dataset, wor
     loss = loss_fn(dataset.task, dataset.loss)
     order = torch.randperm(dataset.n_train, generator=torch.Generator().manual_seed(seed))
     with NoiseScaleMonitor(net, window=work.batches, population=dataset.n_train,
-                           norm_layers=norm, optimizer=opt, method=work.method) as monitor:
+                           norm_layers=norm, optimizer=opt, **work.monitor) as monitor:
         for j in range(work.batches):
             net.zero_grad(set_to_none=True)
             for part in order[j * work.batch:(j + 1) * work.batch].chunk(work.micro):
