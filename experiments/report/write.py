@@ -20,7 +20,8 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`
 computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
 :mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
 ``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
-B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
+B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.schedules` the
+batch-size policies' shoot-out (studies with ``[schedules]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
 :mod:`experiments.report.figures.theory` the figures and
 :mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
 :class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
@@ -47,6 +48,7 @@ from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
 from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
+from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.hardware import hardware_view, time_to_result_frame
 from experiments.report.prose import (
@@ -177,6 +179,7 @@ def build(runs: RunSet) -> Report:
         _theory_section(runs, fits, judged, stage),
         *([delay_section(runs, delays)] if delays.measured else []),
         *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
+        *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
             _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "

@@ -299,8 +299,9 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``out``: default ``runs/<name>``. ``executor``: any ``concurrent.futures.Executor`` (not shut
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
-    in the store are skipped; then the probes and the branching measurement run (unless
-    disabled: ``probes=False`` skips both) and the report is written.
+    in the store are skipped; then the probes, the branching measurement and the policies'
+    shoot-out (``[schedules]``, :mod:`experiments.run.schedules`) run (unless disabled:
+    ``probes=False`` skips them) and the report is written.
     A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
@@ -409,6 +410,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
+        if probes and spec.schedules.enabled:
+            from experiments.run.schedules import run_schedules   # late: only shoot-outs need it
+            with clock.phase("schedules"):
+                run_schedules(spec, dataset, store, quiet)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
                                     store.frame("branching"), store.frame("stage_probes"))
