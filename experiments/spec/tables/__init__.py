@@ -11,6 +11,8 @@
 - :mod:`~experiments.spec.tables.probes`: ``[probes]`` (L at Lee et al.'s stage included).
 - :mod:`~experiments.spec.tables.branching`: ``[branching]``.
 - :mod:`~experiments.spec.tables.executor`: ``[executor]``.
+- :mod:`~experiments.spec.tables.measures`: the top-level ``measures`` key (the user's own
+  measurements, by import path).
 
 The top-level keys are checked by :mod:`experiments.spec.checks`, and
 :func:`experiments.spec.study.validate` composes them all.

@@ -28,10 +28,10 @@ from tqdm.auto import tqdm
 import training
 from theory.estimators.branching import branch_factors, critical_batch
 
+from experiments.measures.branching.store import BranchRow, WarmupRow, branched, write_branching
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads
 from experiments.run.probes import PROBE_THREADS
-from experiments.store.schema import BranchRow, WarmupRow
 from experiments.spec.study import Spec
 from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store
@@ -143,7 +143,7 @@ def start_branching(spec: Spec, dataset: training.Dataset, store: Store, setting
     branch_factors(settings.k_max)
     critical_batch([0], [1.0], [[[[1.0] * settings.seeds]]], base_batch=1, ks=[1], eps=settings.eps,
                    level=settings.level)   # seeds, eps and level as the measurement takes them
-    done = set() if redo else store.branched()
+    done = set() if redo else branched(store)
     todo = [(s, seed) for s in sorted(spec.sparsities, reverse=True) for seed in spec.seeds
             if (float(s), int(seed)) not in done]
     if not todo:
@@ -160,7 +160,7 @@ def start_branching(spec: Spec, dataset: training.Dataset, store: Store, setting
         for task, (rows, warm) in tqdm(zip(tasks, results), total=len(tasks), disable=quiet,
                                        desc="branching", unit="run"):
             if rows:
-                store.write_branching(task.sparsity, task.seed, rows, warm)
+                write_branching(store, task.sparsity, task.seed, rows, warm)
 
     return finish
 
