@@ -147,7 +147,7 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
     def stacked(table: str) -> pd.DataFrame:
         frames = []
         for r in runs:
-            df = getattr(r.results, table, pd.DataFrame()).copy()
+            df = getattr(r.results, table).copy()
             df.insert(0, "run", r.label)
             if "sparsity" in df.columns:
                 df.insert(1, "series", [series_label(r.label, s, combined) for s in df["sparsity"]])
@@ -162,9 +162,9 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
     for r in runs:
         levels = sorted(set(r.spec.sparsities) | set(r.results.groups["sparsity"]))
         order += [series_label(r.label, s, combined) for s in levels]
-    return RunSet(runs, stacked("groups"), stacked("trials"), stacked("probes"), stacked("study"),
-                  planned, tuple(order), stacked("schedule_probes"),
-                  {t: stacked(t) for t in runs[0].results.tables})
+    tables = {t: stacked(t) for t in runs[0].results.tables}
+    return RunSet(runs, stacked("groups"), stacked("trials"), tables["probes"], stacked("study"),
+                  planned, tuple(order), tables["schedule_probes"], tables)
 
 
 def planned_cells(spec: StudySpec) -> list[tuple[float, int, int, int]]:
