@@ -68,10 +68,11 @@ MYMEASURES = textwrap.dedent('''\
     ''')
 
 
-@pytest.fixture
-def study(tmp_path):
-    """``tmp_path`` holding ``mymeasures.py`` and a spec naming its measurement; the study run
-    in one thread, with its report. Afterwards this process forgets the module and the entry."""
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A folder holding ``mymeasures.py`` and a spec naming its measurement; the study run in
+    one thread, with its report. Afterwards this process forgets the module and the entry."""
+    tmp_path = tmp_path_factory.mktemp("own_measurement")
     (tmp_path / "mymeasures.py").write_text(MYMEASURES)
     text = TINY.replace("seeds = [0]\n",
                         'seeds = [0]\nmeasures = ["mymeasures:WeightNorm"]\n')
