@@ -23,7 +23,9 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores,
 sentences, :mod:`experiments.report.figures.measurement` and
 :mod:`experiments.report.figures.theory` the figures and :mod:`experiments.report.tables` the
 displayed tables; every registered measurement (:mod:`experiments.measurement`: the sanity
-checks, time to result, the delay axis, branching, a user's own) gives its part, and
+checks, time to result, the delay axis, branching, a user's own) gives its part,
+:mod:`experiments.report.schedules` the batch-size policies' shoot-out (studies with
+``[schedules]``), and
 :func:`build` puts them all into one :class:`experiments.report.sections.Document`, rendered to
 both formats by Jinja2 templates.
 
@@ -49,6 +51,7 @@ from experiments.report import analysis as A
 from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
+from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.prose import findings_text, optimizer_sentences, prediction_statement
 from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs, synchronous
@@ -140,7 +143,7 @@ def build(runs: RunSet) -> Report:
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
                                 [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
-                                runs.schedule)
+                                runs.stage)
     stage = stage_view(runs)
     ctx = measurement.ReportContext(runs, every, points, edges, fits, ratios)
     parts = [m.report(ctx) for _, m in measurement.MEASURES.items()]
@@ -167,6 +170,7 @@ def build(runs: RunSet) -> Report:
                                *(f for p in parts for f in p.figures))),
         _theory_section(runs, fits, judged, stage),
         *(s for p in parts for s in p.sections),
+        *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
             table_section("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             table_section(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
@@ -245,8 +249,8 @@ def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
         rule = getattr(r.spec, "stopping", None)
         if rule is None:
             continue
-        mine = (runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule)
-                else runs.schedule)
+        mine = (runs.stage[runs.stage["run"] == r.label] if len(runs.stage)
+                else runs.stage)
         out.append(Paragraphs(tuple(f"{r.label}: {line}" if len(runs.runs) > 1 else line
                                     for line in stopping_lines(mine, rule, r.spec.seeds))))
     return tuple(out)
@@ -270,7 +274,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                                     for r in runs.runs))
     probed = [f"{r.label}: {text}" for r in runs.runs
               if (text := probe_definition_text(r.results.run_dir)) is not None]
-    noise = noise_along_table(runs.groups, runs.probes, runs.schedule, runs.trials, runs.labels)
+    noise = noise_along_table(runs.groups, runs.probes, runs.stage, runs.trials, runs.labels)
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         table_section("Claims in their own terms", verdict_table(judged),
