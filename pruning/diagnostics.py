@@ -243,8 +243,8 @@ def check(model: nn.Module, mask: Mapping[str, torch.Tensor], stacklevel: int = 
     diagnosis = diagnose(model, mask)
     problems = diagnosis.problems()
     if problems:
-        method = getattr(mask, "info", {}).get("method")
-        head = f"mask by {method!r}: " if method else "mask: "
+        criterion = getattr(mask, "info", {}).get("criterion")
+        head = f"mask by {criterion!r}: " if criterion else "mask: "
         warnings.warn(head + "; ".join(problems), LayerCollapseWarning, stacklevel=stacklevel + 1)
     return diagnosis
 

@@ -10,7 +10,7 @@ __all__ = ["PruningError", "MaskError", "MaskIOError"]
 
 
 class PruningError(SparsescaleError, ValueError):
-    """Bad input to a pruning function (method, sparsity, scope, data, budget, ...): names the
+    """Bad input to a pruning function (criterion, sparsity, scope, data, budget, ...): names the
     argument, what was found and what is allowed."""
 
 

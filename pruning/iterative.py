@@ -95,7 +95,7 @@ def imp_score_fn(train_fn: TrainFn) -> ScoreFn:
     """IMP round scores: |w| after ``train_fn`` trains a copy of the rewound, masked network."""
     def score(work: nn.Module, params: Mapping[str, nn.Parameter],
               current: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        trained = train_fn(copy.deepcopy(work), Mask(current, {"method": "imp-round"}))
+        trained = train_fn(copy.deepcopy(work), Mask(current, {"criterion": "imp-round"}))
         if not isinstance(trained, nn.Module):
             raise PruningError(f"imp train_fn must return the trained nn.Module, "
                             f"got {type(trained).__name__}")

@@ -48,7 +48,7 @@ def prunable_parameters(model: nn.Module, prune_biases: bool = False) -> dict[st
 
 class Mask(Mapping[str, torch.Tensor]):
     """Immutable mapping parameter name -> float32 0/1 tensor of the parameter's shape
-    (1 = kept, 0 = pruned), with metadata ``info`` (method, requested sparsity, scope, seed, ...).
+    (1 = kept, 0 = pruned), with metadata ``info`` (criterion, requested sparsity, scope, seed, ...).
     The tensors are shared, not copied, on access: treat them as read-only.
 
     >>> mask = pruning.prune(net, "snip", sparsity=0.9, dataset=ds)
@@ -60,7 +60,7 @@ class Mask(Mapping[str, torch.Tensor]):
         if not isinstance(entries, Mapping) or len(entries) == 0:
             raise MaskError("a mask needs at least one entry name -> 0/1 tensor")
         if info is not None and not isinstance(info, Mapping):
-            raise MaskError(f"mask info must be a mapping (method, sparsity, ...), got "
+            raise MaskError(f"mask info must be a mapping (criterion, sparsity, ...), got "
                             f"{type(info).__name__}")
         self._entries = {str(k): check_entry(str(k), v).cpu().to(torch.float32).contiguous()
                          for k, v in entries.items()}
@@ -88,8 +88,8 @@ class Mask(Mapping[str, torch.Tensor]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        method = self.info.get("method", "?")
-        return (f"Mask({len(self)} entries, method={method!r}, "
+        criterion = self.info.get("criterion", "?")
+        return (f"Mask({len(self)} entries, criterion={criterion!r}, "
                 f"kept {self.kept()}/{self.total()}, sparsity={self.sparsity():.4f})")
 
     # construction ----------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class Mask(Mapping[str, torch.Tensor]):
         """All-ones mask over ``model``'s prunable parameters (sparsity 0)."""
         params = prunable_parameters(model, prune_biases)
         return cls({k: torch.ones_like(p, dtype=torch.float32, device="cpu")
-                    for k, p in params.items()}, {"method": "dense", "sparsity": 0.0})
+                    for k, p in params.items()}, {"criterion": "dense", "sparsity": 0.0})
 
     @staticmethod
     def stack(masks: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -182,7 +182,8 @@ class Mask(Mapping[str, torch.Tensor]):
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Mask":
         """Read a mask written by :meth:`save` (the ``.pt`` file): a file that cannot be read
-        raises :class:`MaskIOError`, one that holds no mask :class:`MaskError`."""
+        raises :class:`MaskIOError`, one that holds no mask :class:`MaskError`. The criterion a
+        file saved before 2026-12 records as ``info["method"]`` is read as ``info["criterion"]``."""
         path = Path(path)
         if not path.exists() and path.with_name(path.name + ".pt").exists():
             path = path.with_name(path.name + ".pt")
@@ -196,6 +197,8 @@ class Mask(Mapping[str, torch.Tensor]):
         except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError, EOFError,
                 ValueError) as exc:
             raise MaskError(f"{path}: not a mask file written by Mask.save ({exc})") from None
+        if "method" in info and "criterion" not in info:   # saved before 2026-12
+            info = {("criterion" if k == "method" else k): v for k, v in info.items()}
         return cls(entries, info)
 
 

@@ -1,4 +1,4 @@
-"""The registry of pruning criteria: every method :func:`pruning.prune` accepts, the built-in ones
+"""The registry of pruning criteria: every criterion :func:`pruning.prune` accepts, the built-in ones
 and a researcher's own, by one decorator.
 
 A criterion is a score function and its rules (:class:`Criterion`)::
@@ -17,7 +17,7 @@ like its parameter. The rules say what the criterion needs (``needs``), which sc
 (``scopes``), its rounds by default, and how the working copy is made.
 
 A criterion is named by its registered name, or by the import path of its score function,
-``"package.module:function"`` (as a study's ``[pruning] method`` names one in a module beside
+``"package.module:function"`` (as a study's ``[pruning] criterion`` names one in a module beside
 the spec): the module is imported, which registers the criteria it defines; a plain function
 there is a criterion with the default rules.
 """
@@ -180,7 +180,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), scopes: tuple[str, ...] 
     return add
 
 
-def list_methods() -> list[str]:
+def list_criteria() -> list[str]:
     """Names accepted by :func:`pruning.prune`: the built-in criteria, then those registered
     since, in order of registration."""
     return CRITERIA.names()
@@ -191,27 +191,27 @@ def whole_split() -> list[str]:
     return [name for name, c in CRITERIA.items() if c.whole_split]
 
 
-def is_path(method: str) -> bool:
-    """Whether ``method`` is an import path (``"module:function"``) rather than a name."""
-    return ":" in method
+def is_path(name: str) -> bool:
+    """Whether ``name`` is an import path (``"module:function"``) rather than a name."""
+    return ":" in name
 
 
-def criterion(method: str | Criterion) -> Criterion:
-    """The criterion ``method`` names: a registered name, or the import path of a score function
+def criterion(name: str | Criterion) -> Criterion:
+    """The criterion ``name`` names: a registered name, or the import path of a score function
     (its module imported from ``sys.path``; the criterion then bears the path as its name); a
     :class:`Criterion` as it is. An unknown name or
     a path that does not import raises :class:`pruning.PruningError`."""
-    if isinstance(method, Criterion):
-        return method
-    if not isinstance(method, str):
-        raise PruningError(f"method must be a criterion's name or import path, got "
-                           f"{type(method).__name__} {method!r}")
-    if not is_path(method):
-        return CRITERIA.get(method)
-    score = _imported(method)
+    if isinstance(name, Criterion):
+        return name
+    if not isinstance(name, str):
+        raise PruningError(f"criterion must be a criterion's name or import path, got "
+                           f"{type(name).__name__} {name!r}")
+    if not is_path(name):
+        return CRITERIA.get(name)
+    score = _imported(name)
     found = next((c for _, c in CRITERIA.items() if c.score is score), None)
     # named as the caller named it: a mask records the path it can be imported back from
-    return Criterion(method, score) if found is None else replace(found, name=method)
+    return Criterion(name, score) if found is None else replace(found, name=name)
 
 
 def _imported(path: str) -> Score:
@@ -220,13 +220,13 @@ def _imported(path: str) -> Score:
     try:
         obj: Any = importlib.import_module(module)
     except ImportError as exc:
-        raise PruningError(f"pruning method {path!r}: cannot import {module}: {exc}") from None
+        raise PruningError(f"pruning criterion {path!r}: cannot import {module}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise PruningError(f"pruning method {path!r}: {module} has no attribute {attr!r}")
+            raise PruningError(f"pruning criterion {path!r}: {module} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise PruningError(f"pruning method {path!r} is {type(obj).__name__}, not a score "
+        raise PruningError(f"pruning criterion {path!r} is {type(obj).__name__}, not a score "
                            f"function")
     return obj
 

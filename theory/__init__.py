@@ -11,6 +11,8 @@
 Every public name is importable from ``theory`` itself, and so is each module by its name
 (``theory.estimators.noise``, ``theory.models.bounds``, ...).
 """
+from training.errors import renamed_names
+
 from theory.errors import TheoryError
 from theory.estimators import branching, curvature, example_norms, functional, mlp_passes, noise
 from theory.estimators import sampling
@@ -30,8 +32,11 @@ from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
 from theory.monitor.readings import PartReading
 from theory.verdicts import claims, noise_along, probe_points, step_ratio, summaries, trajectory
 from theory.verdicts.claims import Verdict, judge_claims
-from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, schedule_steps
+from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, stage_steps
 from theory.verdicts.noise_along import NoiseScale, b_simple_along, b_simple_at_goal
 from theory.verdicts.step_ratio import StepRatio, censored_step_ratio, km_median
 from theory.verdicts.summaries import Summary, summarize
 from theory.verdicts.trajectory import probe_trajectory, replay_states
+
+# names renamed to the glossary's words, kept as deprecated aliases for a while
+__getattr__ = renamed_names("theory", {"schedule_steps": stage_steps})

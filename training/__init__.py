@@ -22,13 +22,14 @@ from training.masks import MaskError
 from training.models import ModelError
 from training.reference import train_reference
 from training.results import Curve, ReferenceResult
-from training.trials import TrialsResult, choose_program, train_trials
+from training.trials import TrialsResult, Watch, choose_program, train_trials
 
 __all__ = [
     "config", "data", "device", "distributed", "goal", "lr_schedule", "masks", "models", "order",
     "processes", "schedules",
     "EvalSchedule", "RunConfig", "Trial", "DataError", "DataIOError", "Dataset", "ConfigError",
     "SparsescaleError", "SparsescaleIOError", "SparsescaleWarning", "Goal", "MaskError",
-    "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "train_trials",
+    "ModelError", "train_reference", "Curve", "ReferenceResult", "TrialsResult", "Watch",
+    "train_trials",
     "choose_program", "train_distributed",
 ]

@@ -29,7 +29,11 @@ Delay kinds (:data:`DELAY_KINDS`, ``training.Trial.delay_kind``):
 :class:`DelayQueue` keeps, for each parameter, a ring of S = max tau + 1 preallocated stacks
 ``[S, n, *shape]``: the weights of step s in slot s mod S. Each step the program's gradient is
 taken at a slot (a view, no copy, when the stack's trials read the same step; one gather when
-their delays differ) and the weights after the update are copied into the next slot, in place.
+their delays differ). The eager programs' update then writes the weights after it straight into
+the next slot (out of place, :meth:`training.engine.updates.StackUpdate.apply_`), and the
+stack's weights become views of that slot: the current weights are kept without a copy. The
+compiled kernel copies each trial's updated weights into the next slot itself
+(:class:`DelaySteps`).
 """
 
 from __future__ import annotations
@@ -183,10 +187,10 @@ class DelayQueue:
         return DelaySteps(self.ring, torch.tensor(read, dtype=torch.long),
                           torch.tensor(write, dtype=torch.long))
 
-    def push_(self, params: Sequence[Tensor], step: int) -> None:
-        """Keep the weights after update ``step`` (those of step ``step + 1``), in place."""
-        slot = (step + 1) % self.slots
-        torch._foreach_copy_([r[slot] for r in self.ring], list(params))
+    def slot(self, step: int) -> list[Tensor]:
+        """Views of the ring slot that keeps the weights of step ``step``: where update
+        ``step - 1`` writes them (the slot of step ``step - S``, which no later gradient reads)."""
+        return [r[step % self.slots] for r in self.ring]
 
     def select(self, idx: Tensor) -> "DelayQueue":
         """The queue of stack positions ``idx`` (a copy)."""

@@ -18,7 +18,18 @@ exception class of ours: ``warnings.simplefilter("ignore", SparsescaleWarning)``
 
 The trainers' :class:`ConfigError` and the data sets' :class:`DataError` and :class:`DataIOError`
 live here, below every module that raises them.
+
+A name that was renamed keeps working for a while as a deprecated alias: :func:`renamed_keyword`
+(an argument) and :func:`renamed_names` (a module attribute) issue one ``DeprecationWarning``
+naming the new name, the one way every package says so.
 """
+
+import functools
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class SparsescaleError(Exception):
@@ -53,3 +64,37 @@ class DataIOError(SparsescaleIOError):
 class ModelError(SparsescaleError, ValueError):
     """A model cannot be built for the given data set or options, or cannot be trained as given
     (``training.models``): names the layer or the option and what to do."""
+
+
+def deprecated(old: str, new: str, where: str, stacklevel: int = 3) -> None:
+    """Warn (``DeprecationWarning``) that ``old`` is a deprecated name of ``new`` in ``where``."""
+    warnings.warn(f"{where}: {old!r} is deprecated, use {new!r}", DeprecationWarning,
+                  stacklevel=stacklevel)
+
+
+def renamed_keyword(old: str, new: str) -> Callable[[F], F]:
+    """Decorator: the keyword argument ``old`` is accepted as ``new`` with a deprecation
+    warning; given both, a ``TypeError`` as for any argument given twice."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{fn.__qualname__}() got {new!r} and its deprecated "
+                                    f"name {old!r}; give {new!r} only")
+                deprecated(old, new, f"{fn.__qualname__}()")
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return call  # type: ignore[return-value]
+    return wrap
+
+
+def renamed_names(module: str, names: Mapping[str, Any]) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` (PEP 562) answering each deprecated name of ``names`` (old name
+    -> the renamed object, which has its new ``__name__``) with a deprecation warning."""
+    def getattr_(name: str) -> Any:
+        if name in names:
+            deprecated(name, getattr(names[name], "__name__", name), module)
+            return names[name]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return getattr_

@@ -13,6 +13,13 @@ kernel stays private to the engine.
 A study's driver asks :func:`kernels_ready` before its workers start (built now if need be, so
 that they neither build nor warn), and a worker told that the driver's build failed trains
 within :func:`disabled`.
+
+Why this module re-exports the engine's machinery rather than living in it: the engine is
+private to the trainers (``tests/reliability/test_import_graph.py``: no package but ``training``
+imports ``training.engine``), and the noise monitor (``theory``) and the study runner
+(``experiments``) need it; nor can it live in ``training/processes/``, which the engine's kernel
+cache imports (``training.processes.lifetime``): that would close a circle between the two
+sub-packages. It is the one door through which the other packages reach it.
 """
 
 from training.engine.strategy import kernels_ready

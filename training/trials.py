@@ -48,9 +48,10 @@ from training.config import (
 from training.data.dataset import Dataset
 from training.delay import refuse
 from training.engine import choice, loop
+from training.engine.watch import Watch
 from training.engine.resume import check_data_seeds, check_init_params, check_start
 from training.errors import ConfigError
-from training.goal import Goal, as_goal
+from training.goal import as_goal
 from training.masks import check_mask
 from training.models import check_output, check_runnable
 from training.results import Curve
@@ -113,7 +114,7 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
                  return_state: bool = False,
                  step_timer: contextlib.AbstractContextManager | None = None,
                  init_params: Mapping[str, Tensor] | None = None,
-                 program: str | None = None) -> TrialsResult:
+                 program: str | None = None, watch: Watch | None = None) -> TrialsResult:
     """Train N trials of ``model`` on ``dataset`` together; see the module docstring.
 
     ``trials``: metaparameter points (``Trial`` or dicts for ``Trial.from_dict``); every trial
@@ -153,25 +154,25 @@ def train_trials(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Ma
     instead of ``SPARSESCALE_PROGRAM_CHOICE``'s (:mod:`training.engine.choice`). None: the
     environment's setting (:func:`choose_program` says what it chooses), within
     :func:`given_programs` the program it gives for the batch size.
+    ``watch``: a :class:`training.Watch`, called at its steps with every trial's weights before
+    and after that update (a measurement taken inside the run instead of by a replay; the
+    trials train as they would without it).
     A process that trains many groups should call
     :func:`training.processes.setup.setup_training_process` once (the ``sparsescale`` command and its
     worker pools do). The caller's generator state is left as it was.
     """
     with _checked(model, dataset, run, "train_trials") as random:
-        args = _arguments(model, dataset, trials, run, masks, first_index, start, data_seeds,
-                          init_params, trials_per_stack)
+        call = _call(model, dataset, trials, run, masks, first_index, random, start=start,
+                     data_seeds=data_seeds, init_params=init_params,
+                     trials_per_stack=trials_per_stack, return_state=return_state,
+                     step_timer=step_timer)
         if start is not None or return_state:
-            refuse(args.trials, "train_trials with start or return_state",
+            refuse(call.trials, "train_trials with start or return_state",
                    "a TrainState holds no queue of past weights")
-        out = loop.run(model, dataset, args.trials, run, masks=args.masks, goal=args.goal,
-                       batch_size=args.batch_size, trials_per_stack=trials_per_stack,
-                       first_index=args.first_index, start=args.start, data_seeds=args.seeds,
-                       random=random, return_state=return_state, step_timer=step_timer,
-                       init_params=args.inits, **_choosing(program, args.batch_size))
-    result = _result(args.trials, out.names, out.buffer_names, out.final, out.rows, out.hit,
-                     out.diverged, out.taken, out.steps_run, out.strategy.name)
-    return replace(result, program_choice=out.strategy.choice, end_state=out.end_state,
-                   end_trials=out.end_trials)
+        out = loop.run(model, dataset, run,
+                       replace(call, watch=None if watch is None else watch.checked(),
+                               **_choosing(program, call.batch_size)))
+    return _result(call.trials, out)
 
 
 def choose_program(model: nn.Module, dataset: Dataset,
@@ -187,12 +188,10 @@ def choose_program(model: nn.Module, dataset: Dataset,
     setting = None if program_choice is None else choice.check_setting(program_choice,
                                                                        "program_choice")
     with _checked(model, dataset, run, "choose_program") as random:
-        args = _arguments(model, dataset, trials, run, masks, first_index)
-        chosen = loop.strategy_for(model, dataset, args.trials, run, masks=args.masks,
-                                   batch_size=args.batch_size, first_index=args.first_index,
-                                   random=random,
-                                   **(_choosing(None, args.batch_size) if setting is None
-                                      else {"setting": setting}))
+        call = _call(model, dataset, trials, run, masks, first_index, random)
+        chosen = loop.strategy_for(model, dataset, run, replace(
+            call, **(_choosing(None, call.batch_size) if setting is None
+                     else {"setting": setting})))
     return chosen.name, chosen.choice
 
 
@@ -243,26 +242,14 @@ def _checked(model: nn.Module, dataset: Dataset, run: RunConfig, caller: str
         yield random
 
 
-@dataclass(frozen=True)
-class _Arguments:
-    """The other arguments of a call, checked."""
-
-    trials: list[Trial]
-    batch_size: int
-    masks: dict[str, Tensor]
-    goal: Goal | None
-    first_index: int
-    start: TrainState | None = None
-    seeds: list[int] | None = None
-    inits: dict[str, Tensor] = field(default_factory=dict)
-
-
-def _arguments(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
-               run: RunConfig, masks: Mapping[str, Tensor] | None, first_index: int,
-               start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
-               init_params: Mapping[str, Tensor] | None = None,
-               trials_per_stack: int | None = None) -> _Arguments:
-    """Every argument of a call beyond the model, data set and run, checked (one line each)."""
+def _call(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapping[str, Any]],
+          run: RunConfig, masks: Mapping[str, Tensor] | None, first_index: int, random: bool,
+          *, start: TrainState | None = None, data_seeds: Sequence[int] | None = None,
+          init_params: Mapping[str, Tensor] | None = None, trials_per_stack: int | None = None,
+          **given: Any) -> loop.Call:
+    """Every argument of a call beyond the model, data set and run, checked (one line each),
+    as the loop takes them (:class:`training.engine.loop.Call`); ``given``: the call's other
+    fields, as they are."""
     trial_list = check_trials(trials)
     check_optimizer(run.optimizer, [t.momentum for t in trial_list],
                     [t.weight_decay for t in trial_list])
@@ -276,27 +263,28 @@ def _arguments(model: nn.Module, dataset: Dataset, trials: Sequence[Trial | Mapp
     if inits and start is not None:
         raise ConfigError("init_params and start exclude each other (a start state holds the "
                           "weights); allowed: one of them")
-    return _Arguments(trial_list, batch_size, mask_map, as_goal(run.goal, dataset.task),
-                      check_index(first_index, "first_index"), start,
-                      check_data_seeds(data_seeds, n), inits)
+    return loop.Call(trial_list, batch_size, mask_map, as_goal(run.goal, dataset.task),
+                     check_index(first_index, "first_index"), random, start,
+                     check_data_seeds(data_seeds, n), inits, trials_per_stack, **given)
 
 
-def _result(trials: list[Trial], names: Sequence[str], buffer_names: Sequence[str],
-            final: dict[int, list[Tensor]], rows, hit, diverged, taken, steps_run: int,
-            program: str) -> TrialsResult:
-    """The result of ``trials`` whose final parameters ``names``, then module buffers
-    ``buffer_names`` (where a program kept them), are ``final[i]``."""
-    n = len(trials)
+def _result(trials: list[Trial], out: loop.Outcome) -> TrialsResult:
+    """The result of ``trials`` from what the loop left of them (``out``: their final
+    parameters ``out.names``, then module buffers ``out.buffer_names`` where a program kept
+    them, are ``out.final[i]``)."""
+    n, names, final, hit, diverged = len(trials), out.names, out.final, out.hit, out.diverged
     status = ["diverged" if diverged[i] is not None else "reached" if hit[i] is not None
               else "not_reached" for i in range(n)]
     reached = [i for i in range(n) if status[i] == "reached"]
     best = min(reached, key=lambda i: (hit[i], i)) if reached else None
-    curves = [Curve.from_rows(rs) for rs in rows]
+    curves = [Curve.from_rows(rs) for rs in out.rows]
     params = {name: torch.stack([final[i][j] for i in range(n)]) for j, name in enumerate(names)}
     buffers = {name: torch.stack([final[i][len(names) + j] for i in range(n)])
-               for j, name in enumerate(buffer_names) if len(final[0]) > len(names)}
+               for j, name in enumerate(out.buffer_names) if len(final[0]) > len(names)}
     return TrialsResult(
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
-        diverged_step=list(diverged), steps_taken=list(taken), curves=curves,
-        steps_run=steps_run, trials=trials, program=program, params=params, buffers=buffers)
+        diverged_step=list(diverged), steps_taken=list(out.taken), curves=curves,
+        steps_run=out.steps_run, trials=trials, program=out.strategy.name, params=params,
+        end_state=out.end_state, end_trials=out.end_trials, buffers=buffers,
+        program_choice=out.strategy.choice)

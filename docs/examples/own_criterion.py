@@ -33,7 +33,7 @@ search = {lr = {scale = "log", min = 0.03, max = 0.3}}
 budget = {max_steps = 600}
 eval = {every = 10}
 probes = {enabled = false}
-pruning = {method = "own_criterion:gradient_magnitude"}
+pruning = {criterion = "own_criterion:gradient_magnitude"}
 workload = {dataset = "teacher", model = "mlp", model_options = {hidden = [64]}, dataset_options = {n = 600, dim = 8, num_classes = 3, hidden = 16}}
 """
 
@@ -42,16 +42,16 @@ if __name__ == "__main__":
     net = training.models.build("mlp", ds, seed=0)                 # 40-100-100-10
     mask = pruning.prune(net, "gradient_magnitude", 0.9, dataset=ds)
     snip = pruning.prune(net, "snip", 0.9, dataset=ds)
-    print("criteria:", " ".join(pruning.list_methods()))
+    print("criteria:", " ".join(pruning.list_criteria()))
     print("sparsity:", round(mask.sparsity(), 6))
     print("kept per layer:", " ".join(f"{name}={mask.kept(name)}" for name in mask))
     both = sum(int((mask[k] * snip[k]).sum()) for k in mask)
     print("kept by snip too:", f"{both / mask.kept():.2f}")
-    print("recorded:", mask.info["method"], mask.info["per_class"])
+    print("recorded:", mask.info["criterion"], mask.info["per_class"])
 
     spec = experiments.loads_spec(SPEC)
-    print("spec pruning table:", spec.canonical()["pruning"]["method"],
-          spec.canonical()["pruning"]["method_digest"][:12])
+    print("spec pruning table:", spec.pruning_criterion,
+          spec.criterion_digests[spec.pruning_criterion][:12])
     run_dir = experiments.run_study(spec, out="runs/own_criterion", workers=1, quiet=True,
                                     report=False)
     groups = experiments.load_results(run_dir).groups.sort_values(["sparsity", "batch_size"])

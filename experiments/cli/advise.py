@@ -47,7 +47,7 @@ def add_advise_parser(sub: argparse._SubParsersAction, name: str = "advise") -> 
     p.add_argument("--dataset", help="replace the spec's data set: a registered name or "
                                      "\"package.module:factory\"")
     p.add_argument("--sparsity", type=float, default=0.0,
-                   help="fraction of weights pruned by the spec's pruning method (default 0)")
+                   help="fraction of weights pruned by the spec's pruning criterion (default 0)")
     p.add_argument("--seed", type=int, help="initialization, mask and data seed (default: the "
                                             "spec's first)")
     p.add_argument("--batch-size", type=int, help="base batch size B_0 (default: the largest power "

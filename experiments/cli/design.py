@@ -33,10 +33,10 @@ def add_design_parser(sub: argparse._SubParsersAction, name: str = "design") -> 
                     "points per run.")
     p.add_argument("run_dir", help="the pilot's run folder (its results.sqlite)")
     p.add_argument("--metric", default=QUANTITY,
-                   help=f"a schedule_probes quantity (default {QUANTITY}: Lee et al.'s L) or a "
+                   help=f"a stage_probes quantity (default {QUANTITY}: Lee et al.'s L) or a "
                         "trials column (hit_step, final_metric)")
     p.add_argument("--start", type=int, default=STAGE_START,
-                   help=f"first step of a schedule_probes metric (default {STAGE_START})")
+                   help=f"first step of a stage_probes metric (default {STAGE_START})")
     p.add_argument("--scale", choices=("log", "linear"), default="log",
                    help="analysis scale (default log: --effect is relative)")
     p.add_argument("--effect", type=float, default=0.1,

@@ -44,7 +44,7 @@ from experiments.cli import bench, ddp
 from experiments.cli.advise import add_advise_parser
 from experiments.cli.design import add_design_parser
 from experiments.cli.exchange import add_parsers as add_exchange_parsers
-from experiments.cli.options import add_device_argument, device_of
+from experiments.cli.options import Renamed, add_device_argument, device_of
 from experiments.spec.errors import SpecError
 from experiments.spec.tables.executor import PROGRAM_CHOICES
 
@@ -81,7 +81,8 @@ def _dry_run(spec, out: str | None) -> int:
     spec before its factory's code changed: a run there is refused, which the note says)."""
     from experiments.run import runner
     from experiments.spec.plan import format_plan, plan
-    from experiments.store.database import other_study, stored_study
+    from experiments.store.database import stored_study
+    from experiments.store.refusals import other_study
 
     base = runner.run_folder(spec, out)
     for variant in spec.variants():
@@ -139,12 +140,12 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     net = training.models.build(args.model, ds, seed=args.seed)
     mask = None
     if args.sparsity > 0:
-        mask = pruning.prune(net, args.method, args.sparsity, dataset=ds, seed=args.seed)
+        mask = pruning.prune(net, args.criterion, args.sparsity, dataset=ds, seed=args.seed)
         mask.apply(net)
     with torch_threads(PROBE_THREADS):
         values = probe_network(net, ds, mask, examples=args.examples, seed=args.seed)
     print(f"{args.model} on {args.dataset}, sparsity {args.sparsity:g}"
-          + (f" ({args.method})" if mask is not None else "") + f", {args.examples} examples:")
+          + (f" ({args.criterion})" if mask is not None else "") + f", {args.examples} examples:")
     for name, value in values.items():
         print(f"  {name:<12} {value:.6g}")
     return 0
@@ -203,7 +204,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     sections = {"data sets": training.data.list_datasets(),
                 "models": training.models.list_models(), "configs": list_configs(),
-                "pruning methods": list(pruning.list_methods())}
+                "pruning criteria": list(pruning.list_criteria())}
     for title, names in sections.items():
         print(f"{title}: {', '.join(names)}")
     return 0
@@ -267,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_key_value, help="data set option, repeatable (e.g. num_samples=2000)")
     p.add_argument("--model", default="mlp")
     p.add_argument("--sparsity", type=float, default=0.0, help="fraction of weights pruned")
-    p.add_argument("--method", default="snip", help="pruning method (see `sparsescale list`)")
+    p.add_argument("--criterion", default="snip",
+                   help="pruning criterion (see `sparsescale list`)")
+    p.add_argument("--method", dest="criterion", action=Renamed, new="--criterion")
     p.add_argument("--examples", type=int, default=512, help="training examples used")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_probe)
@@ -302,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_advise_parser(sub)
     add_exchange_parsers(sub)
 
-    p = sub.add_parser("list", help="list data sets, models, pruning methods and bundled configs",
+    p = sub.add_parser("list", help="list data sets, models, pruning criteria and bundled configs",
                        description="List the names accepted in study configs.")
     p.set_defaults(fn=_cmd_list)
 

@@ -4,6 +4,7 @@ and any later command that trains or probes, such as ``advise``) and ``--precisi
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from training.device import DEVICE_FORMS, PRECISIONS, resolve_device
@@ -41,3 +42,19 @@ def device_of(args: argparse.Namespace, spec: Any = None) -> Any:
         return spec
     resolve_device(device, "--device")
     return replace(spec, device=device)
+
+
+class Renamed(argparse.Action):
+    """An option's old name, still accepted: its value goes to the new option's ``dest``, with
+    one line on stderr naming the new option (the CLI's form of a ``DeprecationWarning``, which
+    a command line would not show)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kwargs: Any):
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)

@@ -3,7 +3,7 @@ pre-declared stopping rule applied to its paired runs (:mod:`theory.verdicts.seq
 
 Design: the points of one per-run metric, and the text ``sparsescale design`` prints.
 
-The metric is either a quantity of the ``schedule_probes`` table (several points per run: Lee
+The metric is either a quantity of the ``stage_probes`` table (several points per run: Lee
 et al. (2021)'s L, ``local_lipschitz``, by default, from step ``start`` on, as at their stage), or
 a column of the ``trials`` table (one value per run, e.g. ``hit_step`` or ``final_metric``). A
 run is one (seed, trial) of a (sparsity, batch size); runs of two levels with the same (seed,
@@ -47,13 +47,13 @@ def metric_points(results: Results, metric: str = QUANTITY, start: int = STAGE_S
     positive finite values only, or as is)."""
     if scale not in SCALES:
         raise TheoryError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
-    sched = results.schedule_probes
-    if metric in set(sched.quantity):
-        rows = sched[(sched.quantity == metric) & (sched.step >= start)]
+    stage = results.stage_probes
+    if metric in set(stage.quantity):
+        rows = stage[(stage.quantity == metric) & (stage.step >= start)]
     elif metric in TRIAL_METRICS:
         rows = results.trials.assign(step=0, value=results.trials[metric])
     else:
-        known = sorted(set(sched.quantity)) + list(TRIAL_METRICS)
+        known = sorted(set(stage.quantity)) + list(TRIAL_METRICS)
         raise TheoryError(f"metric {metric!r} is not in this store; allowed: "
                           f"{', '.join(known)}")
     rows = rows[["sparsity", "batch_size", "seed", "trial", "step", "value"]].astype(
@@ -121,11 +121,11 @@ def format_design(comps: VarianceComponents, delta: float, rows: Sequence[Sample
     return "\n".join(lines)
 
 
-def paired_differences(schedule: pd.DataFrame, stopping: Stopping, seeds: Sequence[int],
+def paired_differences(stage: pd.DataFrame, stopping: Stopping, seeds: Sequence[int],
                        start: int = STAGE_START) -> np.ndarray:
     """The per-pair differences of mean log metric (module docstring) over the runs of
     ``seeds``, every batch size's pairs together."""
-    rows = stage_table(schedule, stopping.metric, start)
+    rows = stage_table(stage, stopping.metric, start)
     rows = rows[rows.seed.isin(list(seeds))
                 & rows.sparsity.isin([stopping.sparsity, stopping.reference])]
     out = []
@@ -144,20 +144,20 @@ def paired_differences(schedule: pd.DataFrame, stopping: Stopping, seeds: Sequen
     return np.asarray(out, dtype=float)
 
 
-def looks(schedule: pd.DataFrame, stopping: Stopping, seeds: Sequence[int]) -> tuple[Look, ...]:
+def looks(stage: pd.DataFrame, stopping: Stopping, seeds: Sequence[int]) -> tuple[Look, ...]:
     """The looks of the rule up to the first that stops (the last look of a fixed rule is its
     only one), each once its whole round of seeds is stored; none where a look has fewer than
     two pairs."""
     per = len(seeds) // stopping.rounds
     resolution = math.log1p(stopping.effect)
-    stored = [set(schedule[schedule.sparsity == s].seed)
+    stored = [set(stage[stage.sparsity == s].seed)
               for s in (stopping.sparsity, stopping.reference)]
     out = []
     for k in range(1, stopping.rounds + 1):
         # a look needs its whole round at both levels: a partial round is no look
         if not all(set(seeds[(k - 1) * per:k * per]) <= have for have in stored):
             break
-        d = paired_differences(schedule, stopping, seeds[:k * per])
+        d = paired_differences(stage, stopping, seeds[:k * per])
         if len(d) < 2:
             break
         out.append(look(d, k, stopping.rounds, stopping.boundary, stopping.alpha, resolution))
@@ -166,13 +166,13 @@ def looks(schedule: pd.DataFrame, stopping: Stopping, seeds: Sequence[int]) -> t
     return tuple(out)
 
 
-def stopping_lines(schedule: pd.DataFrame, stopping: Stopping | None,
+def stopping_lines(stage: pd.DataFrame, stopping: Stopping | None,
                    seeds: Sequence[int]) -> list[str]:
     """The rule as declared, then one line per look and the answer (empty without a rule)."""
     if stopping is None:
         return []
     lines = [f"Stopping rule, declared in the spec before the data: {stopping.describe()}."]
-    taken = looks(schedule, stopping, seeds) if len(schedule) else ()
+    taken = looks(stage, stopping, seeds) if len(stage) else ()
     if not taken:
         return lines + ["No look yet: fewer than two pairs at Lee's stage."]
     for x in taken:

@@ -62,8 +62,8 @@ class Run:
 @dataclass(frozen=True)
 class RunSet:
     """The runs of one report and their tables, each with ``run`` (label) and ``series`` columns
-    first: ``groups``, ``trials``, ``probes``, ``study`` and ``schedule`` (the store's
-    ``schedule_probes``: L at Lee et al.'s stage) as stored, ``planned`` one row per (sparsity,
+    first: ``groups``, ``trials``, ``probes``, ``study`` and ``stage`` (the store's
+    ``stage_probes``: L at Lee et al.'s stage) as stored, ``planned`` one row per (sparsity,
     batch size, seed) the run's spec plans (with ``probes``: whether it plans probes), and
     ``tables``: every table of :attr:`experiments.store.results.Results.tables` stacked the
     same way (each measurement's: ``branching``, ``warmup``, a user's own), also read as
@@ -77,7 +77,7 @@ class RunSet:
     study: pd.DataFrame
     planned: pd.DataFrame
     order: tuple[str, ...]
-    schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stage: pd.DataFrame = field(default_factory=pd.DataFrame)
     tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> pd.DataFrame:
@@ -164,7 +164,7 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
         order += [series_label(r.label, s, combined) for s in levels]
     tables = {t: stacked(t) for t in runs[0].results.tables}
     return RunSet(runs, stacked("groups"), stacked("trials"), tables["probes"], stacked("study"),
-                  planned, tuple(order), tables["schedule_probes"], tables)
+                  planned, tuple(order), tables["stage_probes"], tables)
 
 
 def planned_cells(spec: StudySpec) -> list[tuple[float, int, int, int]]:

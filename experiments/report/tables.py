@@ -27,7 +27,7 @@ def fmt_frame(df: pd.DataFrame, columns: dict[str, str], digits: int = 4) -> pd.
 
 def overview_table(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per run: its workload, optimizer, goal, batch sizes, sparsity levels, pruning
-    method, trials per group, seeds and step budget."""
+    criterion, trials per group, seeds and step budget."""
     rows = []
     for r in runs:
         s = r.spec
@@ -39,7 +39,7 @@ def overview_table(runs: Sequence[Run]) -> pd.DataFrame:
             "goal": goal_text(s),
             "batch sizes": f"{bs[0]} … {bs[-1]} ({len(bs)})" if len(bs) > 3 else ", ".join(map(str, bs)),
             "sparsities": ", ".join(sparsity_label(x) for x in s.sparsities),
-            "pruning": s.pruning_method + (f" / {s.pruning_sanity}" if s.pruning_sanity else ""),
+            "pruning": s.pruning_criterion + (f" / {s.pruning_sanity}" if s.pruning_sanity else ""),
             "trials per group": str(s.trials),
             "seeds": ", ".join(map(str, s.seeds)),
             "step budget": budget_text(s.budget),

@@ -41,10 +41,10 @@ STEPS_DEFINITION = (
 
 def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str],
              trials: pd.DataFrame | None = None, replicates: Sequence[str] = (),
-             schedule: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
+             stage: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
     why none could be judged (when so). ``trials`` and ``replicates``: as :func:`level_runs`
-    (without ``trials``, each reached group is a run); ``schedule``: the probes at Lee et al.'s
+    (without ``trials``, each reached group is a run); ``stage``: the probes at Lee et al.'s
     stage, whose runs that met the goal join the early probes' in B_simple at the goal
     (:func:`goal_noise`)."""
     reached = reached_groups(groups)
@@ -63,7 +63,7 @@ def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Seque
             probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
             judged = judge_claims(summaries, probed, curves, runs=level_runs(
                 groups[groups["run"] == run], trials, run in replicates),
-                b_simple=goal_noise(mine, schedule, trials, run))
+                b_simple=goal_noise(mine, stage, trials, run))
         except TheoryError as exc:
             skipped.append(f"{run}: no claim judged ({exc}).")
             continue
@@ -106,26 +106,26 @@ def level_runs(groups: pd.DataFrame, trials: pd.DataFrame | None,
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
-def goal_noise(probes: pd.DataFrame, schedule: pd.DataFrame | None,
+def goal_noise(probes: pd.DataFrame, stage: pd.DataFrame | None,
                trials: pd.DataFrame | None, run: str) -> dict:
     """B_simple at the goal per level of one run, pooled over its early probes' runs and the
     runs at Lee et al.'s stage that met the goal (``theory.verdicts.noise_along``)."""
-    return b_simple_at_goal(noise_points(probes, _met(schedule, trials, run)))
+    return b_simple_at_goal(noise_points(probes, _met(stage, trials, run)))
 
 
-def _met(schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+def _met(stage: pd.DataFrame | None, trials: pd.DataFrame | None,
          run: str) -> pd.DataFrame | None:
     """The rows at Lee et al.'s stage of one run's trials that met the goal (the others end at
     their budget, not at the goal)."""
-    if schedule is None or not len(schedule) or trials is None or not len(trials):
+    if stage is None or not len(stage) or trials is None or not len(trials):
         return None
     met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
     keys = ["sparsity", "seed", "batch_size", "trial"]
-    return schedule[schedule["run"] == run].merge(met[keys].drop_duplicates(), on=keys)
+    return stage[stage["run"] == run].merge(met[keys].drop_duplicates(), on=keys)
 
 
 def noise_along_table(groups: pd.DataFrame, probes: pd.DataFrame,
-                      schedule: pd.DataFrame | None, trials: pd.DataFrame | None,
+                      stage: pd.DataFrame | None, trials: pd.DataFrame | None,
                       runs: Sequence[str]) -> pd.DataFrame:
     """B_simple along training per series, pooled over its probed runs (the early probes' and
     those at Lee et al.'s stage that met the goal) in fifths of the run, with bootstrap
@@ -135,7 +135,7 @@ def noise_along_table(groups: pd.DataFrame, probes: pd.DataFrame,
         mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
         series = dict(zip(groups.loc[groups["run"] == run, "sparsity"],
                           groups.loc[groups["run"] == run, "series"]))
-        for x in b_simple_along(noise_points(mine, _met(schedule, trials, run))):
+        for x in b_simple_along(noise_points(mine, _met(stage, trials, run))):
             rows.append({"series": series.get(x.sparsity, sparsity_label(x.sparsity)),
                          "fraction of the run": f"{x.start:.1f}-{x.stop:.1f}",
                          "B_simple [90 %]": f"{fmt_num(x.value, 3)} "

@@ -140,7 +140,7 @@ def build(runs: RunSet) -> Report:
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
                                 [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
-                                runs.schedule)
+                                runs.stage)
     stage = stage_view(runs)
     ctx = measurement.ReportContext(runs, every, points, edges, fits, ratios)
     parts = [m.report(ctx) for _, m in measurement.MEASURES.items()]
@@ -245,8 +245,8 @@ def _stopping(runs: RunSet) -> tuple[Paragraphs, ...]:
         rule = getattr(r.spec, "stopping", None)
         if rule is None:
             continue
-        mine = (runs.schedule[runs.schedule["run"] == r.label] if len(runs.schedule)
-                else runs.schedule)
+        mine = (runs.stage[runs.stage["run"] == r.label] if len(runs.stage)
+                else runs.stage)
         out.append(Paragraphs(tuple(f"{r.label}: {line}" if len(runs.runs) > 1 else line
                                     for line in stopping_lines(mine, rule, r.spec.seeds))))
     return tuple(out)
@@ -270,7 +270,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                                     for r in runs.runs))
     probed = [f"{r.label}: {text}" for r in runs.runs
               if (text := probe_definition_text(r.results.run_dir)) is not None]
-    noise = noise_along_table(runs.groups, runs.probes, runs.schedule, runs.trials, runs.labels)
+    noise = noise_along_table(runs.groups, runs.probes, runs.stage, runs.trials, runs.labels)
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
         table_section("Claims in their own terms", verdict_table(judged),

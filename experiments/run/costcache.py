@@ -46,7 +46,7 @@ def _cpu_model() -> str:
 
 def machine_key(workload: Workload) -> dict[str, Any]:
     """What a cached cost model is valid for: this machine, this torch, this workload (its data
-    set and model with their options, and a factory's source digest; the pruning method does
+    set and model with their options, and a factory's source digest; the pruning criterion does
     not change a dense step)."""
     return {"host": platform.node(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
             "torch": str(torch.__version__),

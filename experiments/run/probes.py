@@ -16,7 +16,7 @@ tasks: a study probes them in its worker pool, one run per task.
 
 At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.tables.probes`) the
 same replay also measures, at steps N, 2N, ... up to the run's own goal step
-(``theory.schedule_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
+(``theory.stage_steps``), L of the update into that step as Lee's ``edps/train.py`` logs it
 (on ``lipschitz_examples`` fixed examples, or the split: the same sample for L along [0, H]),
 and the noise and loss at the same weights; and it does so for ``lipschitz_trials`` runs of
 each probed group: the reached trials with the fewest steps, then, unless the study stops a
@@ -25,7 +25,10 @@ at (the budget), as Lee's code logs L in every run (:func:`probe_tasks`). Each i
 replay and task; the first one is the run the points along [0, H] are measured on.
 ``lipschitz_check`` adds L on the whole split at the first point of each listed level's first
 probed run (lowest seed, smallest probed batch size, best trial).
-These rows go to the ``schedule_probes`` table in the level's transaction.
+These rows go to the ``stage_probes`` table in the level's transaction.
+With ``lipschitz_in_run`` none of this replays: L at Lee's stage (and its check) came with
+the groups (:mod:`experiments.run.lipschitz_inside`), and only the best trial of each probed
+group is replayed, for the points along [0, H].
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ from theory.verdicts.trajectory import needed_steps
 
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
+from experiments.run.lipschitz_inside import LIPSCHITZ_SAMPLE_SEED
 from experiments.run.timing import probed_runs
-from experiments.store.schema import ProbeRow, ScheduleRow
+from experiments.store.schema import ProbeRow, StageRow
 from experiments.spec.study import Spec
 from experiments.store.database import Store
 from experiments.run.workload import Workload, best_trials, on_device, stored_trial
@@ -60,9 +64,7 @@ from experiments.run.workload import Workload, best_trials, on_device, stored_tr
 # the probes' CPU time (spinning workers), and the operations are small.
 PROBE_THREADS = 1
 # what is measured at each point of Lee et al.'s stage (no Hessian: their schedule never had one)
-SCHEDULE_MEASURED = ("g_sq", "trace_sigma", "b_simple", "local_lipschitz", "loss")
-# L's fixed sample at Lee's stage: the same examples for every run, level and point
-LIPSCHITZ_SAMPLE_SEED = 0
+STAGE_MEASURED = ("g_sq", "trace_sigma", "b_simple", "local_lipschitz", "loss")
 
 
 def probe_network(model: torch.nn.Module, dataset: training.Dataset,
@@ -113,7 +115,7 @@ def run_end(trial: pd.Series, curves: Callable[[], pd.DataFrame]) -> int:
 def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, group: pd.Series,
               trial: pd.Series, mask: Mapping[str, torch.Tensor] | None, horizon: int,
               early: bool = True, check: bool = False
-              ) -> tuple[list[ProbeRow], list[ScheduleRow]]:
+              ) -> tuple[list[ProbeRow], list[StageRow]]:
     """Replay one trial of a group to ``horizon`` H (its goal step, or where a run that never
     met the goal ended: :func:`run_end`) once and probe it: along [0, H] when ``early`` (the
     group's first probed trial), and at Lee et al.'s stage when the spec asks for it, with L on
@@ -123,10 +125,13 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
     run = training.RunConfig(int(group.batch_size), spec.optimizer, seed=int(group.seed),
                              device=spec.device, precision=spec.precision)
     along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
-    lee = (theory.schedule_steps(horizon, p.lipschitz_every, p.lipschitz_start)
-           if p.lipschitz_every else ())
+    # Lee's stage ends where the run did, or at lipschitz_until in every run (a fixed window);
+    # inside the run, L at Lee's stage came with the group (experiments.run.lipschitz_inside)
+    end = p.lipschitz_until or horizon
+    lee = (theory.stage_steps(end, p.lipschitz_every, p.lipschitz_start)
+           if p.lipschitz_every and not p.lipschitz_in_run else ())
     needed = set(needed_steps(along, max(horizon, 1), p.average) if along else ())
-    needed |= set(needed_steps(lee, horizon, p.average, "into") if lee else ())
+    needed |= set(needed_steps(lee, end, p.average, "into") if lee else ())
     if not needed:
         return [], []
     states = theory.replay_states(model, dataset, stored_trial(trial), run, sorted(needed), mask,
@@ -140,11 +145,11 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
         curvature_examples=p.curvature_examples, hessian_examples=p.hessian_examples,
         lanczos=p.lanczos, lipschitz_examples=p.lipschitz_examples, **common) if along else None
     stage = [theory.probe_trajectory(
-        model, dataset, stored_trial(trial), run, lee, horizon, quantities=SCHEDULE_MEASURED,
+        model, dataset, stored_trial(trial), run, lee, end, quantities=STAGE_MEASURED,
         lipschitz_update="into", lipschitz_examples=p.lipschitz_examples, **common)] if lee else []
     if lee and check:
         full = theory.probe_trajectory(
-            model, dataset, stored_trial(trial), run, lee[:1], horizon,
+            model, dataset, stored_trial(trial), run, lee[:1], end,
             quantities=("local_lipschitz",), lipschitz_update="into", **common)
         stage.append(full.assign(quantity="local_lipschitz_full"))
     seconds = time.perf_counter() - start
@@ -153,8 +158,8 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
                  float(r.fraction), r.quantity, float(r.value), seconds)
         for r in rows.itertuples(index=False)]
     sizes = {"local_lipschitz": p.lipschitz_examples, "local_lipschitz_full": None}
-    stage_rows = [ScheduleRow(float(r.sparsity), int(r.seed), int(r.batch_size),
-                              int(trial.trial), int(r.step), horizon, r.quantity, float(r.value),
+    stage_rows = [StageRow(float(r.sparsity), int(r.seed), int(r.batch_size),
+                              int(trial.trial), int(r.step), end, r.quantity, float(r.value),
                               sizes.get(r.quantity, p.examples), seconds)
                   for frame in stage for r in frame.itertuples(index=False)]
     return early_rows, stage_rows
@@ -178,7 +183,7 @@ class ProbeTask:
 
 
 def run_probe_task(task: ProbeTask, dataset: training.Dataset | None = None
-                   ) -> tuple[list[ProbeRow], list[ScheduleRow]]:
+                   ) -> tuple[list[ProbeRow], list[StageRow]]:
     """Probe one run (worker side, or in the driver with its ``dataset``), with
     ``PROBE_THREADS`` torch threads."""
     with torch_threads(PROBE_THREADS):
@@ -206,7 +211,8 @@ def probe_tasks(spec: Spec, store: Store, sparsity: float,
     b_crit = level_b_crit(groups, sparsity)
     workload = Workload.of(spec)
     p = spec.probes
-    k = p.lipschitz_trials if p.lipschitz_every else 1
+    # L inside the run: only the first chosen trial's probes along [0, H] are replayed
+    k = p.lipschitz_trials if p.lipschitz_every and not p.lipschitz_in_run else 1
     unreached = bool(p.lipschitz_every) and spec.stop != "first"
     curves = functools.cache(lambda: store.frame("curves"))   # read once, only if needed
     tasks: list[ProbeTask] = []
@@ -259,7 +265,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
     def finish(quiet: bool) -> None:
         def write(sparsity: float, results) -> None:
             rows: list[ProbeRow] = []
-            stage: list[ScheduleRow] = []
+            stage: list[StageRow] = []
             for run_rows, stage_rows in results:
                 rows += run_rows
                 stage += stage_rows
@@ -305,9 +311,9 @@ def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool 
 
 
 def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame,
-               schedule: pd.DataFrame | None = None) -> tuple[float, float]:
+               stage: pd.DataFrame | None = None) -> tuple[float, float]:
     """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
-    replay and measurement time (``experiments.run.timing.probed_runs``: with ``schedule``, the
+    replay and measurement time (``experiments.run.timing.probed_runs``: with ``stage``, the
     runs probed only at Lee's stage too), and the sum of the groups' wall times."""
-    return (float(np.nansum(probed_runs(probes, schedule).seconds)),
+    return (float(np.nansum(probed_runs(probes, stage).seconds)),
             float(groups.wall_time.sum()))

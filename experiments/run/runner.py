@@ -39,6 +39,9 @@ from experiments.run.executors import (
 )
 from experiments.spec import factories
 from experiments.spec.plan import GroupPlan, plan, run_order
+from experiments.run.lipschitz_inside import InsideL, InsidePlan, inside_plan, run_end
+from experiments.run.rounds import train_rounds
+from experiments.run.tuning import tune
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.factories import Factory
 from experiments.spec.errors import SpecError
@@ -65,6 +68,7 @@ class GroupTask:
     device: str = "cpu"
     program: str | None = None
     program_choice: str | None = None
+    lipschitz: InsidePlan | None = None   # L taken inside its runs (run.lipschitz_inside)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,9 +94,14 @@ def run_group(task: GroupTask) -> GroupRecord:
             # mask_per_trial: every trial from its own initialization (its mask is its row)
             inits = task.workload.init_params(task.workload.load_dataset(), p.seed,
                                               len(p.trials))
+            inside = None if task.lipschitz is None else InsideL(
+                task.lipschitz, model, ds,
+                lambda trial: task.workload.trial_mask(task.mask, trial))
             res = train_group(model, ds, list(p.trials), run, masks=task.mask,
                               complete=cfg.get("complete_trials", False), reserve=p.reserve,
-                              init_params=inits, program=task.program)
+                              init_params=inits, program=task.program,
+                              train=training.train_trials if inside is None else
+                              functools.partial(_watched, inside=inside))
             where = training.device.device_info(task.device)
             precision = run.precision
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
@@ -116,7 +125,18 @@ def run_group(task: GroupTask) -> GroupRecord:
         trial_steps=int(sum(res.steps_taken)), config_json=p.config_json, trials=tuple(rows),
         program=res.program, device=where.device, device_name=where.name,
         cuda_version=where.cuda_version, driver_version=where.driver_version,
-        precision=precision, delay=p.delay)
+        precision=precision, delay=p.delay,
+        stage=() if inside is None else inside.rows(
+            p.sparsity, p.seed, p.batch_size,
+            {i: e for i in range(len(rows))
+             if (e := run_end(res.status[i], res.hit_step[i], res.curves[i])) is not None}))
+
+
+def _watched(*args, inside: InsideL, first_index: int = 0, **kwargs) -> training.TrialsResult:
+    """``training.train_trials`` with ``inside``'s watch (trial k of the call is trial
+    ``first_index + k`` of the group)."""
+    return training.train_trials(*args, first_index=first_index,
+                                 watch=inside.watch(first_index), **kwargs)
 
 
 @contextlib.contextmanager
@@ -285,7 +305,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     in the store are skipped; then every measurement the spec asks for measures what the
     store lacks (:func:`measure_runs`; ``probes=False`` skips them all) and the report is
     written.
-    A spec listing several optimizers or pruning series (methods, sanity checks) runs one
+    A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
     model into ``out`` for the report's time-to-result section (:mod:`experiments.run.costcache`:
@@ -293,6 +313,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
     time per batch size and the summed seconds of the training, probe and branching tasks go to
     ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
+    A group-sequential ``[stopping]`` rule trains the groups round by round and stops at the
+    first look that stops (:mod:`experiments.run.rounds`).
+    A study with ``[tuning]`` first runs its search into ``out/search`` and trains its groups
+    at each cell's best point (:mod:`experiments.run.tuning`).
     ``program_choice``: how the program of a cell no rule covers is chosen, ``"measure"`` or
     ``"rules"`` (default: the spec's ``[executor] program_choice``, else the workers'
     ``SPARSESCALE_PROGRAM_CHOICE``, else measure; :mod:`training.engine.choice`). Each cell's
@@ -323,6 +347,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
 
     if dask is None:   # a Dask cluster's workers may have GPUs its driver lacks
         training.device.resolve_device(spec.device, "workload.device")
+    if spec.tuning is not None and not spec.tuned:   # Lee's protocol: search, then repeat
+        with clock.phase("tuning"):
+            spec = tune(spec, out, lambda s, d: run_study(s, d, workers, executor, quiet, dask,
+                                                          probes=False, report=False))
     workload, dataset, model = load_workload(spec)
     groups = plan(spec)
     with open_store(out, study_info(spec, dataset)) as store:
@@ -352,12 +380,20 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                         masks = workload.masks(dataset, ((g.sparsity, g.seed) for g in todo),
                                                record=out, executor=ex)
                     tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
-                                       spec.device, program_choice=spec.program_choice)
+                                       spec.device, program_choice=spec.program_choice,
+                                       lipschitz=inside_plan(spec, g.sparsity, g.batch_size,
+                                                             g.seed, g.max_steps, g.delay))
                              for g in todo]
                     with clock.phase("programs"):
                         tasks = cell_programs(tasks, ex, store)
                     with clock.phase("training"):
-                        execute(tasks, ex, store, quiet, respawn)
+                        # round by round under a group-sequential rule (experiments.run.rounds)
+                        stopped = train_rounds(spec, store, tasks, lambda t: t.plan.seed,
+                                               lambda part: execute(part, ex, store, quiet,
+                                                                    respawn))
+                    if stopped is not None and not quiet:
+                        print(f"stopping rule: stopped at look {stopped} of "
+                              f"{spec.stopping.rounds}")
                 if measures:
                     with clock.phase("measurements"):
                         ctx = measurement.RunContext(spec, dataset, store, ex)
@@ -380,7 +416,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     ex.shutdown(wait=False, cancel_futures=True)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
-                                    store.frame("branching"), store.frame("schedule_probes"))
+                                    store.frame("branching"), store.frame("stage_probes"))
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 

@@ -62,23 +62,23 @@ def _summed(values: pd.Series) -> float | None:
     return float(known.sum()) if len(known) else None
 
 
-def probed_runs(probes: pd.DataFrame, schedule: pd.DataFrame | None = None) -> pd.DataFrame:
+def probed_runs(probes: pd.DataFrame, stage: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per probed run with its ``seconds``: the runs along [0, H] (one per (sparsity,
-    seed, batch size)), and the runs probed only at Lee et al.'s stage (rows of ``schedule``,
-    the store's ``schedule_probes``, whose seconds no run along [0, H] shares: the best trial's
+    seed, batch size)), and the runs probed only at Lee et al.'s stage (rows of ``stage``,
+    the store's ``stage_probes``, whose seconds no run along [0, H] shares: the best trial's
     run is in both tables with the same seconds, and counts once)."""
     key = ["sparsity", "seed", "batch_size"]
     runs = probes.drop_duplicates(key)[key + ["seconds"]]
-    if schedule is None or not len(schedule):
+    if stage is None or not len(stage):
         return runs.reset_index(drop=True)
-    stage = schedule.drop_duplicates(key + ["trial"])[key + ["seconds"]]
-    both = stage.merge(runs.drop_duplicates(), how="left", indicator=True)
-    own = stage[both["_merge"].to_numpy() == "left_only"]
+    staged = stage.drop_duplicates(key + ["trial"])[key + ["seconds"]]
+    both = staged.merge(runs.drop_duplicates(), how="left", indicator=True)
+    own = staged[both["_merge"].to_numpy() == "left_only"]
     return pd.concat([runs, own], ignore_index=True)
 
 
 def task_seconds(groups: pd.DataFrame, probes: pd.DataFrame,
-                 branching: pd.DataFrame, schedule: pd.DataFrame | None = None
+                 branching: pd.DataFrame, stage: pd.DataFrame | None = None
                  ) -> dict[str, Any]:
     """Summed seconds per kind of task of a store: ``training`` (finished groups, their
     ``wall_time``), ``probes`` (probed runs, :func:`probed_runs`: the ``seconds`` of each
@@ -87,7 +87,7 @@ def task_seconds(groups: pd.DataFrame, probes: pd.DataFrame,
     (``seconds`` None where the store does not hold them), and ``probe_share`` = probe seconds
     / training seconds (None when either is unknown or training is 0)."""
     done = groups[groups.status == "done"]
-    runs = probed_runs(probes, schedule)
+    runs = probed_runs(probes, stage)
     levels = branching.drop_duplicates(["sparsity", "seed"])
     out: dict[str, Any] = {
         "training": {"tasks": len(done), "seconds": _summed(done.wall_time) if len(done) else 0.0},

@@ -13,7 +13,7 @@ measure are the same, bit for bit:
   itself, from its path and the spec's folders, and checked against the spec's digest of its
   source (:mod:`experiments.spec.factories`): the factory is never shipped, only its name;
 - the mask of (sparsity, seed) is ``pruning.prune`` of that model's initialization with the
-  study's pruning method (Lee et al. 2021 prune at initialization and keep the mask fixed),
+  study's pruning criterion (Lee et al. 2021 prune at initialization and keep the mask fixed),
   transformed by the series' sanity check if it has one (``experiments.spec.series.series_mask``),
   with the ``[pruning]`` options (``examples``, ``prune_biases``;
   :mod:`experiments.spec.tables.pruning`); every level of a seed from one scoring
@@ -65,7 +65,7 @@ Mask = dict[str, torch.Tensor]
 @dataclass(frozen=True)
 class Workload:
     """Names (registered, or import paths) and options of a study's data set and model, its
-    pruning method and the sanity check of its pruning series (None: the criterion's own
+    pruning criterion and the sanity check of its pruning series (None: the criterion's own
     masks); for factories by import path, their source digests by kind and the folders to
     search after ``sys.path``."""
 
@@ -73,7 +73,7 @@ class Workload:
     model: str
     dataset_options: dict[str, Any] = field(default_factory=dict)
     model_options: dict[str, Any] = field(default_factory=dict)
-    pruning_method: str = "snip"
+    pruning_criterion: str = "snip"
     pruning_sanity: str | None = None
     digests: dict[str, str] = field(default_factory=dict)
     folders: tuple[str, ...] = ()
@@ -84,10 +84,10 @@ class Workload:
     @classmethod
     def of(cls, spec: Spec) -> "Workload":
         """The workload of a validated spec."""
-        criterion = spec.method_digests.get(spec.pruning_method)
+        criterion = spec.criterion_digests.get(spec.pruning_criterion)
         digests = {**spec.digests, **({"criterion": criterion} if criterion else {})}
         return cls(spec.dataset, spec.model, dict(spec.dataset_options), dict(spec.model_options),
-                   spec.pruning_method, spec.pruning_sanity, digests, spec.folders,
+                   spec.pruning_criterion, spec.pruning_sanity, digests, spec.folders,
                    spec.init, spec.pruning_options,
                    spec.trials if spec.pruning_options.mask_per_trial else 1)
 
@@ -133,7 +133,7 @@ class Workload:
     def pruned(self, dataset: training.Dataset, sparsity: float, seed: int
                ) -> pruning.Mask | None:
         """The ``pruning.Mask`` of ``sparsity`` for the initialization
-        ``build_model(dataset, seed)`` (None when dense): the pruning method's with the
+        ``build_model(dataset, seed)`` (None when dense): the pruning criterion's with the
         ``[pruning]`` options, transformed by the series' sanity check
         (``experiments.spec.series.series_mask``)."""
         return self.pruned_levels(dataset, [sparsity], seed)[0]
@@ -142,11 +142,11 @@ class Workload:
                       ) -> list[pruning.Mask | None]:
         """:meth:`pruned` of every level of ``sparsities`` (None for 0), from one scoring."""
         sparse = [s for s in sparsities if s > 0]
-        if sparse and factories.is_path(self.pruning_method):   # from the spec's folders
-            factories.resolve("criterion", self.pruning_method, self.folders,
+        if sparse and factories.is_path(self.pruning_criterion):   # from the spec's folders
+            factories.resolve("criterion", self.pruning_criterion, self.folders,
                               self.digests.get("criterion"))
         made = dict(zip(sparse, series_masks(
-            self.pruning_method, self.pruning_sanity, sparse, seed, dataset,
+            self.pruning_criterion, self.pruning_sanity, sparse, seed, dataset,
             functools.partial(self.build_model, dataset),
             **self.pruning_options.prune_kwargs()))) if sparse else {}
         return [made.get(s) for s in sparsities]
@@ -175,7 +175,7 @@ class Workload:
                                                                                   levels, seed))})
         sparse = {key: m for key, m in made.items() if m is not None}
         if record is not None and sparse:
-            record_masks(record, series_label(self.pruning_method, self.pruning_sanity), sparse,
+            record_masks(record, series_label(self.pruning_criterion, self.pruning_sanity), sparse,
                          functools.partial(self.build_model, dataset))
         return {key: _plain(m) for key, m in made.items()}
 
@@ -209,7 +209,7 @@ class Workload:
                 _TRIAL_MASKS.popitem(last=False)
         if record is not None and memo:
             build = functools.partial(self.build_model, dataset)
-            record_masks(record, series_label(self.pruning_method, self.pruning_sanity),
+            record_masks(record, series_label(self.pruning_criterion, self.pruning_sanity),
                          {key: _TRIAL_MASKS[m][1] for key, m in memo.items()},
                          lambda seed: build(self.init_seed(seed, 0)))
         return {key: _TRIAL_MASKS[memo[key]][0] if key in memo else None for key in keys}

@@ -36,7 +36,7 @@ KEYS = ("name", "source", "workload", "optimizer", "goal", "batch_sizes", "spars
 class ExternalSpec(SpecCore):
     """An imported workload's spec. The fields the report reads have :class:`Spec`'s names and
     meanings; ``trials`` and ``budget`` are a text where batch sizes differ. Nothing was pruned
-    or probed: ``pruning_method`` is "–", there is no pruning series, and ``probes`` disabled."""
+    or probed: ``pruning_criterion`` is "–", there is no pruning series, and ``probes`` disabled."""
 
     source: dict[str, Any]
     seeds: tuple[int, ...]
@@ -45,7 +45,7 @@ class ExternalSpec(SpecCore):
     budget: Budget | str
     toml: str = field(default="", compare=False)
 
-    pruning_method = "–"
+    pruning_criterion = "–"
     pruning_sanity = None
     series = ""
     probes = Probes(enabled=False)

@@ -75,12 +75,12 @@ _MAIN = ("__main__", "__mp_main__")
 
 
 # the spec key that names a factory of each kind (a pruning criterion is imported as they are)
-KEYS = {"model": "workload.model", "dataset": "workload.dataset", "criterion": "pruning.method"}
+KEYS = {"model": "workload.model", "dataset": "workload.dataset", "criterion": "pruning.criterion"}
 
 
 class FactoryError(SparsescaleError, ValueError):
     """A factory (or a pruning criterion) named by import path cannot be imported, called or
-    used: one line naming the spec key (``workload.<kind>``, ``pruning.method``), the path and
+    used: one line naming the spec key (``workload.<kind>``, ``pruning.criterion``), the path and
     what is wrong (``detail``)."""
 
     def __init__(self, kind: str, detail: str):

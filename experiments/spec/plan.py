@@ -4,7 +4,8 @@ this one place (the runner trains them, the report lists what is planned but not
 A *group* is one (sparsity, batch size, seed) cell, and with a delay axis (``delays``) one
 (sparsity, batch size, delay, seed) cell: ``spec.trials`` metaparameter points (the same Sobol
 points at every cell, :func:`experiments.spec.search.sample`, so the learning rate is tuned per
-(B, tau) as per B) trained as one vectorized computation, every trial with the cell's delay. Its key is the hash of its canonical config (:func:`group_config`), so a rerun skips
+(B, tau) as per B; with ``[tuning]``, the cell's best point of a search, repeated:
+:func:`tuned_points`) trained as one vectorized computation, every trial with the cell's delay. Its key is the hash of its canonical config (:func:`group_config`), so a rerun skips
 every group the store already holds and a changed setting never reuses a stored result.
 """
 
@@ -68,9 +69,9 @@ def plan(spec: Spec) -> list[GroupPlan]:
             max_steps = spec.budget.steps(b)
             # a Sobol sequence's first N points do not depend on how many are drawn: the
             # reserve is the same sequence continued (as many points again)
-            drawn = search.sample(spec.search, spec.trials * (2 if spec.complete_trials else 1),
-                                  spec.search_seed, max_steps,
-                                  momentum_used=spec.optimizer != "sgd")
+            drawn = (tuned_points(spec, sparsity, b) if spec.tuning else search.sample(
+                spec.search, spec.trials * (2 if spec.complete_trials else 1), spec.search_seed,
+                max_steps, momentum_used=spec.optimizer != "sgd"))
             for tau in spec.delays:
                 extra = delay_fields(tau, spec.delay_kind)
                 delayed = [{**t, **extra} for t in drawn]
@@ -84,6 +85,19 @@ def plan(spec: Spec) -> list[GroupPlan]:
                                             config_json=text, reserve=tuple(reserve),
                                             delay=tau))
     return groups
+
+
+# the trials of a tuned study's group before its search has run (``sparsescale plan``, the
+# report's planned cells): a placeholder, never a stored group's key
+PENDING = {"tuned": "pending"}
+
+
+def tuned_points(spec: Spec, sparsity: float, batch_size: int) -> list[dict[str, Any]]:
+    """A tuned study's trials at one cell (:mod:`experiments.spec.tables.tuning`): the cell's
+    best point of the search (``spec.tuned``, set by :mod:`experiments.run.tuning`) repeated
+    ``spec.trials`` times; :data:`PENDING` points until the search has run."""
+    point = spec.tuned.get((float(sparsity), int(batch_size)), PENDING)
+    return [dict(point) for _ in range(spec.trials)]
 
 
 def run_order(groups: list[GroupPlan]) -> list[GroupPlan]:
@@ -123,9 +137,9 @@ def format_plan(spec: Spec, groups: list[GroupPlan], stored: set[str] | None = N
              *(f"{kind} factory {getattr(spec, kind)}: source sha256 {digest[:12]}"
                for kind, digest in sorted(spec.digests.items())),
              *(f"pruning criterion {path}: source sha256 {digest[:12]}"
-               for path, digest in sorted(spec.method_digests.items())),
+               for path, digest in sorted(spec.criterion_digests.items())),
              *([f"init {spec.init}"] if spec.init != "torch" else []),
-             *([f"pruning {spec.pruning_method}: " + ", ".join(
+             *([f"pruning {spec.pruning_criterion}: " + ", ".join(
                  f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
                  for k, v in spec.pruning_options.canonical().items())]
                if spec.pruning_options.canonical() else []),

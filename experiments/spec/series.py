@@ -1,6 +1,6 @@
-"""Pruning series of a study: each criterion of ``[pruning] method`` and its sanity checks.
+"""Pruning series of a study: each criterion of ``[pruning] criterion`` and its sanity checks.
 
-``method = ["snip", "grasp"]`` with ``sanity = ["shuffle", "reinit"]`` gives the series snip,
+``criterion = ["snip", "grasp"]`` with ``sanity = ["shuffle", "reinit"]`` gives the series snip,
 snip-shuffle, snip-reinit, grasp, grasp-shuffle, grasp-reinit. Each series runs as a sub-study of
 its own (``Spec.variants``, as several optimizers do): its store in ``RUN_DIR/<series>``
 (``RUN_DIR/<optimizer>/<series>`` with several optimizers), one report comparing them all in
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +43,52 @@ REINIT_SEED_OFFSET = 1_000_003
 MASKS_FILE = "masks.json"
 
 
-def series_names(methods: tuple[str, ...], sanity: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    """(method, sanity transform or None) of every series, criterion first then its checks."""
-    return [(m, t) for m in methods for t in (None, *sanity)]
+def series_names(criteria: tuple[str, ...], sanity: tuple[str, ...]
+                 ) -> list[tuple[str, str | None]]:
+    """(criterion, sanity transform or None) of every series, criterion first then its checks."""
+    return [(c, t) for c in criteria for t in (None, *sanity)]
 
 
-def series_label(method: str, transform: str | None) -> str:
+def series_label(criterion: str, transform: str | None) -> str:
     """``snip``, ``snip-shuffle``, ...: the series' name and its sub-study folder."""
-    return method if transform is None else f"{method}-{transform}"
+    return criterion if transform is None else f"{criterion}-{transform}"
 
 
-def series_mask(method: str, transform: str | None, sparsity: float, seed: int,
+def control_variants(spec: Any) -> list[Any]:
+    """The specs of a study with ``[pruning] bias_controls`` (Lee et al.'s bias confound,
+    issue 47): the study itself without the key (its store in ``RUN_DIR``), then one sub-study
+    per control in ``RUN_DIR/<control>``: ``no_bias``, the dense level of the model built with
+    ``bias = false``; ``dense_biases``, the sparse levels pruned with ``prune_biases = false``.
+    Every one keeps the study's seeds, trials and tuning: trial i of each starts from the same
+    weights (Lee's initialization draws no bias) and sees the same data order, so the controls'
+    runs pair with the study's. A control carries no stopping rule (its levels are not the
+    rule's)."""
+    options = spec.pruning_options
+    base = replace(options, bias_controls=())
+    out = [replace(spec, pruning_options=base)]
+    for control in options.bias_controls:
+        if control == "no_bias":
+            change = dict(model_options={**spec.model_options, "bias": False}, sparsities=(0.0,),
+                          pruning_options=base)
+        else:
+            change = dict(sparsities=tuple(x for x in spec.sparsities if x > 0),
+                          pruning_options=replace(base, prune_biases=False))
+        out.append(replace(spec, name=f"{spec.name}-{control}", series=control, subdir=control,
+                           stopping=None, **change))
+    return out
+
+
+def series_mask(criterion: str, transform: str | None, sparsity: float, seed: int,
                 dataset: training.Dataset, build: Callable[[int], nn.Module],
                 **options: Any) -> pruning.Mask:
-    """The mask of series (``method``, ``transform``) at (``sparsity``, ``seed``) for the model
+    """The mask of series (``criterion``, ``transform``) at (``sparsity``, ``seed``) for the model
     ``build(seed)`` trains (see the module docstring for each transform). ``options``: further
     arguments of ``pruning.prune`` (a study's ``[pruning]`` options: ``examples``,
     ``prune_biases``). An unknown transform raises ``pruning.PruningError``."""
-    return series_masks(method, transform, [sparsity], seed, dataset, build, **options)[0]
+    return series_masks(criterion, transform, [sparsity], seed, dataset, build, **options)[0]
 
 
-def series_masks(method: str, transform: str | None, sparsities: list[float], seed: int,
+def series_masks(criterion: str, transform: str | None, sparsities: list[float], seed: int,
                  dataset: training.Dataset, build: Callable[[int], nn.Module],
                  **options: Any) -> list[pruning.Mask]:
     """:func:`series_mask` at every level of ``sparsities``, the criterion scored once
@@ -72,7 +98,7 @@ def series_masks(method: str, transform: str | None, sparsities: list[float], se
                                    f"{', '.join(SANITY)}")
     init_seed = seed + REINIT_SEED_OFFSET if transform == "reinit" else seed
     keep = "lowest" if transform == "invert" else "highest"
-    masks = pruning.prune_levels(build(init_seed), method, sparsities, dataset=dataset,
+    masks = pruning.prune_levels(build(init_seed), criterion, sparsities, dataset=dataset,
                                  seed=seed, keep=keep, **options)
     return [_transformed(m, transform, seed, init_seed) for m in masks]
 

@@ -35,7 +35,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     comparison = "<"                    # "<" (Shallue et al. 2019) or "<=" (Lee et al. 2021)
 
     [pruning]
-    method = "snip"                     # pruning.list_methods(), "module:criterion", or a list
+    criterion = "snip"                  # pruning.list_criteria(), "module:function", or a list
     sanity = []                         # shuffle | reinit | matched_random | invert: extra series
     examples = "all"                    # SNIP on the whole training split (default: 10 per class)
     prune_biases = true                 # biases scored and pruned too (default false)
@@ -80,6 +80,10 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [stopping]                          # a paired claim's stopping rule (spec.tables.stopping)
 
+    [tuning]                            # search each (level, B), then repeat its best point
+    points = 8                          # (experiments.spec.tables.tuning); trials: the repeats
+    seed = 1000
+
     [executor]
     workers = 2
     program_choice = "measure"          # measure | rules (training.engine.choice; no hash)
@@ -111,7 +115,7 @@ from experiments.spec.checks import Checker, delays_canonical, trial_rules_canon
 from experiments.spec.errors import SpecError, SpecIOError
 from experiments.spec.factories import Factory
 from experiments.spec.search import Dimension, optimizer_search
-from experiments.spec.series import SANITY, series_label, series_names
+from experiments.spec.series import SANITY, control_variants, series_label, series_names
 from experiments.spec.tables.branching import Branching, branching
 from experiments.spec.tables.budget import Budget, budget_table
 from experiments.spec.tables.eval import eval_table
@@ -119,9 +123,16 @@ from experiments.spec.tables.executor import executor_table
 from experiments.spec.tables.goal import COMPARISONS, goal_table
 from experiments.spec.tables.measures import measures_key
 from experiments.spec.tables.probes import Probes, probes_table
-from experiments.spec.tables.pruning import PruningOptions, pruning_options, pruning_table
+from experiments.spec.tables.pruning import (
+    HASHED, PruningOptions, pruning_options, pruning_table, stored_pruning,
+)
 from experiments.spec.tables.search import search_table
 from experiments.spec.tables.stopping import Stopping, stopping_table
+from experiments.spec.tables.tuning import Tuning, tuning_table
+# the bundled configs and their reductions text (kept importable from here)
+from experiments.spec.bundled import (  # noqa: F401
+    CONFIG_DIR, list_configs, reductions, resolve_config,
+)
 from experiments.spec.tables.workload import (
     device_keys, init_key, stored, workload_table,
 )
@@ -174,10 +185,10 @@ class SpecCore:
 @dataclass(frozen=True)
 class Spec(SpecCore):
     """A validated study. ``optimizer`` is one name; a spec listing several optimizers, several
-    pruning methods or sanity checks is split into one spec per optimizer and pruning series
+    pruning criteria or sanity checks is split into one spec per optimizer and pruning series
     with :func:`variants` (``experiments.spec.series``)."""
 
-    pruning_method: str
+    pruning_criterion: str
     search: dict[str, Dimension]
     search_seed: int
     trials: int
@@ -188,8 +199,8 @@ class Spec(SpecCore):
     workers: int | None
     optimizers: tuple[str, ...] = ()
     toml: str = field(default="", compare=False)
-    pruning_methods: tuple[str, ...] = ()   # every listed method (the series' criteria)
-    sanity: tuple[str, ...] = ()            # sanity checks listed (each adds a series per method)
+    pruning_criteria: tuple[str, ...] = ()  # every listed criterion (one series each)
+    sanity: tuple[str, ...] = ()            # sanity checks listed (each a series per criterion)
     pruning_sanity: str | None = None       # this series' sanity check (a variant's)
     series: str = ""                        # this series' name when the study has several
     subdir: str = field(default="", compare=False)   # a variant's folder under the study's
@@ -199,7 +210,7 @@ class Spec(SpecCore):
     # by kind, the SHA-256 of each factory's source (experiments.spec.factories): in the hash
     digests: dict[str, str] = field(default_factory=dict)
     # by import path, the SHA-256 of each pruning criterion's module (the series' own is hashed)
-    method_digests: dict[str, str] = field(default_factory=dict)
+    criterion_digests: dict[str, str] = field(default_factory=dict)
     # where the groups train (not in the hash: like the worker count, it does not decide what
     # is measured; each group's row records its device) and in which arithmetic (in the hash,
     # and every group key, when not fp32: it changes the results)
@@ -223,6 +234,10 @@ class Spec(SpecCore):
     delay_kind: str = "fixed"
     # the pre-declared stopping rule (experiments.spec.tables.stopping): in the hash when set
     stopping: Stopping | None = None
+    # search, then repeat the best point (experiments.spec.tables.tuning): in the hash when
+    # set; ``tuned``: each (sparsity, batch size)'s best point, set by the runner after the search
+    tuning: Tuning | None = None
+    tuned: dict[tuple[float, int], dict[str, Any]] = field(default_factory=dict, compare=False)
     # the user's measurements (spec.tables.measures), their modules' SHA-256 by path: hashed
     measures: tuple[str, ...] = ()
     measure_digests: dict[str, str] = field(default_factory=dict)
@@ -230,8 +245,9 @@ class Spec(SpecCore):
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
         A factory named by import path adds ``workload.<kind>_digest``, a pruning criterion named
-        by import path ``pruning.method_digest``; registered names add nothing, so their hashes
-        and group keys are those of every earlier version. A precision other than fp32 adds
+        by import path ``pruning.method_digest`` (the pruning keys' old names: ``pruning.HASHED``);
+        registered names add nothing, so their hashes and group keys are those of every earlier
+        version. A precision other than fp32 adds
         ``workload.precision``, an init other than torch ``workload.init``, and each
         ``[pruning]`` option not at its default its key under ``pruning``; the device adds
         nothing."""
@@ -246,9 +262,9 @@ class Spec(SpecCore):
             core["workload"]["init"] = self.init
         return {
             **core,
-            "pruning": {"method": self.pruning_method,
-                        **({"method_digest": self.method_digests[self.pruning_method]}
-                           if self.pruning_method in self.method_digests else {}),
+            "pruning": {HASHED["criterion"]: self.pruning_criterion, **({HASHED["criterion_digest"]:
+                        self.criterion_digests[self.pruning_criterion]}
+                        if self.pruning_criterion in self.criterion_digests else {}),
                         **({"sanity": self.pruning_sanity} if self.pruning_sanity else {}),
                         **self.pruning_options.canonical()},
             **({"series": self.series} if self.series else {}),
@@ -265,6 +281,7 @@ class Spec(SpecCore):
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
             **({"stopping": self.stopping.canonical()} if self.stopping else {}),
+            **({"tuning": self.tuning.canonical()} if self.tuning else {}),
             **({"measures": list(self.measures), "measure_digests": self.measure_digests}
                if self.measures else {}),
         }
@@ -274,19 +291,21 @@ class Spec(SpecCore):
         named ``<study>[-<optimizer>][-<series>]``, run into ``subdir`` = ``[<optimizer>/]
         [<series>]``. Only the first series of each optimizer keeps the dense level. Each
         optimizer searches its own space (:func:`experiments.spec.search.optimizer_search`)."""
+        if self.pruning_options.bias_controls:   # one optimizer and series (validated)
+            return control_variants(self)
         optimizers = self.optimizers if len(self.optimizers) > 1 else (self.optimizer,)
-        series = series_names(self.pruning_methods or (self.pruning_method,), self.sanity)
+        series = series_names(self.pruning_criteria or (self.pruning_criterion,), self.sanity)
         if len(optimizers) == 1 and len(series) == 1:
             return [self]
         out = []
         for o in optimizers:
-            for i, (method, check) in enumerate(series):
-                label = series_label(method, check) if len(series) > 1 else ""
+            for i, (criterion, check) in enumerate(series):
+                label = series_label(criterion, check) if len(series) > 1 else ""
                 parts = ([o] if len(optimizers) > 1 else []) + ([label] if label else [])
                 sparse = tuple(x for x in self.sparsities if x > 0)
                 out.append(replace(
                     self, optimizer=o, optimizers=(o,), name="-".join([self.name, *parts]),
-                    pruning_method=method, pruning_methods=(method,), sanity=(),
+                    pruning_criterion=criterion, pruning_criteria=(criterion,), sanity=(),
                     pruning_sanity=check, series=label, subdir="/".join(parts),
                     sparsities=self.sparsities if i == 0 else sparse,
                     search=optimizer_search(self.search, self.search_overrides, o),
@@ -313,9 +332,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     if raw.get("delay_kind") == "round_robin":   # stored as its delays W - 1
         raw["workers"] = [tau + 1 for tau in raw.pop("delays")]
     raw["workload"], digests = stored(c["workload"])
-    raw["pruning"] = {k: v for k, v in c["pruning"].items()
-                      if k not in ("sanity", "method_digest")}
-    method_digest = c["pruning"].get("method_digest")
+    raw["pruning"], digest = stored_pruning(c["pruning"])
     check, series = c["pruning"].get("sanity"), c.get("series", "")
     raw["goal"] = {"metric": goal["metric"], "target": goal["target"],
                    "comparison": "<" if goal["strict"] else "<="}
@@ -324,12 +341,11 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      for key, value in c["search"].items()}
     raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
-    for table in ("eval", "probes", "branching", "stopping"):
+    for table in ("eval", "probes", "branching", "stopping", "tuning"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
-    spec = validate(raw, toml_text=toml_text, digests=digests,
-                    method_digests={} if method_digest is None
-                    else {c["pruning"].get("method"): method_digest},
+    spec = validate(raw, toml_text=toml_text, digests=digests, criterion_digests=(
+        {} if digest is None else {raw["pruning"]["criterion"]: digest}),
                     measure_digests=c.get("measure_digests", {}))
     if check is None and not series:
         return spec
@@ -349,18 +365,20 @@ MAX_TRIALS = 2**16
 
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
-            "search", "budget", "eval", "probes", "branching", "stopping", "executor", "measures")
+            "search", "budget", "eval", "probes", "branching", "stopping", "tuning", "executor",
+            "measures")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
              folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None,
-             method_digests: Mapping[str, str] | None = None,
+             criterion_digests: Mapping[str, str] | None = None,
              measure_digests: Mapping[str, str] | None = None) -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
     every problem: the top-level keys (:mod:`experiments.spec.checks`), then each table by its
     own module (:mod:`experiments.spec.tables`). A factory or pruning criterion named by import
     path is imported (from ``sys.path``, then ``folders``) and its source digested; ``digests``
-    (by kind), ``method_digests`` (by criterion path) and ``measure_digests``: a stored spec's."""
+    (by kind), ``criterion_digests`` (by criterion path) and ``measure_digests`` (by
+    measurement path): a stored spec's, as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
@@ -381,9 +399,9 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     seeds = checks.seeds(ck, raw.get("seeds", [0]))
     stop, complete = checks.trial_rules(ck, raw)
     delays, delay_kind = checks.delays(ck, raw)
-    methods, sanity, method_digests = pruning_table(ck, raw, sparsities, folders,
-                                                    method_digests)
-    options = pruning_options(ck, raw, methods)
+    criteria, sanity, criterion_digests = pruning_table(ck, raw, sparsities, folders,
+                                                        criterion_digests)
+    options = pruning_options(ck, raw, criteria)
     if complete and options.mask_per_trial:
         # a replacement trial would need its own initialization and mask, drawn after the group
         # started: not built (Lee et al. count every run, Shallue et al. share one network)
@@ -394,8 +412,15 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     eval_schedule = eval_table(ck, ck.table(raw, "eval", "eval") or {})
     probes = probes_table(ck, raw, sparsities, trials, stop, len(seeds or ()), batch_sizes)
     branch = branching(ck, raw, batch_sizes)
-    stopping = stopping_table(ck, raw, sparsities, len(seeds or ()),
-                              probes.lipschitz_trials if probes.lipschitz_every else None)
+    stopping = stopping_table(ck, raw, sparsities, len(seeds or ()), probes.pairs_per_seed(trials),
+                              probes.lipschitz_in_run)
+    tuning = tuning_table(ck, raw, seeds)
+    if tuning and (complete or len(delays or ()) > 1):
+        ck.add("tuning", "cannot be combined with complete_trials or a delay axis (a cell's one "
+               "point is repeated); allowed: one of them")
+    if options.bias_controls and (len(optimizers) > 1 or not {0.0} < set(sparsities or ())):
+        ck.add("pruning.bias_controls", "needs one optimizer, the dense level 0 and a sparse "
+               "level; allowed: sparsities = [0.0, ...] with one optimizer")
     if not isinstance(raw.get("reductions", ""), str):
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
@@ -410,26 +435,15 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         name=name, dataset=dataset, dataset_options=dict(dataset_options), model=model,
         model_options=dict(model_options), optimizer=optimizers[0], metric=metric, target=target,
         strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
-        pruning_method=methods[0], pruning_methods=methods, sanity=sanity,
+        pruning_criterion=criteria[0], pruning_criteria=criteria, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
         eval=eval_schedule, seeds=seeds, probes=probes, branching=branch,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
-        digests=found, method_digests=method_digests, folders=folders, device=device,
+        digests=found, criterion_digests=criterion_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
         complete_trials=complete, program_choice=program_choice, delays=delays,
-        delay_kind=delay_kind, stopping=stopping, measures=measures,
+        delay_kind=delay_kind, stopping=stopping, tuning=tuning, measures=measures,
         measure_digests=measure_found)
-
-
-def reductions(spec: Spec) -> str:
-    """The spec's ``reductions`` text (how a bundled study's design is reduced from the
-    paper's), read from its TOML text: like ``description``, not part of the hash, so a store
-    keeps it in ``spec_toml`` and the report prints it. Empty when there is none."""
-    try:
-        value = tomllib.loads(spec.toml).get("reductions", "") if spec.toml else ""
-    except tomllib.TOMLDecodeError:
-        return ""
-    return value.strip() if isinstance(value, str) else ""
 
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None
@@ -481,20 +495,3 @@ def load(path: str | Path, model: Factory | None = None, dataset: Factory | None
     folder = p.resolve().parent
     return loads(text, str(p), model, dataset,
                  () if folder == CONFIG_DIR else (str(folder),))
-
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def list_configs() -> list[str]:
-    """Names of the bundled study configs (``experiments/configs/*.toml``)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-
-
-def resolve_config(path: str | Path) -> Path:
-    """``path`` if it exists, else the bundled config of that name (``quickstart``)."""
-    p = Path(path)
-    if p.exists():
-        return p
-    bundled = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
-    return bundled if bundled.exists() else p

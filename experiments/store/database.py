@@ -22,7 +22,6 @@ order the groups finished in).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sqlite3
 import sys
@@ -38,10 +37,11 @@ from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.store.schema import (
-    ADDED_COLUMNS, COLUMNS, NULLABLE_INT, PROBE_QUANTITIES, RENAMED_COLUMNS,
-    SCHEDULE_QUANTITIES, SORT_KEYS, TABLE_NULLABLE_INT, GroupRecord, ProbeRow, ScheduleRow,
-    StudyInfo, schema,
+    COLUMNS, PROBE_QUANTITIES, STAGE_QUANTITIES, GroupRecord, ProbeRow, StageRow, StudyInfo,
+    schema,
 )
+from experiments.store.upgrade import add_columns, read_frame, rename_tables
+from experiments.store.refusals import other_data, other_study
 
 DB_NAME = "results.sqlite"
 
@@ -167,8 +167,11 @@ class Store:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA foreign_keys=ON")
+            # an older store upgraded: its renamed tables first, or the schema would make
+            # them empty beside the old ones (experiments.store.upgrade)
+            self._write(rename_tables)
             self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(schema())])
-            self._write(_add_columns)
+            self._write(add_columns)
         except BaseException as exc:
             self.close()
             if isinstance(exc, (OSError, sqlite3.Error)) and not isinstance(exc, StoreError):
@@ -278,6 +281,11 @@ class Store:
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
                 [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
                  for t in rec.trials for s, l, m in t.curve])
+            if rec.stage:   # L at Lee's stage taken inside the group's runs
+                c.execute("DELETE FROM stage_probes WHERE sparsity = ? AND seed = ? AND "
+                          "batch_size = ?", (float(rec.sparsity), int(rec.seed),
+                                             int(rec.batch_size)))
+                _insert_stage(c, rec.stage, lv, tv)
 
         self._write(tx)
 
@@ -309,29 +317,44 @@ class Store:
         return {float(r[0]) for r in self.conn.execute("SELECT DISTINCT sparsity FROM probes")}
 
     def write_probes(self, sparsity: float, rows: Sequence[ProbeRow],
-                     schedule: Sequence[ScheduleRow] = ()) -> None:
+                     stage: Sequence[StageRow] = ()) -> None:
         """Write all probe rows of one sparsity level, and its rows at Lee et al.'s stage
-        (``schedule``), in one transaction (replacing old ones)."""
-        for given, allowed in ((rows, PROBE_QUANTITIES), (schedule, SCHEDULE_QUANTITIES)):
+        (``stage``), in one transaction (replacing old ones; the level's stage rows only
+        when ``stage`` holds some: L taken inside the runs came with the groups)."""
+        for given, allowed in ((rows, PROBE_QUANTITIES), (stage, STAGE_QUANTITIES)):
             bad = sorted({r.quantity for r in given} - set(allowed))
             if bad:
                 raise StoreContentError(f"probe quantities {bad}; allowed: {', '.join(allowed)}")
         lv, tv = lib_version(), torch_version()
 
         def tx(c: sqlite3.Cursor) -> None:
-            for table in ("probes", "schedule_probes"):
+            for table in ("probes", "stage_probes")[:2 if stage else 1]:
                 c.execute(f"DELETE FROM {table} WHERE sparsity = ?", (float(sparsity),))
             c.executemany(
                 f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
                 f"({', '.join('?' * len(COLUMNS['probes']))})",
                 [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
                   r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
+            _insert_stage(c, stage, lv, tv)
+
+        self._write(tx)
+
+    # -- looks -------------------------------------------------------------------------------
+
+    def write_looks(self, taken: Sequence[Any]) -> None:
+        """Replace the stored looks of a group-sequential rule with ``taken``
+        (:class:`theory.verdicts.sequential.Look` s, in order), in one transaction."""
+        now = now_iso()
+
+        def tx(c: sqlite3.Cursor) -> None:
+            c.execute("DELETE FROM looks")
             c.executemany(
-                f"INSERT INTO schedule_probes ({', '.join(COLUMNS['schedule_probes'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['schedule_probes']))})",
-                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
-                  int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv,
-                  tv) for r in schedule])
+                f"INSERT INTO looks ({', '.join(COLUMNS['looks'])}) VALUES "
+                f"({', '.join('?' * len(COLUMNS['looks']))})",
+                [(int(x.look), int(x.looks), int(x.pairs), float(x.mean),
+                  _none_if_nan(x.interval[0]), _none_if_nan(x.interval[1]),
+                  _none_if_nan(x.statistic), float(x.boundary), float(x.nominal), int(x.stop),
+                  x.why, now) for x in taken])
 
         self._write(tx)
 
@@ -366,54 +389,6 @@ class Store:
         return read_frame(self.conn, table)
 
 
-# provenance keys that identify a data set's content (a data set made from the running
-# interpreter's files differs between Python versions)
-CONTENT_KEYS = ("corpus_digest", "digest")
-
-
-def other_data(path: Path, stored: str | None, given: str | None) -> str | None:
-    """Why the store at ``path`` refuses to add to its study with data whose provenance is
-    ``given``: the content digest it recorded (``stored``) differs. None when they agree or
-    either is unknown."""
-    try:
-        old, new = json.loads(stored or "{}"), json.loads(given or "{}")
-    except json.JSONDecodeError:
-        return None
-    for key in CONTENT_KEYS:
-        if key in old and key in new and old[key] != new[key]:
-            versions = (f" (written with Python {old.get('python_version')}, this is "
-                        f"{new.get('python_version')})" if "python_version" in old else "")
-            return (f"{path} holds results on other data: its data set's {key} is {old[key]}, "
-                    f"this one's {new[key]}{versions}; results on other data are never mixed: "
-                    f"choose another --out folder")
-    return None
-
-
-def other_study(path: Path, existing: StudyInfo, info: StudyInfo) -> str:
-    """Why the store at ``path``, holding ``existing``, refuses the study ``info``: the keys
-    their specs differ in (a changed factory digest: the factory's code changed)."""
-    try:
-        keys = _differences(json.loads(existing.spec_json), json.loads(info.spec_json))
-    except json.JSONDecodeError:
-        keys = []
-    code = (" (the factory module's code changed since: a new study, whose groups are all new)"
-            if keys and all(k.endswith("_digest") for k in keys) else "")
-    listed = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-    differ = f"; they differ in {listed}" if keys else ""
-    return (f"{path} holds a different study ({existing.name!r}, spec hash "
-            f"{existing.spec_hash[:12]}) than the one given ({info.name!r}, spec hash "
-            f"{info.spec_hash[:12]}){differ}{code}; studies are never mixed: choose another "
-            f"--out folder")
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted key paths where two canonical specs differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b))
-                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)]
-    return [] if a == b else [prefix or "(spec)"]
-
-
 def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     """The study row and the keys of the finished groups of the store in ``run_dir``, read
     without writing anything; ``(None, set())`` where there is no store yet."""
@@ -439,51 +414,18 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     return (StudyInfo(*row) if row else None), keys
 
 
+def _insert_stage(c: sqlite3.Cursor, rows: Sequence[StageRow], lv: str, tv: str) -> None:
+    """Insert rows of Lee et al.'s stage (``stage_probes``)."""
+    c.executemany(
+        f"INSERT INTO stage_probes ({', '.join(COLUMNS['stage_probes'])}) VALUES "
+        f"({', '.join('?' * len(COLUMNS['stage_probes']))})",
+        [(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
+          int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv, tv)
+         for r in rows])
+
+
 def _split_sql(script: str) -> Iterable[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
-
-
-def existing_columns(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-
-
-def _add_columns(c: sqlite3.Cursor) -> None:
-    """Rename the :data:`~experiments.store.schema.RENAMED_COLUMNS` a store holds under their
-    old names, then add the :data:`~experiments.store.schema.ADDED_COLUMNS` it lacks."""
-    for table, pairs in RENAMED_COLUMNS.items():
-        have = existing_columns(c, table)
-        for old, new in pairs:
-            if old in have and new not in have:
-                c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
-    for table, columns in ADDED_COLUMNS.items():
-        have = existing_columns(c, table)
-        for name, kind in columns:
-            if name not in have:
-                c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-
-
-def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
-    """Table ``table`` as a DataFrame sorted by its natural keys; a table or column added since
-    the store was written reads empty (NULL, or the default its type gives), a renamed column
-    under its new name, without the store being changed."""
-    have = existing_columns(conn, table)
-    if not have:   # a table added later, in a store written before it (read-only: not made)
-        return pd.DataFrame(columns=list(COLUMNS[table]))
-    # a column added later is NULL in a store written before it, and a renamed one is read
-    # under its new name (read-only: not migrated)
-    renamed = {new: old for old, new in RENAMED_COLUMNS.get(table, ())}
-    added = {c: kind.split(" DEFAULT ")[1] if " DEFAULT " in kind else "NULL"
-             for c, kind in ADDED_COLUMNS.get(table, ())}
-    select = [c if c in have else f"{renamed[c]} AS {c}" if renamed.get(c) in have
-              else f"{added[c]} AS {c}" if c in added else c
-              for c in COLUMNS[table]]
-    df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {table}", conn)
-    for col in (*NULLABLE_INT, *TABLE_NULLABLE_INT.get(table, ())):
-        if col in df.columns:
-            df[col] = df[col].astype("Int64")
-    if table in SORT_KEYS and len(df):
-        df = df.sort_values(SORT_KEYS[table], kind="stable").reset_index(drop=True)
-    return df
 
 
 def open_store(run_dir: str | Path, study: StudyInfo | None = None) -> Store:

@@ -1,7 +1,8 @@
 """Reading a study's store: :func:`load_results` gives its tables as pandas DataFrames sorted by
 their natural keys (two stores with the same contents load identically, whatever order the groups
 finished in) and its validated spec. It opens the store read-only: a table or column added since
-the store was written reads empty (NULL), and nothing is migrated."""
+the store was written reads empty (NULL), a renamed one under its new name, and nothing is
+migrated (:mod:`experiments.store.upgrade`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ import pandas as pd
 from experiments.spec.errors import SpecError
 from experiments.spec.external import StudySpec, external_spec, is_external
 from experiments.spec.study import from_canonical
-from experiments.store.database import (
-    DB_NAME, StoreContentError, check_is_store, failure, read_frame,
-)
+from experiments.store.database import DB_NAME, StoreContentError, check_is_store, failure
 from experiments.store.schema import COLUMNS
+from experiments.store.upgrade import read_frame
 
 # the tables a Results holds as fields; every other one (the probes' and each measurement's) is
 # in Results.tables
@@ -36,10 +36,12 @@ class Results:
     trial; ``curves`` one per (trial, evaluation step); ``programs`` one per cell (batch size):
     the program every group of it ran (``groups.program``, each group's); ``predictions`` is
     empty unless something stored predictions. ``tables``: every other table, by name (the
-    probes' ``probes``, one row per measured quantity, and ``schedule_probes``, one per
-    quantity at each step k N of each probed trial at Lee et al.'s stage; and each registered
-    measurement's, :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own),
-    also read as attributes (``results.branching``).
+    probes' ``probes``, one row per measured quantity, and ``stage_probes``, one per quantity
+    at each step k N of each probed trial at Lee et al.'s stage; ``looks``, one per look a
+    group-sequential rule took while the study trained, :mod:`experiments.run.rounds`, the
+    stopping one with ``stop``; and each registered measurement's,
+    :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own), also read as
+    attributes (``results.branching``).
     """
 
     run_dir: Path

@@ -1,18 +1,21 @@
 """The results store's schema: its tables and columns, and the rows a study writes.
 
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
-(:func:`experiments.store.results.load_results`) and the report: columns are added; the one
-renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, and a store
-holding the old name is read, and migrated when opened for writing, under the new one.
+(:func:`experiments.store.results.load_results`) and the report: tables and columns are added;
+the one column renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, the
+one table renamed (``schedule_probes``, now ``stage_probes``) in ``RENAMED_TABLES``, and a store
+holding an old name is read, and migrated when opened for writing, under the new one
+(:mod:`experiments.store.upgrade`).
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s (and, on Lee et al.'s step schedule, :class:`ScheduleRow` s);
+probes produce :class:`ProbeRow` s (and, at Lee et al.'s stage, :class:`StageRow` s);
 :class:`StudyInfo` is the study's one row.
 
 The core tables (``CORE_*``, :data:`CORE_SCHEMA`) are the study's own; every registered
 measurement (:mod:`experiments.measurement`) adds its tables, and ``COLUMNS``, ``SORT_KEYS``,
 ``ADDED_COLUMNS``, ``VOLATILE`` and :func:`schema` are the core ones followed by theirs
 (:class:`WithMeasurements`): the schema names no kind of measurement but the probes, whose
-tables are still defined here.
+tables are still defined here, and keeps the group-sequential rule's ``looks``
+(:mod:`experiments.run.rounds`) among the core tables: the stopping rule is the study's own.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ CORE_COLUMNS: dict[str, tuple[str, ...]] = {
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
-    "schedule_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
-                        "value", "examples", "seconds", "lib_version", "torch_version"),
+    "stage_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
+                     "value", "examples", "seconds", "lib_version", "torch_version"),
     "programs": ("batch_size", "program", "choice", "recorded"),
+    "looks": ("look", "looks", "pairs", "mean", "low", "high", "statistic", "boundary",
+              "nominal", "stop", "why", "recorded"),
 }
 
 CORE_SORT_KEYS: dict[str, list[str]] = {
@@ -48,8 +53,9 @@ CORE_SORT_KEYS: dict[str, list[str]] = {
     "trials": ["sparsity", "batch_size", "delay", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
-    "schedule_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
+    "stage_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
     "programs": ["batch_size"],
+    "looks": ["look"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
@@ -79,9 +85,17 @@ RENAMED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "groups": (("kernel", "program"),),   # until 2026-12: "kernel" named the program
 }
 
+# Tables renamed after stores were written with the old name: old -> new. A store holding the
+# old table gets the new name when opened for writing (ALTER TABLE ... RENAME TO); a read-only
+# reader reads the old table under the new name.
+RENAMED_TABLES: dict[str, str] = {
+    "schedule_probes": "stage_probes",   # until 2026-12: "schedule" named Lee et al.'s stage
+}
+
 # Columns that legitimately differ between two runs of the same spec.
 CORE_VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-                 "probes": ("seconds",), "programs": ("recorded",)}
+                 "probes": ("seconds",), "programs": ("recorded",),
+                 "stage_probes": ("seconds",), "looks": ("recorded",)}
 
 CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -121,7 +135,7 @@ CREATE TABLE IF NOT EXISTS probes (
     quantity TEXT NOT NULL, value REAL, seconds REAL,
     lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
     PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
-CREATE TABLE IF NOT EXISTS schedule_probes (   -- L at Lee et al.'s stage: every N steps to the goal
+CREATE TABLE IF NOT EXISTS stage_probes (   -- L at Lee et al.'s stage: every N steps to the goal
     sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
     trial INTEGER NOT NULL, step INTEGER NOT NULL,
     horizon INTEGER NOT NULL,   -- the trial's own steps-to-result: the run ends there
@@ -134,6 +148,12 @@ CREATE TABLE IF NOT EXISTS programs (
     program TEXT NOT NULL,            -- training.engine.programs.registry.PROGRAMS: every group of the cell runs it
     choice TEXT NOT NULL,             -- how it was chosen: ruled | measured | forced, or groups (those a store held before the table)
     recorded TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS looks (   -- a group-sequential rule's looks (experiments.run.rounds)
+    look INTEGER PRIMARY KEY, looks INTEGER NOT NULL, pairs INTEGER NOT NULL,
+    mean REAL NOT NULL, low REAL, high REAL,   -- paired mean log ratio, repeated interval
+    statistic REAL, boundary REAL NOT NULL, nominal REAL NOT NULL,
+    stop INTEGER NOT NULL,   -- 1: the study stopped at this look (no later round trained)
+    why TEXT NOT NULL, recorded TEXT NOT NULL);
 """
 
 # theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
@@ -141,8 +161,8 @@ PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hess
                     "local_lipschitz", "loss")
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
 # same points, and L on the whole split where lipschitz_check asks for it
-SCHEDULE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
-                       "b_simple", "loss")
+STAGE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
+                    "b_simple", "loss")
 
 
 @dataclass(frozen=True)
@@ -190,6 +210,8 @@ class GroupRecord:
     driver_version: str | None = None
     precision: str | None = None
     delay: int = 0   # its trials' gradient delay (training.delay)
+    # L at Lee et al.'s stage taken inside its runs (experiments.run.lipschitz_inside)
+    stage: tuple["StageRow", ...] = ()
 
     @property
     def n_reached(self) -> int:
@@ -216,7 +238,7 @@ class ProbeRow:
 
 
 @dataclass(frozen=True)
-class ScheduleRow:
+class StageRow:
     """One measurement at Lee et al.'s stage: trial ``trial`` of the group (sparsity, seed,
     batch_size), at step ``step`` = k N of its run, which reached the goal at ``horizon``;
     ``examples``: the sample L's gradients used (None: the whole training split; rows of

@@ -1,8 +1,9 @@
 """The architecture page holds to the code: its module-size table is the code's (generated here:
 ``SPARSESCALE_WRITE_DOCS=1`` rewrites it), no module is over 500 lines and no folder holds more
 than 16 modules, and its glossary is stated once and kept: each term defined once, the programs
-those of the registry, every dotted name it quotes importable, and the words "kernel" and "plan"
-in no name of the code but those the glossary gives them."""
+those of the registry, every dotted name it quotes importable, and the words "kernel", "plan"
+and "method" in no name of the code but those the glossary gives them, nor "schedule" in a name
+of Lee et al.'s stage."""
 
 import ast
 import importlib
@@ -16,6 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("training", "pruning", "theory", "experiments")
 MAX_LINES, AIM_LINES, MAX_MODULES = 500, 400, 16
+# The modules allowed past MAX_LINES (up to LONG_LINES), each with why it stays one module: a
+# split would cut one job in two, or make a 20-40-line module only to meet the number. The page
+# lists the same ones ("## Module sizes"); keep the list short.
+LONG_LINES = 700
+LONG = {
+    "experiments/spec/study.py": "the Spec, its canonical form and its validation are one "
+                                 "contract: the spec hash; each table's parser already has "
+                                 "its own module",
+    "training/engine/loop.py": "the step loop, the call it takes and what it leaves (Call, "
+                               "Outcome): the stack's steps, evaluations and replay share the "
+                               "Runner and the stack",
+}
 BEGIN, END = "<!-- module sizes: generated -->", "<!-- end of module sizes -->"
 
 
@@ -50,9 +63,17 @@ def test_the_module_size_table_is_the_codes():
                                       "SPARSESCALE_WRITE_DOCS=1 to rewrite it")
 
 
-def test_no_module_is_over_500_lines():
-    over = {str(p.relative_to(ROOT)): lines(p) for p in modules() if lines(p) > MAX_LINES}
+def test_no_module_is_over_500_lines_but_those_listed():
+    over = {rel: n for rel, n in ((str(p.relative_to(ROOT)), lines(p)) for p in modules())
+            if n > (LONG_LINES if rel in LONG else MAX_LINES)}
     assert over == {}
+    assert all((ROOT / rel).exists() for rel in LONG), "a listed module is gone: unlist it"
+
+
+def test_the_page_lists_the_modules_allowed_past_500_lines():
+    text = PAGE.read_text(encoding="utf-8").split("## Module sizes", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([\w/]+\.py)`: ", text, re.MULTILINE)
+    assert listed == list(LONG), "docs/architecture.md, Module sizes: list LONG's modules"
 
 
 def test_no_folder_holds_more_than_16_modules():
@@ -80,7 +101,8 @@ def glossary() -> dict[str, str]:
 
 def test_each_term_is_defined_once():
     terms = glossary()
-    assert {"program", "kernel", "strategy", "cell", "stack", "chunk", "plan"} <= set(terms)
+    assert {"program", "kernel", "strategy", "cell", "stack", "chunk", "plan", "criterion",
+            "stage"} <= set(terms)
 
 
 def test_the_programs_are_the_registrys():
@@ -120,8 +142,10 @@ def names_in(path: Path) -> set[str]:
     return found
 
 
-# torch's own names, in which "kernel" is a convolution's window or an attention backend
-TORCH_NAMES = {"kernel_size", "sdpa_kernel"}
+# Python's and torch's own names, in which "kernel" is a convolution's window or an attention
+# backend, and "method" a kind of function or of process start
+TORCH_NAMES = {"kernel_size", "sdpa_kernel", "classmethod", "staticmethod", "init_method",
+               "start_method"}
 # the modules whose "kernel" names hold compiled code (its build, its module, its calls)
 COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.py",
             "training/extensions.py", "training/processes/setup.py",
@@ -130,16 +154,40 @@ COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.
             "theory/monitor/kernel.py", "theory/monitor/monitor.py", "experiments/run/runner.py"}
 
 
+# the modules whose "method" is an estimator's way of computing (the noise monitor's, the trace
+# estimator's, the bootstrap's resampling, numpy's quantile), never a pruning criterion
+ESTIMATORS = {"theory/monitor/capture.py", "theory/monitor/monitor.py",
+              "theory/monitor/readings.py", "theory/estimators/curvature.py",
+              "theory/models/scaling.py", "theory/verdicts/step_ratio.py"}
+
+
 @pytest.mark.parametrize("word, allowed", [
     ("kernel", COMPILED),
     ("plan", {str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.py")}),
+    ("method", ESTIMATORS),
 ])
 def test_a_word_names_its_concept_only(word, allowed):
-    """"kernel" names compiled code only; "plan" the study's plan only (experiments)."""
+    """"kernel" names compiled code only; "plan" the study's plan only (experiments); "method"
+    an estimator's way of computing only: a pruning criterion is a "criterion" everywhere."""
     stray = {}
     for path in modules():
         rel = str(path.relative_to(ROOT))
         names = {n for n in names_in(path) if word in n.lower() and n not in TORCH_NAMES}
         if names and rel not in allowed:
             stray[rel] = sorted(names)
+    assert stray == {}
+
+
+# a name saying "schedule" and one of Lee et al.'s stage's things: the stage is "stage"
+# ("schedule" names the lr, evaluation and batch-size schedules)
+STAGE_AS_SCHEDULE = re.compile(r"schedul\w*(probe|stage|lipschitz|row|quantit|measur|step)|"
+                               r"(probe|stage|lipschitz)\w*schedul", re.IGNORECASE)
+
+
+def test_lee_stage_is_named_stage():
+    stray = {}
+    for path in modules():
+        names = sorted(n for n in names_in(path) if STAGE_AS_SCHEDULE.search(n))
+        if names:
+            stray[str(path.relative_to(ROOT))] = names
     assert stray == {}

@@ -23,7 +23,7 @@ API = {
     "training": ["training.trials.train_trials", "training.config.RunConfig",
                  "training.models.registry.register", "training.data.registry.register",
                  "training.data.dataset.Dataset.from_tensors", "training.data.dataset.Dataset.from_torch"],
-    "pruning": ["pruning.methods.prune", "pruning.mask.Mask"],
+    "pruning": ["pruning.apply.prune", "pruning.mask.Mask"],
     "theory": ["theory.models.scaling.fit_scaling", "theory.estimators.noise.gradient_noise"],
     "experiments": ["experiments.run.runner.run_study", "experiments.store.results.load_results",
                     "experiments.spec.study.Spec", "experiments.report.write.write_report",

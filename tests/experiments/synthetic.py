@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from experiments.store.schema import GroupRecord, ProbeRow, ScheduleRow, StudyInfo, TrialRow
+from experiments.store.schema import GroupRecord, ProbeRow, StageRow, StudyInfo, TrialRow
 from experiments.spec.study import loads
 from experiments.store.database import open_store
 
@@ -95,7 +95,7 @@ STAGE_STEPS = (1000, 2000, 3000, 4000)
 
 
 def stage_rows(sparsity: float, value: float, seeds=(0,), check: float | None = None
-               ) -> list[ScheduleRow]:
+               ) -> list[StageRow]:
     """Schedule rows of one level (module constants), on a sample of 500 examples; ``check``:
     L on the whole split at the first point of the first run, this factor times its sample's."""
     rows = []
@@ -105,13 +105,13 @@ def stage_rows(sparsity: float, value: float, seeds=(0,), check: float | None = 
                 steps = STAGE_STEPS[:3] if (b, trial) == (8, 2) else STAGE_STEPS
                 for step in steps:
                     L = value * factor
-                    rows.append(ScheduleRow(sparsity, seed, b, trial, step, steps[-1],
+                    rows.append(StageRow(sparsity, seed, b, trial, step, steps[-1],
                                             "local_lipschitz", L, 500, 2.0))
-                    rows.append(ScheduleRow(sparsity, seed, b, trial, step, steps[-1], "g_sq",
+                    rows.append(StageRow(sparsity, seed, b, trial, step, steps[-1], "g_sq",
                                             1.0, 500, 2.0))
     if check is not None:
         first = rows[0]
-        rows.append(ScheduleRow(sparsity, first.seed, first.batch_size, first.trial, first.step,
+        rows.append(StageRow(sparsity, first.seed, first.batch_size, first.trial, first.step,
                                 first.horizon, "local_lipschitz_full", first.value * check,
                                 None, 2.0))
     return rows

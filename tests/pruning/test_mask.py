@@ -26,7 +26,7 @@ def masks(draw):
         bits = draw(st.lists(st.integers(0, 1), min_size=shape[0] * shape[1],
                              max_size=shape[0] * shape[1]))
         entries[name] = torch.tensor(bits, dtype=torch.float32).reshape(shape)
-    return Mask(entries, {"method": "test"})
+    return Mask(entries, {"criterion": "test"})
 
 
 @settings(max_examples=50, deadline=None)
@@ -150,6 +150,6 @@ def test_dense_mask_keeps_everything(small_mlp):
 def test_pickles_for_process_pools():
     import pickle
 
-    m = Mask({"w": torch.tensor([1.0, 0.0])}, {"method": "x"})
+    m = Mask({"w": torch.tensor([1.0, 0.0])}, {"criterion": "x"})
     back = pickle.loads(pickle.dumps(m))
     assert back == m and back.info == m.info

@@ -29,7 +29,7 @@ def scaled_train_fn(calls):
     return train
 
 
-@pytest.mark.parametrize("method", pruning.list_methods())
+@pytest.mark.parametrize("method", pruning.list_criteria())
 @pytest.mark.parametrize("scope", ["global", "layer", "even"])
 def test_exact_kept_counts(mnist1d, mlp, method, scope):
     n = sum(p.numel() for p in prunable_parameters(mlp).values())
@@ -37,7 +37,7 @@ def test_exact_kept_counts(mnist1d, mlp, method, scope):
     for s in LEVELS:
         mask = pruning.prune(mlp, method, s, dataset=mnist1d, scope=scope, rounds=None, **extra)
         assert mask.kept() == round(n * (1 - s)), (method, s)
-        assert mask.info["method"] == method and mask.info["sparsity"] == s
+        assert mask.info["criterion"] == method and mask.info["sparsity"] == s
         if scope == "layer":
             for k, p in prunable_parameters(mlp).items():
                 assert abs(mask.kept(k) - p.numel() * (1 - s)) < 1
@@ -167,7 +167,7 @@ def test_saved_prune_mask_keeps_its_recipe(tmp_path, teacher, small_mlp):
     mask = pruning.prune(small_mlp, "grasp", 0.9, dataset=teacher)
     back = Mask.load(mask.save(tmp_path / "grasp90"))
     assert back == mask
-    assert back.info == {"method": "grasp", "sparsity": 0.9, "scope": "global", "rounds": 1,
+    assert back.info == {"criterion": "grasp", "sparsity": 0.9, "scope": "global", "rounds": 1,
                          "seed": 0, "prune_biases": False, "input_shape": [20], "per_class": 25,
                          "temperature": 200.0, "data": "teacher", "keep": "highest"}
 
@@ -211,7 +211,7 @@ def test_every_criterion_prunes_models_with_state_randomness_attention_or_recurr
     derivative runs attention through the math backend."""
     from ..probe_models import build
 
-    for method in pruning.list_methods():
+    for method in pruning.list_criteria():
         net, ds = build(name)
         before = {k: v.clone() for k, v in net.state_dict().items()}
         rounds = {"rounds": 2} if method in ("imp", "synflow", "force", "iterative_snip") else {}

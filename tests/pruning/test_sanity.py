@@ -31,7 +31,7 @@ def test_transforms_keep_every_layer_count_and_move_positions(snip_masks, transf
         assert out.kept(k) == mask.kept(k) and out[k].shape == mask[k].shape
         moved = int(((out[k] > 0) & (mask[k] == 0)).sum())
         assert moved > 0, (k, sparsity)   # positions change in every (partly kept) layer
-    assert out.info["transform_seed"] == 3 and out.info["method"] == "snip"
+    assert out.info["transform_seed"] == 3 and out.info["criterion"] == "snip"
     assert out == transform(mask, seed=3)           # seeded
     assert out != transform(mask, seed=4)
 

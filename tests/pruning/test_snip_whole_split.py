@@ -91,8 +91,8 @@ def test_prune_levels_gives_prunes_masks_from_one_scoring(data, method, options)
 @pytest.mark.parametrize("kwargs, message", [
     ({"examples": "al"}, r"examples must be 'all' .* got 'al'"),
     ({"examples": "all", "method": "grasp"}, r"examples='all' applies to snip, iterative_snip, "
-                                             r"force; method 'grasp'"),
-    ({"examples": "all", "method": "magnitude"}, "method 'magnitude' scores no data"),
+                                             r"force; criterion 'grasp'"),
+    ({"examples": "all", "method": "magnitude"}, "criterion 'magnitude' scores no data"),
     ({"examples": "all", "per_class": 5}, "per_class and examples='all' exclude each other"),
     ({"colour": 1}, "unknown pruning option 'colour'"),
 ])

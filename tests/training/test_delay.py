@@ -294,13 +294,14 @@ def test_queue_reads_a_slot_without_a_copy_when_the_trials_agree():
     params = [torch.arange(6.0).view(2, 3)]
     q = DelayQueue.start(params, [Trial(lr=1, delay=2), Trial(lr=1, delay=2)], [0, 1])
     assert q.stale(params, 0)[0] is params[0]         # step 0: the weights themselves
-    q.push_([params[0] + 1], 0)
-    q.push_([params[0] + 2], 1)
+    q.slot(1)[0].copy_(params[0] + 1)                 # what updates 0 and 1 write
+    q.slot(2)[0].copy_(params[0] + 2)
     at = q.stale(params, 3)[0]                        # weights of step 1, a view of the ring
     assert at.data_ptr() == q.ring[0][1].data_ptr() and torch.equal(at, params[0] + 1)
+    assert q.slot(4)[0].data_ptr() == at.data_ptr()   # S = 3 slots: step 4 overwrites step 1
     mixed = DelayQueue.start(params, [Trial(lr=1, delay=1), Trial(lr=1, delay=2)], [0, 1])
-    mixed.push_([params[0] + 1], 0)
-    mixed.push_([params[0] + 2], 1)
+    mixed.slot(1)[0].copy_(params[0] + 1)
+    mixed.slot(2)[0].copy_(params[0] + 2)
     # step 2: trial 0 reads step 1, trial 1 step 0
     assert torch.equal(mixed.stale(params, 2)[0], torch.stack([params[0][0] + 1, params[0][1]]))
     assert DelayQueue.start(params, [Trial(lr=1), Trial(lr=1)], [0, 1]) is None

@@ -4,7 +4,7 @@
 Lee et al.'s released code (``namhoonlee/effect-dps-public``: ``edps/train.py``, ``check.py``,
 ``main.py``) logs L at every ``lipschitz_interval`` = 1,000 steps of each run until the goal (or
 the step budget) ends it, never at initialization. Their explanation: a sparser network needs
-more steps because its L is larger. The input here is the store's ``schedule_probes`` table
+more steps because its L is larger. The input here is the store's ``stage_probes`` table
 (columns ``sparsity, seed, batch_size, trial, step, quantity, value``): a *run* is one (seed,
 trial) of a (level, batch size); a *point* is a step k N of it.
 
@@ -345,3 +345,27 @@ def stage_verdicts(table: pd.DataFrame, curves: Sequence[MeasuredCurve],
                            f"L_s/L_d = {_fmt(ratio)}, measured {describe(steps)}; {why}",
                            STATISTIC))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class SampleCheck:
+    """L on its fixed sample against L on the whole split at one point (the same update):
+    ``gap`` = |log(sample / full)|, ``spread`` = the SD (n - 1) of log L over the runs of the
+    level and batch size at that step (NaN with fewer than two), ``agrees`` = gap <= spread
+    (None without a spread): the sample's error is within the run-to-run spread the study's
+    intervals already carry."""
+
+    gap: float
+    spread: float
+    agrees: bool | None
+
+
+def sample_check(sample: float, full: float, runs: Sequence[float]) -> SampleCheck:
+    """:class:`SampleCheck` of L = ``sample`` on the sample and ``full`` on the whole split,
+    with ``runs`` the sample's L of every run at that (level, batch size, step)."""
+    if not (sample > 0 and full > 0):
+        raise TheoryError(f"L must be positive, got sample {sample!r}, full {full!r}")
+    logs = np.log(np.asarray([v for v in runs if v > 0], dtype=float))
+    spread = float(logs.std(ddof=1)) if len(logs) > 1 else math.nan
+    gap = abs(math.log(sample / full))
+    return SampleCheck(gap, spread, None if math.isnan(spread) else gap <= spread)

@@ -56,24 +56,24 @@ class NoiseScale:
 
 
 def noise_points(probes: pd.DataFrame | None = None,
-                 schedule: pd.DataFrame | None = None) -> pd.DataFrame:
+                 stage: pd.DataFrame | None = None) -> pd.DataFrame:
     """:data:`NOISE_COLUMNS` from the early probes (``sparsity, seed, batch_size, step,
     fraction, quantity, value``) and the stage's (``... trial, step, horizon, quantity,
     value``); points where either quantity is missing or not finite are left out."""
     parts = []
-    for table, keys, stage in ((probes, ["seed", "batch_size"], False),
-                               (schedule, ["seed", "batch_size", "trial"], True)):
+    for table, keys, at_stage in ((probes, ["seed", "batch_size"], False),
+                                  (stage, ["seed", "batch_size", "trial"], True)):
         if table is None or not len(table):
             continue
         rows = table[table["quantity"].isin(["g_sq", "trace_sigma"])]
-        index = ["sparsity", *keys, "step"] + (["horizon"] if stage else ["fraction"])
+        index = ["sparsity", *keys, "step"] + (["horizon"] if at_stage else ["fraction"])
         wide = rows.pivot_table(index=index, columns="quantity", values="value",
                                 aggfunc="first").reset_index()
         if not {"g_sq", "trace_sigma"} <= set(wide.columns):
             continue
-        if stage:
+        if at_stage:
             wide["fraction"] = wide["step"] / wide["horizon"].clip(lower=1)
-        prefix = "stage" if stage else "probes"
+        prefix = "stage" if at_stage else "probes"
         wide["run"] = [f"{prefix}:" + "/".join(str(int(x)) for x in r)
                        for r in wide[keys].itertuples(index=False)]
         parts.append(wide[list(NOISE_COLUMNS)])

@@ -3,7 +3,7 @@
 Noise and smoothness change along training (B_simple grows as the loss falls, McCandlish et al.
 2018, sec. 3; Lee et al. 2021 track L every 1000 steps of the run), so a probe must cover the
 whole run, not its first steps: :func:`probe_steps` spaces K points evenly over [0, H], H the
-run's steps-to-result; :func:`schedule_steps` gives Lee et al.'s own schedule instead, every N
+run's steps-to-result; :func:`stage_steps` gives the steps of Lee et al.'s stage instead, every N
 steps of the run (N, 2N, ... up to H; never step 0). The batch sizes should span the fitted
 regimes: :func:`probe_batch_sizes`
 picks, by default, the smallest batch size that reached the goal, the one nearest the fitted
@@ -35,7 +35,7 @@ def probe_steps(horizon: int, points: int = DEFAULT_POINTS) -> tuple[int, ...]:
     return tuple(sorted({int(s) for s in np.rint(np.linspace(0, horizon, points))}))
 
 
-def schedule_steps(horizon: int, every: int, start: int | None = None) -> tuple[int, ...]:
+def stage_steps(horizon: int, every: int, start: int | None = None) -> tuple[int, ...]:
     """The steps k ``every`` >= ``start`` (default ``every``) for k = 1, 2, ... up to
     ``horizon`` (H, the run's goal step or budget), where Lee et al. (2021) measure L: their
     ``edps/train.py`` logs it at iteration k ``lipschitz_interval`` (default 1,000) while the

@@ -20,7 +20,7 @@ the split, :mod:`theory.estimators.sampling`):
 Rows are long-format, with the columns of :data:`theory.verdicts.summaries.PROBE_COLUMNS`; ``fraction`` =
 t / ``horizon`` (H, the run's steps-to-result).
 
-Lee et al.'s own schedule (``theory.schedule_steps``: every N steps from N on) asks for two
+Lee et al.'s own schedule (``theory.stage_steps``: every N steps from N on) asks for two
 options. ``lipschitz_update="into"``: L of the update that ENDS at t, from w_{t-1} to w_t, as
 their ``edps/train.py`` logs it at iteration t (it keeps w_{t-1} and its gradient one step
 before, when ``(itr+1) % lipschitz_interval == lipschitz_interval - 1``, and measures after

@@ -9,11 +9,12 @@ step loops alone (:class:`training.bench.measure.StepTimer`), with the trials of
 ``delay=tau, delay_kind=kind``. A round's *cost* is the undelayed trial-steps/s over the
 delayed ones (1.00: free); the table gives the median round's (lower median) and the range.
 
-What a delayed step adds (:class:`training.delay.DelayQueue`): one copy of the weights into the
-ring after each update, a gather of the past weights where the trials of a stack read different
-steps (``uniform``), and, for the programs that update inside their step (``fused``,
-``per_trial`` on the CPU), the loop's stacked update after the program's gradients instead of
-the update fused into the step, one step a call.
+What a delayed step adds (:class:`training.delay.DelayQueue`): a gather of the past weights
+where the trials of a stack read different steps (``uniform``; else the gradient reads a view
+of the ring); on the eager programs nothing more, the update writing its new weights straight
+into the ring; on the compiled kernel (``fused``) a copy of each trial's updated weights into
+the ring, in cache; for ``per_trial`` on the CPU, which updates inside its step, the loop's
+stacked update after the program's gradients instead, one step a call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The in-memory data set every trainer, probe and pruning method takes, and how to make one.
+"""The in-memory data set every trainer, probe and pruning criterion takes, and how to make one.
 
 A :class:`Dataset` holds a training and a validation split (and a test split when asked) as
 tensors; the trainers index mini-batches from them directly (no DataLoader). Three ways in:

@@ -2,8 +2,8 @@
 and stepped together.
 
 - :mod:`training.engine.loop`: the step loop: the cell's strategy, the stacks of trials and their
-  steps from one evaluation to the next, the replay of a hit; :mod:`training.engine.outcome`:
-  what the call leaves.
+  steps from one evaluation to the next, the replay of a hit, and the call it takes and what it
+  leaves of it (``Call``, ``Outcome``).
 - :mod:`training.engine.strategy`: the rules that choose, for a (model, batch size) cell, which
   program computes a stack's step, how many trials share a stack, how many examples a chunk
   holds; :mod:`training.engine.choice`: the measured choice where no rule covers the cell.

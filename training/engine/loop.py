@@ -1,8 +1,8 @@
 """The step loop of :func:`training.train_trials`: a group's trials, stacked, from their first
 update to the last evaluation.
 
-:func:`run` takes the checked call and returns its
-:class:`~training.engine.outcome.Outcome`:
+:func:`run` takes the checked call (:class:`Call`, passed whole) and returns its
+:class:`Outcome`, the plain data :func:`training.train_trials` makes its result of:
 
 1. **Strategy** (:func:`strategy`): the cell's program, trials per stack and examples per
    chunk, by the strategy's rules (:mod:`training.engine.strategy`) or measured among its
@@ -24,7 +24,7 @@ update to the last evaluation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -36,10 +36,10 @@ from training.data.dataset import Dataset
 from training.engine import choice
 from training.engine.programs.base import Cell, Program
 from training.engine.programs.common import stacked_loss_and_grad
-from training.engine.outcome import Outcome, Rows
 from training.engine.resume import DataOrigin, end_state, load_stack
 from training.engine.stack import TrialStack, make_stacks
 from training.engine.strategy import Strategy, cell
+from training.engine.watch import Watch, watched_steps
 from training.goal import Goal, goal_metric, metric_value
 from training.schedules.order import epoch_permutation
 from training.state import TrainState
@@ -54,6 +54,55 @@ GATHER_BUDGET = 64 << 20
 # at once (training.engine.programs.fused.FusedProgram.train_steps): 32 trials at B = 4096 take
 # 1 MB a step, so such a call covers 16 steps; at B = 64, up to 1,024.
 INDEX_BUDGET = 16 << 20
+# Curve rows of one trial: (step, mean training loss since the last evaluation, goal metric).
+Rows = list[tuple[int, float, float]]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of :func:`training.train_trials` (or :func:`training.choose_program`) as it
+    checked it: beyond the model, the data set and the run, everything the loop reads (the
+    trainer's docstring says what each is). ``random``: whether the model draws random numbers
+    (``training.randomness.draws``); ``program`` and ``setting``: how the cell's program is
+    chosen (:func:`training.engine.choice.strategy`)."""
+
+    trials: list[Trial]
+    batch_size: int
+    masks: dict[str, Tensor]
+    goal: Goal | None
+    first_index: int
+    random: bool
+    start: TrainState | None = None
+    data_seeds: list[int] | None = None
+    init_params: dict[str, Tensor] = field(default_factory=dict)
+    trials_per_stack: int | None = None
+    return_state: bool = False
+    step_timer: contextlib.AbstractContextManager | None = None
+    program: str | None = None
+    setting: str | None = None
+    watch: Watch | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the loop leaves of one call, per trial i: its curve ``rows[i]``, the exact step it
+    first met the goal ``hit[i]`` (or None), the update it diverged at ``diverged[i]`` (or None),
+    the updates it took ``taken[i]``, and its final parameters ``names``, then module buffers
+    ``buffer_names`` (where the program kept them), ``final[i]``; ``steps_run``, the steps the
+    group ran; the cell's ``strategy``; with ``return_state``, the state after ``steps_run``
+    updates of the trials ``end_trials``."""
+
+    names: list[str]
+    buffer_names: list[str]
+    rows: list[Rows]
+    hit: list[int | None]
+    diverged: list[int | None]
+    taken: list[int]
+    final: dict[int, list[Tensor]]
+    steps_run: int
+    strategy: Strategy
+    end_state: TrainState | None = None
+    end_trials: tuple[int, ...] = ()
 
 
 @dataclass
@@ -189,10 +238,17 @@ class Runner:
             loss = loss[sel]
             grads = None if grads is None else [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
-        if grads is not None:
-            st.update(self.optimizer, step).apply_(st.params, grads)
-            if st.delay is not None:   # (a program that takes delays kept the weights itself)
-                st.delay.push_(st.params, step)
+        if grads is None:
+            return st, dropped
+        update = st.update(self.optimizer, step)
+        if st.delay is None:
+            update.apply_(st.params, grads)
+        else:   # the new weights straight into the queue's next slot, the stack's weights
+            # views of it from now on: no copy into the queue (a program that takes delays
+            # keeps the weights itself)
+            kept = st.delay.slot(step + 1)
+            update.apply_(st.params, grads, kept)
+            st.params[:] = kept
         return st, dropped
 
     @torch.no_grad()
@@ -213,26 +269,18 @@ class Runner:
         return total / self.x_val.shape[0]
 
 
-def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig, *,
-        masks: dict[str, Tensor], goal: Goal | None, batch_size: int,
-        trials_per_stack: int | None, first_index: int, start: TrainState | None,
-        data_seeds: list[int] | None, random: bool, return_state: bool,
-        step_timer: contextlib.AbstractContextManager | None,
-        init_params: Mapping[str, Tensor] | None = None, program: str | None = None,
-        setting: str | None = None) -> Outcome:
-    """Train ``trials`` of ``model`` together, as :func:`training.train_trials` checked them
-    (its docstring says what each argument is); see the module docstring. ``program`` and
-    ``setting``: how the cell's program is chosen (:func:`training.engine.choice.strategy`)."""
+def run(model: nn.Module, dataset: Dataset, run: RunConfig, call: Call) -> Outcome:
+    """Train the trials of ``call`` (:func:`training.train_trials`'s, checked) of ``model``
+    together; see the module docstring."""
+    start, goal, trials = call.start, call.goal, call.trials
     origin = DataOrigin.of(start)
-    runner = _runner(dataset, run, goal, batch_size, origin, step_timer)
-    chosen = strategy(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
-                           run.dtype, run.device, run.optimizer, dataset.loss, random,
-                           run.precision),
-                      trials, run, masks, first_index, runner, program, setting)
+    runner = _runner(dataset, run, call, origin)
+    chosen = strategy_for(model, dataset, run, call, runner)
     runner.program, runner.update_in_step = chosen.program, chosen.update_in_step
-    stacks = make_stacks(model, trials, masks, run.seed, first_index, run.optimizer,
-                         trials_per_stack or chosen.trials_per_stack, run.device, run.dtype,
-                         chosen.program.takes_module_state, random, init_params, data_seeds)
+    stacks = make_stacks(model, trials, call.masks, run.seed, call.first_index, run.optimizer,
+                         call.trials_per_stack or chosen.trials_per_stack, run.device,
+                         run.dtype, chosen.program.takes_module_state, call.random,
+                         call.init_params, call.data_seeds)
     names = [name for name, _ in model.named_parameters()]
     buffer_names = [name for name, _ in model.named_buffers()]
     for st in stacks:
@@ -271,7 +319,8 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
         stop_now = False
         for k, st in enumerate(stacks):
             # stack after stack, so that only one stack's replay snapshot is alive at a time
-            st, dropped, met, hits = advance(runner, st, prev, e, goal, record)
+            st, dropped, met, hits = advance(runner, st, prev, e, goal, record,
+                                             call.watch, names, buffer_names)
             stacks[k] = st
             for s, i, p in dropped:
                 diverged[i], final[i], taken[i] = s, p, s
@@ -293,52 +342,51 @@ def run(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig,
     for st in stacks:
         for r in range(len(st.ids)):
             finish(st, r, steps_run, copy=False)
-        if not return_state:  # nor are the optimizer states needed: free them before that copy
+        if not call.return_state:  # nor are the optimizer states: free them before that copy
             st.bufs = st.adam = None
     outcome = Outcome(names, buffer_names, rows, hit, diverged, taken, final, steps_run,
                       chosen)
-    if not return_state:
+    if not call.return_state:
         return outcome
-    state, ids = end_state(stacks, names, steps_run, origin, batch_size, dataset.n_train,
+    state, ids = end_state(stacks, names, steps_run, origin, call.batch_size, dataset.n_train,
                            buffer_names)
     return replace(outcome, end_state=state, end_trials=ids)
 
 
-def _runner(dataset: Dataset, run: RunConfig, goal: Goal | None, batch_size: int,
-            origin: DataOrigin, step_timer: contextlib.AbstractContextManager | None) -> Runner:
+def _runner(dataset: Dataset, run: RunConfig, call: Call, origin: DataOrigin) -> Runner:
     """The runner of a call, its program not chosen yet: the data set on the run's device."""
     data = dataset.to(run.device, run.dtype)
     return Runner(None, False, data.x_train, data.y_train, data.x_val, data.y_val, dataset.task,
-                  goal_metric(goal, dataset.task), batch_size, run.optimizer, run.dtype, origin,
-                  dataset.loss, step_timer or contextlib.nullcontext())
+                  goal_metric(call.goal, dataset.task), call.batch_size, run.optimizer,
+                  run.dtype, origin, dataset.loss, call.step_timer or contextlib.nullcontext())
 
 
-def strategy_for(model: nn.Module, dataset: Dataset, trials: list[Trial], run: RunConfig, *,
-                 masks: dict[str, Tensor], batch_size: int, first_index: int, random: bool,
-                 program: str | None = None, setting: str | None = None) -> Strategy:
-    """The strategy :func:`run` would train these (checked) arguments with, without training
-    (``training.choose_program``)."""
-    runner = _runner(dataset, run, None, batch_size, DataOrigin(), None)
-    return strategy(cell(model, dataset.task, dataset.input_shape, batch_size, len(trials),
-                         run.dtype, run.device, run.optimizer, dataset.loss, random,
-                         run.precision),
-                    trials, run, masks, first_index, runner, program, setting)
+def strategy_for(model: nn.Module, dataset: Dataset, run: RunConfig, call: Call,
+                 runner: Runner | None = None) -> Strategy:
+    """The strategy :func:`run` trains ``call`` with (``runner``: the call's, else one made
+    here), which ``training.choose_program`` asks for without training: that of the call's
+    cell (:func:`training.engine.strategy.cell`), by :func:`strategy`."""
+    if runner is None:
+        runner = _runner(dataset, run, call, DataOrigin())
+    c = cell(model, dataset.task, dataset.input_shape, call.batch_size, len(call.trials),
+             run.dtype, run.device, run.optimizer, dataset.loss, call.random, run.precision)
+    return strategy(c, run, call, runner)
 
 
-def strategy(c: Cell, trials: list[Trial], run: RunConfig, masks: dict[str, Tensor],
-             first_index: int, runner: Runner, program: str | None = None,
-             setting: str | None = None) -> Strategy:
-    """The strategy of cell ``c`` (:func:`training.engine.choice.strategy`): ``program``'s if
-    it names one, else the rules' where they cover it, or the fastest candidate, each timed by
-    this loop's own step on a scratch stack."""
+def strategy(c: Cell, run: RunConfig, call: Call, runner: Runner) -> Strategy:
+    """The strategy of cell ``c`` (:func:`training.engine.choice.strategy`): ``call.program``'s
+    if it names one, else the rules' where they cover it (under ``call.setting``), or the
+    fastest candidate, each timed by this loop's own step on a scratch stack."""
+    trials = call.trials
 
     def time_step(candidate: Strategy) -> Callable[[], int]:
         # a scratch stack: new tensors made from the model, as the real ones are, with the
         # real trials' metaparameters and masks; the step counter is the scratch stack's own
         program = candidate.program
         k = max(1, min(len(trials), program.timed_trials(candidate.trials_per_stack)))
-        st = make_stacks(c.model, trials[:k], masks, run.seed, first_index, run.optimizer, k,
-                         run.device, run.dtype, program.takes_module_state, c.random)[0]
+        st = make_stacks(c.model, trials[:k], call.masks, run.seed, call.first_index,
+                         run.optimizer, k, run.device, run.dtype, program.takes_module_state,
+                         c.random)[0]
         st.init_loss = torch.full_like(st.init_loss, float("inf"))  # no trial "diverges"
         scratch = replace(runner, program=program, update_in_step=candidate.update_in_step)
         # from the run's own first update: a run resumed from a state reads its data order
@@ -353,19 +401,22 @@ def strategy(c: Cell, trials: list[Trial], run: RunConfig, masks: dict[str, Tens
 
         return step
 
-    return choice.strategy(c, time_step, program, setting)
+    return choice.strategy(c, time_step, call.program, call.setting)
 
 
-def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record
-             ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
-                        dict[int, int]]:
+def advance(runner: Runner, st: TrialStack, start: int, end: int, goal: Goal | None, record,
+            watch: Watch | None = None, names: Sequence[str] = (),
+            buffer_names: Sequence[str] = ()
+            ) -> tuple[TrialStack, list[tuple[int, int, list[Tensor]]], list[int],
+                       dict[int, int]]:
     """Run ``st`` from step ``start`` to the evaluation at ``end`` and evaluate it: the stack,
     its diverged trials as (step, id, parameters), the positions of its trials meeting the goal
     and their exact hit steps (:func:`replay`). The replay's snapshot (not needed for a one-step
-    interval, nor without a goal) is freed on return, so one stack's copy is alive at a time."""
+    interval, nor without a goal) is freed on return, so one stack's copy is alive at a time.
+    ``watch``: called at its steps in (start, end] with the weights ``names`` and
+    ``buffer_names`` (:func:`training.engine.watch.watched_steps`)."""
     snapshot = st.clone() if end - start > 1 and goal is not None else None
-    with runner.step_timer:
-        st, dropped_all = runner.steps(st, start, end)
+    st, dropped_all = watched_steps(runner, st, start, end, watch, names, buffer_names)
     met = record(st, end, end - start) if st.ids else []
     hits = replay(runner, snapshot, [st.ids[r] for r in met], start, end, goal) if met else {}
     return st, dropped_all, met, hits

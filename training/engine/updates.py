@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.engine.adam import AdamState, per_trial
+from training.engine.adam import AdamState, add_product, per_trial
 from training.config import OPTIMIZERS
 from training.masks import mask_
 
@@ -71,17 +71,21 @@ class StackUpdate:
             take(self.bufs), None if self.adam is None else self.adam.rows(rows))
 
     @torch.no_grad()
-    def apply_(self, params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
-        """Update the stacked ``params`` in place with their ``grads`` (overwritten)."""
+    def apply_(self, params: Sequence[Tensor], grads: Sequence[Tensor],
+               out: Sequence[Tensor] | None = None) -> None:
+        """Update the stacked ``params`` in place with their ``grads`` (overwritten); given
+        ``out`` (tensors shaped as ``params``, not overlapping them), write the updated weights
+        there instead and leave ``params`` as they were: a delayed stack writes them into its
+        queue's next slot (:mod:`training.delay`). The optimizer state is updated in place."""
         params, grads = list(params), list(grads)
         mask_(grads, self.masks)
         if self.adam is not None:
-            self.adam.step(params, grads, self.lr, self.step)
+            self.adam.step(params, grads, self.lr, self.step, out)
             return
         neg_lr = self.neg_lr(params[0].dtype)
         steps = [per_trial(neg_lr, p) for p in params]
         if self.bufs is None:
-            torch._foreach_addcmul_(params, grads, steps)
+            add_product(params, grads, steps, out)
             return
         bufs = list(self.bufs)
         mus = [per_trial(self.mu, p) for p in params]
@@ -89,9 +93,9 @@ class StackUpdate:
         torch._foreach_add_(bufs, grads)
         if self.optimizer == "nesterov":
             torch._foreach_addcmul_(grads, bufs, mus)
-            torch._foreach_addcmul_(params, grads, steps)
+            add_product(params, grads, steps, out)
         else:
-            torch._foreach_addcmul_(params, bufs, steps)
+            add_product(params, bufs, steps, out)
 
     @torch.no_grad()
     def apply_trial_(self, kernel, i: int, params: Sequence[Tensor],

@@ -18,6 +18,9 @@ the rule of each layer kind.
 - ``lee_cnn``: Lee et al. (2021)'s "Simple-CNN", from their released code: 5x5 conv 32 (no
   padding) -> ReLU -> 2x2 max pool -> 5x5 conv 64 (no padding) -> ReLU -> 2x2 max pool -> flatten
   -> Linear; 62,346 weights on 28x28x1 with 10 classes (Linear 1024 -> 10). Images only.
+  ``bias=False``: the same layers without biases (62,240 weights), the dense network of the
+  bias control (issue 47): under ``init="lee"`` its weights are the biased network's of the
+  same seed, as Lee's initialization draws no bias.
 - ``resnet8``: ResNet-8 without batch norm (Lee et al. 2021; Shallue et al. 2019): 3x3 conv 16,
   three stages of one basic block (16, 32, 64 channels, stride 1, 2, 2, 1x1 projection shortcuts
   where the shape changes), global average pool, Linear. Images only.
@@ -127,17 +130,20 @@ def simple_cnn(dataset: Dataset, width: str = "base") -> nn.Module:
 
 
 @register("lee_cnn")
-def lee_cnn(dataset: Dataset) -> nn.Module:
+def lee_cnn(dataset: Dataset, bias: bool = True) -> nn.Module:
     """Lee et al. (2021)'s Simple-CNN: two unpadded 5x5 convs (32, 64) each with ReLU and a 2x2
-    max pool, then one Linear layer (no hidden dense layer, unlike Shallue's ``simple_cnn``)."""
+    max pool, then one Linear layer (no hidden dense layer, unlike Shallue's ``simple_cnn``);
+    ``bias=False``: every layer without its bias (the bias control of Lee's stage)."""
+    if not isinstance(bias, bool):
+        raise ModelError(f"lee_cnn: bias must be true or false, got {bias!r}")
     c, h, w = _image_shape("lee_cnn", dataset)
     oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
     if oh < 1 or ow < 1:
         raise ModelError(f"lee_cnn needs images of at least 16x16, got {h}x{w}")
     return _head([
-        nn.Conv2d(c, 32, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
-        nn.Flatten(), nn.Linear(64 * oh * ow, output_size(dataset)),
+        nn.Conv2d(c, 32, 5, bias=bias), nn.ReLU(), nn.MaxPool2d(2, 2),
+        nn.Conv2d(32, 64, 5, bias=bias), nn.ReLU(), nn.MaxPool2d(2, 2),
+        nn.Flatten(), nn.Linear(64 * oh * ow, output_size(dataset), bias=bias),
     ], dataset)
 
 

@@ -1,7 +1,7 @@
 """The theory probes as a measurement: noise and smoothness along the best runs, per level,
 seed and batch size, and L at Lee et al.'s stage (spec: the ``[probes]`` table,
 :mod:`experiments.spec.tables.probes`). Its tasks are :mod:`experiments.run.probes`'s; its
-tables (``probes``, ``schedule_probes``) are still defined with the core ones
+tables (``probes``, ``stage_probes``) are still defined with the core ones
 (:mod:`experiments.store.schema`), and the report's Theory vs measurement section reads them
 (:mod:`experiments.report.theory_view`, :mod:`experiments.report.lee_stage_view`): the last
 kind to move into its folder."""

@@ -3,7 +3,7 @@ cost of sparsity? (Frankle et al. 2021; Su et al. 2020.)
 
 A study with ``[pruning] sanity = [...]`` stores one run per series (``experiments.spec.series``). For
 every sanity series and sparsity level this module sets its measured curve beside its criterion's
-(same method, same optimizer, no sanity check): the steps ratio at every batch size where both
+(same criterion, same optimizer, no sanity check): the steps ratio at every batch size where both
 reached the goal (median, min, max), both fitted B_crit with their intervals, and each series'
 steps over the dense network's. Shuffled, matched-random and reinitialized masks keep the
 criterion's layer densities (:data:`DENSITY_PRESERVING`); inverted scores do not.
@@ -53,12 +53,12 @@ def same_cost(ratio: float) -> bool:
 
 
 def _criterion(run: Run, runs: RunSet) -> Run | None:
-    """The run of ``run``'s criterion (same method and optimizer, no sanity check), if ``run``
+    """The run of ``run``'s criterion (same criterion and optimizer, no sanity check), if ``run``
     is a sanity series and its criterion is among the runs."""
     if not run.spec.pruning_sanity:
         return None
     return next((r for r in runs.runs if r.optimizer == run.optimizer
-                 and not r.spec.pruning_sanity and r.spec.pruning_method == run.spec.pruning_method),
+                 and not r.spec.pruning_sanity and r.spec.pruning_criterion == run.spec.pruning_criterion),
                 None)
 
 

@@ -10,6 +10,8 @@
 - :mod:`~experiments.spec.tables.eval`: ``[eval]``.
 - :mod:`~experiments.spec.tables.probes`: ``[probes]`` (L at Lee et al.'s stage included).
 - :mod:`~experiments.spec.tables.branching`: ``[branching]``.
+- :mod:`~experiments.spec.tables.stopping`: ``[stopping]`` (the pre-declared stopping rule).
+- :mod:`~experiments.spec.tables.tuning`: ``[tuning]`` (search, then repeat the best point).
 - :mod:`~experiments.spec.tables.executor`: ``[executor]``.
 - :mod:`~experiments.spec.tables.measures`: the top-level ``measures`` key (the user's own
   measurements, by import path).

@@ -8,9 +8,11 @@ In ``[probes]`` (all optional; without ``lipschitz_every`` nothing here is measu
 
     lipschitz_every = 1000        # N: L and the gradient noise at steps N, 2N, ... up to the run's end
     lipschitz_start = 1000        # ... from this step on (default N; Lee's stage starts at 1,000)
+    lipschitz_until = 5750        # ... up to this step in every run, whatever its goal
     lipschitz_examples = 8000     # L's gradients on a fixed sample, along [0, H] too (default: the split)
     lipschitz_trials = 3          # runs probed per probed group (reached first, fewest steps)
     lipschitz_check = [0.0]       # levels whose first run also measures L on the whole split
+    lipschitz_in_run = true       # L taken inside the training runs, not by a replay of them
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``, ``edps/train.py``) measures L inside
 each run at every multiple of ``lipschitz_interval`` (default 1,000, ``edps/main.py``) until the
@@ -19,9 +21,20 @@ goal or the step budget (``train_iterations``) ends the run, on the whole traini
 (``theory.probe_trajectory``) and measured at the same steps; ``lipschitz_examples`` is a stated reduction, and ``lipschitz_check`` measures its effect
 against the whole split at the first point of one run per listed level.
 
+``lipschitz_in_run = true`` takes L at the same steps inside the training runs
+(:mod:`experiments.run.lipschitz_inside`: the trainer hands each update's weights to the
+measurement, no replay): every trial that did not diverge is measured at the probed batch sizes
+(explicit ones, ``"smallest"`` or ``"largest"``: the trainer cannot wait for the fitted
+``"b_crit"``), so ``lipschitz_trials`` is not used; with a sample, the whole-split check runs at
+every level (``lipschitz_check`` defaults to, and must list, all of them). The noise at Lee's
+stage is then not measured (the replay measured it beside L).
+
 ``lipschitz_examples`` applies to every L of the study (along [0, H] too), so it may be set
 alone; the others need ``lipschitz_every``. ``lipschitz_start`` skips the points before it
-(a dense schedule, N = 250, need not pay for points before Lee's stage). Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
+(a dense schedule, N = 250, need not pay for points before Lee's stage). ``lipschitz_until``
+measures every probed run over the same window, the replay continuing past the run's goal (or
+its budget): Lee's code stops at the goal, so a level that meets it early gets few points;
+a fixed window gives every run of every level the same points (issue 47's decisive study). Every key enters the spec's canonical JSON (hence its hash) only when it is set, so the hashes
 of studies without them do not move.
 """
 
@@ -39,7 +52,8 @@ from experiments.spec.checks import Checker
 # the Probes fields this module owns, with their defaults (omitted from the canonical JSON)
 LIPSCHITZ_DEFAULTS: dict[str, Any] = {"lipschitz_every": None, "lipschitz_start": None,
                                       "lipschitz_examples": None, "lipschitz_trials": 1,
-                                      "lipschitz_check": ()}
+                                      "lipschitz_check": (), "lipschitz_in_run": False,
+                                      "lipschitz_until": None}
 
 
 def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
@@ -50,12 +64,17 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     every = table.get("lipschitz_every")
     if every is not None:
         out["lipschitz_every"] = ck.integer(every, "probes.lipschitz_every", 1)
-    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check"):
+    for key in ("lipschitz_start", "lipschitz_trials", "lipschitz_check", "lipschitz_in_run",
+                "lipschitz_until"):
         if key in table and every is None:
             ck.add(f"probes.{key}", "only used with probes.lipschitz_every; allowed: set "
                                     "lipschitz_every = N (steps between L's points) or remove it")
     if "lipschitz_start" in table and every is not None:
         out["lipschitz_start"] = ck.integer(table["lipschitz_start"], "probes.lipschitz_start", 1)
+    if "lipschitz_until" in table and every is not None:
+        first = out["lipschitz_start"] or out["lipschitz_every"] or 1
+        out["lipschitz_until"] = ck.integer(table["lipschitz_until"], "probes.lipschitz_until",
+                                            first)
     if "lipschitz_examples" in table:
         out["lipschitz_examples"] = ck.integer(table["lipschitz_examples"],
                                                "probes.lipschitz_examples", 2)
@@ -71,6 +90,38 @@ def lipschitz_keys(ck: Checker, table: Mapping[str, Any], sparsities: tuple[floa
     if "lipschitz_check" in table:
         out["lipschitz_check"] = _check_levels(ck, table["lipschitz_check"], sparsities,
                                                "lipschitz_examples" in table)
+    if every is not None and "lipschitz_in_run" in table:
+        out |= _in_run(ck, table, sparsities, out["lipschitz_check"])
+    return out
+
+
+def _in_run(ck: Checker, table: Mapping[str, Any], sparsities: tuple[float, ...] | None,
+            check: tuple[float, ...]) -> dict[str, Any]:
+    """``lipschitz_in_run`` and what it changes (module docstring): the check at every level
+    with a sample; no ``lipschitz_trials``, no ``"b_crit"`` batch size."""
+    path = "probes.lipschitz_in_run"
+    value = table["lipschitz_in_run"]
+    if not isinstance(value, bool):
+        ck.add(path, f"found {value!r}; allowed: true or false")
+        return {}
+    if not value:
+        return {}
+    if "lipschitz_trials" in table:
+        ck.add("probes.lipschitz_trials", "not used with lipschitz_in_run = true (every run of "
+                                          "the probed groups is measured); allowed: remove it")
+    if "b_crit" in table.get("batch_sizes", ("b_crit",)):
+        ck.add("probes.batch_sizes", "\"b_crit\" is known only once the sweep is trained, and "
+                                     "lipschitz_in_run measures L while it trains; allowed: "
+                                     "\"smallest\", \"largest\" or batch sizes")
+    out: dict[str, Any] = {"lipschitz_in_run": True}
+    if "lipschitz_examples" in table and sparsities is not None:
+        missing = [s for s in sparsities if "lipschitz_check" in table and s not in check]
+        if missing:
+            ck.add("probes.lipschitz_check", f"lacks {', '.join(f'{s:g}' for s in missing)}: "
+                                             "with lipschitz_in_run the whole-split check runs "
+                                             "at every level; allowed: every sparsity, or "
+                                             "remove the key (its default then)")
+        out["lipschitz_check"] = tuple(sorted(sparsities))
     return out
 
 
@@ -125,6 +176,16 @@ class Probes:
     lipschitz_examples: int | None = None
     lipschitz_trials: int = 1
     lipschitz_check: tuple[float, ...] = ()
+    lipschitz_in_run: bool = False
+    lipschitz_until: int | None = None
+
+    def pairs_per_seed(self, trials: int | None) -> int | None:
+        """The runs a seed gives at Lee's stage (each paired across levels): the probed
+        ``lipschitz_trials``, or inside the run every one of the ``trials``; None without
+        the stage."""
+        if not self.lipschitz_every:
+            return None
+        return trials if self.lipschitz_in_run else self.lipschitz_trials
 
     def canonical(self) -> dict[str, Any]:
         """JSON-able form (the spec hash): the lipschitz keys only when set, so the hashes of

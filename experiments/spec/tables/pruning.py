@@ -1,20 +1,36 @@
 """The ``[pruning]`` table: its keys and their parser.
 
-``method`` names the pruning criterion of every sparse level: a name from the pruning registry
-(``pruning.list_methods()``: the built-in criteria and those a ``pruning.register`` made), or
+``criterion`` names the pruning criterion of every sparse level: a name from the pruning registry
+(``pruning.list_criteria()``: the built-in criteria and those a ``pruning.register`` made), or
 the import path of a score function, ``"package.module:function"``, in a module of the user's
 (found as a ``[workload]`` factory is: on ``sys.path``, else in the spec's folder; see
 :mod:`experiments.spec.factories`). Such a module's file is digested, and its digest enters the
-spec hash (``pruning.method_digest``), so editing the criterion makes a new study. A list of
-methods, and ``sanity`` checks, make one series each (:mod:`experiments.spec.series`).
+spec hash (``pruning.method_digest`` in the canonical JSON), so editing the criterion makes a new
+study. A list of criteria, and ``sanity`` checks, make one series each
+(:mod:`experiments.spec.series`).
+
+``method``, the key's name before 2026-12, is still read, with a ``DeprecationWarning`` naming
+``criterion``; a table giving both is refused. The canonical JSON, hence every spec hash and
+group key, keeps the old names (``pruning.method``, ``pruning.method_digest``: :data:`HASHED`),
+so a study keeps its hash whichever name its TOML uses.
 
 How a mask is made: Lee et al. (2021)'s protocol as keys (:class:`PruningOptions`)::
 
     [pruning]
-    method = "snip"
+    criterion = "snip"
     examples = "all"          # SNIP on the whole training split, in chunks of 100
     prune_biases = true       # biases are scored and pruned too
     mask_per_trial = true     # every trial its own initialization and its own mask
+    bias_controls = ["no_bias", "dense_biases"]   # the controls of "biases removed"
+
+SNIP with biases prunes every bias at every sparse level under Lee's initialization (biases
+start at zero, so their saliency |g w| is zero): the dense network has biases and every sparse
+one has none. ``bias_controls`` separates "weights pruned" from "biases removed" with extra
+series, each a sub-study of its own (:func:`experiments.spec.series.control_variants`):
+``no_bias``, the dense network built without biases (``model_options = {bias = false}``: the
+model must take that option, as ``lee_cnn`` does); ``dense_biases``, every sparse level with
+``prune_biases = false``. It needs ``prune_biases = true`` and the dense level, and one
+optimizer and one pruning series.
 
 Lee et al.'s released code (``namhoonlee/effect-dps-public``): ``edps/prune.py`` sums SNIP's
 saliency over the whole training split in batches of 100; ``edps/model.py`` scores (and masks)
@@ -37,6 +53,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from training.errors import deprecated
+
 import pruning
 from pruning.registry import EXAMPLES
 
@@ -45,57 +63,88 @@ from experiments.spec.factories import FactoryError, is_path, resolve, split
 from experiments.spec.series import SANITY
 
 # the keys that say how a mask is made (PruningOptions)
-OPTION_KEYS = ("examples", "prune_biases", "mask_per_trial")
-KEYS = ("method", "sanity", *OPTION_KEYS)
+OPTION_KEYS = ("examples", "prune_biases", "mask_per_trial", "bias_controls")
+# the bias controls of Lee's stage (issue 47): the dense network without biases, and each
+# sparse level with its biases kept dense (experiments.spec.series.control_variants)
+BIAS_CONTROLS = ("no_bias", "dense_biases")
+KEYS = ("criterion", "sanity", *OPTION_KEYS)
+# the key's deprecated name: read as "criterion", and the name the canonical JSON (every stored
+# spec and hash) gives it and its digest
+DEPRECATED, HASHED = "method", {"criterion": "method", "criterion_digest": "method_digest"}
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def pruning_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None,
                   folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None
                   ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
-    """The ``[pruning]`` table: (methods, sanity checks, the digest of each method named by
-    import path). ``method`` is checked only when a sparsity level is > 0; a criterion by
+    """The ``[pruning]`` table: (criteria, sanity checks, the digest of each criterion named by
+    import path). ``criterion`` is checked only when a sparsity level is > 0; a criterion by
     import path is imported (``sys.path``, then ``folders``) and its module digested, or, for a
     stored spec (``digests`` given, path -> digest), taken as recorded."""
     table = ck.table(raw, "pruning", "pruning") or {}
-    ck.keys(table, "pruning", KEYS)
+    ck.keys({k: v for k, v in table.items() if k != DEPRECATED}, "pruning", KEYS)
     sparse = bool(sparsities) and any(s > 0 for s in sparsities)
-    method = table.get("method", "snip")
+    named = _named(ck, table)
     found: dict[str, str] = {}
-    methods = _methods(ck, method, folders, digests, found) if sparse else None
+    criteria = _criteria(ck, named, folders, digests, found) if sparse else None
     sanity = _sanity(ck, table.get("sanity", []))
-    if sparsities and not sparse and (isinstance(method, list) or table.get("sanity")):
-        ck.add("pruning", "a list of methods or sanity checks needs a sparsity level > 0; "
+    if sparsities and not sparse and (isinstance(named, list) or table.get("sanity")):
+        ck.add("pruning", "a list of criteria or sanity checks needs a sparsity level > 0; "
                           "allowed: add one to sparsities")
-    fallback = (method,) if isinstance(method, str) else ("snip",)
-    return methods or fallback, sanity or (), found
+    fallback = (named,) if isinstance(named, str) else ("snip",)
+    return criteria or fallback, sanity or (), found
+
+
+def _named(ck: Checker, table: Mapping[str, Any]) -> Any:
+    """What ``pruning.criterion`` (or its deprecated name ``pruning.method``) holds: "snip"
+    when neither is given."""
+    if DEPRECATED not in table:
+        return table.get("criterion", "snip")
+    if "criterion" in table:
+        ck.add("pruning", f"found both criterion and its deprecated name {DEPRECATED}; "
+                          f"allowed: criterion only")
+        return table["criterion"]
+    deprecated(f"pruning.{DEPRECATED}", "pruning.criterion", "the study spec", stacklevel=2)
+    return table[DEPRECATED]
+
+
+def stored_pruning(canonical: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The ``[pruning]`` table a stored spec's canonical ``pruning`` stands for (its keys under
+    their own names again, without ``sanity`` and the digest), and the digest of a criterion
+    named by import path (None: a registered name)."""
+    back = {hashed: key for key, hashed in HASHED.items()}
+    table = {back.get(k, k): v for k, v in canonical.items()
+             if k not in ("sanity", HASHED["criterion_digest"])}
+    return table, canonical.get(HASHED["criterion_digest"])
 
 
 def _allowed() -> str:
-    return f"{', '.join(pruning.list_methods())}, or a criterion \"package.module:function\""
+    return f"{', '.join(pruning.list_criteria())}, or a criterion \"package.module:function\""
 
 
-def _methods(ck: Checker, raw: Any, folders: tuple[str, ...], digests: Mapping[str, str] | None,
-             found: dict[str, str]) -> tuple[str, ...] | None:
-    """The distinct methods of ``pruning.method`` (a name, or a non-empty list), in the order
-    given, or None after recording the problem."""
+def _criteria(ck: Checker, raw: Any, folders: tuple[str, ...],
+              digests: Mapping[str, str] | None, found: dict[str, str]) -> tuple[str, ...] | None:
+    """The distinct criteria of ``pruning.criterion`` (a name, or a non-empty list), in the
+    order given, or None after recording the problem."""
     values = raw if isinstance(raw, list) else [raw]
     if isinstance(raw, list) and not raw:
-        ck.add("pruning.method", f"found []; allowed: a name or a non-empty list of {_allowed()}")
+        ck.add("pruning.criterion", f"found []; allowed: a name or a non-empty list of "
+                                    f"{_allowed()}")
         return None
-    return _distinct(ck, "pruning.method", raw, tuple(
-        _method(ck, v, "pruning.method" if not isinstance(raw, list) else f"pruning.method[{i}]",
-                folders, digests, found) for i, v in enumerate(values)))
+    return _distinct(ck, "pruning.criterion", raw, tuple(
+        _criterion(ck, v, "pruning.criterion" if not isinstance(raw, list)
+                   else f"pruning.criterion[{i}]", folders, digests, found)
+        for i, v in enumerate(values)))
 
 
-def _method(ck: Checker, value: Any, path: str, folders: tuple[str, ...],
-            digests: Mapping[str, str] | None, found: dict[str, str]) -> str | None:
-    """One method: a registered name, or a criterion's import path whose digest goes into
+def _criterion(ck: Checker, value: Any, path: str, folders: tuple[str, ...],
+               digests: Mapping[str, str] | None, found: dict[str, str]) -> str | None:
+    """One criterion: a registered name, or a criterion's import path whose digest goes into
     ``found``."""
     if not isinstance(value, str) or not is_path(value):
-        if isinstance(value, str) and value in pruning.list_methods():
+        if isinstance(value, str) and value in pruning.list_criteria():
             return value
-        near = did_you_mean(str(value), pruning.list_methods())
+        near = did_you_mean(str(value), pruning.list_criteria())
         ck.add(path, f"found {value!r}{near}; allowed: {_allowed()}")
         return None
     try:
@@ -148,6 +197,7 @@ class PruningOptions:
     examples: str | None = None
     prune_biases: bool = False
     mask_per_trial: bool = False
+    bias_controls: tuple[str, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The keys that differ from their defaults (none: older hashes stay valid)."""
@@ -158,6 +208,8 @@ class PruningOptions:
             out["prune_biases"] = True
         if self.mask_per_trial:
             out["mask_per_trial"] = True
+        if self.bias_controls:
+            out["bias_controls"] = list(self.bias_controls)
         return out
 
     def prune_kwargs(self) -> dict[str, Any]:
@@ -166,9 +218,9 @@ class PruningOptions:
 
 
 def pruning_options(ck: Checker, raw: Mapping[str, Any],
-                    methods: tuple[str, ...]) -> PruningOptions:
+                    criteria: tuple[str, ...]) -> PruningOptions:
     """The options of the ``[pruning]`` table (its keys are checked by :func:`pruning_table`);
-    ``examples = "all"`` needs every listed method to be a criterion that can score on the whole
+    ``examples = "all"`` needs every listed criterion to be one that can score on the whole
     training split (``pruning.Criterion.whole_split``)."""
     table = raw.get("pruning")
     table = table if isinstance(table, Mapping) else {}
@@ -181,9 +233,9 @@ def pruning_options(ck: Checker, raw: Mapping[str, Any],
                                        f"(the criterion's own batch)")
             examples = None
         else:
-            wrong = [m for m in methods if not _whole_split(m)]
+            wrong = [c for c in criteria if not _whole_split(c)]
             if wrong:
-                ck.add("pruning.examples", f"'all' does not apply to method {wrong[0]!r}; "
+                ck.add("pruning.examples", f"'all' does not apply to criterion {wrong[0]!r}; "
                                            f"allowed with: {', '.join(pruning.whole_split())}")
     flags = {}
     for key in ("prune_biases", "mask_per_trial"):
@@ -192,12 +244,25 @@ def pruning_options(ck: Checker, raw: Mapping[str, Any],
             ck.add(f"pruning.{key}", f"found {value!r}; allowed: true or false")
             value = False
         flags[key] = value
-    return PruningOptions(examples, **flags)
+    controls = table.get("bias_controls", [])
+    if not isinstance(controls, list):
+        ck.add("pruning.bias_controls", f"found {controls!r}; allowed: a list of "
+                                        f"{', '.join(BIAS_CONTROLS)}")
+        controls = []
+    controls = _distinct(ck, "pruning.bias_controls", controls, tuple(
+        ck.choice(v, f"pruning.bias_controls[{i}]", BIAS_CONTROLS) for i, v in enumerate(controls)))
+    if controls and not flags["prune_biases"]:
+        ck.add("pruning.bias_controls", "needs prune_biases = true (without it every level keeps "
+                                        "its biases); allowed: set it, or remove bias_controls")
+    if controls and (len(criteria) > 1 or table.get("sanity")):
+        ck.add("pruning.bias_controls", "needs one criterion and no sanity checks; allowed: one "
+                                        "pruning series")
+    return PruningOptions(examples, **flags, bias_controls=controls or ())
 
 
-def _whole_split(method: str) -> bool:
-    """Whether ``method`` (checked already) is a criterion that can score on the whole split."""
+def _whole_split(name: str) -> bool:
+    """Whether ``name`` (checked already) is a criterion that can score on the whole split."""
     try:
-        return pruning.registry.criterion(method).whole_split
-    except pruning.PruningError:   # reported by pruning.method
+        return pruning.registry.criterion(name).whole_split
+    except pruning.PruningError:   # reported by pruning.criterion
         return True

@@ -20,6 +20,9 @@ uncorrected look::
 lipschitz_trials``) and looks once; ``pairs = N`` states that number, and must equal it.
 ``rule = "group_sequential"`` splits the seeds into ``rounds`` equal rounds (the seeds must
 divide evenly); look k uses the pairs of the first k rounds against the boundary's c_k. The
+runner trains round by round and stops at the first look that stops
+(:mod:`experiments.run.rounds`), so the rule needs its metric from the rounds' own training:
+L taken inside the run (``[probes] lipschitz_in_run = true``, ``metric = "local_lipschitz"``). The
 table enters the spec's canonical JSON (hence its hash) only when present, so it is stored
 with the study and the hashes of studies without it do not move.
 """
@@ -36,7 +39,7 @@ from theory.verdicts.sequential import BOUNDARIES
 from experiments.spec.checks import Checker
 
 RULES = ("fixed", "group_sequential")
-# the quantities measured at Lee's stage (experiments.run.probes.SCHEDULE_MEASURED)
+# the quantities measured at Lee's stage (experiments.run.probes.STAGE_MEASURED)
 METRICS = ("local_lipschitz", "g_sq", "trace_sigma", "b_simple", "loss")
 KEYS = ("rule", "metric", "sparsity", "reference", "effect", "alpha", "pairs", "rounds",
         "boundary")
@@ -76,8 +79,10 @@ class Stopping:
 
 
 def stopping_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None,
-                   seeds: int, trials_per_seed: int | None) -> Stopping | None:
-    """The ``[stopping]`` table checked (module docstring); None when absent or bad."""
+                   seeds: int, trials_per_seed: int | None, in_run: bool = False
+                   ) -> Stopping | None:
+    """The ``[stopping]`` table checked (module docstring); ``in_run``: L is taken inside the
+    training runs; None when absent or bad."""
     if "stopping" not in raw:
         return None
     st = ck.table(raw, "stopping", "stopping")
@@ -128,6 +133,11 @@ def stopping_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float,
             rounds = None
         boundary = ck.choice(st.get("boundary", "obrien_fleming"), "stopping.boundary",
                              BOUNDARIES)
+        if trials_per_seed is not None and not (in_run and metric == QUANTITY):
+            ck.add("stopping.rule", "group_sequential looks after each round of training, at L "
+                                    "taken inside the rounds' runs; allowed: [probes] "
+                                    "lipschitz_in_run = true with metric = \"local_lipschitz\", "
+                                    "or rule = \"fixed\"")
     if trials_per_seed is None:
         ck.add("stopping", "needs paired runs at Lee's stage; allowed: set probes.lipschitz_every "
                            "(and lipschitz_trials)")

@@ -12,7 +12,7 @@ from experiments.cli.main import main
 from experiments.report.design_view import design, metric_points
 from experiments.store.database import open_store
 from experiments.store.results import load_results
-from experiments.store.schema import ScheduleRow
+from experiments.store.schema import StageRow
 
 from ..synthetic import make_store
 
@@ -27,7 +27,7 @@ def pilot(tmp_path_factory):
     with open_store(run_dir) as store:
         for sparsity, mu in ((0.0, 1.0), (0.9, 1.2)):
             own = rng.normal(0, 0.1, RUNS)
-            rows = [ScheduleRow(sparsity, 0, 8, trial, step, 2000, "local_lipschitz",
+            rows = [StageRow(sparsity, 0, 8, trial, step, 2000, "local_lipschitz",
                                 math.exp(mu + shared[trial] + own[trial] + rng.normal(0, 0.3)),
                                 500, 1.0)
                     for trial in range(RUNS) for step in (0, *STEPS)]

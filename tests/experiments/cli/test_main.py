@@ -10,7 +10,7 @@ def test_list(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     assert "data sets: " in out and "mnist1d" in out and "teacher" in out
-    assert "pruning methods: " in out and "snip" in out
+    assert "pruning criteria: " in out and "snip" in out
     assert "configs: " in out and "quickstart" in out
 
 
@@ -34,6 +34,17 @@ def test_probe_matches_the_library(capsys):
     expected = theory.gradient_noise(net, ds, examples=64, seed=0, hessian_examples=16)
     line = next(l for l in out.splitlines() if l.strip().startswith("b_simple"))
     assert float(line.split()[1]) == pytest.approx(expected.b_simple, rel=1e-5)
+
+
+def test_probe_takes_the_criterion_under_its_old_option_name_with_a_warning(capsys):
+    argv = ["probe", "--dataset", "teacher", "--dataset-option", "n=400", "--model", "linear",
+            "--examples", "64", "--sparsity", "0.5"]
+    assert cli.main(argv + ["--criterion", "magnitude"]) == 0
+    new = capsys.readouterr()
+    assert cli.main(argv + ["--method", "magnitude"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and "(magnitude)" in new.out
+    assert "--method is deprecated, use --criterion" in old.err
 
 
 def test_report_of_missing_run_is_a_clean_error(tmp_path, capsys):

@@ -31,7 +31,7 @@ model = "mlp"
 target = 0.2
 
 [pruning]
-method = "snip"
+criterion = "snip"
 sanity = ["shuffle", "matched_random", "invert"]
 
 [search]

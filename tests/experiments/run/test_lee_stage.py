@@ -52,7 +52,7 @@ def _probed(t, group_key, k=2):
 
 
 def test_points_fall_at_multiples_of_n_up_to_each_trials_own_end(staged):
-    s, t, g = staged.schedule_probes, staged.trials, staged.groups
+    s, t, g = staged.stage_probes, staged.trials, staged.groups
     assert len(s) and set(s.quantity) == {"local_lipschitz", "local_lipschitz_full", "g_sq",
                                           "trace_sigma", "b_simple", "loss"}
     runs = s.groupby(["sparsity", "seed", "batch_size", "trial"])
@@ -149,7 +149,7 @@ def test_a_stored_L_equals_lees_formula_on_the_reference_loops_weights(staged):
     """Sparsity 0.5, its largest batch size, the second probed trial, its last point: the
     reference trainer's snapshots (torch.optim.SGD) of steps t - 1 and t, rebuilt network and
     SNIP mask, L written out in float64 and by theory.local_lipschitz (float64)."""
-    s, g, t = staged.schedule_probes, staged.groups, staged.trials
+    s, g, t = staged.stage_probes, staged.groups, staged.trials
     mine = s[(s.sparsity == 0.5) & (s.quantity == "local_lipschitz")]
     b = int(mine.batch_size.max())
     mine = mine[mine.batch_size == b]

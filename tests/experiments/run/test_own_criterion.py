@@ -42,7 +42,7 @@ def project(folder):
         pass
     (folder / "mycriteria.py").write_text(MYCRITERIA)
     (folder / "own.toml").write_text(OWN.replace("sparsities = [0.0]", "sparsities = [0.0, 0.6]")
-                                     + '\n[pruning]\nmethod = "mycriteria:gradient_magnitude"\n')
+                                     + '\n[pruning]\ncriterion = "mycriteria:gradient_magnitude"\n')
     forget()
     return folder
 
@@ -92,7 +92,7 @@ def test_the_store_names_the_criterion_and_its_source(runs):
     digest = hashlib.sha256((runs / "mycriteria.py").read_bytes()).hexdigest()
     table = json.loads(res.study.spec_json.iloc[0])["pruning"]
     assert table == {"method": "mycriteria:gradient_magnitude", "method_digest": digest}
-    assert res.spec.method_digests == {"mycriteria:gradient_magnitude": digest}
+    assert res.spec.criterion_digests == {"mycriteria:gradient_magnitude": digest}
     assert set(res.groups.status) == {"done"} and len(res.groups) == 4
     sparse = res.groups[res.groups.sparsity > 0]
     assert all(json.loads(c)["pruning"]["method_digest"] == digest for c in sparse.config_json)
@@ -102,7 +102,7 @@ def test_the_masks_are_the_criterions_own(runs, tmp_path):
     """The mask a sparse group trained is ``pruning.prune`` with the user's criterion on the
     seed's initialization, recorded under the criterion's import path."""
     recorded = json.loads((runs / "pool" / "masks.json").read_text())["masks"]
-    assert [(m["sparsity"], m["info"]["method"], m["info"]["per_class"]) for m in recorded] == [
+    assert [(m["sparsity"], m["info"]["criterion"], m["info"]["per_class"]) for m in recorded] == [
         (0.6, "mycriteria:gradient_magnitude", 8)]
     path = list(sys.path)
     try:
@@ -113,9 +113,9 @@ def test_the_masks_are_the_criterions_own(runs, tmp_path):
         with training.models.seeded(0):
             net = mymodels.mlp(ds)
         mask = pruning.prune(net, "mycriteria:gradient_magnitude", 0.6, dataset=ds, seed=0)
-        assert mask.info["method"] == "mycriteria:gradient_magnitude"
+        assert mask.info["criterion"] == "mycriteria:gradient_magnitude"
         assert abs(mask.sparsity() - 0.6) < 1e-2
-        assert "gradient_magnitude" in pruning.list_methods()   # registered by the import
+        assert "gradient_magnitude" in pruning.list_criteria()   # registered by the import
     finally:
         forget()
         sys.path[:] = path

@@ -14,7 +14,7 @@ from ..conftest import TINY
 
 
 def test_workload_of_a_spec():
-    spec = loads(TINY.replace('[goal]', '[pruning]\nmethod = "magnitude"\n\n[goal]'))
+    spec = loads(TINY.replace('[goal]', '[pruning]\ncriterion = "magnitude"\n\n[goal]'))
     w = Workload.of(spec)
     assert w == Workload("teacher", "mlp", {"n": 600, "dim": 8, "num_classes": 3, "hidden": 16},
                          {"hidden": [16]}, "magnitude")

@@ -19,7 +19,7 @@ from ...lee_snip import lee_snip_mask
 
 LEE_TINY = TINY.replace('model_options = {hidden = [16]}\n',
                         'model_options = {hidden = [16]}\ninit = "lee"\n').replace(
-    "[goal]", '[pruning]\nmethod = "snip"\nexamples = "all"\nprune_biases = true\n'
+    "[goal]", '[pruning]\ncriterion = "snip"\nexamples = "all"\nprune_biases = true\n'
               'mask_per_trial = true\n\n[goal]')
 
 

@@ -17,7 +17,7 @@ LEE = {"workload": 'init = "lee"', "pruning": 'examples = "all"\nprune_biases = 
 def with_keys(workload: str = "", pruning: str = "") -> str:
     text = TINY.replace('model_options = {hidden = [16]}\n',
                         f'model_options = {{hidden = [16]}}\n{workload}\n')
-    return text.replace("[goal]", f'[pruning]\nmethod = "snip"\n{pruning}\n\n[goal]')
+    return text.replace("[goal]", f'[pruning]\ncriterion = "snip"\n{pruning}\n\n[goal]')
 
 
 def keys(spec) -> dict[tuple[float, int], str]:
@@ -58,26 +58,26 @@ def test_each_key_moves_the_groups_it_changes(workload, pruning, dense_changes):
         assert (key != old[(sparsity, b)]) == (sparsity > 0 or dense_changes), (sparsity, b)
 
 
-@pytest.mark.parametrize("workload, pruning, method, problem", [
+@pytest.mark.parametrize("workload, pruning, criterion, problem", [
     ('init = "tf"', "", "snip", "workload.init: found 'tf'; allowed: torch, lee"),
     ('init = "le"', "", "snip", "workload.init: found 'le' (did you mean 'lee'?); allowed: "
                                 "torch, lee"),
     ("", 'examples = "al"', "snip", "pruning.examples: found 'al' (did you mean 'all'?); "
                                     "allowed: 'all' (the whole training split, in chunks of "
                                     "100), or leave it out (the criterion's own batch)"),
-    ("", 'examples = "all"', "magnitude", "pruning.examples: 'all' does not apply to method "
+    ("", 'examples = "all"', "magnitude", "pruning.examples: 'all' does not apply to criterion "
                                           "'magnitude'; allowed with: snip, iterative_snip, "
                                           "force"),
     ("", 'prune_biases = "yes"', "snip", "pruning.prune_biases: found 'yes'; allowed: true or "
                                          "false"),
     ("", "mask_per_trial = 1", "snip", "pruning.mask_per_trial: found 1; allowed: true or false"),
     ("", "prune_bias = true", "snip", "pruning.prune_bias: unknown key (did you mean "
-                                      "'prune_biases'?); allowed: method, sanity, examples, "
+                                      "'prune_biases'?); allowed: criterion, sanity, examples, "
                                       "prune_biases, mask_per_trial"),
 ])
-def test_bad_values_are_one_line_naming_the_key_and_what_is_allowed(workload, pruning, method,
+def test_bad_values_are_one_line_naming_the_key_and_what_is_allowed(workload, pruning, criterion,
                                                                      problem):
-    text = with_keys(workload, pruning).replace('method = "snip"', f'method = "{method}"')
+    text = with_keys(workload, pruning).replace('criterion = "snip"', f'criterion = "{criterion}"')
     with pytest.raises(SpecError) as err:
         loads(text)
     assert err.value.problems == [problem]

@@ -63,7 +63,7 @@ SPECS = {
     comparison = "<="
 
     [pruning]
-    method = ["snip", "magnitude"]
+    criterion = ["snip", "magnitude"]
     sanity = ["shuffle"]
 
     [search]

@@ -26,14 +26,14 @@ def problems(text: str) -> list[str]:
     return err.value.problems
 
 
-def test_a_single_method_list_is_the_plain_spec():
-    plain = loads(with_pruning('method = "snip"'))
-    assert loads(with_pruning('method = ["snip"]\nsanity = []')).hash == plain.hash
+def test_a_single_criterion_list_is_the_plain_spec():
+    plain = loads(with_pruning('criterion = "snip"'))
+    assert loads(with_pruning('criterion = ["snip"]\nsanity = []')).hash == plain.hash
     assert plain.variants() == [plain]
 
 
 def test_variants_one_per_series_dense_only_in_the_first():
-    spec = loads(with_pruning('method = ["snip", "force"]\nsanity = ["shuffle", "reinit"]'))
+    spec = loads(with_pruning('criterion = ["snip", "force"]\nsanity = ["shuffle", "reinit"]'))
     got = [(v.name, v.subdir, v.sparsities, v.canonical()["pruning"]) for v in spec.variants()]
     assert got == [
         ("tiny-snip", "snip", (0.0, 0.5), {"method": "snip"}),
@@ -54,11 +54,11 @@ def test_variants_one_per_series_dense_only_in_the_first():
 
 
 def test_bad_pruning_tables_name_the_key():
-    assert problems(with_pruning('method = ["snip", "snp"]')) == [
-        "pruning.method[1]: found 'snp' (did you mean 'snip'?); allowed: "
-        + ", ".join(pruning.list_methods()) + ', or a criterion "package.module:function"']
-    assert problems(with_pruning("method = []"))[0].startswith(
-        "pruning.method: found []; allowed: a name or a non-empty list of random, magnitude")
+    assert problems(with_pruning('criterion = ["snip", "snp"]')) == [
+        "pruning.criterion[1]: found 'snp' (did you mean 'snip'?); allowed: "
+        + ", ".join(pruning.list_criteria()) + ', or a criterion "package.module:function"']
+    assert problems(with_pruning("criterion = []"))[0].startswith(
+        "pruning.criterion: found []; allowed: a name or a non-empty list of random, magnitude")
     assert problems(with_pruning('sanity = ["shufle"]')) == [
         "pruning.sanity[0]: found 'shufle' (did you mean 'shuffle'?); allowed: "
         + ", ".join(SANITY)]
@@ -68,7 +68,7 @@ def test_bad_pruning_tables_name_the_key():
         "pruning.sanity: found duplicates in ['invert', 'invert']; allowed: distinct values"]
     assert problems(with_pruning('sanity = ["invert"]', TINY.replace(
         "sparsities = [0.0, 0.5]", "sparsities = [0.0]"))) == [
-        "pruning: a list of methods or sanity checks needs a sparsity level > 0; allowed: add "
+        "pruning: a list of criteria or sanity checks needs a sparsity level > 0; allowed: add "
         "one to sparsities"]
     assert problems(with_pruning('scope = "layer"'))[0].startswith("pruning.scope: unknown key")
 

@@ -12,7 +12,10 @@ from ..conftest import TINY
 
 PAIRED = (TINY.replace("enabled = false", "enabled = true\nlipschitz_every = 1000")
           .replace("seeds = [0]", "seeds = [0, 1, 2, 3]"))
-SEQUENTIAL = PAIRED + ('\n[stopping]\nrule = "group_sequential"\nsparsity = 0.5\nrounds = 2\n'
+# a group-sequential rule looks after each round at L taken inside its runs
+IN_RUN = PAIRED.replace("lipschitz_every = 1000",
+                        'lipschitz_every = 1000\nlipschitz_in_run = true\nbatch_sizes = [8]')
+SEQUENTIAL = IN_RUN + ('\n[stopping]\nrule = "group_sequential"\nsparsity = 0.5\nrounds = 2\n'
                        'boundary = "pocock"\nalpha = 0.05\n')
 FIXED = PAIRED + '\n[stopping]\nrule = "fixed"\nsparsity = 0.5\npairs = 4\n'
 
@@ -48,9 +51,9 @@ def test_bad_fixed_keys_and_a_study_without_pairs():
     assert any(p.startswith("stopping:") and "lipschitz_every" in p for p in problems(unpaired))
 
 
-@pytest.mark.parametrize("text", [SEQUENTIAL, FIXED])
-def test_in_the_hash_when_set_and_back_from_a_store(text):
-    spec, base = loads(text), loads(PAIRED)
+@pytest.mark.parametrize("text, without", [(SEQUENTIAL, IN_RUN), (FIXED, PAIRED)])
+def test_in_the_hash_when_set_and_back_from_a_store(text, without):
+    spec, base = loads(text), loads(without)
     assert "stopping" not in base.to_json() and spec.hash != base.hash
     assert [g.key for g in plan(spec)] == [g.key for g in plan(base)]
     back = from_canonical(json.loads(spec.to_json()), spec.toml)

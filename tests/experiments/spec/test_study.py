@@ -56,7 +56,7 @@ BAD_SPECS = [
     (edit("enabled = false", "batch_sizes = [\"median\"]"), "probes.batch_sizes", "'b_crit'"),
     (edit('metric = "error"', 'metric = "accuracy"'), "goal.metric", "error, loss"),
     (edit("[workload]", "[workload]\ndata = 1"), "workload.data", "did you mean 'dataset'"),
-    (TINY + "\n[pruning]\nmethod = \"snipp\"\n", "pruning.method", "did you mean 'snip'"),
+    (TINY + "\n[pruning]\ncriterion = \"snipp\"\n", "pruning.criterion", "did you mean 'snip'"),
     (edit('name = "tiny"', 'name = "tiny'), "(toml)", "not valid TOML"),
     (TINY + "\n[branching]\nk_mx = 8\n", "branching.k_mx", "did you mean 'k_max'"),
     (TINY + "\n[branchng]\nenabled = true\n", "branchng", "did you mean 'branching'"),
@@ -211,7 +211,7 @@ def test_unknown_eval_key_is_one_problem_on_one_line(tiny_toml):
 
 
 
-# every optional table away from its default, a relative decay and a non-default pruning method
+# every optional table away from its default, a relative decay and a non-default pruning criterion
 NON_DEFAULT = (edit("[budget]\nexamples = 8000\nmin = 20\nmax = 200", "[budget]\nmax_steps = 50")
                .replace("[eval]\nevery = 10",
                         '[eval]\nkind = "geometric"\nfirst = 2\nratio = 1.5\nmax_gap = 9')
@@ -220,7 +220,7 @@ NON_DEFAULT = (edit("[budget]\nexamples = 8000\nmin = 20\nmax = 200", "[budget]\
                .replace("[search]", '[search]\nseed = 3\nend_factor = {scale = "log", min = 1e-4, '
                         'max = 0.1}\ndecay_steps = {scale = "linear", min = 0.5, max = 1.0, '
                         'relative = true}')
-               .replace("[goal]", '[pruning]\nmethod = "magnitude"\n\n[goal]')
+               .replace("[goal]", '[pruning]\ncriterion = "magnitude"\n\n[goal]')
                .replace("target = 0.3", 'target = 0.3\ncomparison = "<="'))
 
 
@@ -245,7 +245,7 @@ def test_canonical_form_gives_back_the_same_spec(text):
     assert_round_trip(spec)
     if text == NON_DEFAULT:   # the edits took: nothing fell back to a default
         assert (spec.budget.max_steps, spec.eval.kind, spec.probes.batch_sizes, spec.search_seed,
-                spec.search["decay_steps"].relative, spec.pruning_method, spec.strict) == \
+                spec.search["decay_steps"].relative, spec.pruning_criterion, spec.strict) == \
             (50, "geometric", (32, "b_crit"), 3, True, "magnitude", False)
         assert (spec.probes.points, spec.probes.examples, spec.probes.lanczos) == (3, 64, 5)
 

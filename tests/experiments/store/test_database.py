@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from experiments.store.schema import (
-    COLUMNS, GroupRecord, ProbeRow, ScheduleRow, StudyInfo, TrialRow,
+    COLUMNS, GroupRecord, ProbeRow, StageRow, StudyInfo, TrialRow,
 )
 from experiments.spec.study import loads
 from experiments.measures.branching.store import (
@@ -152,23 +152,23 @@ def test_a_store_without_the_branching_tables_reads_them_empty(tmp_path):
 
 
 def test_a_store_written_before_lee_stage_reads_it_empty_then_gains_it(tmp_path):
-    """schedule_probes is a table added later: an older store loads (read-only, nothing made)
+    """stage_probes is a table added later: an older store loads (read-only, nothing made)
     with it empty, and gains it when opened for writing; a level's rows go in with its probes."""
     open_store(tmp_path, STUDY).close()
     with sqlite3.connect(tmp_path / "results.sqlite") as conn:
-        conn.execute("DROP TABLE schedule_probes")
+        conn.execute("DROP TABLE stage_probes")
     res = load_results(tmp_path)
-    assert res.schedule_probes.empty
-    assert list(res.schedule_probes.columns) == list(COLUMNS["schedule_probes"])
-    stage = [ScheduleRow(0.5, 0, 32, trial, step, 3100, "local_lipschitz", 2.0 + trial, 2000, 9.0)
+    assert res.stage_probes.empty
+    assert list(res.stage_probes.columns) == list(COLUMNS["stage_probes"])
+    stage = [StageRow(0.5, 0, 32, trial, step, 3100, "local_lipschitz", 2.0 + trial, 2000, 9.0)
              for trial in (0, 2) for step in (1000, 2000, 3000)]
     with open_store(tmp_path, STUDY) as store:
         store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "loss", 2.3, 9.0)],
-                           stage + [ScheduleRow(0.5, 0, 32, 0, 1000, 3100,
+                           stage + [StageRow(0.5, 0, 32, 0, 1000, 3100,
                                                 "local_lipschitz_full", 2.1, None, 9.0)])
         with pytest.raises(StoreContentError, match="probe quantities \\['lambda'\\]"):
-            store.write_probes(0.5, [], [ScheduleRow(0.5, 0, 32, 0, 1, 2, "lambda", 1.0)])
-    s = load_results(tmp_path).schedule_probes
+            store.write_probes(0.5, [], [StageRow(0.5, 0, 32, 0, 1, 2, "lambda", 1.0)])
+    s = load_results(tmp_path).stage_probes
     sample, full = s[s.quantity == "local_lipschitz"], s[s.quantity == "local_lipschitz_full"]
     assert len(s) == 7 and sample.examples.tolist() == [2000] * 6
     assert str(s.examples.dtype) == "Int64" and pd.isna(full.examples.iloc[0])

@@ -194,3 +194,17 @@ def test_the_early_stage_compares_equal_fractions_of_each_run_without_step_0():
         columns=["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"])
     r = early_ratio(probes, 0.9)
     assert r.steps == (1, 2) and r.runs == (2, 2) and r.value == pytest.approx(2.0)
+
+
+def test_a_sample_agrees_with_the_whole_split_within_the_run_to_run_spread():
+    from theory.verdicts.lee_stage import sample_check
+
+    # runs' L 1, e, e^2 at that point: SD of log L = 1; the sample 1.5x the whole split's
+    c = sample_check(3.0, 2.0, [1.0, math.e, math.e ** 2])
+    assert c.gap == pytest.approx(math.log(1.5)) and c.spread == pytest.approx(1.0)
+    assert c.agrees is True
+    assert sample_check(3 * math.e ** 2, 1.0, [1.0, math.e, math.e ** 2]).agrees is False
+    one = sample_check(3.0, 2.0, [3.0])
+    assert math.isnan(one.spread) and one.agrees is None
+    with pytest.raises(TheoryError):
+        sample_check(0.0, 2.0, [1.0, 2.0])

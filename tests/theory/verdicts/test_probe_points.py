@@ -42,9 +42,17 @@ def test_bad_choices_are_named(kwargs, match):
         probe_steps(-1)
 
 
-def test_schedule_steps_from_a_start():
-    from theory.verdicts.probe_points import schedule_steps
-    assert schedule_steps(2000, 250, 1000) == (1000, 1250, 1500, 1750, 2000)
-    assert schedule_steps(2000, 300, 1000) == (1200, 1500, 1800)   # multiples of N only
-    assert schedule_steps(900, 250, 1000) == ()
-    assert schedule_steps(1000, 250) == (250, 500, 750, 1000)
+def test_stage_steps_from_a_start():
+    from theory.verdicts.probe_points import stage_steps
+    assert stage_steps(2000, 250, 1000) == (1000, 1250, 1500, 1750, 2000)
+    assert stage_steps(2000, 300, 1000) == (1200, 1500, 1800)   # multiples of N only
+    assert stage_steps(900, 250, 1000) == ()
+    assert stage_steps(1000, 250) == (250, 500, 750, 1000)
+
+
+def test_schedule_steps_is_a_deprecated_alias_of_stage_steps():
+    import theory
+
+    with pytest.warns(DeprecationWarning, match="'schedule_steps' is deprecated, use "
+                                                "'stage_steps'"):
+        assert theory.schedule_steps is theory.stage_steps

@@ -195,3 +195,20 @@ def test_trial_init_seeds_are_fixed_distinct_and_not_the_group_seed():
 def test_a_lazy_layer_is_refused_in_one_line():
     with pytest.raises(InitError, match=r"'0.weight' of LazyLinear is uninitialized \(lazy\)"):
         lee_init_(nn.Sequential(nn.LazyLinear(3)), seed=0)
+
+
+def test_lee_cnn_without_biases_has_the_biased_networks_weights():
+    """The bias control's dense network (issue 47): ``bias=False`` drops the three biases (106
+    parameters) and, under Lee's initialization (no bias is drawn), keeps every weight of the
+    biased network of the same seed, so the two are paired runs."""
+    x = torch.zeros(2, 1, 28, 28)
+    ds = training.Dataset("img", "classification", x, torch.zeros(2, dtype=torch.long), x,
+                          torch.zeros(2, dtype=torch.long), 10, (1, 28, 28))
+    biased = training.models.build("lee_cnn", ds, seed=5, init="lee")
+    bare = training.models.build("lee_cnn", ds, seed=5, init="lee", bias=False)
+    weights = {n: p for n, p in biased.named_parameters() if n.endswith("weight")}
+    assert {n for n, _ in bare.named_parameters()} == set(weights)
+    assert sum(p.numel() for p in bare.parameters()) == 62_346 - (32 + 64 + 10)
+    assert all(torch.equal(p, weights[n]) for n, p in bare.named_parameters())
+    with pytest.raises(training.errors.ModelError, match="bias must be true or false"):
+        training.models.build("lee_cnn", ds, bias="no")

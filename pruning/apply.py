@@ -1,4 +1,4 @@
-"""``prune(model, method, sparsity, ...) -> Mask``: a registered criterion applied.
+"""``prune(model, criterion, sparsity, ...) -> Mask``: a registered criterion applied.
 
 Every criterion (:mod:`pruning.registry`; the built-in ones in :mod:`pruning.criteria`) ranks
 the prunable weights (``mask.prunable_parameters``) by a keep-priority, and ``prune`` keeps
@@ -20,20 +20,22 @@ import torch
 from torch import nn
 
 from training.data import Dataset
+from training.errors import renamed_keyword
 from training.models import check_model, check_output
 
-from pruning import criteria
+from pruning import criteria, registry
 from pruning.diagnostics import FX_LOCK, check
 from pruning.errors import PruningError
 from pruning.iterative import ScoreFn, prune_in_rounds
 from pruning.mask import PRUNABLE_MODULES, Mask, prunable_parameters
-from pruning.registry import EXAMPLES, Context, Criterion, TrainFn, criterion, whole_split
+from pruning.registry import EXAMPLES, Context, Criterion, TrainFn, whole_split
 from pruning.select import check_scope, check_sparsity
 
 KEEP = ("highest", "lowest")
 
 
-def prune(model: nn.Module, method: str | Criterion, sparsity: float,
+@renamed_keyword("method", "criterion")
+def prune(model: nn.Module, criterion: str | Criterion, sparsity: float,
           dataset: Dataset | None = None,
           scope: str = "global", rounds: int | None = None, seed: int = 0,
           prune_biases: bool = False, *, per_class: int | None = None,
@@ -43,9 +45,10 @@ def prune(model: nn.Module, method: str | Criterion, sparsity: float,
           examples: str | None = None) -> Mask:
     """Mask keeping exactly round(N * (1 - sparsity)) of ``model``'s N prunable weights.
 
-    - ``method``: one of :func:`list_methods` (see ``criteria`` for the formulas), a criterion
-      registered with :func:`pruning.register`, or the import path of a score function,
-      ``"package.module:function"`` (:mod:`pruning.registry`).
+    - ``criterion``: one of :func:`list_criteria` (see ``criteria`` for the formulas), a
+      criterion registered with :func:`pruning.register`, or the import path of a score
+      function, ``"package.module:function"`` (:mod:`pruning.registry`). ``method=``, its
+      name before 2026-12, is a deprecated alias.
     - ``dataset``: a ``training.Dataset``; required by snip, grasp, imp, iterative_snip and
       force. SNIP (and iterative SNIP, FORCE) score on the first 10 training examples of every
       class, GraSP on 25 per class (``per_class`` overrides both), see
@@ -56,7 +59,7 @@ def prune(model: nn.Module, method: str | Criterion, sparsity: float,
       (``criteria.summed_gradients``); None (default): the batch above.
     - ``scope``: ``"global"`` (one ranking across layers), ``"layer"`` (every layer at the same
       sparsity, within one weight) or ``"even"`` (every layer keeps the same number of weights,
-      ``select.even_quotas``), among those the criterion allows. With ``method="random"`` these
+      ``select.even_quotas``), among those the criterion allows. With ``criterion="random"`` these
       are the three random baselines: uniform over all weights, uniform per-layer density, and
       an even split of the kept count.
     - ``rounds``: pruning rounds with the exponential schedule (default 100 for synflow, 10 for
@@ -72,7 +75,7 @@ def prune(model: nn.Module, method: str | Criterion, sparsity: float,
     - ``train_fn(model, mask) -> trained model``: IMP's training run per round (default
       :func:`iterative.default_train_fn`); it receives the initial weights with the mask applied.
 
-    The returned mask's ``info`` records the method and options (and ``input_shape`` when
+    The returned mask's ``info`` records the criterion and options (and ``input_shape`` when
     known, which ``pruning.report`` uses to count FLOPs). Bad arguments raise
     :class:`pruning.PruningError`; a ``dataset`` that is not a ``training.Dataset`` raises
     ``training.DataError`` naming ``Dataset.from_torch`` / ``from_tensors``, and a ``model`` that
@@ -83,16 +86,17 @@ def prune(model: nn.Module, method: str | Criterion, sparsity: float,
                    per_class=per_class, temperature=temperature, input_shape=input_shape,
                    train_fn=train_fn, keep=keep, examples=examples)
     with FX_LOCK:   # its forward passes never meet another thread's trace
-        return _prune(model, method, [sparsity], dataset, options)[0]
+        return _prune(model, criterion, [sparsity], dataset, options)[0]
 
 
-def prune_levels(model: nn.Module, method: str | Criterion, sparsities: Sequence[float],
+@renamed_keyword("method", "criterion")
+def prune_levels(model: nn.Module, criterion: str | Criterion, sparsities: Sequence[float],
                  dataset: Dataset | None = None, **options: Any) -> list[Mask]:
-    """``[prune(model, method, s, dataset, **options) for s in sparsities]``, the same masks,
+    """``[prune(model, criterion, s, dataset, **options) for s in sparsities]``, the same masks,
     with a one-round criterion's scores computed once for every level (SNIP on the whole split
     costs one pass over it, whatever the number of levels)."""
     with FX_LOCK:   # its forward passes never meet another thread's trace
-        return _prune(model, method, list(sparsities), dataset, options)
+        return _prune(model, criterion, list(sparsities), dataset, options)
 
 
 _DEFAULTS: dict[str, Any] = dict(scope="global", rounds=None, seed=0, prune_biases=False,
@@ -100,7 +104,7 @@ _DEFAULTS: dict[str, Any] = dict(scope="global", rounds=None, seed=0, prune_bias
                                  input_shape=None, train_fn=None, keep="highest", examples=None)
 
 
-def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
+def _prune(model: nn.Module, criterion: str | Criterion, sparsities: list[float],
            dataset: Dataset | None, options: dict[str, Any]) -> list[Mask]:
     """The masks of :func:`prune` at every level of ``sparsities``."""
     unknown = sorted(set(options) - set(_DEFAULTS))
@@ -108,7 +112,7 @@ def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
         raise PruningError(f"unknown pruning option {unknown[0]!r}; allowed: "
                            f"{', '.join(_DEFAULTS)}")
     o = {**_DEFAULTS, **options}
-    spec = criterion(method)
+    spec = registry.criterion(criterion)
     if o["keep"] not in KEEP:
         raise PruningError(f"keep must be one of {', '.join(KEEP)}, got {o['keep']!r}")
     check_examples(o["examples"], spec)
@@ -118,7 +122,7 @@ def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
     sparsities = [check_sparsity(s) for s in sparsities]
     scope = check_scope(o["scope"])
     if scope not in spec.scopes:
-        raise PruningError(f"pruning method {spec.name!r} allows scope "
+        raise PruningError(f"pruning criterion {spec.name!r} allows scope "
                            f"{', '.join(spec.scopes)}; got {scope!r}")
     if dataset is None:
         check_model(model, "prune")
@@ -131,7 +135,7 @@ def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
                       float(o["temperature"]), input_shape, o["train_fn"], o["examples"])
     missing = spec.missing(context)
     if missing is not None:
-        raise PruningError(f"pruning method {spec.name!r} needs {missing}")
+        raise PruningError(f"pruning criterion {spec.name!r} needs {missing}")
     rounds = spec.rounds if o["rounds"] is None else o["rounds"]
     if spec.revives:   # every level's working copy starts from these weights
         start = prunable_parameters(spec.work(model), o["prune_biases"])
@@ -143,7 +147,7 @@ def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
     scores = score_fn if o["keep"] == "highest" else _inverted(score_fn)
     if rounds == 1 and len(sparsities) > 1:
         scores = _once(scores)
-    info: dict[str, Any] = {"method": spec.name, "scope": scope, "rounds": rounds,
+    info: dict[str, Any] = {"criterion": spec.name, "scope": scope, "rounds": rounds,
                             "seed": int(o["seed"]), "prune_biases": o["prune_biases"],
                             "keep": o["keep"]}
     if input_shape is not None:
@@ -166,7 +170,7 @@ def _prune(model: nn.Module, method: str | Criterion, sparsities: list[float],
         entries = prune_in_rounds(work, params, scores, sparsity, rounds, scope,
                                   revive=spec.revives)
         mask = Mask({k: entries[k] for k in named}, {**info, "sparsity": sparsity})
-        check(model, mask, stacklevel=3)   # prune's (or prune_levels') caller
+        check(model, mask, stacklevel=4)   # prune's (or prune_levels') caller, past renamed_keyword
         masks.append(mask)
     return masks
 
@@ -181,7 +185,7 @@ def check_examples(examples: object, spec: Criterion) -> None:
                            f"criterion's own batch), got {examples!r}")
     if not spec.whole_split:
         scores = "its own batch" if spec.per_class is not None else "no data"
-        raise PruningError(f"examples='all' applies to {', '.join(whole_split())}; method "
+        raise PruningError(f"examples='all' applies to {', '.join(whole_split())}; criterion "
                            f"{spec.name!r} scores {scores}")
 
 
