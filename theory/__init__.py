@@ -3,6 +3,8 @@
 - :mod:`theory.estimators`: measurements of a network on a split: the flat loss, gradient noise,
   curvature, their sampling, the MLP passes, the critical batch by branching.
 - :mod:`theory.monitor`: the noise scale inside any training loop (``NoiseScaleMonitor``).
+- :mod:`theory.policies`: batch-size policies that set B and the lr as a run goes, and the
+  trainer that follows one.
 - :mod:`theory.models`: models and bounds: the SGD bound, the delayed-SGD bound, the noisy
   quadratic model (with delay too), the scaling-curve fit, predictions per level, wall time.
 - :mod:`theory.verdicts`: where to probe a run and the probes along it, their summaries, and the
@@ -30,6 +32,8 @@ from theory.models.scaling import ScalingFit, fit_scaling
 from theory.monitor import layer_norms
 from theory.monitor.monitor import NoiseReading, NoiseScaleMonitor
 from theory.monitor.readings import PartReading
+from theory import policies
+from theory.policies import Policy, Setting, Signal, make_policy, train_under_policy
 from theory.verdicts import claims, noise_along, probe_points, step_ratio, summaries, trajectory
 from theory.verdicts.claims import Verdict, judge_claims
 from theory.verdicts.probe_points import probe_batch_sizes, probe_steps, stage_steps

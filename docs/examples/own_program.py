@@ -5,7 +5,8 @@ and run by ``train_trials(program=...)``. In float64 it takes the same steps as 
 A program is the engine's (``training.engine.programs``, private to the trainers): this file
 reaches into it, as a program added to the library would. To make the strategy pick it, a
 program added to the library also needs a rule in ``training/engine/strategy.py`` (or a
-candidacy of the measured choice); named, as here, it needs none.
+candidacy of the measured choice); named, as here, it needs none, and runs one trial a stack
+(``training.engine.strategy.named``).
 """
 import torch
 
@@ -24,12 +25,12 @@ def build_chunked(cell, examples_per_chunk, eval_chunk):
 PROGRAMS.add("chunked_plain", build_chunked)
 
 if __name__ == "__main__":
-    ds = training.data.load("teacher", n=2000, dim=20, num_classes=4, seed=0)
-    net = training.models.build("mlp", ds, seed=0, hidden=[32])
-    run = training.RunConfig(batch_size=64, optimizer="momentum", max_steps=3000, goal=0.15,
-                             eval_schedule=training.EvalSchedule(every=50), dtype=torch.float64,
+    ds = training.data.load("teacher", n=600, dim=8, num_classes=3, hidden=16, seed=0)
+    net = training.models.build("mlp", ds, seed=0, hidden=[64])
+    run = training.RunConfig(batch_size=32, optimizer="momentum", max_steps=300, goal=0.15,
+                             eval_schedule=training.EvalSchedule(every=10), dtype=torch.float64,
                              stop="all")
-    trials = [training.Trial(lr=lr, momentum=0.9) for lr in (0.03, 0.3)]
+    trials = [training.Trial(lr=lr, momentum=0.9) for lr in (0.05, 0.2)]
     mine = training.train_trials(net, ds, trials, run, program="chunked_plain")
     plain = training.train_trials(net, ds, trials, run, program="plain")
     print("programs:", " ".join(PROGRAMS.names()))

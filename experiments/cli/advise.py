@@ -22,6 +22,11 @@ def _cmd_advise(args: argparse.Namespace) -> int:
                     seeds=args.seeds, probe_examples=args.probe_examples, quiet=args.quiet,
                     fractions=tuple(sorted({*DEFAULT_FRACTIONS, args.at})))
     print(advice.summary())
+    if args.schedule:
+        from experiments.run.advise_schedule import schedule_advice
+
+        seed = spec.seeds[0] if args.seed is None else args.seed
+        print(schedule_advice(spec, advice, seed=seed, replicates=args.schedule).summary())
     out = Path(args.out) if args.out else Path("runs") / "advise" / (
         spec.name + (f"-sparsity{args.sparsity:g}" if args.sparsity else ""))
     print(f"report: {write_advice(advice, out)}")
@@ -65,6 +70,10 @@ def add_advise_parser(sub: argparse._SubParsersAction, name: str = "advise") -> 
                    help=f"branch seeds, >= 3 (default {DEFAULT_SEEDS})")
     p.add_argument("--probe-examples", type=int, default=DEFAULT_PROBE_EXAMPLES,
                    help=f"training examples per noise probe (default {DEFAULT_PROBE_EXAMPLES})")
+    p.add_argument("--schedule", type=int, metavar="REPLICATES", nargs="?", const=5, default=0,
+                   help="also run the CBS warmup and goodput policies (theory.policies) against "
+                        "the recommended fixed batch size over REPLICATES data orders (default "
+                        "5) and recommend a schedule where one measurably beats it")
     p.add_argument("--out", help="report folder (default runs/advise/<study name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p, what="run, branch and probe")

@@ -23,7 +23,9 @@ The pipeline: :mod:`experiments.report.runs` loads and stacks the stores,
 sentences, :mod:`experiments.report.figures.measurement` and
 :mod:`experiments.report.figures.theory` the figures and :mod:`experiments.report.tables` the
 displayed tables; every registered measurement (:mod:`experiments.measurement`: the sanity
-checks, time to result, the delay axis, branching, a user's own) gives its part, and
+checks, time to result, the delay axis, branching, a user's own) gives its part,
+:mod:`experiments.report.schedules` the batch-size policies' shoot-out (studies with
+``[schedules]``), and
 :func:`build` puts them all into one :class:`experiments.report.sections.Document`, rendered to
 both formats by Jinja2 templates.
 
@@ -49,6 +51,7 @@ from experiments.report import analysis as A
 from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
+from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
 from experiments.report.prose import findings_text, optimizer_sentences, prediction_statement
 from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs, synchronous
@@ -167,6 +170,7 @@ def build(runs: RunSet) -> Report:
                                *(f for p in parts for f in p.figures))),
         _theory_section(runs, fits, judged, stage),
         *(s for p in parts for s in p.sections),
+        *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
             table_section("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
             table_section(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "

@@ -303,7 +303,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then every measurement the spec asks for measures what the
-    store lacks (:func:`measure_runs`; ``probes=False`` skips them all) and the report is
+    store lacks (:func:`measure_runs`), and the policies' shoot-out (``[schedules]``,
+    :mod:`experiments.run.schedules`) runs (``probes=False`` skips them all), and the report is
     written.
     A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
@@ -414,6 +415,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
+        if probes and spec.schedules.enabled:
+            from experiments.run.schedules import run_schedules   # late: only shoot-outs need it
+            with clock.phase("schedules"):
+                run_schedules(spec, dataset, store, quiet)
         trained = timing.training_by_batch_size(store.frame("groups"))
         tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
                                     store.frame("branching"), store.frame("stage_probes"))

@@ -76,7 +76,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [branching]                         # CBS(t) by branching (experiments.spec.tables.branching)
     enabled = true
-    k_max = 64
+    [schedules]                         # batch-size policies' shoot-out (experiments.spec.tables.schedules)
 
     [stopping]                          # a paired claim's stopping rule (spec.tables.stopping)
 
@@ -117,6 +117,7 @@ from experiments.spec.factories import Factory
 from experiments.spec.search import Dimension, optimizer_search
 from experiments.spec.series import SANITY, control_variants, series_label, series_names
 from experiments.spec.tables.branching import Branching, branching
+from experiments.spec.tables.schedules import Schedules, schedules
 from experiments.spec.tables.budget import Budget, budget_table
 from experiments.spec.tables.eval import eval_table
 from experiments.spec.tables.executor import executor_table
@@ -207,6 +208,7 @@ class Spec(SpecCore):
     # ``[search.optimizers.<optimizer>]`` tables of a multi-optimizer spec (:meth:`variants`)
     search_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)
     branching: Branching = Branching()
+    schedules: Schedules = Schedules()   # the policies' shoot-out, in the hash when enabled
     # by kind, the SHA-256 of each factory's source (experiments.spec.factories): in the hash
     digests: dict[str, str] = field(default_factory=dict)
     # by import path, the SHA-256 of each pruning criterion's module (the series' own is hashed)
@@ -280,6 +282,7 @@ class Spec(SpecCore):
             **overrides,
             # only an enabled table changes what a study stores (older hashes stay valid)
             **({"branching": self.branching.canonical()} if self.branching.enabled else {}),
+            **({"schedules": self.schedules.canonical()} if self.schedules.enabled else {}),
             **({"stopping": self.stopping.canonical()} if self.stopping else {}),
             **({"tuning": self.tuning.canonical()} if self.tuning else {}),
             **({"measures": list(self.measures), "measure_digests": self.measure_digests}
@@ -341,12 +344,12 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
                      for key, value in c["search"].items()}
     raw["budget"] = ({"max_steps": budget["max_steps"]} if budget["max_steps"] is not None else
                      {k: v for k, v in budget.items() if k != "max_steps" and v is not None})
-    for table in ("eval", "probes", "branching", "stopping", "tuning"):
+    for table in ("eval", "probes", "branching", "stopping", "tuning", "schedules"):
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
     spec = validate(raw, toml_text=toml_text, digests=digests, criterion_digests=(
         {} if digest is None else {raw["pruning"]["criterion"]: digest}),
-                    measure_digests=c.get("measure_digests", {}))
+        measure_digests=c.get("measure_digests", {}))
     if check is None and not series:
         return spec
     if (check is not None and check not in SANITY) or not isinstance(series, str):
@@ -366,7 +369,7 @@ MAX_TRIALS = 2**16
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
             "search", "budget", "eval", "probes", "branching", "stopping", "tuning", "executor",
-            "measures")
+            "schedules", "measures")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
@@ -377,8 +380,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     every problem: the top-level keys (:mod:`experiments.spec.checks`), then each table by its
     own module (:mod:`experiments.spec.tables`). A factory or pruning criterion named by import
     path is imported (from ``sys.path``, then ``folders``) and its source digested; ``digests``
-    (by kind), ``criterion_digests`` (by criterion path) and ``measure_digests`` (by
-    measurement path): a stored spec's, as recorded."""
+    (by kind), ``criterion_digests`` (by criterion path) and ``measure_digests``: a stored
+    spec's, as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
@@ -411,7 +414,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
     budget = budget_table(ck, raw)
     eval_schedule = eval_table(ck, ck.table(raw, "eval", "eval") or {})
     probes = probes_table(ck, raw, sparsities, trials, stop, len(seeds or ()), batch_sizes)
-    branch = branching(ck, raw, batch_sizes)
+    branch, sched = branching(ck, raw, batch_sizes), schedules(ck, raw, batch_sizes)
     stopping = stopping_table(ck, raw, sparsities, len(seeds or ()), probes.pairs_per_seed(trials),
                               probes.lipschitz_in_run)
     tuning = tuning_table(ck, raw, seeds)
@@ -437,7 +440,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         strict=COMPARISONS[comparison], batch_sizes=batch_sizes, sparsities=sparsities,
         pruning_criterion=criteria[0], pruning_criteria=criteria, sanity=sanity,
         search=search, search_seed=search_seed, trials=trials, budget=budget,
-        eval=eval_schedule, seeds=seeds, probes=probes, branching=branch,
+        eval=eval_schedule, seeds=seeds,
+        probes=probes, branching=branch, schedules=sched,
         workers=workers, optimizers=optimizers, toml=toml_text, search_overrides=overrides,
         digests=found, criterion_digests=criterion_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
@@ -448,9 +452,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None
                   ) -> Spec:
-    """``spec`` with its model and / or data set replaced: a registered name, an import path
-    ``"module:factory"`` or a callable (:mod:`experiments.spec.factories`), checked as the
-    ``[workload]`` table is (:class:`SpecError`)."""
+    """``spec`` with its model and / or data set replaced (a registered name, an import path
+    ``"module:factory"`` or a callable), checked as ``[workload]`` is (:class:`SpecError`)."""
     if model is None and dataset is None:
         return spec
     table = {"dataset": spec.dataset if dataset is None else dataset,
@@ -465,9 +468,8 @@ def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | N
 
 def loads(text: str, source: str | None = None, model: Factory | None = None,
           dataset: Factory | None = None, folders: tuple[str, ...] = ()) -> Spec:
-    """Parse and validate TOML text. ``model`` / ``dataset``: replace ``[workload] model`` /
-    ``dataset`` (which the text may then leave out), as in :func:`with_workload`; ``folders``:
-    where factory modules may be found after ``sys.path``."""
+    """Parse and validate TOML text. ``model`` / ``dataset``: replace ``[workload]``'s (as in
+    :func:`with_workload`); ``folders``: where factory modules may be found after ``sys.path``."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -36,12 +36,11 @@ class Results:
     trial; ``curves`` one per (trial, evaluation step); ``programs`` one per cell (batch size):
     the program every group of it ran (``groups.program``, each group's); ``predictions`` is
     empty unless something stored predictions. ``tables``: every other table, by name (the
-    probes' ``probes``, one row per measured quantity, and ``stage_probes``, one per quantity
-    at each step k N of each probed trial at Lee et al.'s stage; ``looks``, one per look a
-    group-sequential rule took while the study trained, :mod:`experiments.run.rounds`, the
-    stopping one with ``stop``; and each registered measurement's,
-    :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own), also read as
-    attributes (``results.branching``).
+    probes' ``probes``, one row per measured quantity, and ``stage_probes``, one per
+    quantity at each step k N of each probed trial at Lee et al.'s stage; and each registered
+    measurement's, :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own;
+    ``looks``, one per look a group-sequential rule took while the study trained,
+    :mod:`experiments.run.rounds`), also read as attributes (``results.branching``).
     """
 
     run_dir: Path

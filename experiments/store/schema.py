@@ -94,8 +94,8 @@ RENAMED_TABLES: dict[str, str] = {
 
 # Columns that legitimately differ between two runs of the same spec.
 CORE_VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-                 "probes": ("seconds",), "programs": ("recorded",),
-                 "stage_probes": ("seconds",), "looks": ("recorded",)}
+                 "probes": ("seconds",), "programs": ("recorded",), "stage_probes": ("seconds",),
+                 "looks": ("recorded",)}
 
 CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (

@@ -240,9 +240,7 @@ def warmup_schedule(examples: ArrayLike, critical_batch: ArrayLike, *, base_batc
     _int(base_batch, "base_batch", 1)
     floor = _int(base_batch if min_batch is None else min_batch, "min_batch", 1)
     top = None if cap is None else _int(cap, "cap", 1)
-    batches = [1 << int(math.floor(math.log2(max(c, floor)))) for c in cbs]
-    if top is not None:
-        batches = [min(b, top) for b in batches]
+    batches = [warmup_batch(c, floor, top) for c in cbs]
     segments: list[BatchSegment] = []
     step = consumed = 0
     for j, b in enumerate(batches):
@@ -259,6 +257,13 @@ def warmup_schedule(examples: ArrayLike, critical_batch: ArrayLike, *, base_batc
                 continue
         segments.append(BatchSegment(step, b, lr_scale(b / base_batch, optimizer)))
     return BatchSchedule(tuple(segments))
+
+
+def warmup_batch(critical: float, floor: int, cap: int | None = None) -> int:
+    """The warmup's batch size at a checkpoint of CBS ``critical``: the largest power of two
+    <= max(critical, ``floor``), at most ``cap``."""
+    b = 1 << int(math.floor(math.log2(max(critical, floor))))
+    return b if cap is None else min(b, cap)
 
 
 def _rule(best, base, ks, base_batch, eps):

@@ -35,17 +35,9 @@ from experiments.run.probes import PROBE_THREADS
 from experiments.spec.study import Spec
 from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store
-from experiments.run.workload import Mask, Workload, best_trial, on_device, stored_trial
-
-
-def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str | int) -> pd.Series | None:
-    """The group the base run comes from: at ``batch_size`` (or the smallest that reached the
-    goal, ``"smallest"``), among the done synchronous (delay 0) groups of (sparsity, seed) that
-    reached it; None if there is none."""
-    g = groups[(groups.sparsity == sparsity) & (groups.seed == seed) & (groups.status == "done")
-               & groups.steps_to_result.notna() & (groups.delay == 0)]   # synchronous runs
-    g = g if batch_size == "smallest" else g[g.batch_size == batch_size]
-    return None if g.empty else g.sort_values("batch_size").iloc[0]
+from experiments.run.workload import (
+    Mask, Workload, base_group, best_trial, on_device, stored_trial,
+)
 
 
 @dataclass(frozen=True)
