@@ -14,7 +14,8 @@ The core tables (``CORE_*``, :data:`CORE_SCHEMA`) are the study's own; every reg
 measurement (:mod:`experiments.measurement`) adds its tables, and ``COLUMNS``, ``SORT_KEYS``,
 ``ADDED_COLUMNS``, ``VOLATILE`` and :func:`schema` are the core ones followed by theirs
 (:class:`WithMeasurements`): the schema names no kind of measurement but the probes, whose
-tables are still defined here.
+tables are still defined here, and keeps the group-sequential rule's ``looks``
+(:mod:`experiments.run.rounds`) among the core tables: the stopping rule is the study's own.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ CORE_COLUMNS: dict[str, tuple[str, ...]] = {
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
     "stage_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
-                        "value", "examples", "seconds", "lib_version", "torch_version"),
+                     "value", "examples", "seconds", "lib_version", "torch_version"),
     "programs": ("batch_size", "program", "choice", "recorded"),
     "looks": ("look", "looks", "pairs", "mean", "low", "high", "statistic", "boundary",
               "nominal", "stop", "why", "recorded"),
@@ -161,7 +162,7 @@ PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hess
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
 # same points, and L on the whole split where lipschitz_check asks for it
 STAGE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
-                       "b_simple", "loss")
+                    "b_simple", "loss")
 
 
 @dataclass(frozen=True)
