@@ -2,7 +2,7 @@
 
 - ``study``, ``report``, ``probe``, ``list``: studies, reports, probes and names (here);
 - ``branch``: the critical batch by branching (and its warmup) for a stored study or a spec
-  (:mod:`experiments.run.branching_study`);
+  (:mod:`experiments.measures.branching.tasks`);
 - ``advise``: a recommended batch size from one short run with branches, without a sweep
   (:mod:`experiments.cli.advise`);
 - ``design``: the runs or pairs a study needs for a stated resolution, from a pilot's store
@@ -153,7 +153,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def _cmd_branch(args: argparse.Namespace) -> int:
     from experiments.run import runner
-    from experiments.run.branching_study import run_branching, with_overrides
+    from experiments.measures.branching.tasks import run_branching, with_overrides
     from experiments.spec.study import load
     from experiments.store.database import DB_NAME, StoreContentError, open_store
     from experiments.store.results import load_results

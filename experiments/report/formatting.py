@@ -111,3 +111,8 @@ def budget_text(budget: Budget | str) -> str:
     if budget.max_steps is not None:
         return str(budget.max_steps)
     return f"{budget.examples} examples / B, in [{budget.min}, {budget.max}]"
+
+
+def with_interval(value: float, lo: float, hi: float, digits: int = 4) -> str:
+    """``value [lo, hi]`` (:func:`fmt_interval`), or "–" for a missing value."""
+    return "–" if pd.isna(value) else f"{fmt_num(value, digits)} {fmt_interval(lo, hi)}"

@@ -17,15 +17,9 @@ from theory.models.scaling import MAXIMAL_SLOPE
 
 from experiments.report.analysis import FIT_LEVEL, perfect_scaling_until
 from experiments.report.formatting import (
-    fmt_interval, fmt_num, fmt_pct, series_label, sparsity_label,
+    fmt_interval, fmt_num, series_label, sparsity_label,
 )
-from experiments.report.sanity_view import DENSITY_PRESERVING, SAME_COST_FACTOR, same_cost
 from experiments.report.theory_view import RunPrediction
-
-# The sanity checks as adjectives of "masks" (experiments.spec.series.SANITY).
-SANITY_WORDS = {"shuffle": "shuffled", "matched_random": "matched-random",
-                "reinit": "reinitialized", "invert": "inverted"}
-
 
 def scaling_sentence(name: str, f: pd.Series, reached: pd.Series) -> str:
     """Where perfect scaling ends for one fitted series (or that the measured range does not show
@@ -128,32 +122,6 @@ def optimizer_sentences(fits: pd.DataFrame, optimizers: Mapping[str, str],
                        "so these measurements do not separate the optimizers")
         out.append(f"Which optimizer extends perfect scaling further, {sparsity_label(sparsity)}: "
                    f"{verdict}. Fitted B_crit ({int(FIT_LEVEL * 100)} % intervals): {values}.")
-    return out
-
-
-def sanity_sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per (criterion, sparsity) of the sanity-check table
-    (:func:`experiments.report.sanity_view.sanity_view`): its sanity series' step ratios and B_crit, and
-    whether its layer densities alone set the cost of sparsity (:func:`~experiments.report.sanity_view.
-    same_cost` for every density-preserving series that reached the goal)."""
-    out = []
-    for (criterion, sparsity), g in table.groupby(["criterion", "sparsity"], sort=False):
-        parts = [f"{SANITY_WORDS[r.check]} masks need {fmt_num(r.ratio, 3)}× its steps (B_crit "
-                 f"{fmt_num(r.b_crit, 3)})" if r.points else f"{SANITY_WORDS[r.check]} masks "
-                 f"share no batch size where both reached the goal"
-                 for r in g.itertuples(index=False)]
-        kept = g[g["check"].isin(DENSITY_PRESERVING) & (g["points"] > 0)]
-        head = (f"Sanity checks at {fmt_pct(sparsity)} sparsity ({criterion}: B_crit "
-                f"{fmt_num(g['criterion_b_crit'].iloc[0], 3)}; median over the batch sizes both "
-                f"reached): " + ", ".join(parts))
-        if not len(kept):
-            out.append(head + "; without a density-preserving series that reached the goal, the "
-                              "question stays open.")
-            continue
-        verdict = ("only its layer densities, not its choice of weights, set the cost of sparsity"
-                   if all(same_cost(r) for r in kept["ratio"]) else
-                   "its choice of weights, not only its layer densities, sets the cost of sparsity")
-        out.append(f"{head}: {verdict} (tolerance {SAME_COST_FACTOR:g}×).")
     return out
 
 

@@ -11,6 +11,7 @@ columns, and what the runs' specs plan (:func:`experiments.spec.plan.plan`; an i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from experiments.spec.external import ExternalSpec, StudySpec
 from experiments.report.formatting import series_label
 from experiments.spec.plan import plan
 from experiments.spec.search import Dimension
-from experiments.store.results import Results, load_results
+from experiments.store.results import Results, load_results, table_attribute
 
 
 # Canonical spec entries that make two runs' dense networks the same experiment.
@@ -61,10 +62,12 @@ class Run:
 @dataclass(frozen=True)
 class RunSet:
     """The runs of one report and their tables, each with ``run`` (label) and ``series`` columns
-    first: ``groups``, ``trials``, ``probes``, ``study``, ``branching``, ``warmup`` and
-    ``stage`` (the store's ``stage_probes``: L at Lee et al.'s stage) as stored,
-    ``planned`` one row per (sparsity, batch size, seed) the run's spec plans (with ``probes``:
-    whether it plans probes).
+    first: ``groups``, ``trials``, ``probes``, ``study`` and ``stage`` (the store's
+    ``stage_probes``: L at Lee et al.'s stage) as stored, ``planned`` one row per (sparsity,
+    batch size, seed) the run's spec plans (with ``probes``: whether it plans probes), and
+    ``tables``: every table of :attr:`experiments.store.results.Results.tables` stacked the
+    same way (each measurement's: ``branching``, ``warmup``, a user's own), also read as
+    attributes (``runs.branching``).
     ``order`` lists the series in report order: runs as given, sparsity ascending."""
 
     runs: tuple[Run, ...]
@@ -74,9 +77,11 @@ class RunSet:
     study: pd.DataFrame
     planned: pd.DataFrame
     order: tuple[str, ...]
-    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
-    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
     stage: pd.DataFrame = field(default_factory=pd.DataFrame)
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        return table_attribute(self, name)
 
     @property
     def combined(self) -> bool:
@@ -157,9 +162,9 @@ def stack(runs: tuple[Run, ...]) -> RunSet:
     for r in runs:
         levels = sorted(set(r.spec.sparsities) | set(r.results.groups["sparsity"]))
         order += [series_label(r.label, s, combined) for s in levels]
-    return RunSet(runs, stacked("groups"), stacked("trials"), stacked("probes"), stacked("study"),
-                  planned, tuple(order), stacked("branching"), stacked("warmup"),
-                  stacked("stage_probes"))
+    tables = {t: stacked(t) for t in runs[0].results.tables}
+    return RunSet(runs, stacked("groups"), stacked("trials"), tables["probes"], stacked("study"),
+                  planned, tuple(order), tables["stage_probes"], tables)
 
 
 def planned_cells(spec: StudySpec) -> list[tuple[float, int, int, int]]:

@@ -118,6 +118,12 @@ class Section:
 Block = Union[Paragraphs, Table, Figure, Formula, Code, Section]
 
 
+def table_section(title: str, frame: pd.DataFrame, note: str = "", level: int = 3) -> Section:
+    """A sub-section holding a table (when it has rows) and its note (when there is one)."""
+    return Section(title, level, (*((Table(frame),) if len(frame) else ()),
+                                  *((Paragraphs((note,), "note"),) if note else ())))
+
+
 @dataclass(frozen=True)
 class Document:
     """A report: its title (the level-1 heading) and its top sections."""

@@ -1,7 +1,7 @@
 """The report's tables formatted for display: every cell a string, fixed formatting.
 
 Each function takes an analysis frame (:mod:`experiments.report.analysis`, :mod:`experiments.
-theory_view`, :mod:`experiments.report.hardware`) and returns the frame the report shows, with its
+theory_view`, :mod:`experiments.measures`) and returns the frame the report shows, with its
 column headings; the numbers themselves are computed there, not here.
 """
 
@@ -13,9 +13,8 @@ import pandas as pd
 
 from experiments.report.analysis import Fits
 from experiments.report.formatting import (
-    budget_text, fmt_interval, fmt_num, goal_text, grid_interval, sparsity_label,
+    budget_text, fmt_interval, fmt_num, goal_text, sparsity_label,
 )
-from experiments.report.hardware import HardwarePart
 from experiments.report.runs import Run
 
 
@@ -108,42 +107,6 @@ def ratios_table(ratios: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _with_interval(value: float, lo: float, hi: float, digits: int = 4) -> str:
-    return "–" if pd.isna(value) else f"{fmt_num(value, digits)} {fmt_interval(lo, hi)}"
-
-
-def sanity_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Each sanity series beside its criterion (:func:`experiments.report.sanity_view.sanity_view`): steps
-    ratios to the criterion and to dense, and both fitted B_crit."""
-    return pd.DataFrame({
-        "series": table["series"], "criterion": table["criterion"],
-        "batch sizes compared": [str(v) for v in table["points"]],
-        "steps / criterion (median [min, max])": [
-            f"{fmt_num(m, 3)} {fmt_interval(lo, hi)}" if p else "–"
-            for m, lo, hi, p in zip(table["ratio"], table["ratio_min"], table["ratio_max"],
-                                    table["points"])],
-        "steps / dense (median)": [fmt_num(v, 3) for v in table["ratio_to_dense"]],
-        "criterion steps / dense": [fmt_num(v, 3) for v in table["criterion_ratio_to_dense"]],
-        "B_crit [interval]": [_with_interval(*v) for v in zip(
-            table["b_crit"], table["b_crit_lo"], table["b_crit_hi"])],
-        "criterion B_crit [interval]": [_with_interval(*v) for v in zip(
-            table["criterion_b_crit"], table["criterion_b_crit_lo"], table["criterion_b_crit_hi"])],
-    })
-
-
-def densities_table(densities: pd.DataFrame) -> pd.DataFrame:
-    """The masks' per-layer density and layer-collapse counts
-    (:func:`experiments.report.sanity_view.density_frame`)."""
-    return pd.DataFrame({
-        "series": densities["series"], "layer": densities["layer"],
-        "kept / total": [f"{k} / {t}" for k, t in zip(densities["kept"], densities["total"])],
-        "density": [fmt_num(v, 3) for v in densities["density"]],
-        "dead units": [fmt_num(v) for v in densities["dead"]],
-        "kept weights on an input-output path": [fmt_num(v) for v in densities["on_path"]],
-        "every output reached": [fmt_num(v) for v in densities["connected"]],
-    })
-
-
 def missing_table(missing: pd.DataFrame) -> pd.DataFrame:
     """Missing and failed groups and levels without probes."""
     df = missing.copy()
@@ -162,71 +125,3 @@ def cost_table(cost: pd.DataFrame) -> pd.DataFrame:
     df["trial-steps"] = [f"{int(v):,}" for v in cost["trial_steps"]]
     df["wall time (s, summed over groups)"] = [f"{v:.1f}" for v in cost["wall_time_s"]]
     return df
-
-
-def hardware_tables(part: HardwarePart) -> list[tuple[str, pd.DataFrame, str]]:
-    """(title, table, note) of the time to result (worker-seconds) per series and B on each k,
-    then of the fastest B per k; none without a cost model."""
-    p = part.points
-    if not len(p):
-        return []
-    ks = sorted(set(p["workers"]))
-    extrapolated = set(p.loc[p["extrapolated"], "workers"])
-    heads = {k: f"k = {k}" + (" (extrapolated)" if k in extrapolated else "") for k in ks}
-    rows = []
-    for (series, b), g in p.groupby(["series", "batch_size"], sort=False):
-        cell = {int(r.workers): f"{fmt_num(r.time, 4)} ({fmt_num(r.worker_seconds, 4)})"
-                for r in g.itertuples(index=False)}
-        rows.append({"series": series, "B": str(b), "steps": str(int(g["steps"].iloc[0])),
-                     **{heads[k]: cell.get(k, "–") for k in ks}})
-    grid = pd.DataFrame(rows, columns=["series", "B", "steps", *heads.values()])
-    rank = {s: i for i, s in enumerate(dict.fromkeys(p["series"]))}
-    best = (p[p["fastest"]].assign(_rank=p["series"].map(rank))
-            .sort_values(["_rank", "workers"], kind="stable"))
-    fastest = pd.DataFrame({
-        "series": best["series"], "k": best["workers"].astype(str),
-        "fastest B": best["batch_size"].astype(str), "B/k": best["per_worker_batch"].astype(str),
-        "steps": best["steps"].astype(str),
-        "step (ms)": [fmt_num(v * 1e3, 4) for v in best["step_time"]],
-        "time to result (s)": [fmt_num(v, 4) for v in best["time"]],
-        "worker-seconds": [fmt_num(v, 4) for v in best["worker_seconds"]],
-        "extrapolated": ["yes" if v else "no" for v in best["extrapolated"]]})
-    gaps = (grid[list(heads.values())] == "–").any(axis=None)
-    return [("Predicted time to result on k workers: seconds (worker-seconds)", grid,
-             "–: B is not divisible by k." if gaps else ""),
-            ("Fastest batch size per number of workers k", fastest.reset_index(drop=True), "")]
-
-
-def critical_table(critical: pd.DataFrame) -> pd.DataFrame:
-    """CBS at the goal, B_simple at the goal and the fitted B_crit with intervals, and the cost."""
-    return pd.DataFrame({
-        "series": critical["series"], "seed": critical["seed"],
-        "base B, H": [f"{b}, {h}" for b, h in zip(critical["base_batch"], critical["goal_step"])],
-        "CBS at the goal": [grid_interval(v, lo, hi, open_above=bool(u)) for v, lo, hi, u in
-                            zip(critical["cbs"], critical["cbs_low"], critical["cbs_high"],
-                                critical["upper_end"])],
-        "B_simple at the goal": [_with_interval(v, lo, hi, 3) for v, lo, hi in
-                                 zip(critical["b_simple"], critical["b_simple_low"], critical["b_simple_high"])],
-        "fitted B_crit": [_with_interval(v, lo, hi, 3) for v, lo, hi in
-                          zip(critical["b_crit"], critical["b_crit_low"], critical["b_crit_high"])],
-        "cost (trial-steps)": critical["trial_steps"],
-        "% of the sweep": [fmt_num(100 * c / s, 3) for c, s in zip(critical["trial_steps"],
-                                                                   critical["sweep_trial_steps"])]})
-
-
-def warmup_table(warm: pd.DataFrame) -> pd.DataFrame:
-    """The warmup and the best fixed B: steps median [min, max] and median examples."""
-    def steps(m, lo, hi):
-        return f"{fmt_num(m)} [{fmt_num(lo)}, {fmt_num(hi)}]"
-
-    return pd.DataFrame({
-        "series": warm["series"], "seed": warm["seed"], "warmup B(t)": warm["schedule"],
-        "budget (examples)": warm["examples_budget"],
-        "warmup steps": [steps(*v) for v in zip(warm["warmup_steps"], warm["warmup_steps_min"],
-                                                warm["warmup_steps_max"])],
-        "warmup examples": [fmt_num(v) for v in warm["warmup_examples"]],
-        "best fixed B": [fmt_num(v) for v in warm["best_fixed"]],
-        "fixed steps": [steps(*v) for v in zip(warm["fixed_steps"], warm["fixed_steps_min"],
-                                               warm["fixed_steps_max"])],
-        "fixed examples": [fmt_num(v) for v in warm["fixed_examples"]],
-        "base B: steps": [f"{b}: {fmt_num(v)}" for b, v in zip(warm["base_batch"], warm["base_steps"])]})

@@ -13,18 +13,21 @@ several runs, e.g. an SGD and a momentum study, can be combined) and writes into
   value, interval, allowed range, the statistic it uses and its reason
   (:func:`experiments.report.verdicts.verdicts_frame`); the docs quote these
   (``experiments/scripts/docs_verdicts.py``);
-- ``time_to_result.csv`` when a run folder holds ``cost_model.json``: predicted time-to-result
-  per (series, batch size, workers k) on real hardware (:mod:`experiments.report.hardware`).
+- each measurement's CSV files (:attr:`experiments.measurement.Part.files`): ``time_to_result.csv``
+  when a run folder holds ``cost_model.json`` (:mod:`experiments.measures.hardware`),
+  ``delays.csv`` for a study with a delay axis (:mod:`experiments.measures.delay`).
 
-The pipeline: :mod:`experiments.report.runs` loads and stacks the stores, :mod:`experiments.report.analysis`
-computes the tables and fits (once), :mod:`experiments.report.theory_view` the predictions,
-:mod:`experiments.report.sanity_view` the pruning sanity checks beside their criteria (studies with
-``[pruning] sanity``), :mod:`experiments.report.branching_view` the critical batch by branching beside
-B_simple and B_crit (studies with ``[branching]``), :mod:`experiments.report.schedules` the
-batch-size policies' shoot-out (studies with ``[schedules]``), :mod:`experiments.report.prose` the sentences, :mod:`experiments.report.figures.measurement` and
-:mod:`experiments.report.figures.theory` the figures and
-:mod:`experiments.report.tables` the displayed tables; :func:`build` puts them into one
-:class:`experiments.report.sections.Document`, rendered to both formats by Jinja2 templates.
+The pipeline: :mod:`experiments.report.runs` loads and stacks the stores,
+:mod:`experiments.report.analysis` computes the tables and fits (once),
+:mod:`experiments.report.theory_view` the predictions, :mod:`experiments.report.prose` the
+sentences, :mod:`experiments.report.figures.measurement` and
+:mod:`experiments.report.figures.theory` the figures and :mod:`experiments.report.tables` the
+displayed tables; every registered measurement (:mod:`experiments.measurement`: the sanity
+checks, time to result, the delay axis, branching, a user's own) gives its part,
+:mod:`experiments.report.schedules` the batch-size policies' shoot-out (studies with
+``[schedules]``), and
+:func:`build` puts them all into one :class:`experiments.report.sections.Document`, rendered to
+both formats by Jinja2 templates.
 
 ``out`` defaults to the first run folder. The same store(s) give byte-identical files: figures
 carry no software or time metadata, rows are sorted, numbers have fixed formatting, and nothing
@@ -43,23 +46,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments import measurement
 from experiments.report import analysis as A
 from experiments.report.figures import measurement as F
 from experiments.report import tables as T
 from experiments.report.figures import theory as TF
-from experiments.report.branching_view import branching_sentences, critical_table, warmup_table
 from experiments.report.schedules.section import rows_of, schedules_section
 from experiments.report.formatting import eval_text, goal_text
-from experiments.report.hardware import hardware_view, time_to_result_frame
-from experiments.report.prose import (
-    findings_text, optimizer_sentences, prediction_statement, sanity_sentences,
-)
+from experiments.report.prose import findings_text, optimizer_sentences, prediction_statement
 from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs, synchronous
-from experiments.report.delay.section import delay_section
-from experiments.report.delay.view import delay_view
-from experiments.report.sanity_view import SanityPart, sanity_view
 from experiments.report.sections import (
-    Code, Document, Figure, Formula, Paragraphs, Section, Table, render,
+    Code, Document, Figure, Formula, Paragraphs, Section, Table, render, table_section,
 )
 from experiments.report.theory_view import (
     NQM_NOTE, NQM_OPTIMIZER, probe_definition_text, theory_view,
@@ -74,20 +71,17 @@ from experiments.report.lee_stage_view import StagePart, stage_sentences, stage_
 
 __all__ = ["write_report", "write_document", "build", "ReportError", "ReportIOError"]
 
-HARDWARE_HEADING = "Time to result on real hardware"
 CSV_FORMAT = {"index": False, "float_format": "%.6g", "lineterminator": "\n"}
 
 
 @dataclass(frozen=True)
 class Report:
-    """What :func:`write_report` writes: the document (figures inside it) and the CSV tables
-    (``time_to_result`` has no rows without a cost model)."""
+    """What :func:`write_report` writes: the document (figures inside it) and the CSV tables,
+    by file name: ``summary``, ``verdicts`` and each measurement's (``time_to_result``,
+    ``delays``, ...; None: no such file)."""
 
     document: Document
-    summary: pd.DataFrame
-    time_to_result: pd.DataFrame
-    verdicts: pd.DataFrame
-    delays: pd.DataFrame | None = None   # S(B, tau) per (run, level, B, tau): a delay axis only
+    tables: dict[str, pd.DataFrame | None]
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
@@ -100,11 +94,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     runs = load_runs([Path(d) for d in run_dirs] if not isinstance(run_dirs, (str, Path)) else run_dirs)
     out = Path(out) if out is not None else Path(run_dirs[0])
     report = build(runs)
-    # no time-to-result rows: remove the file an earlier report with a cost model left
-    return write_document(report.document, out, {
-        "summary": report.summary, "verdicts": report.verdicts,
-        "time_to_result": report.time_to_result if len(report.time_to_result) else None,
-        "delays": report.delays})
+    # a table that is None removes the file an earlier report left (no cost model now)
+    return write_document(report.document, out, report.tables)
 
 
 def write_document(document: Document, out: str | Path, tables: dict[str, pd.DataFrame | None]
@@ -137,35 +128,35 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def build(runs: RunSet) -> Report:
-    """Compute every number, figure and table of the report from the loaded runs: the delay
-    axis's section from every group, everything else from the synchronous (delay 0) ones."""
-    delays = delay_view(runs.groups, runs.trials)
-    runs = synchronous(runs)
+    """Compute every number, figure and table of the report from the loaded runs: the core
+    sections (the sweep, its fits and the theory beside it) from the synchronous (delay 0)
+    groups, and each registered measurement's part (:meth:`experiments.measurement.Measurement.report`,
+    in the registry's order) placed where its :class:`experiments.measurement.Part` says."""
+    every, runs = runs, synchronous(runs)
     order, labels = runs.order, runs.labels
     points = A.points_table(runs.groups, runs.trials, runs.planned, order)
     edges = A.search_edges(points, runs.searched())
     fits = A.fit_series(runs.groups, order)
     ratios = A.step_ratios(points, order, runs.dense_runs())
     theory = theory_view(runs.groups, runs.probes, fits, labels, [r.optimizer for r in runs.runs])
-    sanity = sanity_view(runs, points, fits, ratios)
     missing = A.missing_table(runs.groups, runs.probes, runs.planned, labels)
     cost = A.cost_table(runs.groups, runs.study, runs.planned, missing)
-    hardware = hardware_view(runs.runs, order, points)
     judged, unjudged = verdicts(runs.groups, runs.probes, fits, labels, runs.trials,
                                 [r.label for r in runs.runs if getattr(r.spec, "stop", "") == "all"],
                                 runs.stage)
     stage = stage_view(runs)
-    # the claim at Lee et al.'s stage beside the early probes' claims
-    judged = pd.concat([judged, *(v for v in (stage.verdicts, delays.verdicts) if len(v))],
-                       ignore_index=True)
-    critical = critical_table(runs.branching, runs.warmup, runs.probes, fits.table, runs.groups)
-    warm = warmup_table(runs.warmup)
+    ctx = measurement.ReportContext(runs, every, points, edges, fits, ratios)
+    parts = [m.report(ctx) for _, m in measurement.MEASURES.items()]
+    # the claim at Lee et al.'s stage and each measurement's beside the early probes' claims
+    judged = pd.concat([judged, *(v for v in (stage.verdicts, *(p.verdicts for p in parts))
+                                  if v is not None and len(v))], ignore_index=True)
     prose = (
         findings_text(points, fits.table, ratios, missing, order, labels),
-        stage_sentences(stage) + failure_sentences(judged, runs.probes) + unjudged,
+        stage_sentences(stage) + [s for p in parts for s in p.findings]
+        + failure_sentences(judged, runs.probes) + unjudged,
         optimizer_sentences(fits.table, {r.label: r.optimizer for r in runs.runs},
                             sorted({s for r in runs.runs for s in r.spec.sparsities}))
-        + sanity_sentences(sanity.table) + branching_sentences(critical, warm))
+        + [s for p in parts for s in p.sentences])
     sections = (
         Section("Studies", 2, (Table(T.overview_table(runs.runs)), *_reductions(runs),
                                *_stopping(runs))),
@@ -173,35 +164,37 @@ def build(runs: RunSet) -> Report:
             *((Table(findings_table(judged)), Paragraphs((FINDINGS_NOTE,), "note"))
               if len(judged) else ()),
             # the prose below the table: one paragraph per theme (scaling and the cost of
-            # sparsity; the theory; optimizers, sanity checks and branching)
+            # sparsity; the theory; optimizers and each measurement's findings)
             Paragraphs(tuple(" ".join(p) for p in prose if p)))),
-        Section("Figures", 2, tuple(_figures(runs, points, edges, fits, ratios, theory, sanity))),
+        Section("Figures", 2, (*_figures(runs, points, edges, fits, ratios, theory),
+                               *(f for p in parts for f in p.figures))),
         _theory_section(runs, fits, judged, stage),
-        *([delay_section(runs, delays)] if delays.measured else []),
-        *([_branching_section(runs, fits, critical, warm)] if len(critical) else []),
+        *(s for p in parts for s in p.sections),
         *([schedules_section(runs, shootout)] if len(shootout := rows_of(runs)) else []),
         Section("Tables", 2, (
-            _table("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
-            _table(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
-                   "intervals, regime boundaries)", T.fits_table(fits)),
-            _table("Structure of the bound (not scored)", T.predictions_table(theory.table),
-                   "The convergence bound's values beside the measurement. Not a prediction the "
-                   "papers make: with one ε shared by all levels the bound's critical batch 4σ²/ε "
-                   "scales as σ²_sparse / σ²_dense by construction. The papers' claims are scored "
-                   "under Theory vs measurement." if len(theory.table) else
-                   "No bound could be evaluated (see What was fitted and what was predicted)."),
-            _table("Sparse / dense step ratios (measured)", T.ratios_table(ratios),
-                   "" if len(ratios) else
-                   "No sparse and dense curve reached the goal at a common batch size."),
-            _table("Probe inputs to the theory", T.probe_inputs_table(theory.inputs),
-                   "L: Lee et al.'s local Lipschitz constant (mean along the probed runs); σ² = "
-                   "tr Σ and B_simple: over the last 20 % of the runs; Δ: loss at step 0."),
-            *_sanity_tables(sanity),
-            _table("Missing and failed", T.missing_table(missing),
-                   "" if len(missing) else "Every planned group is in the store and none failed."),
-            _table("Cost and versions", T.cost_table(cost)))),
-        Section(HARDWARE_HEADING, 2, (Paragraphs(tuple(hardware.paragraphs)),
-                                      *(_table(*t) for t in T.hardware_tables(hardware)))),
+            table_section("Steps to result", T.steps_table(points, edges), _stop_note(runs)),
+            table_section(f"Scaling fits (S_min, B_crit with {int(A.FIT_LEVEL * 100)} % bootstrap "
+                          "intervals, regime boundaries)", T.fits_table(fits)),
+            table_section(
+                "Structure of the bound (not scored)", T.predictions_table(theory.table),
+                "The convergence bound's values beside the measurement. Not a prediction the "
+                "papers make: with one ε shared by all levels the bound's critical batch 4σ²/ε "
+                "scales as σ²_sparse / σ²_dense by construction. The papers' claims are scored "
+                "under Theory vs measurement." if len(theory.table) else
+                "No bound could be evaluated (see What was fitted and what was predicted)."),
+            table_section("Sparse / dense step ratios (measured)", T.ratios_table(ratios),
+                          "" if len(ratios) else
+                          "No sparse and dense curve reached the goal at a common batch size."),
+            table_section("Probe inputs to the theory", T.probe_inputs_table(theory.inputs),
+                          "L: Lee et al.'s local Lipschitz constant (mean along the probed runs); "
+                          "σ² = tr Σ and B_simple: over the last 20 % of the runs; Δ: loss at "
+                          "step 0."),
+            *(t for p in parts for t in p.tables),
+            table_section("Missing and failed", T.missing_table(missing),
+                          "" if len(missing) else
+                          "Every planned group is in the store and none failed."),
+            table_section("Cost and versions", T.cost_table(cost)))),
+        *(s for p in parts for s in p.appendix),
         Section("What was fitted and what was predicted", 2,
                 (Paragraphs(tuple(prediction_statement(p) for p in theory.runs)),)),
         Section("Theory formulas", 2, tuple(Formula(*f, name=f"formula{i}")
@@ -211,10 +204,10 @@ def build(runs: RunSet) -> Report:
     )
     return Report(
         document=Document("Study report: " + ", ".join(labels), sections),
-        summary=A.summary_frame(points, edges, fits, theory.curves, ratios, runs.info()),
-        time_to_result=time_to_result_frame(hardware, runs.info()),
-        verdicts=verdicts_frame(judged, runs.info()),
-        delays=delays.points if delays.measured else None)
+        tables={"summary": A.summary_frame(points, edges, fits, theory.curves, ratios,
+                                           runs.info()),
+                "verdicts": verdicts_frame(judged, runs.info()),
+                **{name: frame for p in parts for name, frame in p.files.items()}})
 
 
 STOP_WORDS = {
@@ -284,7 +277,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
     noise = noise_along_table(runs.groups, runs.probes, runs.stage, runs.trials, runs.labels)
     return Section("Theory vs measurement", 2, (
         Paragraphs((STEPS_DEFINITION + f" This report used: {evals}.", *probed)),
-        _table("Claims in their own terms", verdict_table(judged),
+        table_section("Claims in their own terms", verdict_table(judged),
                "Paper's tier: McCandlish et al. (2018) B_simple at the goal within 10x of the "
                "fitted B_crit; Lee et al. (2021) the sparse/dense step ratio explained by "
                "(L_s Δ_s)/(L_d Δ_d) in direction (and ordering with >= 3 levels); shape: small-B "
@@ -298,7 +291,7 @@ def _theory_section(runs: RunSet, fits: A.Fits, judged: pd.DataFrame,
                "of its group met the goal), one line per probed batch size (median over seeds); "
                "black line and grey band: the series' fitted B_crit and its interval.",
                F.png_bytes(TF.b_simple_figure(runs.probes, fits.table, order, cmap))),
-        *([_table("B_simple along training, pooled over the probed runs", noise,
+        *([table_section("B_simple along training, pooled over the probed runs", noise,
                   "Ratio of sums tr Σ / |G|² over every probed run's points in each fifth of "
                   "the run (McCandlish et al. 2018), bootstrap over runs (over one run's points "
                   "where a level has one run).")] if len(noise) else []),
@@ -328,72 +321,9 @@ def _stage_section(stage: StagePart, order: list[str], cmap: dict) -> Section:
     ))
 
 
-def _branching_section(runs: RunSet, fits: A.Fits, critical: pd.DataFrame, warm: pd.DataFrame) -> Section:
-    """Critical batch by branching: CBS at the goal beside B_simple and the fitted B_crit, its
-    cost, CBS(t) along the run (Figure 9) and the warmup against the best fixed B."""
-    order = list(runs.order)
-    return Section(BRANCHING_HEADING, 2, (
-        Paragraphs((BRANCHING_TEXT,)),
-        _table("The critical batch three ways", T.critical_table(critical),
-               "CBS: at the checkpoint at H, the base run's steps-to-result, with its bootstrap interval "
-               "over branch seeds (≥: the largest branch passed, a lower bound). B_simple: at the goal "
-               "(last 20 % of the probed runs), hierarchical bootstrap. B_crit: the sweep's fit, "
-               "bootstrap. Cost: the base run and every branch, in trial-steps, as a share of the "
-               "sweep's."),
-        Figure("fig9_branching", "Figure 9. CBS(t) by branching beside B_simple(t) and the fitted B_crit",
-               "Merrill et al. (2025)'s critical batch at K checkpoints of the best run at a small "
-               "batch size (x: step / H), band: its bootstrap interval over branch seeds; dashed: "
-               "McCandlish et al. (2018)'s B_simple probed along the run of the same batch size (or "
-               "of every probed batch size when that one was not probed; median over seeds); "
-               "black line and grey band: the series' fitted B_crit and its interval; dotted: the "
-               "largest branch.", F.png_bytes(TF.branching_figure(
-                   runs.branching, runs.probes, fits.table, order, F.colors(order)))),
-        _table("Batch-size warmup from CBS(t) against the best fixed batch size", T.warmup_table(warm),
-               "Both under the same examples budget, lr scaled by the optimizer's rule (× k SGD-type, "
-               "× √k Adam-type); steps: median [min, max] over replicate data orders; examples: "
-               "median. Best fixed B: fewest median steps among the fixed B that reached the goal "
-               "in every replicate." if len(warm) else "No warmup was measured."),
-    ))
-
-
-BRANCHING_HEADING = "Critical batch by branching"
-BRANCHING_TEXT = (
-    "From K checkpoints of the best run at a small batch size B, short runs branch at k B "
-    "(k = 1, 2, 4, ...) with the learning rate scaled by the optimizer's rule times multipliers "
-    "0.5, 1, 2, for the same number of examples W. CBS(t) is the largest k B whose best "
-    "multiplier's held-out loss, averaged over branch seeds, stays within (1 + ε) of the base "
-    "run's (Merrill et al. 2025). It is set beside the noise scale B_simple measured along the "
-    "run (McCandlish et al. 2018) and the critical batch B_crit fitted to the sweep: three "
-    "estimates of one quantity, dense beside sparse.")
-
-
-def _table(title: str, frame: pd.DataFrame, note: str = "") -> Section:
-    """A sub-section holding a table (when it has rows) and its note (when there is one)."""
-    return Section(title, 3, (*((Table(frame),) if len(frame) else ()),
-                              *((Paragraphs((note,), "note"),) if note else ())))
-
-
-SANITY_NOTES = {
-    "table": ("Sanity checks: each series beside its criterion",
-              "Shuffled, matched-random and reinitialized masks keep the criterion's layer "
-              "densities (Frankle et al. 2021; Su et al. 2020); inverted masks keep what it ranks "
-              "lowest."),
-    "densities": ("Masks: per-layer density and layer collapse",
-                  "Lowest seed. Dead units: no kept incoming or no kept outgoing weight; paths are "
-                  "traced for chains of Linear / Conv layers only (pruning.diagnose)."),
-}
-
-
-def _sanity_tables(sanity: SanityPart) -> list[Section]:
-    """The sanity-check comparison and the masks' per-layer table, for studies that have them."""
-    shown = {"table": T.sanity_table, "densities": T.densities_table}
-    return [_table(title, shown[part](getattr(sanity, part)), note)
-            for part, (title, note) in SANITY_NOTES.items() if len(getattr(sanity, part))]
-
-
 def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fits,
-             ratios: pd.DataFrame, theory, sanity: SanityPart) -> list[Figure]:
-    """The six figures with their captions, and Figure 7 when the runs recorded their masks."""
+             ratios: pd.DataFrame, theory) -> list[Figure]:
+    """The five figures of the sweep and the theory, with their captions."""
     order = list(runs.order)
     cmap = F.colors(order)
     first = runs.runs[0].spec   # the dashed goal line of Figure 4 (combined runs normally share it)
@@ -435,12 +365,6 @@ def _figures(runs: RunSet, points: pd.DataFrame, edges: pd.DataFrame, fits: A.Fi
         Figure("fig7_nqm", "Figure 7. Noisy quadratic model beside the measurement",
                nqm_caption(optimizers),
                F.png_bytes(TF.nqm_figure(points, theory.nqm, order, cmap, NQM_NOTE))),
-        *([Figure("fig8_layer_density", "Figure 8. Per-layer density of the masks",
-                  "Kept / total weights of every masked layer (log axis; lowest seed), one bar per "
-                  "series; \"0\": a layer with nothing kept. Shuffled and matched-random masks have "
-                  "their criterion's densities by construction.",
-                  F.png_bytes(F.layer_density_figure(sanity.densities)))]
-          if len(sanity.densities) else []),
     ]
 
 

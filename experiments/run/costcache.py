@@ -2,7 +2,7 @@
 
 ``sparsescale study`` calls :func:`ensure_cost_model` after training: it copies the cost model of
 this machine and the study's workload into the run folder as ``cost_model.json``, so the report's
-time-to-result section (:mod:`experiments.report.hardware`) needs no second command. The first study of
+time-to-result section (:mod:`experiments.measures.hardware.view`) needs no second command. The first study of
 a workload on a machine measures it with a short protocol (:data:`QUICK_PROTOCOL`,
 :func:`training.distributed.bench.measure`; seconds of work) and fits t(B, k) (:mod:`training.distributed.costmodel`);
 later studies reuse the file cached under ``<cache>/cost-models/`` (``training.data.cache_dir``),
@@ -30,10 +30,12 @@ from training.data import cache_dir
 from training.distributed.bench import BenchProtocol, measure
 from training.distributed.trainer import backend_for
 
-from experiments.report.hardware import COST_MODEL_FILE
 from experiments.run.workload import Workload
 
 # Short: two per-worker batches fix t_fixed and t_example, two message sizes fix alpha and beta.
+# the cost model's file in a run folder, which the report's time to result reads
+# (experiments.measures.hardware)
+COST_MODEL_FILE = "cost_model.json"
 QUICK_PROTOCOL = BenchProtocol(per_worker_batches=(32, 256), allreduce_sizes=(30_000, 3_000_000),
                        warmup=3, repeats=8, rounds=2)
 

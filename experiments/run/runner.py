@@ -1,4 +1,4 @@
-"""Run a study: spec -> plan of groups -> executor -> store -> probes -> branching -> report.
+"""Run a study: spec -> plan of groups -> executor -> store -> measurements -> report.
 
 The plan (:mod:`experiments.spec.plan`) lists the groups; each (sparsity, seed) mask is computed
 once, on the driver, from the same initialization the workers build
@@ -6,6 +6,8 @@ once, on the driver, from the same initialization the workers build
 ``training.train_trials`` call and return plain picklable data
 (:class:`experiments.store.schema.GroupRecord`); only the driver writes the store, one transaction per
 group, so Ctrl-C or SIGKILL at any moment leaves a consistent store that a rerun completes.
+Then every registered measurement the spec asks for (:mod:`experiments.measurement`: the probes,
+branching, a user's own) measures what the store lacks (:func:`measure_runs`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 
 import training
 from training.config import ADAM_KEYS
+
+from experiments import measurement
 from training.extensions import disabled as without_compiled_kernel, kernels_ready
 
 from experiments.run import timing
@@ -36,7 +40,6 @@ from experiments.run.executors import (
 from experiments.spec import factories
 from experiments.spec.plan import GroupPlan, plan, run_order
 from experiments.run.lipschitz_inside import InsideL, InsidePlan, inside_plan, run_end
-from experiments.run.probes import start_probes
 from experiments.run.rounds import train_rounds
 from experiments.run.tuning import tune
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
@@ -299,9 +302,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``out``: default ``runs/<name>``. ``executor``: any ``concurrent.futures.Executor`` (not shut
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
-    in the store are skipped; then the probes, the branching measurement and the policies'
-    shoot-out (``[schedules]``, :mod:`experiments.run.schedules`) run (unless disabled:
-    ``probes=False`` skips them) and the report is written.
+    in the store are skipped; then every measurement the spec asks for measures what the
+    store lacks (:func:`measure_runs`), and the policies' shoot-out (``[schedules]``,
+    :mod:`experiments.run.schedules`) runs (``probes=False`` skips them all), and the report is
+    written.
     A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
@@ -352,11 +356,10 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     with open_store(out, study_info(spec, dataset)) as store:
         done = store.done_keys()
         todo = run_order([g for g in groups if g.key not in done])
-        probed, branched = store.probed_sparsities(), store.branched()
-        probe = probes and spec.probes.enabled and any(s not in probed for s in spec.sparsities)
-        branch = probes and spec.branching.enabled and any(
-            (float(s), int(seed)) not in branched for s in spec.sparsities for seed in spec.seeds)
-        if todo or probe or branch:
+        # a measurement's check of the store may read it whole: once, before any pool starts
+        measures = [m for m in measurement.wanted(spec) if probes
+                    and m.pending(measurement.RunContext(spec, dataset, store))]
+        if todo or measures:
             # build the compiled kernel here, once, before the workers start (or warn once
             # that it is missing, and tell them not to try)
             # (a CUDA study never runs it: the kernel is CPU code)
@@ -364,8 +367,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             use_kernels = on_cpu and kernels_ready(model, dataset.input_shape)
             own = executor is None
             n_workers = workers or spec.workers or default_workers(spec.device)
-            # a pool no larger than the work: one group or probed run per worker
-            pool_size = n_workers if probe or branch else min(n_workers, len(todo))
+            # a pool no larger than the work: one group or measured run per worker
+            pool_size = n_workers if measures else min(n_workers, len(todo))
             ex = executor or (dask_executor(dask, n_workers) if dask
                               else local_pool(pool_size, spec.device))
             # only a pool made here can be replaced (Dask reschedules lost work by itself)
@@ -391,18 +394,19 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                     if stopped is not None and not quiet:
                         print(f"stopping rule: stopped at look {stopped} of "
                               f"{spec.stopping.rounds}")
-                if probe or branch:
-                    with clock.phase("probes and branching"):
+                if measures:
+                    with clock.phase("measurements"):
+                        ctx = measurement.RunContext(spec, dataset, store, ex)
                         try:
-                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
+                            measure_runs(ctx, measures, quiet)
                         except BrokenExecutor:
                             if respawn is None:
                                 raise
                             # a worker died: what is not yet written is measured once more in a
-                            # fresh pool (both skip what the store holds)
+                            # fresh pool (each skips what the store holds)
                             ex.shutdown(wait=False, cancel_futures=True)
                             ex = respawn()
-                            measure_runs(spec, dataset, store, ex, probe, branch, quiet)
+                            measure_runs(replace(ctx, executor=ex), measures, quiet)
             except BaseException:
                 if own and isinstance(ex, LocalPool):
                     ex.terminate()
@@ -450,19 +454,11 @@ def load_workload(spec: Spec) -> tuple[Workload, training.Dataset, torch.nn.Modu
 
 
 def check_against_dataset(spec: Spec, n_train: int) -> None:
-    """Checks that need the loaded data set: every batch size fits in the training set."""
+    """Checks that need the loaded data set: every batch size fits in the training set, and
+    each measurement's own (:meth:`experiments.measurement.Measurement.check`)."""
     problems = [f"batch_sizes: found {b} > {n_train} (the training set size); allowed: "
                 f"1..{n_train}" for b in spec.batch_sizes if b > n_train]
-    for key in ("examples", "curvature_examples"):
-        value = getattr(spec.probes, key)
-        if value is not None and value > n_train:
-            problems.append(f"probes.{key}: found {value} > {n_train} (the training set size); "
-                            f"allowed: 2..{n_train}")
-    br = spec.branching
-    base = br.batch_size if br.batch_size != "smallest" else min(spec.batch_sizes)
-    if br.enabled and br.k_max * base > n_train:
-        problems.append(f"branching.k_max: found {br.k_max}; k_max x the base batch size {base} exceeds "
-                        f"the training set ({n_train}); allowed: k_max <= {n_train // base}")
+    problems += [p for m in measurement.wanted(spec) for p in m.check(spec, n_train)]
     if problems:
         raise SpecError(problems)
 
@@ -482,18 +478,16 @@ def check_in_process(spec: Spec, executor: Executor | None) -> None:
                       f"executor=concurrent.futures.ThreadPoolExecutor(n)")
 
 
-def measure_runs(spec: Spec, dataset: training.Dataset, store: Store, executor: Executor,
-                 probe: bool, branch: bool, quiet: bool) -> None:
-    """The probes and the branching measurement of the stored sweep, in ``executor``'s workers,
-    submitted together (branching first: a level's measurement is longer than a probed run), so
-    the pool idles neither between them nor while the driver writes results. Each skips what
-    the store already holds."""
-    from experiments.run.branching_study import start_branching  # late: only studies that branch need it
-
-    pending = ([start_branching(spec, dataset, store, executor=executor)] if branch else []) + (
-        [start_probes(spec, dataset, store, executor=executor)] if probe else [])
+def measure_runs(ctx: measurement.RunContext, measures: list[measurement.Measurement],
+                 quiet: bool) -> None:
+    """Start every measurement of ``measures`` (in ``ctx.executor``'s workers, in the registry's
+    order: branching before the probes, a level's branching being longer than a probed run),
+    then wait for each and write it, so the pool idles neither between them nor while the
+    driver writes results. Each skips what the store already holds."""
+    pending = [m.start(ctx) for m in measures]
     for finish in pending:
-        finish(quiet)
+        if finish is not None:
+            finish(quiet)
 
 
 def _write_report(run_dirs: list[Path], out: Path, quiet: bool) -> Path:

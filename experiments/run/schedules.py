@@ -37,10 +37,9 @@ from training.distributed.costmodel import CostModelError, Measurements, StepTim
 from training.schedules.order import trial_seed
 
 from experiments.run.branching import branch_data_seeds
-from experiments.run.branching_study import base_group
 from experiments.run.executors import torch_threads
 from experiments.run.probes import PROBE_THREADS
-from experiments.run.workload import Workload, best_trial, on_device, stored_trial
+from experiments.run.workload import Workload, base_group, best_trial, on_device, stored_trial
 from experiments.store import policy_runs as R
 from experiments.spec.tables.schedules import Schedules
 from experiments.spec.study import Spec

@@ -6,8 +6,8 @@ trained them (:mod:`training.engine.strategy`), and the summed seconds of each k
 (:func:`task_seconds`: training groups, probed runs, branching measurements); :func:`record`
 writes them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
 clock of this invocation (a rerun that skips stored groups shows a short training phase); the
-probes and the branching share one phase, "probes and branching", because they run together in
-one pool. Task seconds are each task's own time summed over tasks (from the store, so a rerun
+measurements (the probes, branching, a user's own) share one phase, "measurements", because they
+run together in one pool. Task seconds are each task's own time summed over tasks (from the store, so a rerun
 reports what the stored work cost), so with several workers they add up to more than their
 phase's wall time; the probes' share of training compares like with like, summed task seconds
 against summed group seconds.

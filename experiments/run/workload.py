@@ -224,6 +224,16 @@ class Workload:
 
 # -- the stored trials a probe or a branching measurement follows -----------------------------
 
+def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str | int) -> pd.Series | None:
+    """The group the base run comes from: at ``batch_size`` (or the smallest that reached the
+    goal, ``"smallest"``), among the done synchronous (delay 0) groups of (sparsity, seed) that
+    reached it; None if there is none."""
+    g = groups[(groups.sparsity == sparsity) & (groups.seed == seed) & (groups.status == "done")
+               & groups.steps_to_result.notna() & (groups.delay == 0)]   # synchronous runs
+    g = g if batch_size == "smallest" else g[g.batch_size == batch_size]
+    return None if g.empty else g.sort_values("batch_size").iloc[0]
+
+
 def best_trial(store: Store, key: str) -> pd.Series:
     """The stored row of group ``key``'s best (goal-reaching) trial."""
     return best_trials(store, key, 1)[0]

@@ -18,6 +18,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
                                         # (level, B, tau, seed); or workers = [1, 2, 4, ...]
                                         # (round-robin, tau = W - 1); must hold the synchronous 0
     delay_kind = "fixed"                # fixed | uniform (tau drawn from 0..tau) | round_robin
+    measures = ["mymeasures:WeightNorm"]  # your own measurements (spec.tables.measures)
 
     [workload]
     dataset = "mnist1d"                 # training.data.list_datasets(), or "module:factory"
@@ -46,14 +47,8 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     momentum = 0.9
     decay_steps = {scale = "linear", min = 0.5, max = 1.0, relative = true}  # fraction of budget
     end_factor = {scale = "log", min = 1e-4, max = 0.1}
-    # adam / adamw only (defaults 0.9, 0.999, 1e-8, 0; momentum is not used by them):
-    beta1 = {scale = "reverse-log", min = 0.5, max = 0.99}   # 1 - beta1 is log-uniform
-    beta2 = 0.999
-    eps = 1e-8
-    weight_decay = {scale = "log", min = 1e-5, max = 0.1}
-
-    [search.optimizers.adamw]           # overrides for one optimizer of the list
-    lr = {scale = "log", min = 1e-4, max = 1e-2}
+    # adam / adamw only (defaults 0.9, 0.999, 1e-8, 0): beta1, beta2, eps, weight_decay;
+    # [search.optimizers.<name>]: one optimizer's overrides (experiments.spec.tables.search)
 
     [budget]                            # max_steps = N, or a rule in examples seen:
     examples = 2_000_000                # max_steps(B) = clamp(ceil(examples / B), min, max)
@@ -83,10 +78,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
     enabled = true
     [schedules]                         # batch-size policies' shoot-out (experiments.spec.tables.schedules)
 
-    [stopping]                          # the pre-declared stopping rule of a paired claim
-    rule = "group_sequential"           # fixed | group_sequential (spec.tables.stopping)
-    rounds = 5                          # looks, one per round of seeds
-    boundary = "obrien_fleming"         # obrien_fleming | pocock
+    [stopping]                          # a paired claim's stopping rule (spec.tables.stopping)
 
     [tuning]                            # search each (level, B), then repeat its best point
     points = 8                          # (experiments.spec.tables.tuning); trials: the repeats
@@ -94,8 +86,7 @@ a single :class:`SpecError` carrying the list is raised. The format (all keys bu
 
     [executor]
     workers = 2
-    program_choice = "measure"          # measure | rules: how a cell's program is chosen
-                                        # (training.engine.choice; not in the hash)
+    program_choice = "measure"          # measure | rules (training.engine.choice; no hash)
 
 A spec's canonical JSON (:meth:`SpecCore.to_json`) and its hash identify the study: a run
 folder's store refuses a spec of another hash, and each group's key (``experiments.spec.plan``)
@@ -131,6 +122,7 @@ from experiments.spec.tables.budget import Budget, budget_table
 from experiments.spec.tables.eval import eval_table
 from experiments.spec.tables.executor import executor_table
 from experiments.spec.tables.goal import COMPARISONS, goal_table
+from experiments.spec.tables.measures import measures_key
 from experiments.spec.tables.probes import Probes, probes_table
 from experiments.spec.tables.pruning import (
     HASHED, PruningOptions, pruning_options, pruning_table, stored_pruning,
@@ -248,6 +240,9 @@ class Spec(SpecCore):
     # set; ``tuned``: each (sparsity, batch size)'s best point, set by the runner after the search
     tuning: Tuning | None = None
     tuned: dict[tuple[float, int], dict[str, Any]] = field(default_factory=dict, compare=False)
+    # the user's measurements (spec.tables.measures), their modules' SHA-256 by path: hashed
+    measures: tuple[str, ...] = ()
+    measure_digests: dict[str, str] = field(default_factory=dict)
 
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON-able form (``study.spec_json``); its hash identifies the study.
@@ -290,6 +285,8 @@ class Spec(SpecCore):
             **({"schedules": self.schedules.canonical()} if self.schedules.enabled else {}),
             **({"stopping": self.stopping.canonical()} if self.stopping else {}),
             **({"tuning": self.tuning.canonical()} if self.tuning else {}),
+            **({"measures": list(self.measures), "measure_digests": self.measure_digests}
+               if self.measures else {}),
         }
 
     def variants(self) -> list["Spec"]:
@@ -334,7 +331,7 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
     goal, budget = c["goal"], c["budget"]
     raw = {key: c[key] for key in ("name", "optimizer", "batch_sizes", "sparsities", "trials",
                                    "seeds", "workload", "stop", "complete_trials", "delays",
-                                   "delay_kind") if key in c}
+                                   "delay_kind", "measures") if key in c}
     if raw.get("delay_kind") == "round_robin":   # stored as its delays W - 1
         raw["workers"] = [tau + 1 for tau in raw.pop("delays")]
     raw["workload"], digests = stored(c["workload"])
@@ -351,7 +348,8 @@ def from_canonical(canonical: Mapping[str, Any], toml_text: str = "") -> Spec:
         if table in c:
             raw[table] = {k: v for k, v in c[table].items() if v is not None}
     spec = validate(raw, toml_text=toml_text, digests=digests, criterion_digests=(
-        {} if digest is None else {raw["pruning"]["criterion"]: digest}))
+        {} if digest is None else {raw["pruning"]["criterion"]: digest}),
+        measure_digests=c.get("measure_digests", {}))
     if check is None and not series:
         return spec
     if (check is not None and check not in SANITY) or not isinstance(series, str):
@@ -371,17 +369,19 @@ MAX_TRIALS = 2**16
 TOP_KEYS = ("name", "description", "reductions", "optimizer", "batch_sizes", "sparsities", "trials", "seeds",
             "stop", "complete_trials", *checks.DELAY_KEYS, "workload", "goal", "pruning",
             "search", "budget", "eval", "probes", "branching", "stopping", "tuning", "executor",
-            "schedules")
+            "schedules", "measures")
 
 
 def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str = "",
              folders: tuple[str, ...] = (), digests: Mapping[str, str] | None = None,
-             criterion_digests: Mapping[str, str] | None = None) -> Spec:
+             criterion_digests: Mapping[str, str] | None = None,
+             measure_digests: Mapping[str, str] | None = None) -> Spec:
     """Validate a parsed TOML mapping into a :class:`Spec` or raise :class:`SpecError` listing
     every problem: the top-level keys (:mod:`experiments.spec.checks`), then each table by its
     own module (:mod:`experiments.spec.tables`). A factory or pruning criterion named by import
     path is imported (from ``sys.path``, then ``folders``) and its source digested; ``digests``
-    (by kind) and ``criterion_digests`` (by criterion path): a stored spec's, as recorded."""
+    (by kind), ``criterion_digests`` (by criterion path) and ``measure_digests``: a stored
+    spec's, as recorded."""
     ck = Checker()
     ck.keys(raw, "", TOP_KEYS)
 
@@ -428,6 +428,7 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         ck.add("reductions", f"found {raw['reductions']!r}; allowed: a string (how the design is "
                              f"reduced from the paper's, printed by the report)")
     workers, program_choice = executor_table(ck, raw)
+    measures, measure_found = measures_key(ck, raw, folders, measure_digests)
 
     if ck.problems:
         raise SpecError(ck.problems, source)
@@ -445,7 +446,8 @@ def validate(raw: Mapping[str, Any], source: str | None = None, toml_text: str =
         digests=found, criterion_digests=criterion_digests, folders=folders, device=device,
         precision=precision, init=init, pruning_options=options, stop=stop,
         complete_trials=complete, program_choice=program_choice, delays=delays,
-        delay_kind=delay_kind, stopping=stopping, tuning=tuning)
+        delay_kind=delay_kind, stopping=stopping, tuning=tuning, measures=measures,
+        measure_digests=measure_found)
 
 
 def with_workload(spec: Spec, model: Factory | None = None, dataset: Factory | None = None

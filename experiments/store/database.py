@@ -3,9 +3,9 @@
 Stdlib ``sqlite3`` in WAL mode with explicit transactions. Only the driver process writes it: a
 group's rows (its ``groups`` row, its ``trials`` and ``curves``) go in ONE transaction, so a study
 killed at any moment leaves either the whole group or none of it, and a rerun simply redoes the
-groups that are missing. Likewise a sparsity level's probe rows, and a (sparsity, seed)'s
-branching rows (CBS(t), ``branching``) with its warmup comparison (``warmup``), are one
-transaction each. A store written before a table existed gains it when opened for writing and
+groups that are missing. Likewise a sparsity level's probe rows, and each unit of work of a
+measurement (:meth:`Store.replace_rows`: a (sparsity, seed)'s CBS(t) rows with its warmup
+comparison), are one transaction each. A store written before a table existed gains it when opened for writing and
 reads as an empty table with the table's columns when only read. The ``study`` table holds exactly one row; opening a folder whose store was
 made from a different spec (a different ``spec_hash``) is refused, so studies never mix.
 
@@ -37,8 +37,8 @@ from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
 from experiments.store.schema import (
-    COLUMNS, PROBE_QUANTITIES, SCHEMA, STAGE_QUANTITIES, BranchRow, GroupRecord, ProbeRow,
-    StageRow, StudyInfo, WarmupRow,
+    COLUMNS, PROBE_QUANTITIES, STAGE_QUANTITIES, GroupRecord, ProbeRow, StageRow, StudyInfo,
+    schema,
 )
 from experiments.store.upgrade import add_columns, read_frame, rename_tables
 from experiments.store.refusals import other_data, other_study
@@ -81,6 +81,12 @@ def now_iso() -> str:
 def _none_if_nan(x: float | None) -> float | None:
     # SQLite stores NaN as NULL anyway; be explicit so reads round-trip the same way
     return None if x is None or x != x else float(x)
+
+
+def _cell(x: Any) -> Any:
+    """A value as SQLite binds it: a NumPy scalar as its Python value, NaN as NULL."""
+    x = x.item() if hasattr(x, "item") else x
+    return _none_if_nan(x) if isinstance(x, float) else x
 
 
 def failure(path: Path, exc: BaseException, action: str = "write") -> StoreError:
@@ -164,7 +170,7 @@ class Store:
             # an older store upgraded: its renamed tables first, or the schema would make
             # them empty beside the old ones (experiments.store.upgrade)
             self._write(rename_tables)
-            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(SCHEMA)])
+            self._write(lambda c: [c.execute(stmt) for stmt in _split_sql(schema())])
             self._write(add_columns)
         except BaseException as exc:
             self.close()
@@ -352,34 +358,28 @@ class Store:
 
         self._write(tx)
 
-    # -- branching -----------------------------------------------------------------------------
+    # -- a measurement's rows -----------------------------------------------------------------
 
-    def branched(self) -> set[tuple[float, int]]:
-        """(sparsity, seed) pairs whose branching measurement is stored."""
-        return {(float(r[0]), int(r[1])) for r in
-                self.conn.execute("SELECT DISTINCT sparsity, seed FROM branching")}
-
-    def write_branching(self, sparsity: float, seed: int, rows: Sequence[BranchRow],
-                        warmup: Sequence[WarmupRow] = ()) -> None:
-        """Write one (sparsity, seed)'s CBS(t) rows and warmup rows in one transaction
-        (replacing old ones)."""
-        lv, tv = lib_version(), torch_version()
-        key = (float(sparsity), int(seed))
+    def replace_rows(self, rows: Mapping[str, Sequence[Sequence[Any]]],
+                     where: Mapping[str, Any] | None = None) -> None:
+        """Replace the rows of each table of ``rows`` matching ``where`` (column -> value;
+        None: every row) in one transaction: a measurement's unit of work is written whole or
+        not at all. A row is a tuple in the order of ``COLUMNS[table]`` without the
+        ``lib_version`` and ``torch_version`` columns, which are filled in where the table has
+        them."""
+        where = dict(where or {})
+        condition = " AND ".join(f"{k} = ?" for k in where) or "1"
+        versions = {"lib_version": lib_version(), "torch_version": torch_version()}
 
         def tx(c: sqlite3.Cursor) -> None:
-            for table in ("branching", "warmup"):
-                c.execute(f"DELETE FROM {table} WHERE sparsity = ? AND seed = ?", key)
-            c.executemany(
-                f"INSERT INTO branching ({', '.join(COLUMNS['branching'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['branching']))})",
-                [(*key, int(r.step), float(r.critical_batch), float(r.low), float(r.high), int(r.examples),
-                  int(r.batch_size), int(r.goal_step), int(r.window), int(r.k_max), int(r.n_seeds),
-                  float(r.eps), int(r.trial_steps), lv, tv, r.seconds) for r in rows])
-            c.executemany(
-                f"INSERT INTO warmup ({', '.join(COLUMNS['warmup'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['warmup']))})",
-                [(*key, w.kind, int(w.batch_size), int(w.replicate), w.steps_to_result, w.examples_to_result,
-                  int(w.max_steps), int(w.examples_budget), w.schedule, int(w.trial_steps)) for w in warmup])
+            for table, table_rows in rows.items():
+                filled = [k for k in versions if k in COLUMNS[table]]
+                names = [k for k in COLUMNS[table] if k not in versions] + filled
+                c.execute(f"DELETE FROM {table} WHERE {condition}", tuple(where.values()))
+                c.executemany(
+                    f"INSERT INTO {table} ({', '.join(names)}) VALUES "
+                    f"({', '.join('?' * len(names))})",
+                    [(*map(_cell, row), *(versions[k] for k in filled)) for row in table_rows])
 
         self._write(tx)
 

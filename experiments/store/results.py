@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from experiments.store.database import DB_NAME, StoreContentError, check_is_stor
 from experiments.store.schema import COLUMNS
 from experiments.store.upgrade import read_frame
 
+# the tables a Results holds as fields; every other one (the probes' and each measurement's) is
+# in Results.tables
+FIELDS = ("study", "groups", "trials", "curves", "programs")
+
 
 @dataclass(frozen=True)
 class Results:
@@ -28,15 +33,14 @@ class Results:
     for an imported workload; None while the store has no study row).
 
     ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
-    trial; ``curves`` one per (trial, evaluation step); ``probes`` one per measured quantity;
-    ``branching`` one per (sparsity, seed, checkpoint step): CBS(t) and its interval
-    (``critical_batch``, ``low``, ``high``); ``warmup`` one per (sparsity, seed, kind, batch
-    size, replicate) of the warmup comparison; ``stage_probes`` one per quantity at each
-    step k N of each probed trial at Lee et al.'s stage (empty in a store written before it);
-    ``programs`` one per cell (batch size): the program every group of it ran
-    (``groups.program``, each group's); ``looks`` one per look a group-sequential rule took
-    while the study trained (:mod:`experiments.run.rounds`; the stopping one has ``stop``);
-    ``predictions`` is empty unless something stored predictions.
+    trial; ``curves`` one per (trial, evaluation step); ``programs`` one per cell (batch size):
+    the program every group of it ran (``groups.program``, each group's); ``predictions`` is
+    empty unless something stored predictions. ``tables``: every other table, by name (the
+    probes' ``probes``, one row per measured quantity, and ``stage_probes``, one per
+    quantity at each step k N of each probed trial at Lee et al.'s stage; and each registered
+    measurement's, :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own;
+    ``looks``, one per look a group-sequential rule took while the study trained,
+    :mod:`experiments.run.rounds`), also read as attributes (``results.branching``).
     """
 
     run_dir: Path
@@ -44,16 +48,23 @@ class Results:
     groups: pd.DataFrame
     trials: pd.DataFrame
     curves: pd.DataFrame
-    probes: pd.DataFrame
-    branching: pd.DataFrame = field(default_factory=pd.DataFrame)
-    warmup: pd.DataFrame = field(default_factory=pd.DataFrame)
     programs: pd.DataFrame = field(default_factory=pd.DataFrame)
     predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: StudySpec | None = None
-    stage_probes: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["stage_probes"])))
-    looks: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=list(COLUMNS["looks"])))
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        return table_attribute(self, name)
+
+
+def table_attribute(obj: object, name: str) -> pd.DataFrame:
+    """``obj.tables[name]`` for an attribute ``obj`` lacks (its ``tables`` may be unset while
+    it is unpickled: then, and for an unknown table, AttributeError)."""
+    tables = obj.__dict__.get("tables") if not name.startswith("__") else None
+    if tables is None or name not in tables:
+        raise AttributeError(f"{type(obj).__name__} has no attribute or table {name!r}; tables: "
+                             f"{', '.join(tables or ())}")
+    return tables[name]
 
 
 def stored_spec(study: pd.DataFrame, path: Path) -> StudySpec | None:
@@ -106,4 +117,7 @@ def load_results(run_dir: str | Path) -> Results:
                                 f"sparsescale version?") from None
     finally:
         conn.close()
-    return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path), **frames)
+    return Results(run_dir=Path(run_dir), spec=stored_spec(frames["study"], path),
+                   predictions=frames.pop("predictions"),
+                   tables={t: frames.pop(t) for t in list(frames) if t not in FIELDS},
+                   **frames)

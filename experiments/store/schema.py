@@ -7,18 +7,28 @@ one table renamed (``schedule_probes``, now ``stage_probes``) in ``RENAMED_TABLE
 holding an old name is read, and migrated when opened for writing, under the new one
 (:mod:`experiments.store.upgrade`).
 Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s (and, at Lee et al.'s stage, :class:`StageRow` s),
-the branching measurement :class:`BranchRow` s and
-:class:`WarmupRow` s; :class:`StudyInfo` is the study's one row.
+probes produce :class:`ProbeRow` s (and, at Lee et al.'s stage, :class:`StageRow` s);
+:class:`StudyInfo` is the study's one row.
+
+The core tables (``CORE_*``, :data:`CORE_SCHEMA`) are the study's own; every registered
+measurement (:mod:`experiments.measurement`) adds its tables, and ``COLUMNS``, ``SORT_KEYS``,
+``ADDED_COLUMNS``, ``VOLATILE`` and :func:`schema` are the core ones followed by theirs
+(:class:`WithMeasurements`): the schema names no kind of measurement but the probes, whose
+tables are still defined here, and keeps the group-sequential rule's ``looks``
+(:mod:`experiments.run.rounds`) among the core tables: the stopping rule is the study's own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from experiments import measurement
 
 # Column order is the contract with the report (experiments/report/write.py); add, and rename
-# only through RENAMED_COLUMNS.
-COLUMNS: dict[str, tuple[str, ...]] = {
+# only through RENAMED_COLUMNS. The core tables; COLUMNS adds every registered measurement's.
+CORE_COLUMNS: dict[str, tuple[str, ...]] = {
     "study": ("name", "spec_toml", "spec_hash", "spec_json", "created", "lib_version",
               "torch_version", "python_version", "dataset_json"),
     "groups": ("key", "sparsity", "batch_size", "seed", "status", "steps_to_result", "best_trial",
@@ -32,32 +42,25 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
                "seconds", "lib_version", "torch_version"),
     "stage_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
-                        "value", "examples", "seconds", "lib_version", "torch_version"),
-    "branching": ("sparsity", "seed", "step", "critical_batch", "low", "high", "examples",
-                  "batch_size", "goal_step", "window", "k_max", "n_seeds", "eps", "trial_steps",
-                  "lib_version", "torch_version", "seconds"),
-    "warmup": ("sparsity", "seed", "kind", "batch_size", "replicate", "steps_to_result",
-               "examples_to_result", "max_steps", "examples_budget", "schedule", "trial_steps"),
+                     "value", "examples", "seconds", "lib_version", "torch_version"),
     "programs": ("batch_size", "program", "choice", "recorded"),
     "looks": ("look", "looks", "pairs", "mean", "low", "high", "statistic", "boundary",
               "nominal", "stop", "why", "recorded"),
 }
 
-SORT_KEYS: dict[str, list[str]] = {
+CORE_SORT_KEYS: dict[str, list[str]] = {
     "groups": ["sparsity", "batch_size", "delay", "seed", "key"],
     "trials": ["sparsity", "batch_size", "delay", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
     "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
     "stage_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
-    "branching": ["sparsity", "seed", "step"],
-    "warmup": ["sparsity", "seed", "kind", "batch_size", "replicate"],
     "programs": ["batch_size"],
     "looks": ["look"],
 }
 
 # Integer columns that may hold NULL: read as pandas' nullable Int64 (not float with NaN).
-NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples_to_result",
-                "examples")
+# (A measurement's own: its Table's nullable_int.)
+NULLABLE_INT = ("steps_to_result", "best_trial", "hit_step", "decay_steps", "examples")
 
 # The gradient delay of a group's trials (training.delay): every group of a store written before
 # the delay axis trained synchronously, so it reads 0.
@@ -66,14 +69,13 @@ DELAY_TYPE = "INTEGER NOT NULL DEFAULT 0"
 # Columns added after their table was first written: (name, SQL type), nullable unless the type
 # gives a DEFAULT. A store written before them gains them when opened for writing (its rows read
 # NULL, or the default); a read-only reader of such a store reads the same.
-ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+CORE_ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "study": (("dataset_json", "TEXT"),),
     "groups": (("program", "TEXT"), ("device", "TEXT"), ("device_name", "TEXT"),
                ("cuda_version", "TEXT"), ("driver_version", "TEXT"), ("precision", "TEXT"),
                ("delay", DELAY_TYPE)),
     "trials": (("beta1", "REAL"), ("beta2", "REAL"), ("eps", "REAL"), ("weight_decay", "REAL"),
                ("delay", DELAY_TYPE)),
-    "branching": (("seconds", "REAL"),),
 }
 
 # Columns renamed after stores were written with the old name: table -> ((old, new), ...). A
@@ -91,11 +93,11 @@ RENAMED_TABLES: dict[str, str] = {
 }
 
 # Columns that legitimately differ between two runs of the same spec.
-VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-            "probes": ("seconds",), "branching": ("seconds",), "programs": ("recorded",),
-            "stage_probes": ("seconds",), "looks": ("recorded",)}
+CORE_VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
+                 "probes": ("seconds",), "programs": ("recorded",), "stage_probes": ("seconds",),
+                 "looks": ("recorded",)}
 
-SCHEMA = """
+CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     name TEXT NOT NULL, spec_toml TEXT NOT NULL, spec_hash TEXT NOT NULL, spec_json TEXT NOT NULL,
@@ -141,20 +143,6 @@ CREATE TABLE IF NOT EXISTS stage_probes (   -- L at Lee et al.'s stage: every N 
     examples INTEGER,           -- the sample L's gradients used (NULL: the whole training split)
     seconds REAL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
     PRIMARY KEY (sparsity, seed, batch_size, trial, step, quantity));
-CREATE TABLE IF NOT EXISTS branching (
-    sparsity REAL NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
-    critical_batch REAL NOT NULL, low REAL NOT NULL, high REAL NOT NULL,
-    examples INTEGER NOT NULL, batch_size INTEGER NOT NULL, goal_step INTEGER NOT NULL,
-    window INTEGER NOT NULL, k_max INTEGER NOT NULL, n_seeds INTEGER NOT NULL, eps REAL NOT NULL,
-    trial_steps INTEGER NOT NULL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    seconds REAL,   -- wall time of the whole (sparsity, seed) measurement, warmup included
-    PRIMARY KEY (sparsity, seed, step));
-CREATE TABLE IF NOT EXISTS warmup (
-    sparsity REAL NOT NULL, seed INTEGER NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('warmup', 'fixed')), batch_size INTEGER NOT NULL,
-    replicate INTEGER NOT NULL, steps_to_result INTEGER, examples_to_result INTEGER,
-    max_steps INTEGER NOT NULL, examples_budget INTEGER NOT NULL, schedule TEXT NOT NULL,
-    trial_steps INTEGER NOT NULL, PRIMARY KEY (sparsity, seed, kind, batch_size, replicate));
 CREATE TABLE IF NOT EXISTS programs (
     batch_size INTEGER PRIMARY KEY,   -- the cell: a study's model, optimizer and precision are one
     program TEXT NOT NULL,            -- training.engine.programs.registry.PROGRAMS: every group of the cell runs it
@@ -174,7 +162,7 @@ PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hess
 # at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
 # same points, and L on the whole split where lipschitz_check asks for it
 STAGE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
-                       "b_simple", "loss")
+                    "b_simple", "loss")
 
 
 @dataclass(frozen=True)
@@ -281,45 +269,37 @@ class StudyInfo:
     dataset_json: str | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
-class BranchRow:
-    """CBS(t) at one checkpoint of one (sparsity, seed)'s base run (batch ``batch_size``, goal
-    step ``goal_step``, ``examples`` = step x batch_size), with its interval; ``trial_steps``:
-    the whole measurement's cost and ``seconds`` its wall time, warmup included (the same on
-    each of its rows; None: not known)."""
+class WithMeasurements(Mapping):
+    """A core mapping (table -> value) and, after it, every registered measurement's tables
+    (:func:`experiments.measurement.tables`) with the value ``field`` takes from their
+    :class:`experiments.measurement.Table`: read at each use, so a measurement registered later
+    (a user's, imported by its spec) is in the schema of every store opened after it."""
 
-    sparsity: float
-    seed: int
-    step: int
-    critical_batch: float
-    low: float
-    high: float
-    examples: int
-    batch_size: int
-    goal_step: int
-    window: int
-    k_max: int
-    n_seeds: int
-    eps: float
-    trial_steps: int
-    seconds: float | None = None
+    def __init__(self, core: Mapping[str, Any], field: Callable[[measurement.Table], Any]):
+        self.core = core
+        self.field = field
+
+    def _all(self) -> dict[str, Any]:
+        own = {name: self.field(t) for name, t in measurement.tables().items()}
+        return {**self.core, **{k: v for k, v in own.items() if v}}
+
+    def __getitem__(self, table: str) -> Any:
+        return self._all()[table]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
-@dataclass(frozen=True)
-class WarmupRow:
-    """One replicate of the CBS(t) warmup (``kind="warmup"``, ``batch_size`` its largest) or of a
-    fixed batch size (``kind="fixed"``) under ``examples_budget`` examples; ``schedule``: the
-    warmup's segments as JSON [[start_step, batch_size, lr_scale], ...]; ``trial_steps``: the
-    whole comparison's cost (the same on each of its rows)."""
+COLUMNS = WithMeasurements(CORE_COLUMNS, lambda t: t.columns)
+SORT_KEYS = WithMeasurements(CORE_SORT_KEYS, lambda t: list(t.sort))
+ADDED_COLUMNS = WithMeasurements(CORE_ADDED_COLUMNS, lambda t: t.added)
+VOLATILE = WithMeasurements(CORE_VOLATILE, lambda t: t.volatile)
+TABLE_NULLABLE_INT = WithMeasurements({}, lambda t: t.nullable_int)
 
-    sparsity: float
-    seed: int
-    kind: str
-    batch_size: int
-    replicate: int
-    steps_to_result: int | None
-    examples_to_result: int | None
-    max_steps: int
-    examples_budget: int
-    schedule: str
-    trial_steps: int
+
+def schema() -> str:
+    """The SQL script that makes every table: the core ones, then each measurement's."""
+    return CORE_SCHEMA + "".join(f"{t.create()};\n" for t in measurement.tables().values())

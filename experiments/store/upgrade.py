@@ -18,6 +18,7 @@ import pandas as pd
 
 from experiments.store.schema import (
     ADDED_COLUMNS, COLUMNS, NULLABLE_INT, RENAMED_COLUMNS, RENAMED_TABLES, SORT_KEYS,
+    TABLE_NULLABLE_INT,
 )
 
 Connection = sqlite3.Connection | sqlite3.Cursor
@@ -68,7 +69,7 @@ def read_frame(conn: sqlite3.Connection, table: str) -> pd.DataFrame:
               else f"{added[c]} AS {c}" if c in added else c
               for c in COLUMNS[table]]
     df = pd.read_sql_query(f"SELECT {', '.join(select)} FROM {source}", conn)
-    for col in NULLABLE_INT:
+    for col in (*NULLABLE_INT, *TABLE_NULLABLE_INT.get(table, ())):
         if col in df.columns:
             df[col] = df[col].astype("Int64")
     if table in SORT_KEYS and len(df):

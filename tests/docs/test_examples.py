@@ -158,6 +158,34 @@ def check_async_nqm(out):
     assert {v for k, v in winners.items() if k.endswith("W=16")} == {"async"}
 
 
+def check_own_program(out):
+    assert out["programs"].split()[-1] == "chunked_plain"     # registered after the library's
+    assert out["ran"] == "chunked_plain given"
+    hits = out["hit steps"].split()
+    assert all(h.isdigit() for h in hits)                     # both trials reach the goal
+    assert out["plain hit steps"].split() == hits             # float64: the plain program's steps
+
+
+def check_own_measurement(out):
+    path, digest = out["measures"].split()
+    assert path == "own_measurement:WeightNorm" and re.fullmatch(r"[0-9a-f]{12}", digest)
+    norms = {k: [float(v) for v in out[k].split()] for k in out if k.startswith("norm ")}
+    assert norms and int(out["rows"]) == sum(len(v) for v in norms.values())
+    assert all(len(v) <= 5 and all(x > 0 for x in v) for v in norms.values())
+    # every run of a level starts from the same (masked) initialization
+    for level in ("0.0", "0.5"):
+        starts = {v[0] for k, v in norms.items() if k.split()[1].startswith(level + "/")}
+        assert len(starts) <= 1
+    assert out["section"] == "True" and out["figure"] == "True"
+
+
+def check_bundled_study(out):
+    assert out["bundled"] == "True quickstart.toml"
+    assert {"name", "workload", "goal", "batch_sizes", "sparsities"} <= set(out["golden keys"].split())
+    assert re.fullmatch(r"[0-9a-f]{12}", out["hash"])
+    assert out["groups planned"] == "4" and out["groups done"] == "4 of 4"
+
+
 CHECKS = {
     "train_trials.py": check_train_trials,
     "prune_and_train.py": check_prune_and_train,
@@ -168,6 +196,9 @@ CHECKS = {
     "noise_monitor.py": check_noise_monitor,
     "own_criterion.py": check_own_criterion,
     "async_nqm.py": check_async_nqm,
+    "own_program.py": check_own_program,
+    "own_measurement.py": check_own_measurement,
+    "bundled_study.py": check_bundled_study,
 }
 
 

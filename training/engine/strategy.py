@@ -65,7 +65,7 @@ from training.errors import ConfigError
 from training.engine import compiled_kernel as kernels
 from training.engine.programs import fused as stacked_fused
 from training.engine.programs.base import Cell, Program
-from training.engine.programs.registry import build
+from training.engine.programs.registry import LIBRARY, build
 from training.models.features import Features, features
 
 # How a cell's program was chosen: by the rules below, or by timing the candidates
@@ -239,7 +239,9 @@ def named(name: str, c: Cell) -> Strategy:
     or, where the rules chose ``fused``, its eager ``batched`` or ``func`` equivalent. A
     program that cannot run the cell here raises :class:`training.errors.ConfigError` naming
     why (e.g. ``fused`` without the compiled kernel): a study's store recorded it, and no other
-    program may take its place."""
+    program may take its place. A program of the user's own (registered in
+    :data:`~training.engine.programs.registry.PROGRAMS` after the library's) runs where it is
+    named, one trial a stack, in the per-trial programs' chunks."""
     ruled = rules(c)
     found = ruled if ruled.name == name else None
     if found is None and ruled.name == "fused" and name in ("batched", "func"):
@@ -247,6 +249,8 @@ def named(name: str, c: Cell) -> Strategy:
                           c.batch_size)
     if found is None:
         found = next((s for s in alternatives(ruled, c) if s.name == name), None)
+    if found is None and name not in LIBRARY:   # the user's own: one trial a stack
+        found = _strategy(c, name, 1, *_per_trial_chunks(c))
     if found is None:
         why = ("the compiled kernel is unavailable here" if name == "fused" and
                kernels.fused_sequential() is None else f"the rules choose {ruled.name!r}")

@@ -1,6 +1,7 @@
-"""The report's figures of the measurement (Figures 1-4, and 7 for studies that record their
-masks) and the style every figure shares: matplotlib (Agg) with seaborn styling and its
-colour-blind palette (Figures 5 and 6, the theory's, are in :mod:`experiments.report.figures.theory`).
+"""The report's figures of the measurement (Figures 1-4) and the style every figure shares:
+matplotlib (Agg) with seaborn styling and its colour-blind palette (Figures 5 and 6, the
+theory's, are in :mod:`experiments.report.figures.theory`; a measurement's own, in its folder
+under :mod:`experiments.measures`, use :func:`style` and :func:`png_bytes`).
 
 Every function takes plain DataFrames (see :mod:`experiments.report.analysis`) and returns a matplotlib
 Figure; :func:`png_bytes` renders it deterministically (no software/time metadata), so the same
@@ -27,7 +28,6 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
-import pruning  # noqa: E402
 
 DPI = 110
 PALETTE = "colorblind"
@@ -365,14 +365,3 @@ def trials_figure(trials: pd.DataFrame, series: list[str], target: float | None,
             handles.append(Line2D([], [], ls="--", color="black", label=f"goal: {metric} {target:g}"))
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
         return fig
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. per-layer density of the masks
-
-
-def layer_density_figure(densities: pd.DataFrame):
-    """``pruning.density_figure`` of the masks' per-layer densities
-    (:func:`experiments.report.sanity_view.density_frame`), in the report's style."""
-    with style():
-        return pruning.density_figure(densities, title="Per-layer density of the masks")

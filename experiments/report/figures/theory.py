@@ -24,7 +24,7 @@ def b_simple_figure(probes: pd.DataFrame, fits: pd.DataFrame, series: list[str],
     (line style by batch size rank), one panel per series, against the series' fitted B_crit
     with its interval (band): McCandlish et al. (2018) compare the two at the goal."""
     with style():
-        fig, panels = _series_panels(set(probes["series"]), series)
+        fig, panels = series_panels(set(probes["series"]), series)
         for ax, name in panels:
             d = probes[(probes["series"] == name) & (probes["quantity"] == "b_simple")
                        & probes["value"].notna()]
@@ -35,13 +35,13 @@ def b_simple_figure(probes: pd.DataFrame, fits: pd.DataFrame, series: list[str],
                 m = g.groupby("fraction")["value"].median()
                 ax.plot(m.index, m.to_numpy(), ["-", "--", ":", "-."][k % 4], marker="o", ms=3,
                         color=cmap[name], lw=1.2, label=f"B = {int(b)}")
-            _b_crit_band(ax, fits, name)
+            b_crit_band(ax, fits, name)
             log10_axis(ax.yaxis)
-            _along_the_run(ax, "B_simple = tr Σ / |G|²", name)
+            along_the_run(ax, "B_simple = tr Σ / |G|²", name)
         return fig
 
 
-def _series_panels(present: set[str], series: list[str]):
+def series_panels(present: set[str], series: list[str]):
     """A figure with one panel per series of ``series`` that ``present`` holds (else the first),
     and its (axis, series) pairs."""
     names = [s for s in series if s in present] or series[:1]
@@ -50,7 +50,7 @@ def _series_panels(present: set[str], series: list[str]):
     return fig, list(zip(axes[0], names))
 
 
-def _b_crit_band(ax, fits: pd.DataFrame, name: str) -> None:
+def b_crit_band(ax, fits: pd.DataFrame, name: str) -> None:
     """The series' fitted B_crit (black line) and its interval (grey band), when it was fitted."""
     fit = fits.set_index("series")
     if name in fit.index and not pd.isna(fit.loc[name, "b_crit"]):
@@ -58,7 +58,7 @@ def _b_crit_band(ax, fits: pd.DataFrame, name: str) -> None:
         ax.axhline(fit.loc[name, "b_crit"], color="black", lw=0.9, label="fitted B_crit")
 
 
-def _along_the_run(ax, ylabel: str, title: str) -> None:
+def along_the_run(ax, ylabel: str, title: str) -> None:
     """Labels of a panel whose x axis is the fraction of the run, and its legend."""
     ax.set_xlabel("fraction of the run (step / H)")
     ax.set_ylabel(ylabel)
@@ -159,40 +159,4 @@ def nqm_figure(points: pd.DataFrame, nqm: pd.DataFrame, series: list[str], cmap:
             bx.legend(loc="lower left")
         bx.set_title("(b) noisy quadratic model")
         fig.supxlabel(textwrap.fill(note, 160), fontsize=7, color="0.3")
-        return fig
-
-
-def branching_figure(branching: pd.DataFrame, probes: pd.DataFrame, fits: pd.DataFrame, series: list[str],
-                     cmap: dict[str, tuple]):
-    """CBS(t) measured by branching (Merrill et al. 2025) along the base run with its bootstrap
-    interval (band), one line per seed, beside B_simple(t) probed on the run of the same batch
-    size (dashed, median over seeds; every probed batch size when that one was not probed) and the series' fitted B_crit with its interval (grey band),
-    one panel per series; dotted: the largest branch k_max B (CBS there is a lower bound)."""
-    with style():
-        fig, panels = _series_panels(set(branching["series"]), series)
-        for ax, name in panels:
-            d = branching[branching["series"] == name]
-            if not len(d):
-                empty_panel(ax, f"{name}:\nnot branched")
-                continue
-            _b_crit_band(ax, fits, name)
-            for k, (seed, g) in enumerate(d.groupby("seed")):
-                g = g.sort_values("step")
-                x = g["step"] / g["goal_step"]
-                # CBS = 0 (below the smallest branch) is drawn at half the base batch on the log axis
-                floor = g["batch_size"] / 2
-                ax.fill_between(x, g["low"].clip(lower=floor), g["high"].clip(lower=floor), color=cmap[name],
-                                alpha=0.2, lw=0)
-                ax.plot(x, g["critical_batch"].clip(lower=floor), "o-", ms=3, lw=1.3, color=cmap[name],
-                        label="CBS(t), branching" if k == 0 else None)
-            top = d["k_max"] * d["batch_size"]
-            ax.axhline(top.max(), color=cmap[name], ls=":", lw=0.9, label=f"largest branch {int(top.max())}")
-            p = probes[(probes["series"] == name) & (probes["quantity"] == "b_simple") & probes["value"].notna()]
-            same = p[p["batch_size"].isin(set(d["batch_size"]))]
-            for k, (b, g) in enumerate((same if len(same) else p).groupby("batch_size")):
-                m = g.groupby("fraction")["value"].median()
-                ax.plot(m.index, m.to_numpy(), ["--", ":", "-."][k % 3], color="0.35", lw=1.0,
-                        label=f"B_simple(t), probed at B = {int(b)}")
-            log2_axis(ax.yaxis)
-            _along_the_run(ax, "batch size", name)
         return fig

@@ -13,6 +13,8 @@
 - :mod:`~experiments.spec.tables.stopping`: ``[stopping]`` (the pre-declared stopping rule).
 - :mod:`~experiments.spec.tables.tuning`: ``[tuning]`` (search, then repeat the best point).
 - :mod:`~experiments.spec.tables.executor`: ``[executor]``.
+- :mod:`~experiments.spec.tables.measures`: the top-level ``measures`` key (the user's own
+  measurements, by import path).
 
 The top-level keys are checked by :mod:`experiments.spec.checks`, and
 :func:`experiments.spec.study.validate` composes them all.

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from experiments.report.branching_view import schedule_text
-from experiments.report.write import BRANCHING_HEADING, write_report
-from experiments.store.schema import BranchRow, WarmupRow
+from experiments.measures.branching.view import schedule_text
+from experiments.measures.branching.section import BRANCHING_HEADING
+from experiments.report.write import write_report
+from experiments.measures.branching.store import BranchRow, WarmupRow, write_branching
 from experiments.store.database import open_store
 from experiments.store.results import load_results
 
@@ -41,7 +42,7 @@ def branched(tmp_path_factory):
     run = make_store(tmp_path_factory.mktemp("branched") / "run")
     with open_store(run) as store:
         for s in (0.0, 0.9):
-            store.write_branching(s, 0, branch_rows(s), warmup_rows(s))
+            write_branching(store, s, 0, branch_rows(s), warmup_rows(s))
     write_report([run])
     return run
 

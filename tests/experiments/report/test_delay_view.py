@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.report.delay.view import critical_delay, delay_view, judge
+from experiments.measures.delay.view import critical_delay, delay_view, judge
 from experiments.report.runs import load_runs, synchronous
 from experiments.report.write import write_report
 from experiments.spec.study import loads
@@ -113,7 +113,7 @@ def test_one_seed_is_inconclusive_and_the_rest_of_the_report_reads_delay_0_only(
 
 
 def test_the_report_renders_the_delay_section_and_its_verdicts(tmp_path, monkeypatch):
-    monkeypatch.setattr("experiments.report.delay.view.N_BOOT", 10)
+    monkeypatch.setattr("experiments.measures.delay.view.N_BOOT", 10)
     out = tmp_path / "report"
     html = write_report([delay_store(tmp_path / "run")], out=out)
     md = (out / "report.md").read_text()

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from experiments.report import analysis as A
-from experiments.report.prose import sanity_sentences
+from experiments.measures.sanity.section import sanity_sentences
 from experiments.report.write import write_report
 from experiments.report.runs import load_runs
-from experiments.report.sanity_view import SAME_COST_FACTOR, sanity_view
+from experiments.measures.sanity.view import SAME_COST_FACTOR, sanity_view
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.series import MASKS_FILE
 from experiments.spec.study import loads

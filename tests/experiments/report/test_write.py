@@ -336,7 +336,7 @@ def test_hardware_view_per_run_and_bad_cost_model(tmp_path):
     """Combined runs: only the run with a cost model gets predictions; a cost model of another
     workload and one without measurements are stated; a malformed file names itself."""
     from experiments.report.analysis import points_table
-    from experiments.report.hardware import hardware_view
+    from experiments.measures.hardware.view import hardware_view
     from experiments.report.runs import load_runs
 
     sgd = make_store(tmp_path / "sgd", name="shallue", optimizer="sgd")

@@ -10,7 +10,7 @@ import pytest
 import training
 from experiments.cli import main as cli
 from experiments.run.branching import branch_critical_batch
-from experiments.run.branching_study import base_group
+from experiments.run.workload import base_group
 from experiments.run.workload import best_trial, stored_trial
 from experiments.run.runner import run_study
 from experiments.run.timing import TIMING_FILE

@@ -42,7 +42,7 @@ def test_a_delay_axis_trains_every_delay_and_keeps_the_synchronous_groups(tmp_pa
                                                       "sparsities = [0.0]"), "plain")
     sync = g[g.delay == 0].set_index("key")["steps_to_result"]
     assert sync.to_dict() == plain.groups.set_index("key")["steps_to_result"].to_dict()
-    monkeypatch.setattr("experiments.report.delay.view.N_BOOT", 5)
+    monkeypatch.setattr("experiments.measures.delay.view.N_BOOT", 5)
     write_report([tmp_path / "run"], out=tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Asynchronous updates: the gradient delay" in md

@@ -119,7 +119,7 @@ def test_a_study_with_a_large_effect_stops_after_its_first_round(tmp_path):
     assert (stop.look, stop.pairs, stop.why, stop.stop) == (1, 8, "crossed", 1)
     assert stop.statistic > stop.boundary and stop.low > 0
     # the second round (seeds 2 and 3) was never trained, nor its L measured
-    assert set(r.groups.seed) == {0, 1} and set(r.schedule_probes.seed) == {0, 1}
-    assert [x.look for x in looks(r.schedule_probes, r.spec.stopping, r.spec.seeds)] == [1]
+    assert set(r.groups.seed) == {0, 1} and set(r.stage_probes.seed) == {0, 1}
+    assert [x.look for x in looks(r.stage_probes, r.spec.stopping, r.spec.seeds)] == [1]
     # a rerun trains nothing more
     assert set(run().groups.seed) == {0, 1}

@@ -43,7 +43,7 @@ def test_the_bundled_delay_study_runs_as_a_tiny_twin(name, tmp_path, monkeypatch
     assert len(g) == 2 * 2 * 2 and set(g.delay) == {0, 2} and (g.status == "done").all()
     if name != "stich_delay_mnist1d":
         return
-    monkeypatch.setattr("experiments.report.delay.view.N_BOOT", 5)
+    monkeypatch.setattr("experiments.measures.delay.view.N_BOOT", 5)
     write_report([run], out=tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Asynchronous updates: the gradient delay" in md

@@ -9,6 +9,9 @@ from experiments.store.schema import (
     COLUMNS, GroupRecord, ProbeRow, StageRow, StudyInfo, TrialRow,
 )
 from experiments.spec.study import loads
+from experiments.measures.branching.store import (
+    BranchRow, WarmupRow, branched, write_branching,
+)
 from experiments.store.database import StoreContentError, StoreError, open_store
 from experiments.store.results import load_results
 
@@ -102,7 +105,6 @@ def test_wal_and_missing_store(tmp_path):
 
 
 def branch_rows(sparsity=0.5, seed=0):
-    from experiments.store.schema import BranchRow, WarmupRow
 
     rows = [BranchRow(sparsity, seed, step, cbs, cbs / 2, cbs, step * 8, 8, 70, 512, 64, 3, 0.01, 4321)
             for step, cbs in ((0, 8.0), (10, 64.0), (70, 256.0))]
@@ -113,17 +115,16 @@ def branch_rows(sparsity=0.5, seed=0):
 
 
 def test_branching_round_trip_and_one_transaction(tmp_path):
-    from experiments.store.schema import WarmupRow
 
     rows, warm = branch_rows()
     with open_store(tmp_path, STUDY) as store:
-        store.write_branching(0.5, 0, rows, warm)
-        store.write_branching(0.0, 1, *branch_rows(0.0, 1))
-        assert store.branched() == {(0.5, 0), (0.0, 1)}
+        write_branching(store, 0.5, 0, rows, warm)
+        write_branching(store, 0.0, 1, *branch_rows(0.0, 1))
+        assert branched(store) == {(0.5, 0), (0.0, 1)}
         # a warmup kind the schema rejects fails the last insert: the old rows stay, whole
         bad = warm[:-1] + [WarmupRow(**{**warm[-1].__dict__, "kind": "other"})]
         with pytest.raises(sqlite3.IntegrityError):
-            store.write_branching(0.5, 0, rows[:1], bad)
+            write_branching(store, 0.5, 0, rows[:1], bad)
     res = load_results(tmp_path)
     b = res.branching
     assert list(b.columns[:6]) == ["sparsity", "seed", "step", "critical_batch", "low", "high"]
@@ -146,7 +147,7 @@ def test_a_store_without_the_branching_tables_reads_them_empty(tmp_path):
     assert res.branching.empty and list(res.branching.columns) == list(COLUMNS["branching"])
     assert res.warmup.empty and list(res.warmup.columns) == list(COLUMNS["warmup"])
     with open_store(tmp_path, STUDY) as store:   # opened for writing: the tables are made
-        store.write_branching(0.5, 0, *branch_rows())
+        write_branching(store, 0.5, 0, *branch_rows())
     assert len(load_results(tmp_path).branching) == 3
 
 

@@ -189,3 +189,25 @@ def test_a_gpu_cell_never_builds_the_cpu_kernel(images, monkeypatch):
     assert all(getattr(p.program, "kernel", None) is None for p in plans)
     strategy.candidate_strategies(net, "classification", (3, 32, 32), 8, 4, device="cpu")
     assert len(asked) == 2   # per_trial's and plain's
+
+
+def test_a_program_of_ones_own_runs_where_it_is_named():
+    """A program registered after the library's runs when ``train_trials`` names it (one trial
+    a stack): here the plain program's builder under another name, so float64 gives the plain
+    program's steps; an unknown name is answered with the closest one."""
+    from training.engine.programs import PROGRAMS, plain
+
+    ds = training.data.load("teacher", n=300, dim=6, num_classes=3, hidden=8, seed=0)
+    net = training.models.build("mlp", ds, seed=0, hidden=[16])
+    run = training.RunConfig(batch_size=16, optimizer="momentum", max_steps=60, goal=0.2,
+                             eval_schedule=training.EvalSchedule(every=5), dtype=torch.float64,
+                             stop="all")
+    trials = [training.Trial(lr=lr, momentum=0.9) for lr in (0.05, 0.2)]
+    with PROGRAMS.preserved():
+        PROGRAMS.add("mine", lambda cell, chunk, eval_chunk: plain.build(cell, chunk, eval_chunk))
+        mine = training.train_trials(net, ds, trials, run, program="mine")
+        with pytest.raises(training.ConfigError, match="did you mean 'mine'"):
+            training.train_trials(net, ds, trials, run, program="mien")
+    reference = training.train_trials(net, ds, trials, run, program="plain")
+    assert (mine.program, mine.program_choice) == ("mine", "given")
+    assert mine.hit_step == reference.hit_step

@@ -21,6 +21,9 @@ PROGRAMS.add("per_trial", per_trial.build)  # trials side by side through the mo
 PROGRAMS.add("batched", batched.build)      # hand-batched matmuls over the stack (fused's twin)
 PROGRAMS.add("func", func.build)            # any module through torch.func's vmap
 PROGRAMS.add("plain", plain.build)          # the plain loop's way, one trial after another
+# the library's own: a program registered after them is the user's, run where it is named
+# (training.engine.strategy.named)
+LIBRARY = tuple(PROGRAMS.names())
 
 
 def build(name: str, cell: Cell, examples_per_chunk: int, eval_chunk: int) -> Program | None:

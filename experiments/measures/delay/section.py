@@ -1,4 +1,4 @@
-"""The report's section on the gradient-delay axis (:mod:`experiments.report.delay.view`): the
+"""The report's section on the gradient-delay axis (:mod:`experiments.measures.delay.view`): the
 two figures, the theory of ``theory.models.delay`` beside the measurement, the tuned learning
 rates beside the guideline, and asynchronous against synchronous modelled time
 (``training.distributed.asynctime``) where a run folder holds a cost model."""
@@ -14,11 +14,11 @@ from theory.models.delay import critical_batch, critical_delay, lr_ratio
 from theory.verdicts.summaries import find, summarize
 from training.distributed.asynctime import Stragglers, compare
 
-from experiments.report.delay.view import CRITICAL_FACTOR, DelayPart, TIER
-from experiments.report.figures import delay as DF
+from experiments.measures.delay.view import CRITICAL_FACTOR, DelayPart, TIER
+from experiments.measures.delay import figures as DF
 from experiments.report.figures import measurement as F
 from experiments.report.formatting import fmt_interval, fmt_num
-from experiments.report.hardware import HOW_TO, load_run_cost
+from experiments.measures.hardware.view import HOW_TO, load_run_cost
 from experiments.report.runs import RunSet
 from experiments.report.sections import Figure, Paragraphs, Section, Table
 

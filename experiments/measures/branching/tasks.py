@@ -28,24 +28,16 @@ from tqdm.auto import tqdm
 import training
 from theory.estimators.branching import branch_factors, critical_batch
 
+from experiments.measures.branching.store import BranchRow, WarmupRow, branched, write_branching
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads
 from experiments.run.probes import PROBE_THREADS
-from experiments.store.schema import BranchRow, WarmupRow
 from experiments.spec.study import Spec
 from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store
-from experiments.run.workload import Mask, Workload, best_trial, on_device, stored_trial
-
-
-def base_group(groups: pd.DataFrame, sparsity: float, seed: int, batch_size: str | int) -> pd.Series | None:
-    """The group the base run comes from: at ``batch_size`` (or the smallest that reached the
-    goal, ``"smallest"``), among the done synchronous (delay 0) groups of (sparsity, seed) that
-    reached it; None if there is none."""
-    g = groups[(groups.sparsity == sparsity) & (groups.seed == seed) & (groups.status == "done")
-               & groups.steps_to_result.notna() & (groups.delay == 0)]   # synchronous runs
-    g = g if batch_size == "smallest" else g[g.batch_size == batch_size]
-    return None if g.empty else g.sort_values("batch_size").iloc[0]
+from experiments.run.workload import (
+    Mask, Workload, base_group, best_trial, on_device, stored_trial,
+)
 
 
 @dataclass(frozen=True)
@@ -143,7 +135,7 @@ def start_branching(spec: Spec, dataset: training.Dataset, store: Store, setting
     branch_factors(settings.k_max)
     critical_batch([0], [1.0], [[[[1.0] * settings.seeds]]], base_batch=1, ks=[1], eps=settings.eps,
                    level=settings.level)   # seeds, eps and level as the measurement takes them
-    done = set() if redo else store.branched()
+    done = set() if redo else branched(store)
     todo = [(s, seed) for s in sorted(spec.sparsities, reverse=True) for seed in spec.seeds
             if (float(s), int(seed)) not in done]
     if not todo:
@@ -160,7 +152,7 @@ def start_branching(spec: Spec, dataset: training.Dataset, store: Store, setting
         for task, (rows, warm) in tqdm(zip(tasks, results), total=len(tasks), disable=quiet,
                                        desc="branching", unit="run"):
             if rows:
-                store.write_branching(task.sparsity, task.seed, rows, warm)
+                write_branching(store, task.sparsity, task.seed, rows, warm)
 
     return finish
 

@@ -30,8 +30,8 @@ from training.distributed.costmodel import CostModel, load_cost_model, load_meas
 
 from experiments.report.formatting import fmt_num
 from experiments.report.runs import Run
+from experiments.run.costcache import COST_MODEL_FILE
 
-COST_MODEL_FILE = "cost_model.json"
 WORKERS = (1, 2, 4, 8)
 HOW_TO = ("run `sparsescale bench ddp --out RUN_DIR/cost_model.json` and write the report again "
           "to predict time-to-result on k data-parallel workers")
@@ -164,3 +164,36 @@ def time_to_result_frame(part: HardwarePart, info: pd.DataFrame) -> pd.DataFrame
     df.insert(0, "study", [by_run.loc[r, "study"] for r in df["run"]])
     df.insert(1, "optimizer", [by_run.loc[r, "optimizer"] for r in df["run"]])
     return df.drop(columns=["run"])
+
+
+def hardware_tables(part: HardwarePart) -> list[tuple[str, pd.DataFrame, str]]:
+    """(title, table, note) of the time to result (worker-seconds) per series and B on each k,
+    then of the fastest B per k; none without a cost model."""
+    p = part.points
+    if not len(p):
+        return []
+    ks = sorted(set(p["workers"]))
+    extrapolated = set(p.loc[p["extrapolated"], "workers"])
+    heads = {k: f"k = {k}" + (" (extrapolated)" if k in extrapolated else "") for k in ks}
+    rows = []
+    for (series, b), g in p.groupby(["series", "batch_size"], sort=False):
+        cell = {int(r.workers): f"{fmt_num(r.time, 4)} ({fmt_num(r.worker_seconds, 4)})"
+                for r in g.itertuples(index=False)}
+        rows.append({"series": series, "B": str(b), "steps": str(int(g["steps"].iloc[0])),
+                     **{heads[k]: cell.get(k, "–") for k in ks}})
+    grid = pd.DataFrame(rows, columns=["series", "B", "steps", *heads.values()])
+    rank = {s: i for i, s in enumerate(dict.fromkeys(p["series"]))}
+    best = (p[p["fastest"]].assign(_rank=p["series"].map(rank))
+            .sort_values(["_rank", "workers"], kind="stable"))
+    fastest = pd.DataFrame({
+        "series": best["series"], "k": best["workers"].astype(str),
+        "fastest B": best["batch_size"].astype(str), "B/k": best["per_worker_batch"].astype(str),
+        "steps": best["steps"].astype(str),
+        "step (ms)": [fmt_num(v * 1e3, 4) for v in best["step_time"]],
+        "time to result (s)": [fmt_num(v, 4) for v in best["time"]],
+        "worker-seconds": [fmt_num(v, 4) for v in best["worker_seconds"]],
+        "extrapolated": ["yes" if v else "no" for v in best["extrapolated"]]})
+    gaps = (grid[list(heads.values())] == "–").any(axis=None)
+    return [("Predicted time to result on k workers: seconds (worker-seconds)", grid,
+             "–: B is not divisible by k." if gaps else ""),
+            ("Fastest batch size per number of workers k", fastest.reset_index(drop=True), "")]
