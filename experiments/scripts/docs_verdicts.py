@@ -71,7 +71,7 @@ def write_verdicts(run_dir: Path, assets: Path) -> Path:
     from experiments.report.write import CSV_FORMAT, build
 
     runs = load_runs([run_dir])
-    frame = build(runs).verdicts.assign(source=f"generated from the store in {run_dir.name}/ "
+    frame = build(runs).tables["verdicts"].assign(source=f"generated from the store in {run_dir.name}/ "
                                                "by experiments/scripts/docs_verdicts.py")
     path = assets / runs.runs[0].name / "verdicts.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
