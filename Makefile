@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 		echo "no GPU found: installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)); \
 	fi
-	$(BIN)/python -m pip install -q -e ".[test,dask,docs]"
+	$(BIN)/python -m pip install -q -e ".[test,dask,docs,lightning,huggingface]"
 	@# the compiled training kernel (about 30 s, once per machine and source version; a machine
 	@# without a compiler gets a warning and the eager program, never a failed setup, unless
 	@# SPARSESCALE_REQUIRE_KERNEL=1, as in CI: then a kernel that cannot be built fails it)

@@ -115,6 +115,20 @@ class DelaySteps:
     write: Tensor  # [K] int64
 
 
+@dataclass(frozen=True, eq=False)  # tensors inside: no element-wise ==
+class Reads:
+    """Where the gradients of one block of BLOCK steps (from step ``block * BLOCK``) are read,
+    worked out once a block rather than in Python every step: per step k of the block, the
+    step whose weights the first trial reads (``first[k]``), whether every trial reads that
+    step (``agree[k]``), and each trial's row in the ring viewed as ``[S * n, *shape]``
+    (``rows[k]``, ``[BLOCK, n]``, for the gather)."""
+
+    block: int
+    first: np.ndarray  # [BLOCK] int64
+    agree: np.ndarray  # [BLOCK] bool
+    rows: Tensor       # [BLOCK, n] int64, on the ring's device
+
+
 @dataclass(eq=False)  # tensors inside: no element-wise ==
 class DelayQueue:
     """The past weights of one stack of n trials (see the module docstring): ``ring``, per
@@ -127,9 +141,12 @@ class DelayQueue:
     uniform: list[bool]
     seeds: list[int]
     _block: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _reads: Reads | None = field(default=None, repr=False)
     # where a gather of past weights goes, reused step after step (a fresh 2 MB allocation a
-    # step is an mmap and its page faults under glibc's defaults)
+    # step is an mmap and its page faults under glibc's defaults), and the ring's
+    # [S * n, *shape] views it gathers from
     _gathered: list[Tensor] = field(default_factory=list, repr=False)
+    _rows_of: list[Tensor] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(cls, params: Sequence[Tensor], trials: Sequence, seeds: Sequence[int]
@@ -150,32 +167,46 @@ class DelayQueue:
     def slots(self) -> int:
         return self.ring[0].shape[0]
 
-    def delays(self, step: int) -> list[int]:
-        """Every trial's delay at update ``step``."""
-        block = step // BLOCK
-        if any(self.uniform) and block not in self._block:
+    def delay_block(self, block: int) -> np.ndarray:
+        """Every trial's delays at the steps of ``block`` (``block * BLOCK`` onwards),
+        ``[n, BLOCK]``; the last block asked for is kept."""
+        if block not in self._block:
             self._block = {block: np.stack([
                 uniform_delays(s, t, block * BLOCK, (block + 1) * BLOCK) if u else
                 np.full(BLOCK, t) for s, t, u in zip(self.seeds, self.tau, self.uniform)])}
+        return self._block[block]
+
+    def delays(self, step: int) -> list[int]:
+        """Every trial's delay at update ``step``."""
         if not any(self.uniform):
             return self.tau
-        return self._block[block][:, step % BLOCK].tolist()
+        return self.delay_block(step // BLOCK)[:, step % BLOCK].tolist()
+
+    def reads(self, block: int) -> Reads:
+        """The :class:`Reads` of ``block`` (the last one asked for is kept): trial i's
+        gradient at step t is read at step max(t - tau_t, 0), row (that step mod S) * n + i."""
+        if self._reads is None or self._reads.block != block:
+            steps = np.arange(block * BLOCK, (block + 1) * BLOCK)
+            source = np.maximum(steps[:, None] - self.delay_block(block).T, 0)
+            n = source.shape[1]
+            rows = torch.from_numpy((source % self.slots) * n + np.arange(n))
+            self._reads = Reads(block, source[:, 0], (source == source[:, :1]).all(1),
+                                rows.to(self.ring[0].device))
+        return self._reads
 
     def stale(self, params: Sequence[Tensor], step: int) -> list[Tensor]:
         """The weights each trial takes update ``step``'s gradient at: those of step
         max(step - tau, 0). ``params`` (the current weights) where every trial's delay is 0
         now, a slot of the ring (a view) where all read one step, else one gather."""
-        source = [max(step - d, 0) for d in self.delays(step)]
-        if all(s == source[0] for s in source):
-            return list(params) if source[0] == step else [r[source[0] % self.slots]
-                                                           for r in self.ring]
-        n = len(source)
-        flat = torch.tensor([(s % self.slots) * n + i for i, s in enumerate(source)],
-                            device=self.ring[0].device)
+        reads, k = self.reads(step // BLOCK), step % BLOCK
+        if reads.agree[k]:
+            first = int(reads.first[k])
+            return list(params) if first == step else [r[first % self.slots] for r in self.ring]
         if not self._gathered:
             self._gathered = [torch.empty_like(r[0]) for r in self.ring]
-        for r, out in zip(self.ring, self._gathered):
-            torch.index_select(r.view(-1, *r.shape[2:]), 0, flat, out=out)
+            self._rows_of = [r.view(-1, *r.shape[2:]) for r in self.ring]
+        for r, out in zip(self._rows_of, self._gathered):
+            torch.index_select(r, 0, reads.rows[k], out=out)
         return list(self._gathered)
 
     def steps(self, start: int, steps: int) -> "DelaySteps":

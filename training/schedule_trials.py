@@ -35,6 +35,7 @@ from training.models import check_output
 from training.errors import ConfigError
 from training.masks import check_mask
 from training.schedules.order import trial_seed
+from training.engine.loop import Outcome
 from training.engine.resume import check_data_seeds
 from training.state import TrainState
 from training.trials import TrialsResult, _result, train_trials
@@ -110,10 +111,10 @@ def train_schedule_trials(model: nn.Module, dataset: Dataset,
         if not active or stopped:
             break
     curves = [_merge(r, w, evals, i in at_goal) for i, (r, w) in enumerate(zip(rows, windows))]
-    out = _result(trial_list, [name for name, _ in model.named_parameters()],
-                  [name for name, _ in model.named_buffers()], final, curves, hit, diverged,
-                  taken, step, ",".join(dict.fromkeys(programs)))
-    return replace(out, end_state=state, end_trials=tuple(active))
+    return _result(trial_list, Outcome(
+        [name for name, _ in model.named_parameters()],
+        [name for name, _ in model.named_buffers()], curves, hit, diverged, taken, final, step,
+        ",".join(dict.fromkeys(programs)), end_state=state, end_trials=tuple(active)))
 
 
 def _spans(schedule: BatchSchedule, step: int, max_steps: int) -> list[tuple[Any, int]]:

@@ -285,6 +285,6 @@ def _result(trials: list[Trial], out: loop.Outcome) -> TrialsResult:
         steps_to_result=None if best is None else hit[best], best=best,
         best_trial=None if best is None else trials[best], status=status, hit_step=list(hit),
         diverged_step=list(diverged), steps_taken=list(out.taken), curves=curves,
-        steps_run=out.steps_run, trials=trials, program=out.strategy.name, params=params,
+        steps_run=out.steps_run, trials=trials, program=out.program, params=params,
         end_state=out.end_state, end_trials=out.end_trials, buffers=buffers,
-        program_choice=out.strategy.choice)
+        program_choice=out.program_choice)

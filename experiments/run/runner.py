@@ -316,8 +316,7 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
     A group-sequential ``[stopping]`` rule trains the groups round by round and stops at the
     first look that stops (:mod:`experiments.run.rounds`).
-    A study with ``[tuning]`` first runs its search into ``out/search`` and trains its groups
-    at each cell's best point (:mod:`experiments.run.tuning`).
+    ``[tuning]``: the search first, into ``out/search`` (:mod:`experiments.run.tuning`).
     ``program_choice``: how the program of a cell no rule covers is chosen, ``"measure"`` or
     ``"rules"`` (default: the spec's ``[executor] program_choice``, else the workers'
     ``SPARSESCALE_PROGRAM_CHOICE``, else measure; :mod:`training.engine.choice`). Each cell's

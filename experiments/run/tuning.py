@@ -59,12 +59,10 @@ def point_of(row: pd.Series) -> dict[str, Any]:
 
 def best_points(groups: pd.DataFrame, trials: pd.DataFrame
                 ) -> dict[tuple[float, int], dict[str, Any]]:
-    """Each (sparsity, batch size)'s best point over the stored ``groups`` and ``trials`` of
-    a search (module docstring); raises :class:`TuningError` for a cell whose trials all
+    """Each (sparsity, batch size)'s best point over the stored ``trials`` of a search's
+    finished ``groups`` (module docstring); raises :class:`TuningError` for a cell whose trials all
     diverged."""
-    done = groups[groups.status == "done"]
-    rows = trials.merge(done[["key", "sparsity", "batch_size", "seed"]], left_on="group_key",
-                        right_on="key")
+    rows = trials[trials.group_key.isin(groups.key[groups.status == "done"])]
     out = {}
     for (s, b), cell in rows.groupby(["sparsity", "batch_size"]):
         reached = cell[cell.status == "reached"]

@@ -105,3 +105,20 @@ def test_docs_verdicts_writes_the_reports_verdicts_and_the_pages_tables(full, tm
     assert page.read_text() == (f"Before.\n\n<!-- verdicts-table {study} -->\n{table}"
                                 "<!-- /verdicts-table -->\n")
     assert table.count("\n") == len(report) + 2 and "stale" not in page.read_text()
+
+
+def test_calibration_tiny(capsys):
+    """The calibration table's twin (teacher data, a small MLP, Adam): one row per checkpoint,
+    B_simple along the run, the preconditioned one from the run's own Adam moments after the
+    first update (none at initialization), no normalization layer, CBS(t) on the branching grid."""
+    from experiments.scripts import calibration
+
+    rows = calibration.main(tiny=True)
+    work = calibration.TINY
+    assert len(rows) == work.checkpoints and rows[0]["step"] == 0
+    for r in rows:
+        assert math.isfinite(r["b_simple"]) and math.isnan(r["b_norm"])
+        assert r["cbs"] in {0} | {k * work.base_batch for k in (1, 2, 4)}
+        assert r["cbs_low"] <= r["cbs"] <= r["cbs_high"]
+    assert math.isnan(rows[0]["b_pre"]) and all(math.isfinite(r["b_pre"]) for r in rows[1:])
+    assert "| tiny (B0 = 8) |" in capsys.readouterr().out

@@ -307,6 +307,24 @@ def test_queue_reads_a_slot_without_a_copy_when_the_trials_agree():
     assert DelayQueue.start(params, [Trial(lr=1), Trial(lr=1)], [0, 1]) is None
 
 
+def test_the_queue_reads_each_trials_own_past_step_across_a_block():
+    """The reads worked out a block of steps at a time: every trial's gradient weights at
+    update t are those of step max(t - tau_t, 0), with tau_t its own draw (uniform_delays) or
+    its fixed delay, from the first steps to past the edge of the first block."""
+    trials = [Trial(lr=1, delay=3, delay_kind="uniform"), Trial(lr=1, delay=2),
+              Trial(lr=1, delay=5, delay_kind="uniform"), Trial(lr=1, delay=1)]
+    seeds = [5, 6, 7, 8]
+    params = [torch.zeros(4, 2)]                      # every weight: the step it belongs to
+    q = DelayQueue.start(params, trials, seeds)
+    for t in range(BLOCK + 6):
+        tau = [int(uniform_delays(s, tr.delay, t, t + 1)[0]) if tr.delay_kind == "uniform"
+               else tr.delay for s, tr in zip(seeds, trials)]
+        want = torch.tensor([float(max(t - d, 0)) for d in tau]).unsqueeze(1).expand(4, 2)
+        assert torch.equal(q.stale(params, t)[0], want), t
+        params = q.slot(t + 1)                        # what the update writes, as the loop
+        params[0].fill_(t + 1)
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(delay=-1), "delay must be an integer >= 0"),
     (dict(delay=1.5), "delay must be an integer >= 0"),

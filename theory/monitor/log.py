@@ -23,6 +23,22 @@ PART_FIELDS = ("b_simple", "g_sq", "trace_sigma", "step_b_simple", "step_g_sq",
                "step_trace_sigma")
 
 
+def columns(reading: Any) -> dict[str, Any]:
+    """A reading's fields, its parts' flattened into ``<field>[<part>]`` (the CSV row)."""
+    row = asdict(reading)
+    for part in row.pop("parts", ()):
+        for name in PART_FIELDS:
+            row[f"{name}[{part['name']}]"] = part[name]
+    return row
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a row that are drawn as curves: the whole model's ``SCALARS`` and the
+    parts' columns (TensorBoard's tags, where finite, and the framework callbacks' metrics,
+    :mod:`theory.callbacks`)."""
+    return {name: float(value) for name, value in row.items() if name in SCALARS or "[" in name}
+
+
 class ReadingLog:
     """Appends readings (frozen dataclasses) to ``csv`` and/or a TensorBoard run in ``log_dir``;
     either may be None. Opening fails at once with one line naming the path."""
@@ -56,10 +72,7 @@ class ReadingLog:
     def write(self, reading: Any) -> None:
         if self._file is None and self._writer is None:
             return
-        row = asdict(reading)
-        for part in row.pop("parts", ()):
-            for name in PART_FIELDS:
-                row[f"{name}[{part['name']}]"] = part[name]
+        row = columns(reading)
         if self._file is not None:
             if self._rows is None:
                 self._rows = csv.DictWriter(self._file, fieldnames=list(row))
@@ -68,8 +81,8 @@ class ReadingLog:
             self._rows.writerow(row)
             self._file.flush()
         if self._writer is not None:
-            for name, value in row.items():
-                if (name in SCALARS or "[" in name) and math.isfinite(value):
+            for name, value in scalars(row).items():
+                if math.isfinite(value):
                     self._writer.add_scalar(f"noise/{name}", value, row["step"])
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.config import RunConfig, Trial, check_trials
+from training.config import ADAM_OPTIMIZERS, RunConfig, Trial, check_trials
 from training.data import Dataset
 from training.goal import loss_fn
 from training.masks import check_mask
@@ -47,16 +47,20 @@ from training.state import TrainState
 
 from theory.errors import TheoryError, check_int
 from theory.monitor.monitor import NoiseScaleMonitor
+from theory.monitor.parts import NORM, PRECONDITIONED
 from theory.policies.builtin import make_policy
 from theory.policies.interface import Policy, Setting, Signal, StepTime, step_seconds
 
 DEFAULT_MEASURE_STEPS = 4
+# micro-batches per measured step where the per-example norms cannot read a layer
+MICRO_BATCHES = 8
 
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision of a trial: at ``step`` (``examples`` seen) the reading ``b_simple`` (nan:
-    not measured) gave ``batch_size`` and ``lr_scale`` (x the trial's lr) from then on."""
+    """One decision of a trial: at ``step`` (``examples`` seen) the reading ``b_simple`` (of the
+    policy's ``part`` where it has one; nan: not measured) gave ``batch_size`` and ``lr_scale``
+    (x the trial's lr) from then on."""
 
     step: int
     examples: int
@@ -117,7 +121,8 @@ def train_under_policy(model: nn.Module, dataset: Dataset,
     :func:`theory.policies.builtin.make_policy`), deciding every ``every`` updates (module
     docstring). ``monitor_options``: extra :class:`theory.NoiseScaleMonitor` arguments (e.g.
     ``norm_layers=True`` for a policy reading ``"<norm layers>"``). One :class:`PolicyTrial` per
-    trial, in order."""
+    trial, in order. A policy's ``part`` (an attribute, as the built-ins') sets what the
+    monitor reads (:func:`part_options`)."""
     policy = make_policy(policy)
     trial_list = check_trials(trials)
     n = len(trial_list)
@@ -133,6 +138,11 @@ def train_under_policy(model: nn.Module, dataset: Dataset,
     mask_map = check_mask(masks, model, trials=n)
     dims = {name: p.dim() for name, p in model.named_parameters()}
     reads = bool(getattr(policy, "reads_noise", True))
+    options = {**part_options(getattr(policy, "part", None), run.optimizer),
+               **dict(monitor_options or {})}
+    adam = options.get("optimizer") == "adam"   # built per reading from the trial's state
+    if adam:
+        del options["optimizer"]
 
     scale = [1.0] * n
     segments: list[list[BatchSegment]] = [[BatchSegment(0, run.batch_size)] for _ in range(n)]
@@ -170,9 +180,10 @@ def train_under_policy(model: nn.Module, dataset: Dataset,
                 if reads:
                     reading = read_noise(model, dataset, state.trial(j), c.batch_size, run,
                                          steps=measure_steps, seed=seeds[i] + step,
-                                         **dict(monitor_options or {}))
+                                         adam=trial_list[i] if adam else None, **options)
                     signal = Signal.of(reading, step, examples, seen[i])
-                    b_simple = signal.b_simple
+                    part = getattr(policy, "part", None)   # what the policy reads
+                    b_simple = signal.parts.get(part, math.nan) if part else signal.b_simple
                     measured[i] += measure_steps * c.batch_size
                 lr = trial_list[i].lr
                 new = policy.decide(signal, Setting(c.batch_size, lr * scale[i]))
@@ -214,15 +225,30 @@ def _take(state: TrainState, rows: Sequence[int]) -> TrainState:
                       tuple(state.rng_states[r] for r in idx) if state.rng_states else ())
 
 
+def part_options(part: str | None, optimizer: str) -> dict[str, Any]:
+    """The :class:`theory.NoiseScaleMonitor` options that give a policy's ``part``:
+    ``"<preconditioned>"`` (Adam-type runs only; ``optimizer="adam"`` here asks
+    :func:`read_noise` for Adam's state), ``"<norm layers>"``, a layer's name, or none."""
+    if part is None:
+        return {}
+    if part == PRECONDITIONED:
+        if optimizer not in ADAM_OPTIMIZERS:
+            raise TheoryError(f"a policy reading {PRECONDITIONED!r} needs an Adam-type run "
+                              f"({', '.join(ADAM_OPTIMIZERS)}), got {optimizer!r}")
+        return {"optimizer": "adam"}
+    return {"norm_layers": True} if part == NORM else {"per_layer": True}
+
+
 def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size: int,
                run: RunConfig, *, steps: int = DEFAULT_MEASURE_STEPS, seed: int = 0,
-               **monitor_options: Any) -> Any:
+               adam: Trial | None = None, **monitor_options: Any) -> Any:
     """The :class:`theory.NoiseScaleMonitor` reading (window ``steps``) of one trial's weights
     (``state``, N = 1) at batch ``batch_size``: ``steps`` batches drawn without replacement
     from the training split (``population`` = its size) by a generator seeded ``seed``, each
     two accumulated forward and backward passes of its halves on a copy of ``model`` in train
-    mode (so that the micro-batch estimator reads any layer); the caller's random state is left
-    as it was."""
+    mode, read by the per-example estimator; where it cannot read a layer, ``MICRO_BATCHES``
+    passes read by the micro-batch estimator. The caller's random state is left as it was. ``adam``: the trial whose Adam state (``state``'s m, v and step, its betas and
+    eps) preconditions the gradients for the ``"<preconditioned>"`` part."""
     if state.n_trials != 1:
         raise TheoryError(f"read_noise reads one trial; state has {state.n_trials}")
     net = copy.deepcopy(model).to(device=run.device, dtype=run.dtype).train()
@@ -232,8 +258,25 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
         for name, b in net.named_buffers():
             if name in state.model_buffers:
                 b.copy_(state.model_buffers[name][0])
+    if adam is not None:
+        monitor_options["optimizer"] = _adam(net, state, adam)
     data = dataset.to(run.device, run.dtype)
     criterion = loss_fn(dataset.task, dataset.loss)
+    try:
+        return _read(net, data, criterion, batch_size, steps, seed, monitor_options, 2)
+    except TheoryError as exc:
+        # a layer the per-example norms cannot read (a table read outside its call, a shared
+        # parameter): the micro-batch estimator reads any layer
+        if "method" in monitor_options or "micro_batch" not in str(exc):
+            raise
+        return _read(net, data, criterion, batch_size, steps, seed,
+                     {**monitor_options, "method": "micro_batch"}, MICRO_BATCHES)
+
+
+def _read(net: nn.Module, data: Dataset, criterion: Any, batch_size: int, steps: int, seed: int,
+          monitor_options: Mapping[str, Any], passes: int) -> Any:
+    """The monitor's reading of ``steps`` seeded batches of ``net`` (:func:`read_noise`), each
+    split into ``passes`` accumulated backward passes (as many as its examples allow)."""
     gen = torch.Generator().manual_seed(int(seed))
     reading = None
     with torch.random.fork_rng(devices=[]), \
@@ -241,12 +284,25 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
                               **monitor_options) as monitor:
         torch.manual_seed(int(seed))
         for _ in range(steps):
-            idx = torch.randperm(data.n_train, generator=gen)[:batch_size].to(run.device)
-            # two halves, each its own backward pass: the per-example estimator reads them as
-            # one batch, and any layer can be read by the micro-batch one
-            halves = idx.tensor_split(2) if batch_size >= 4 else (idx,)
+            idx = torch.randperm(data.n_train, generator=gen)[:batch_size].to(data.x_train.device)
+            # the per-example estimator reads the passes as one batch; the micro-batch one
+            # compares them, so it gets more of them
+            halves = idx.tensor_split(min(passes, batch_size // 2)) if batch_size >= 4 else (idx,)
             net.zero_grad(set_to_none=True)
             for half in halves:
                 (criterion(net(data.x_train[half]), data.y_train[half]) / len(halves)).backward()
             reading = monitor.step(loss_scale=1.0 / len(halves))
     return reading
+
+
+def _adam(net: nn.Module, state: TrainState, trial: Trial) -> torch.optim.Adam:
+    """A ``torch.optim.Adam`` over ``net`` holding the trial's moments and step (what the
+    monitor's preconditioned part reads: v, the step's bias correction, beta2 and eps)."""
+    opt = torch.optim.Adam(net.parameters(), lr=1.0, betas=(trial.beta1, trial.beta2),
+                           eps=trial.eps)
+    for name, p in net.named_parameters():
+        if name in state.moments:
+            opt.state[p] = {"step": torch.tensor(float(state.step)),
+                            "exp_avg": state.buffers[name][0].to(p).clone(),
+                            "exp_avg_sq": state.moments[name][0].to(p).clone()}
+    return opt

@@ -89,8 +89,9 @@ class Outcome:
     first met the goal ``hit[i]`` (or None), the update it diverged at ``diverged[i]`` (or None),
     the updates it took ``taken[i]``, and its final parameters ``names``, then module buffers
     ``buffer_names`` (where the program kept them), ``final[i]``; ``steps_run``, the steps the
-    group ran; the cell's ``strategy``; with ``return_state``, the state after ``steps_run``
-    updates of the trials ``end_trials``."""
+    group ran; the ``program`` that ran them and how it was chosen (``program_choice``,
+    ``Strategy.choice``); with ``return_state``, the state after ``steps_run`` updates of the
+    trials ``end_trials``."""
 
     names: list[str]
     buffer_names: list[str]
@@ -100,7 +101,8 @@ class Outcome:
     taken: list[int]
     final: dict[int, list[Tensor]]
     steps_run: int
-    strategy: Strategy
+    program: str
+    program_choice: str = "ruled"
     end_state: TrainState | None = None
     end_trials: tuple[int, ...] = ()
 
@@ -238,17 +240,13 @@ class Runner:
             loss = loss[sel]
             grads = None if grads is None else [g.index_select(0, sel) for g in grads]
         st.loss_sum += loss
-        if grads is None:
-            return st, dropped
-        update = st.update(self.optimizer, step)
-        if st.delay is None:
-            update.apply_(st.params, grads)
-        else:   # the new weights straight into the queue's next slot, the stack's weights
-            # views of it from now on: no copy into the queue (a program that takes delays
-            # keeps the weights itself)
-            kept = st.delay.slot(step + 1)
-            update.apply_(st.params, grads, kept)
-            st.params[:] = kept
+        if grads is not None and st.delay is None:
+            st.update(self.optimizer, step).apply_(st.params, grads)
+        elif grads is not None:   # the new weights straight into the queue's next slot, the
+            # stack's weights its views from now on: no copy into the queue (a program that
+            # takes delays keeps the weights itself)
+            st.update(self.optimizer, step).apply_(st.params, grads, st.delay.slot(step + 1))
+            st.params[:] = st.delay.slot(step + 1)
         return st, dropped
 
     @torch.no_grad()
@@ -345,7 +343,7 @@ def run(model: nn.Module, dataset: Dataset, run: RunConfig, call: Call) -> Outco
         if not call.return_state:  # nor are the optimizer states: free them before that copy
             st.bufs = st.adam = None
     outcome = Outcome(names, buffer_names, rows, hit, diverged, taken, final, steps_run,
-                      chosen)
+                      chosen.name, chosen.choice)
     if not call.return_state:
         return outcome
     state, ids = end_state(stacks, names, steps_run, origin, call.batch_size, dataset.n_train,

@@ -32,10 +32,8 @@ def twin(tmp_path_factory):
 def best_by_hand(search):
     """Each cell's best search trial: the fewest steps among those that met the goal (ties: the
     lower index), else the lowest final error."""
-    t = search.trials.merge(search.groups[["key", "sparsity", "batch_size"]],
-                            left_on="group_key", right_on="key")
     out = {}
-    for (s, b), cell in t.groupby(["sparsity", "batch_size"]):
+    for (s, b), cell in search.trials.groupby(["sparsity", "batch_size"]):
         hit = cell[cell.status == "reached"]
         row = (min(hit.itertuples(), key=lambda r: (r.hit_step, r.trial)) if len(hit) else
                min(cell.itertuples(), key=lambda r: (r.final_metric, r.trial)))
@@ -51,9 +49,7 @@ def test_each_series_repeats_its_searchs_best_point(twin, sub):
     assert set(search.groups.seed) == {spec.tuning.seed} and set(study.groups.seed) == {0}
     assert (search.trials.groupby("group_key").size() == spec.tuning.points).all()
     best = best_by_hand(search)
-    t = study.trials.merge(study.groups[["key", "sparsity", "batch_size"]],
-                           left_on="group_key", right_on="key")
-    for (s, b), cell in t.groupby(["sparsity", "batch_size"]):
+    for (s, b), cell in study.trials.groupby(["sparsity", "batch_size"]):
         assert len(cell) == spec.trials
         assert set(zip(cell.lr, cell.momentum)) == {best[(s, b)]}
 

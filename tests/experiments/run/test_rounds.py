@@ -86,3 +86,40 @@ def test_a_sequential_rule_needs_L_inside_the_run():
         loads(replayed)
     assert any(p.startswith("stopping.rule:") and "lipschitz_in_run" in p
                for p in err.value.problems)
+
+
+# a tiny study whose effect is large: the 90 % network's L against the dense one's, on the
+# whole split at 11 points of each 1,100-step run (no run meets the goal), 2 rounds of 2 seeds
+STUDY = (IN_RUN.replace("sparsities = [0.0, 0.5]", "sparsities = [0.0, 0.9]")
+         .replace("seeds = [0]", f"seeds = {list(SEEDS)}")
+         .replace("batch_sizes = [8, 16]", "batch_sizes = [8]")
+         .replace("max = 40", "max = 1100").replace("min = 20", "min = 1100")
+         .replace("target = 0.15", "target = 0.001")
+         .replace("lipschitz_every = 4", "lipschitz_every = 10")
+         .replace("lipschitz_start = 8", "lipschitz_start = 1000")
+         .replace("lipschitz_examples = 150\n", "")
+         + '\n[stopping]\nrule = "group_sequential"\nsparsity = 0.9\nrounds = 2\n'
+           'boundary = "pocock"\n')
+
+
+@pytest.mark.filterwarnings("ignore::pruning.LayerCollapseWarning")
+def test_a_study_with_a_large_effect_stops_after_its_first_round(tmp_path):
+    import experiments
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "seq.toml").write_text(STUDY)
+
+    def run():
+        return experiments.load_results(experiments.run_study(
+            tmp_path / "seq.toml", out=tmp_path / "run", executor=ThreadPoolExecutor(1),
+            quiet=True, report=False))
+
+    r = run()
+    (stop,) = r.looks.itertuples(index=False)
+    assert (stop.look, stop.pairs, stop.why, stop.stop) == (1, 8, "crossed", 1)
+    assert stop.statistic > stop.boundary and stop.low > 0
+    # the second round (seeds 2 and 3) was never trained, nor its L measured
+    assert set(r.groups.seed) == {0, 1} and set(r.stage_probes.seed) == {0, 1}
+    assert [x.look for x in looks(r.stage_probes, r.spec.stopping, r.spec.seeds)] == [1]
+    # a rerun trains nothing more
+    assert set(run().groups.seed) == {0, 1}

@@ -115,3 +115,59 @@ def test_refusals(data, net):
         train_under_policy(net, data, TRIALS, RunConfig(16, max_steps=5), "fixed", every=2)
     with pytest.raises(TheoryError, match="unknown policy"):
         train_under_policy(net, data, TRIALS, RunConfig(16, max_steps=5, stop="all"), "fxed", every=2)
+
+
+def test_preconditioned_reading_is_adams_closed_form(data, net):
+    # tr(P Sigma P) and |P G|^2 of the whole split with P = 1 / (sqrt(v / (1 - beta2^t)) + eps)
+    d = data.to("cpu", F64)
+    g = torch.Generator().manual_seed(3)
+    named = dict(net.named_parameters())
+    params = {k: v.detach().double().unsqueeze(0) for k, v in named.items()}
+    m = {k: 0.01 * torch.randn(v.shape, generator=g, dtype=F64) for k, v in params.items()}
+    v2 = {k: 1e-4 * torch.rand(v.shape, generator=g, dtype=F64) + 1e-6 for k, v in params.items()}
+    trial = Trial(lr=1e-3, beta2=0.99, eps=1e-6)
+    state = TrainState(params, m, 5, DataPosition(), (1.0,), v2)
+    run = RunConfig(16, "adam", dtype=F64)
+    reading = read_noise(net, d, state, d.n_train, run, steps=1, adam=trial)
+    [part] = [p for p in reading.parts if p.name == "<preconditioned>"]
+    ref = copy.deepcopy(net).double()
+    scale = {k: 1 / ((v2[k][0] / (1 - 0.99**5)).sqrt() + 1e-6) for k in params}
+    rows = []
+    for i in range(d.n_train):
+        loss = torch.nn.functional.cross_entropy(ref(d.x_train[i:i + 1]), d.y_train[i:i + 1])
+        grads = torch.autograd.grad(loss, list(ref.parameters()))
+        rows.append(torch.cat([(gr * scale[k]).reshape(-1) for (k, _), gr in
+                               zip(ref.named_parameters(), grads)]))
+    pg = torch.stack(rows)
+    mean = pg.mean(0)
+    assert part.g_sq == pytest.approx(float(mean @ mean), rel=1e-9)
+    assert part.trace_sigma == pytest.approx(float((pg - mean).pow(2).sum(1).mean()), rel=1e-9)
+
+
+def test_a_policys_part_sets_what_the_monitor_reads(data, net):
+    run = RunConfig(8, "adam", max_steps=12, stop="never", eval_schedule=EvalSchedule(every=6),
+                    dtype=F64)
+    pol = Goodput(min_batch=8, max_batch=64, part="<preconditioned>", min_gain=0.0)
+    got = train_under_policy(net, data, [Trial(lr=1e-3)], run, pol, every=6, measure_steps=1)
+    assert got[0].decisions and got[0].measured_examples > 0
+    with pytest.raises(TheoryError, match="needs an Adam-type run"):
+        train_under_policy(net, data, [Trial(lr=0.1)], replace(run, optimizer="momentum"), pol, every=6)
+
+
+class OutsideUse(torch.nn.Module):
+    """A layer whose weight is also read outside its own call: per-example norms cannot see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.shift = torch.nn.Linear(8, 3), torch.nn.Linear(1, 3)
+
+    def forward(self, x):
+        return self.body(x) + self.shift.weight[:, 0]
+
+
+def test_a_layer_the_per_example_norms_cannot_read_falls_back_to_micro_batches(data):
+    net = OutsideUse()
+    params = {k: v.detach().unsqueeze(0) for k, v in net.named_parameters()}
+    state = TrainState(params, {}, 0, DataPosition(), (1.0,))
+    reading = read_noise(net, data, state, 64, RunConfig(16), steps=2)
+    assert reading.method == "micro_batch" and reading.b_simple == reading.b_simple
