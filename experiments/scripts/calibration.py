@@ -23,6 +23,7 @@ not tracking it.
     python -m experiments.scripts.calibration                    # the three workloads (minutes)
     python -m experiments.scripts.calibration quickstart         # one of them
     python -m experiments.scripts.calibration --tiny             # seconds, for the test suite
+    python -m experiments.scripts.calibration --pre-check        # what the LM's B_pre is made of
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import copy
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -48,9 +49,9 @@ from training.state import TrainState
 @dataclass(frozen=True)
 class Workload:
     """A base run and what to branch and read along it; ``swept``: the stored sweep's fitted
-    B_crit [90 %] and where it comes from; ``micro``: micro-batches per monitored batch
-    (2 or more for the micro-batch estimator, which a model whose parameters the per-example
-    terms cannot see needs)."""
+    B_crit [90 %] and where it comes from; ``micro``: micro-batches per monitored batch;
+    ``monitor``: the monitor's further options (the micro-batch estimator for a model whose
+    parameters the per-example terms cannot see, with ``micro`` >= 2)."""
 
     dataset: str
     model: str
@@ -68,7 +69,7 @@ class Workload:
     batches: int = 16
     batch: int = 64
     micro: int = 1
-    method: str = "auto"
+    monitor: dict = field(default_factory=dict)
 
 
 WORKLOADS = {
@@ -89,7 +90,7 @@ WORKLOADS = {
         training.Goal("loss", 2.3), 8, 8000, "57.4 [49.8, 65.4] (lm_python_source)",
         {"context": 32, "max_train_windows": 16384, "max_val_windows": 512},
         {"layers": 2, "width": 32, "heads": 2}, checkpoints=4, k_max=32, multipliers=(1.0, 2.0),
-        micro=4, method="micro_batch"),
+        micro=4, monitor={"method": "micro_batch"}),
 }
 TINY = Workload("teacher", "mlp", "adam", {"lr": 0.01}, training.Goal("error", 0.5), 8, 400,
                 "none (a tiny twin)", {"n": 600, "dim": 8, "num_classes": 3, "hidden": 16},
@@ -118,14 +119,20 @@ def load_state(model: nn.Module, state: TrainState, work: Workload
 
 
 def noise_at(model: nn.Module, state: TrainState, dataset: training.Dataset, work: Workload,
-             seed: int) -> dict[str, float]:
-    """The monitor's smoothed estimates over ``work.batches`` batches at ``state``'s weights."""
+             seed: int, huge_moment: str | None = None) -> dict[str, float]:
+    """The monitor's smoothed estimates over ``work.batches`` batches at ``state``'s weights;
+    ``huge_moment``: the parameters whose names start with it get a second moment of 1e30, so
+    P = 0 there (:func:`preconditioner_check`)."""
     net, opt = load_state(model, state, work)
+    if huge_moment is not None:
+        for name, p in net.named_parameters():
+            if name.startswith(huge_moment):
+                opt.state[p]["exp_avg_sq"].fill_(1e30)
     norm = any(isinstance(m, NORM_LAYERS) for m in net.modules())
     loss = loss_fn(dataset.task, dataset.loss)
     order = torch.randperm(dataset.n_train, generator=torch.Generator().manual_seed(seed))
     with NoiseScaleMonitor(net, window=work.batches, population=dataset.n_train,
-                           norm_layers=norm, optimizer=opt, method=work.method) as monitor:
+                           norm_layers=norm, optimizer=opt, **work.monitor) as monitor:
         for j in range(work.batches):
             net.zero_grad(set_to_none=True)
             for part in order[j * work.batch:(j + 1) * work.batch].chunk(work.micro):
@@ -134,6 +141,31 @@ def noise_at(model: nn.Module, state: TrainState, dataset: training.Dataset, wor
     parts = {p.name: p.b_simple for p in reading.parts}
     return {"b_simple": reading.b_simple, "b_simple_se": reading.b_simple_se,
             "b_norm": parts.get(NORM, math.nan), "b_pre": parts.get(PRECONDITIONED, math.nan)}
+
+
+def preconditioner_check(step: int = 323, seed: int = 323) -> list[tuple[str, float, float]]:
+    """What the LM's preconditioned noise scale is made of: the base run to ``step`` (the first
+    checkpoint after initialization), then B_simple and B_pre at those weights as measured, with
+    the embedding's P set to 0 (its second moment made huge), and with larger eps."""
+    work = WORKLOADS["lm"]
+    dataset = training.data.load(work.dataset, **work.dataset_options)
+    model = training.models.build(work.model, dataset, seed=0, **work.model_options)
+    run = training.RunConfig(batch_size=work.base_batch, optimizer=work.optimizer,
+                             max_steps=step, goal=None, stop="never",
+                             eval_schedule=training.EvalSchedule(every=10**9))
+    state = training.train_trials(model, dataset, [training.Trial(**work.trial)], run,
+                                  return_state=True).end_state.trial(0)
+    rows = []
+    for label, eps, without in (("as measured", 1e-8, None), ("embedding's P = 0", 1e-8, "token"),
+                                ("eps = 1e-6", 1e-6, None), ("eps = 1e-4", 1e-4, None)):
+        changed = replace(work, trial={**work.trial, "eps": eps})
+        if without is None:
+            values = noise_at(model, state, dataset, changed, seed)
+        else:
+            values = noise_at(model, state, dataset, changed, seed, huge_moment=f"{without}.")
+        rows.append((label, values["b_simple"], values["b_pre"]))
+        print(f"{label:<20} B_simple {values['b_simple']:.4g}  B_pre {values['b_pre']:.6g}")
+    return rows
 
 
 def calibrate(name: str, work: Workload) -> list[dict]:
@@ -192,8 +224,11 @@ def main(names: list[str] | None = None, tiny: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    unknown = [a for a in argv if a != "--tiny" and a not in WORKLOADS]
+    unknown = [a for a in argv if a not in ("--tiny", "--pre-check") and a not in WORKLOADS]
     if unknown:
         raise SystemExit(f"unknown workload {unknown[0]!r}; allowed: {', '.join(WORKLOADS)}, "
-                         f"or --tiny")
-    main([a for a in argv if a != "--tiny"] or None, tiny="--tiny" in argv)
+                         f"--tiny or --pre-check")
+    if "--pre-check" in argv:
+        preconditioner_check()
+    else:
+        main([a for a in argv if a != "--tiny"] or None, tiny="--tiny" in argv)

@@ -64,6 +64,7 @@ def test_queue_cost_at_batch_64(benchmark, program, kind):
     finally:
         torch.set_num_threads(before)
     assert row.program == program
+    print(format_delay_table([row]).splitlines()[-1])   # the measured row, shown with -s
     assert row.cost <= MAX_COST, format_delay_table([row])
 
 

@@ -155,10 +155,12 @@ COMPILED = {"training/engine/compiled_kernel.py", "training/engine/kernel_cache.
 
 
 # the modules whose "method" is an estimator's way of computing (the noise monitor's, the trace
-# estimator's, the bootstrap's resampling, numpy's quantile), never a pruning criterion
+# estimator's, the bootstrap's resampling, numpy's quantile, the calibration script's choice of
+# the monitor's), never a pruning criterion
 ESTIMATORS = {"theory/monitor/capture.py", "theory/monitor/monitor.py",
               "theory/monitor/readings.py", "theory/estimators/curvature.py",
-              "theory/models/scaling.py", "theory/verdicts/step_ratio.py"}
+              "theory/models/scaling.py", "theory/verdicts/step_ratio.py",
+              "experiments/scripts/calibration.py"}
 
 
 @pytest.mark.parametrize("word, allowed", [

@@ -7,8 +7,10 @@ model, its optimizer), :meth:`Run.read` after a step's last backward pass and be
 gradients are clipped or the optimizer steps, :meth:`Run.decide` after the optimizer's step (the
 policy's setting is the next step's), :meth:`Run.close` when training ends.
 
-**The policy** (``policy=``): an object with ``decide(signal, current) -> Setting`` or a function
-of the same two arguments (:mod:`theory.policies.interface`), asked every ``decide_every``
+**The policy** (``policy=``): an object with ``decide(signal, current) -> Setting``, a function
+of the same two arguments (:mod:`theory.policies.interface`), or a name that
+:func:`theory.policies.builtin.make_policy` knows (``"noise_ramp"``, ``"goodput"``, ...,
+``"package.module:Name"``; built with ``policy_options``), asked every ``decide_every``
 measured steps (not while the lr is 0, at a warmup's first step or a decay's end: there is
 no lr to scale). The signal holds the reading's smoothed B_simple, |G|^2, tr(Sigma) and parts, the
 optimizer steps and the examples trained on so far (counted by a forward pre-hook on the model:
@@ -125,16 +127,16 @@ class Run:
     ``prefix``: the metrics' names start with it; ``options``: :class:`theory.NoiseScaleMonitor`'s
     keyword arguments (``window``, ``ema``, ``every``, ``per_layer``, ``norm_layers``, ...)."""
 
-    def __init__(self, *, preconditioned: bool, policy: Any, decide_every: int, prefix: str,
-                 options: Mapping[str, Any]) -> None:
+    def __init__(self, *, preconditioned: bool, policy: Any, policy_options: Mapping[str, Any]
+                 | None, decide_every: int, prefix: str, options: Mapping[str, Any]) -> None:
         self.options = check_options(options)
         self.preconditioned, self.prefix = bool(preconditioned), str(prefix)
         self.decide_every = check_int(decide_every, "decide_every")
         self.policy = None
         if policy is not None:
-            from theory.policies.interface import as_policy
+            from theory.policies.builtin import make_policy
 
-            self.policy = as_policy(policy)
+            self.policy = make_policy(policy, policy_options)
         self.monitor: NoiseScaleMonitor | None = None
         self.examples: Examples | None = None
         self.reading: NoiseReading | None = None      # a fresh reading not yet decided on

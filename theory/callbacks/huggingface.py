@@ -47,18 +47,22 @@ class NoiseScaleCallback(transformers.TrainerCallback):
 
     ``trainer``: the Trainer it is added to; ``preconditioned``: also the noise scale of the
     gradient preconditioned by the optimizer (an Adam or AdamW: the Trainer's default AdamW);
-    ``decide_every``: ask the policy every that many measured steps; ``prefix``: the metrics'
+    ``policy`` / ``policy_options``: a policy object or function, or
+    a name of :func:`theory.policies.builtin.make_policy` with its options (module docstring of
+    :mod:`theory.callbacks.common`); ``decide_every``: ask the policy every that many measured steps; ``prefix``: the metrics'
     names start with it; ``options``: the monitor's keyword arguments (``window``, ``ema``,
     ``every``, ``per_layer``, ``norm_layers``, ``population``, ...)."""
 
     def __init__(self, trainer: Any, *, preconditioned: bool = False, policy: Any = None,
-                 decide_every: int = 1, prefix: str = "noise/", **options: Any) -> None:
+                 policy_options: dict | None = None, decide_every: int = 1,
+                 prefix: str = "noise/", **options: Any) -> None:
         if not isinstance(trainer, transformers.Trainer):
             raise TheoryError(f"NoiseScaleCallback(trainer, ...) needs the Trainer it is added "
                               f"to, got {type(trainer).__name__}")
         self.trainer = trainer
-        self.run = Run(preconditioned=preconditioned, policy=policy, decide_every=decide_every,
-                       prefix=prefix, options=options)
+        self.run = Run(preconditioned=preconditioned, policy=policy,
+                       policy_options=policy_options, decide_every=decide_every, prefix=prefix,
+                       options=options)
         self.loader: Any = None
         self.read_now = True          # no reading taken yet in this step
         self.pending: dict[str, float] = {}

@@ -43,17 +43,20 @@ class NoiseScaleCallback(pl.Callback):
     calls (``"net"`` for ``self.net(x)``; default None: the ``LightningModule`` itself, called
     as ``self(x)``): the monitor's hooks see the forwards of the module they are attached to.
     ``preconditioned``: also the noise scale of the gradient preconditioned by the optimizer
-    (an Adam or AdamW); ``decide_every``: ask the policy every that many measured steps;
+    (an Adam or AdamW); ``policy`` / ``policy_options``: a policy object or function, or
+    a name of :func:`theory.policies.builtin.make_policy` with its options (module docstring of
+    :mod:`theory.callbacks.common`); ``decide_every``: ask the policy every that many measured steps;
     ``prefix``: the metrics' names start with it; ``options``: the monitor's keyword arguments
     (``window``, ``ema``, ``every``, ``per_layer``, ``norm_layers``, ``population``, ...)."""
 
     def __init__(self, *, module: str | None = None, preconditioned: bool = False,
-                 policy: Any = None, decide_every: int = 1, prefix: str = "noise/",
-                 **options: Any) -> None:
+                 policy: Any = None, policy_options: dict | None = None, decide_every: int = 1,
+                 prefix: str = "noise/", **options: Any) -> None:
         super().__init__()
         self.module = module
-        self.run = Run(preconditioned=preconditioned, policy=policy, decide_every=decide_every,
-                       prefix=prefix, options=options)
+        self.run = Run(preconditioned=preconditioned, policy=policy,
+                       policy_options=policy_options, decide_every=decide_every, prefix=prefix,
+                       options=options)
         self.pending: dict[str, float] = {}
         self.stepped = False
         self.run.hint = ("; if training_step calls a network inside the LightningModule "

@@ -53,9 +53,10 @@ def add_product(base: list[Tensor], a: list[Tensor], b: list[Tensor],
                 out: Sequence[Tensor] | None = None) -> None:
     """base + a * b for every tensor of the lists: in place (one ``_foreach_addcmul_``), or,
     given ``out``, written there with ``base`` left as it was. A delayed stack's update writes
-    its new weights straight into the next slot of its queue's ring (:mod:`training.delay`),
-    which saves copying them there: a pass over the weights, a tenth of ``mlp``'s step at
-    B = 64 (``_foreach_addcmul_`` has no ``out``, hence one ``addcmul`` per tensor)."""
+    its new weights straight into the next slot of its queue's ring (:mod:`training.delay`)
+    rather than updating in place and copying them there (``mlp``, 32 trials at B = 64, one
+    thread, CPU time of 600 steps: 0.29 s out of place against 0.19 s in place plus 0.22 s of
+    copy). ``_foreach_addcmul_`` has no ``out``: one ``addcmul`` per tensor."""
     if out is None:
         torch._foreach_addcmul_(base, a, b)
         return

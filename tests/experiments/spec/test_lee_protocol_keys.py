@@ -73,7 +73,7 @@ def test_each_key_moves_the_groups_it_changes(workload, pruning, dense_changes):
     ("", "mask_per_trial = 1", "snip", "pruning.mask_per_trial: found 1; allowed: true or false"),
     ("", "prune_bias = true", "snip", "pruning.prune_bias: unknown key (did you mean "
                                       "'prune_biases'?); allowed: criterion, sanity, examples, "
-                                      "prune_biases, mask_per_trial"),
+                                      "prune_biases, mask_per_trial, bias_controls"),
 ])
 def test_bad_values_are_one_line_naming_the_key_and_what_is_allowed(workload, pruning, criterion,
                                                                      problem):

@@ -130,6 +130,16 @@ def test_a_policy_sets_the_lr_and_the_batch_size_of_the_next_step():
     assert logger.rows[0]["policy/batch_size"] == 16 and logger.rows[0]["policy/lr"] == LR / 2
 
 
+def test_a_built_in_policy_by_name_ramps_the_batch_to_the_noise_scale():
+    """noise_ramp (Gray et al. 2024): after the first step B goes to the grid's power of two
+    nearest the logged B_simple (here 32: within [8, 32]) with the lr by the square-root rule."""
+    module, _, _, logger, _ = fit(NoiseScaleCallback(
+        policy="noise_ramp", policy_options={"min_batch": 8, "max_batch": 32, "min_gain": 0.0,
+                                             "lr_rule": "sqrt"}), steps=3)
+    assert logger.rows[0]["noise/b_simple"] > 16 * 2 ** 0.5     # nearest in log: 32
+    assert module.seen == [(8, LR), (32, 2 * LR), (32, 2 * LR)]
+
+
 def test_an_unknown_monitor_option_is_refused_by_name():
     with pytest.raises(TheoryError, match="unknown monitor option 'windw' \\(did you mean 'window'"):
         NoiseScaleCallback(windw=3)
