@@ -25,7 +25,6 @@ there is a criterion with the default rules.
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from training.data import Dataset
-from training.registry import Registry
+from training.registry import Registry, import_path
 
 from pruning.errors import PruningError
 from pruning.select import SCOPES
@@ -216,15 +215,7 @@ def criterion(name: str | Criterion) -> Criterion:
 
 def _imported(path: str) -> Score:
     """The callable at ``path`` (``module:attribute``, the attribute may be dotted)."""
-    module, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module)
-    except ImportError as exc:
-        raise PruningError(f"pruning criterion {path!r}: cannot import {module}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise PruningError(f"pruning criterion {path!r}: {module} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_path(path, "pruning criterion", PruningError)
     if not callable(obj):
         raise PruningError(f"pruning criterion {path!r} is {type(obj).__name__}, not a score "
                            f"function")

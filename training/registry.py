@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +37,22 @@ def did_you_mean(value: str, allowed: list[str] | tuple[str, ...]) -> str:
     """`` (did you mean 'x'?)`` for the closest allowed name, or nothing when none is close."""
     near = difflib.get_close_matches(value, list(allowed), n=1)
     return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def import_path(path: str, what: str, error: type[Exception]) -> Any:
+    """The object at ``path`` (``module:attribute``, the attribute may be dotted), as a spec or a
+    caller names its own criterion, policy or measurement; ``error`` (the package's error class)
+    with ``what`` and the path where the module cannot be imported or lacks the attribute."""
+    module, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise error(f"{what} {path!r}: cannot import {module}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise error(f"{what} {path!r}: {module} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 def origin(obj: Any) -> str:

@@ -14,6 +14,7 @@ starts. For a constant b this is exactly :class:`training.schedules.order.BatchO
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,3 +132,20 @@ class TrainState:
         if self.model_buffers and set(self.model_buffers) != set(names):
             raise ConfigError(f"TrainState model_buffers {sorted(self.model_buffers)} do not match "
                               f"the model's buffers {sorted(names)}")
+
+
+def model_at(model: nn.Module, state: TrainState, trial: int = 0, *,
+             device: torch.device | str | None = None,
+             dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of ``model`` (moved to ``device`` and ``dtype`` first, where given) holding trial
+    ``trial`` of ``state``: its weights and its module buffers (BatchNorm's running statistics)."""
+    net = copy.deepcopy(model)
+    if device is not None or dtype is not None:
+        net = net.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.copy_(state.params[name][trial])
+        for name, b in net.named_buffers():
+            if name in state.model_buffers:
+                b.copy_(state.model_buffers[name][trial])
+    return net

@@ -50,7 +50,6 @@ denominator where one exists: the validation page uses it.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Sequence
@@ -69,7 +68,7 @@ from theory.models.scaling import regime_of_slope
 from theory.models.walltime import predict_time_to_result
 from training.distributed.costmodel import CostModel
 from training.errors import SparsescaleError
-from training.state import TrainState
+from training.state import TrainState, model_at
 
 from experiments.report.advice import advice_document, cost_frame
 from experiments.report.formatting import grid_interval
@@ -320,7 +319,7 @@ def advise(spec: Spec, *, sparsity: float = 0.0, seed: int | None = None,
         noise = [_noise_row(model, dataset, mask, 0, h, probe_examples, seed)]
 
         def probe(step: int, state: TrainState) -> None:
-            noise.append(_noise_row(_at_state(model, state), dataset, mask, step, h, probe_examples, seed))
+            noise.append(_noise_row(model_at(model, state), dataset, mask, step, h, probe_examples, seed))
             bar.update()
 
         branched = branch_critical_batch(
@@ -401,16 +400,6 @@ def _fractions(fractions: Sequence[float], at: float) -> list[float]:
     return fr
 
 
-def _at_state(model: torch.nn.Module, state: TrainState) -> torch.nn.Module:
-    """A copy of ``model`` holding the single trial of ``state`` (weights and buffers)."""
-    net = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.copy_(state.params[name][0])
-        for name, b in net.named_buffers():
-            if name in state.model_buffers:
-                b.copy_(state.model_buffers[name][0])
-    return net
 
 
 def _noise_row(net: torch.nn.Module, dataset: training.Dataset, mask, step: int, horizon: int,

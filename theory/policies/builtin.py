@@ -19,13 +19,12 @@ Names: :data:`POLICIES` (``fixed``, ``goodput``, ``noise_ramp``, ``cbs_warmup``,
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from training.registry import Registry
+from training.registry import Registry, import_path
 
 from theory.errors import TheoryError, check_int
 from theory.estimators.branching import warmup_batch
@@ -261,13 +260,4 @@ def _build(cls: type, name: str, options: dict[str, Any]) -> Any:
 
 def _imported(path: str) -> Any:
     """The object at ``path`` (``module:attribute``, the attribute may be dotted)."""
-    module, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module)
-    except ImportError as exc:
-        raise TheoryError(f"policy {path!r}: cannot import {module}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise TheoryError(f"policy {path!r}: {module} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    return import_path(path, "policy", TheoryError)

@@ -27,7 +27,6 @@ included).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,7 +42,7 @@ from training.masks import check_mask
 from training.schedule_trials import train_schedule_trials
 from training.schedules.batch_schedule import BatchSchedule, BatchSegment
 from training.schedules.order import trial_seed
-from training.state import TrainState
+from training.state import TrainState, model_at
 
 from theory.errors import TheoryError, check_int
 from theory.monitor.monitor import NoiseScaleMonitor
@@ -251,13 +250,7 @@ def read_noise(model: nn.Module, dataset: Dataset, state: TrainState, batch_size
     eps) preconditions the gradients for the ``"<preconditioned>"`` part."""
     if state.n_trials != 1:
         raise TheoryError(f"read_noise reads one trial; state has {state.n_trials}")
-    net = copy.deepcopy(model).to(device=run.device, dtype=run.dtype).train()
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.copy_(state.params[name][0])
-        for name, b in net.named_buffers():
-            if name in state.model_buffers:
-                b.copy_(state.model_buffers[name][0])
+    net = model_at(model, state, device=run.device, dtype=run.dtype).train()
     if adam is not None:
         monitor_options["optimizer"] = _adam(net, state, adam)
     data = dataset.to(run.device, run.dtype)
