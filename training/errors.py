@@ -61,6 +61,11 @@ class DataIOError(SparsescaleIOError):
     """A data file cannot be read, or the data cache cannot be written: names the path."""
 
 
+class ArgumentError(SparsescaleError, TypeError):
+    """A call gives an argument twice, under its name and its deprecated name: a ``TypeError``, as
+    Python's own for an argument given twice."""
+
+
 class ModelError(SparsescaleError, ValueError):
     """A model cannot be built for the given data set or options, or cannot be trained as given
     (``training.models``): names the layer or the option and what to do."""
@@ -74,13 +79,14 @@ def deprecated(old: str, new: str, where: str, stacklevel: int = 3) -> None:
 
 def renamed_keyword(old: str, new: str) -> Callable[[F], F]:
     """Decorator: the keyword argument ``old`` is accepted as ``new`` with a deprecation
-    warning; given both, a ``TypeError`` as for any argument given twice."""
+    warning; given both, an :class:`ArgumentError` (a ``TypeError``, as for any argument given
+    twice)."""
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             if old in kwargs:
                 if new in kwargs:
-                    raise TypeError(f"{fn.__qualname__}() got {new!r} and its deprecated "
+                    raise ArgumentError(f"{fn.__qualname__}() got {new!r} and its deprecated "
                                     f"name {old!r}; give {new!r} only")
                 deprecated(old, new, f"{fn.__qualname__}()")
                 kwargs[new] = kwargs.pop(old)
