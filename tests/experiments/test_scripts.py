@@ -122,3 +122,30 @@ def test_calibration_tiny(capsys):
         assert r["cbs_low"] <= r["cbs"] <= r["cbs_high"]
     assert math.isnan(rows[0]["b_pre"]) and all(math.isfinite(r["b_pre"]) for r in rows[1:])
     assert "| tiny (B0 = 8) |" in capsys.readouterr().out
+
+
+def _store(folder, table, rows):
+    """A store holding ``groups`` (``wall_time`` volatile) and Lee's stage under ``table``."""
+    import sqlite3
+    folder.mkdir()
+    conn = sqlite3.connect(folder / "results.sqlite")
+    conn.execute("CREATE TABLE groups (batch_size INTEGER, steps INTEGER, wall_time REAL, "
+                 "lib_version TEXT)")
+    conn.execute(f"CREATE TABLE {table} (step INTEGER, value REAL, seconds REAL)")
+    conn.execute("CREATE TABLE looks (look INTEGER)")   # empty: as if absent
+    conn.executemany("INSERT INTO groups VALUES (?, ?, ?, ?)", rows)
+    conn.execute(f"INSERT INTO {table} VALUES (1000, 2.5, 0.3)")
+    conn.commit()
+    conn.close()
+    return folder
+
+
+def test_store_digest_ignores_what_differs_between_runs_of_one_spec(tmp_path):
+    from experiments.scripts.store_digest import digest
+
+    old = _store(tmp_path / "old", "schedule_probes", [(8, 120, 1.5, "0.1"), (16, 70, 0.9, "0.1")])
+    # the table under its new name, rows in another order, other wall times and versions
+    new = _store(tmp_path / "new", "stage_probes", [(16, 70, 3.0, "0.2"), (8, 120, 2.0, "0.2")])
+    moved = _store(tmp_path / "moved", "stage_probes", [(8, 121, 1.5, "0.1"), (16, 70, 0.9, "0.1")])
+    assert digest(old) == digest(new)
+    assert digest(moved) != digest(old)   # one measured step differs
