@@ -61,9 +61,10 @@ class DataIOError(SparsescaleIOError):
     """A data file cannot be read, or the data cache cannot be written: names the path."""
 
 
-class ArgumentError(SparsescaleError, TypeError):
-    """A call gives an argument twice, under its name and its deprecated name: a ``TypeError``, as
-    Python's own for an argument given twice."""
+class ArgumentError(ConfigError, TypeError):
+    """A call gives an argument twice, under its name and its deprecated name: a
+    :class:`ConfigError` (the project's errors are ``ValueError`` s or ``OSError`` s), and a
+    ``TypeError``, as Python's own for an argument given twice."""
 
 
 class ModelError(SparsescaleError, ValueError):
