@@ -73,8 +73,12 @@ def control_variants(spec: Any) -> list[Any]:
         else:
             change = dict(sparsities=tuple(x for x in spec.sparsities if x > 0),
                           pruning_options=replace(base, prune_biases=False))
+        # the whole-split check of L at the control's own levels only (its spec is checked
+        # again when its store is read)
+        probes = replace(spec.probes, lipschitz_check=tuple(
+            s for s in spec.probes.lipschitz_check if s in change["sparsities"]))
         out.append(replace(spec, name=f"{spec.name}-{control}", series=control, subdir=control,
-                           stopping=None, **change))
+                           stopping=None, probes=probes, **change))
     return out
 
 

@@ -128,3 +128,19 @@ def test_complete_trials_with_a_mask_per_trial_is_one_line():
     with pytest.raises(SpecError, match="complete_trials: cannot be combined with "
                                         r"\[pruning\] mask_per_trial"):
         loads(text)
+
+
+@pytest.mark.parametrize("control", ["no_bias", "dense_biases"])
+def test_a_bias_control_checks_l_at_its_own_levels_and_survives_the_store(control):
+    """A control's spec is read back from its store (validated again): the study's whole-split
+    check of L at a level the control lacks would make it invalid there."""
+    from experiments.spec.series import control_variants
+
+    spec = loads(with_keys(LEE["workload"], LEE["pruning"] + f'\nbias_controls = ["{control}"]')
+                 .replace("[probes]\nenabled = false", "[probes]\nenabled = true\n"
+                          "lipschitz_every = 10\nlipschitz_examples = 20\n"
+                          "lipschitz_check = [0.0, 0.5]"))
+    variant = control_variants(spec)[1]
+    assert variant.probes.lipschitz_check == tuple(variant.sparsities)
+    back = from_canonical(variant.canonical(), variant.toml)
+    assert back.hash == variant.hash
