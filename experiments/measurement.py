@@ -104,8 +104,8 @@ class Part:
 
     - ``head``: sections before Findings (the studies' overview);
     - in Findings: ``opening`` (sentences of its first paragraph: scaling and the cost of
-      sparsity), ``findings`` (sentences before the claims' failures) and ``sentences`` (the
-      last paragraph); ``verdicts`` (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`)
+      sparsity), ``findings`` (the claims' paragraph) and ``sentences`` (the last paragraph);
+      ``verdicts`` (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`)
       among the claims of its table;
     - ``figures`` in Figures;
     - ``theory``: blocks of the Theory vs measurement section (present when a part gives one);
@@ -115,12 +115,13 @@ class Part:
     - ``appendix`` after the Tables section, ``closing`` at the end of the document;
     - ``files``: CSV tables written beside the report (None removes the file).
 
-    A block of ``theory`` or ``sections`` may be a function of every part's verdicts
-    (:data:`Judged`: the claims' table of Theory vs measurement shows them all)."""
+    A block of ``theory`` or ``sections``, or an entry of ``findings``, may be a function of
+    every part's verdicts (:data:`Judged`): the claims' table of Theory vs measurement shows
+    them all, and a failed claim's sentences (a list) give the probes' quantities."""
 
     head: tuple = ()
     opening: tuple[str, ...] = ()
-    findings: tuple[str, ...] = ()
+    findings: tuple = ()
     sentences: tuple[str, ...] = ()
     verdicts: pd.DataFrame | None = None
     figures: tuple = ()

@@ -1,8 +1,7 @@
 """Every part's verdicts, as the report shows them: the columns of a verdict row
 (:data:`VERDICT_COLUMNS`), the claims in words (:func:`claim_words`), the Findings' table
-(:func:`findings_table`), the claims' table of Theory vs measurement (:func:`verdict_table`),
-what a failed claim's quantities were (:func:`failure_sentences`) and ``verdicts.csv``
-(:func:`verdicts_frame`). Each measurement judges its own claims
+(:func:`findings_table`), the claims' table of Theory vs measurement (:func:`verdict_table`)
+and ``verdicts.csv`` (:func:`verdicts_frame`). Each measurement judges its own claims
 (:meth:`experiments.measurement.Measurement.report`: the probes', L at Lee et al.'s stage, the
 delay axis').
 
@@ -16,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from theory.verdicts.claims import FAILS
 from theory.models.predict import MeasuredCurve
 from theory.verdicts.step_ratio import RUN_COLUMNS
 
-from experiments.report.formatting import fmt_interval, fmt_num, sparsity_label
+from experiments.report.formatting import fmt_interval, fmt_num
 
 VERDICT_COLUMNS = ["run", "series", "sparsity", "claim", "tier", "value", "low", "high",
                    "allowed_low", "allowed_high", "verdict", "reason", "statistic"]
@@ -121,23 +119,3 @@ def findings_table(table: pd.DataFrame) -> pd.DataFrame:
         "tier": table["tier"], "verdict": table["verdict"],
         "the numbers": [numbers(r) for r in table.itertuples(index=False)]},
         columns=["claim", "tier", "verdict", "the numbers"])
-
-
-def failure_sentences(table: pd.DataFrame, probes: pd.DataFrame) -> list[str]:
-    """When a claim does not hold: L, lambda_max and |G|^2 along the runs, per level (dense beside
-    sparse), and a plain statement that the theory does not explain this workload."""
-    failed = table[table["verdict"] == FAILS]
-    out = []
-    for run, f in failed.groupby("run", sort=False):
-        mine = probes[(probes["run"] == run)]
-        parts = []
-        for sparsity, g in mine.groupby("sparsity"):
-            med = g.groupby("quantity")["value"].median()
-            parts.append(f"{sparsity_label(sparsity)}: median along the runs L = "
-                         f"{fmt_num(med.get('local_lipschitz', np.nan), 3)}, λ_max = "
-                         f"{fmt_num(med.get('hessian_top', np.nan), 3)}, |G|² = "
-                         f"{fmt_num(med.get('g_sq', np.nan), 3)}")
-        claims = ", ".join(sorted(set(f["claim"])))
-        out.append(f"{run}: {claims} does not hold, so the theory does not explain this workload "
-                   f"({'; '.join(parts)}).")
-    return out

@@ -49,7 +49,7 @@ from experiments.report.context import LazyContext
 from experiments.report.runs import ReportError, ReportIOError, RunSet, load_runs
 from experiments.report.sections import Document, Paragraphs, Section, Table, render
 from experiments.report.verdicts import (
-    VERDICT_COLUMNS, failure_sentences, findings_table, verdicts_frame,
+    VERDICT_COLUMNS, findings_table, verdicts_frame,
 )
 
 __all__ = ["write_report", "write_document", "build", "ReportError", "ReportIOError"]
@@ -123,7 +123,8 @@ def build(runs: RunSet) -> Report:
               else pd.DataFrame(columns=VERDICT_COLUMNS))
     prose = (
         [s for p in parts for s in p.opening],
-        [s for p in parts for s in p.findings] + failure_sentences(judged, ctx.runs.probes),
+        [s for p in parts for f in p.findings
+         for s in ((f,) if isinstance(f, str) else f(judged))],
         [s for p in parts for s in p.sentences])
     theory = [_with(judged, b) for p in parts for b in p.theory]
     sections = (

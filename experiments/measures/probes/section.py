@@ -1,5 +1,5 @@
-"""The probes' part of the report (:func:`probes_part`): their claims' verdicts
-(:mod:`~experiments.measures.probes.verdicts`) and, in Theory vs measurement, the definition of
+"""The probes' part of the report (:func:`probes_part`): their claims' verdicts and the failed
+claims' quantities (:mod:`~experiments.measures.probes.verdicts`) and, in Theory vs measurement, the definition of
 steps-to-result used, the claims' table (every part's verdicts), Figure 5 (B_simple along the
 run), B_simple along training pooled over the probed runs, and Figure 6 (L and lambda_max along
 the run)."""
@@ -10,7 +10,9 @@ import pandas as pd
 
 from experiments.measurement import Part, ReportContext
 from experiments.measures.probes import figures as PF
-from experiments.measures.probes.verdicts import STEPS_DEFINITION, noise_along_table, verdicts
+from experiments.measures.probes.verdicts import (
+    STEPS_DEFINITION, failure_sentences, noise_along_table, verdicts,
+)
 from experiments.report.figures import measurement as F
 from experiments.report.formatting import eval_text
 from experiments.report.sections import Figure, Paragraphs, Section, table_section
@@ -27,13 +29,16 @@ CLAIMS_NOTE = (
 
 
 def probes_part(ctx: ReportContext) -> Part:
-    """The claims judged on the probes (with, per run, why none could be) and the probes'
-    blocks of Theory vs measurement."""
+    """The claims judged on the probes, the findings (every failed claim's probe quantities,
+    then per run why no claim could be judged) and the probes' blocks of Theory vs
+    measurement."""
     runs = ctx.runs
     judged, unjudged = verdicts(runs.groups, runs.probes, ctx.fits, runs.labels, runs.trials,
                                 [r.label for r in runs.runs
                                  if getattr(r.spec, "stop", "") == "all"], runs.stage)
-    return Part(findings=tuple(unjudged), verdicts=judged, theory=_theory_blocks(ctx))
+    # a failed claim, whichever part judged it, is explained by the probes' quantities
+    failed = lambda every: failure_sentences(every, runs.probes)   # noqa: E731
+    return Part(findings=(failed, *unjudged), verdicts=judged, theory=_theory_blocks(ctx))
 
 
 def claims_section(judged: pd.DataFrame) -> Section:

@@ -7,7 +7,9 @@ claim of ``theory.verdicts.claims`` against the fitted curves: McCandlish et al.
 (2021)'s sparsity claim, and the shape of the curve (Shallue et al. 2019), each in the paper's
 tier and a strict one, with its interval and a verdict "holds", "does not hold" or
 "inconclusive" (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`).
-:func:`noise_along_table` gives B_simple along training, pooled over the probed runs.
+:func:`noise_along_table` gives B_simple along training, pooled over the probed runs; when a
+claim (any part's) does not hold, :func:`failure_sentences` gives the probes' quantities that
+show why.
 
 The step ratios count every run, those that missed the goal censored at their budget
 (:func:`experiments.report.verdicts.level_runs`, :mod:`theory.verdicts.step_ratio`); each
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from theory.errors import TheoryError
-from theory.verdicts.claims import judge_claims
+from theory.verdicts.claims import FAILS, judge_claims
 from theory.verdicts.noise_along import b_simple_along, b_simple_at_goal, noise_points
 from theory.verdicts.summaries import find, summarize
 
@@ -118,3 +121,23 @@ def _has(summaries, sparsity: float) -> bool:
     except TheoryError:
         return False
     return True
+
+
+def failure_sentences(table: pd.DataFrame, probes: pd.DataFrame) -> list[str]:
+    """When a claim does not hold: L, lambda_max and |G|^2 along the runs, per level (dense beside
+    sparse), and a plain statement that the theory does not explain this workload."""
+    failed = table[table["verdict"] == FAILS]
+    out = []
+    for run, f in failed.groupby("run", sort=False):
+        mine = probes[(probes["run"] == run)]
+        parts = []
+        for sparsity, g in mine.groupby("sparsity"):
+            med = g.groupby("quantity")["value"].median()
+            parts.append(f"{sparsity_label(sparsity)}: median along the runs L = "
+                         f"{fmt_num(med.get('local_lipschitz', np.nan), 3)}, λ_max = "
+                         f"{fmt_num(med.get('hessian_top', np.nan), 3)}, |G|² = "
+                         f"{fmt_num(med.get('g_sq', np.nan), 3)}")
+        claims = ", ".join(sorted(set(f["claim"])))
+        out.append(f"{run}: {claims} does not hold, so the theory does not explain this workload "
+                   f"({'; '.join(parts)}).")
+    return out

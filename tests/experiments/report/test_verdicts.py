@@ -83,6 +83,6 @@ def test_the_report_section_holds_the_table_the_figures_and_the_findings_open_wi
 def test_a_failed_claim_gets_the_quantities_and_a_plain_statement(judged):
     runs, _, table, _ = judged
     failed = table.iloc[:1].assign(verdict="does not hold", claim="lee_sparsity (S_min ratio)")
-    (sentence,) = V.failure_sentences(failed, runs.probes)
+    (sentence,) = PV.failure_sentences(failed, runs.probes)
     assert "the theory does not explain this workload" in sentence
     assert f"L = {PROBES[0.9]['local_lipschitz']:g}" in sentence
