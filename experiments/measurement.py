@@ -92,8 +92,9 @@ class ReportContext(Protocol):
     theory: Any
 
 
-# a block of the report that shows every part's verdicts: a function of them all (the frame
-# of :data:`experiments.report.verdicts.VERDICT_COLUMNS`), called once every part is made
+# a block of the report (or a findings entry) that shows every part's verdicts: a function of
+# them all (the frame of :data:`experiments.report.verdicts.VERDICT_COLUMNS`), called once every
+# part is made
 Judged = Callable[[pd.DataFrame], Any]
 
 
