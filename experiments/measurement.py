@@ -106,8 +106,8 @@ class Part:
     - ``head``: sections before Findings (the studies' overview);
     - in Findings: ``opening`` (sentences of its first paragraph: scaling and the cost of
       sparsity), ``findings`` (the claims' paragraph) and ``sentences`` (the last paragraph);
-      ``verdicts`` (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`)
-      among the claims of its table;
+      ``verdicts`` (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`; None: it
+      judged none) among the claims of its table and in ``verdicts.csv``;
     - ``figures`` in Figures;
     - ``theory``: blocks of the Theory vs measurement section (present when a part gives one);
     - ``sections`` after Theory vs measurement;

@@ -118,7 +118,7 @@ def build(runs: RunSet) -> Report:
     ``verdicts.csv`` gather every part's verdicts."""
     ctx = LazyContext(runs)
     parts = [m.report(ctx) for _, m in measurement.MEASURES.items()]
-    found = [p.verdicts for p in parts if p.verdicts is not None and len(p.verdicts)]
+    found = [p.verdicts for p in parts if p.verdicts is not None]
     judged = (pd.concat(found, ignore_index=True) if found
               else pd.DataFrame(columns=VERDICT_COLUMNS))
     prose = (

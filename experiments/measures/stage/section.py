@@ -21,7 +21,8 @@ def stage_part(ctx: ReportContext) -> Part:
     """The stage's verdicts (with the decisive rows and the bias control's), its sentences
     among the findings, and its sub-section of Theory vs measurement where it was measured."""
     stage = stage_view(ctx.runs)
-    return Part(findings=tuple(stage_sentences(stage)), verdicts=stage.verdicts,
+    return Part(findings=tuple(stage_sentences(stage)),
+                verdicts=stage.verdicts if len(stage.verdicts) else None,
                 theory=(stage_section(stage, list(ctx.runs.order)),) if stage.measured else ())
 
 
