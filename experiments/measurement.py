@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -75,12 +75,13 @@ class RunContext:
     executor: Any = None
 
 
-@dataclass(frozen=True)
-class ReportContext:
-    """What a measurement's part of the report reads: ``runs`` (the synchronous groups,
-    :class:`experiments.report.runs.RunSet`), ``every`` (the same runs with every delay),
-    and the analysis computed once for every part: ``points``, ``edges``, ``fits`` and
-    ``ratios`` (:mod:`experiments.report.analysis`)."""
+class ReportContext(Protocol):
+    """What a measurement's part of the report reads (:func:`experiments.report.write.build`
+    makes one, :class:`experiments.report.context.LazyContext`): ``runs`` (the synchronous
+    groups, :class:`experiments.report.runs.RunSet`), ``every`` (the same runs with every
+    delay), and the analysis shared by the parts, each computed on first use and once:
+    ``points``, ``edges``, ``fits`` and ``ratios`` (:mod:`experiments.report.analysis`) and
+    ``theory`` (the theory beside the sweep, :func:`experiments.report.theory_view.theory_view`)."""
 
     runs: Any
     every: Any
@@ -88,25 +89,49 @@ class ReportContext:
     edges: pd.DataFrame
     fits: Any
     ratios: pd.DataFrame
+    theory: Any
+
+
+# a block of the report (or a findings entry) that shows every part's verdicts: a function of
+# them all (the frame of :data:`experiments.report.verdicts.VERDICT_COLUMNS`), called once every
+# part is made
+Judged = Callable[[pd.DataFrame], Any]
 
 
 @dataclass(frozen=True)
 class Part:
-    """A measurement's part of the report, placed by :func:`experiments.report.write.build`:
-    ``sections`` after Theory vs measurement, ``appendix`` after the Tables section,
-    ``figures`` at the end of Figures, ``tables`` (sub-sections) in Tables before "Missing and
-    failed", ``findings`` (sentences before the claims' failures) and ``sentences`` (the last
-    paragraph) in Findings, ``verdicts`` (rows of
-    :data:`experiments.report.verdicts.VERDICT_COLUMNS`) among the claims, and ``files``:
-    CSV tables written beside the report (None removes the file)."""
+    """A measurement's part of the report, placed by :func:`experiments.report.write.build` in
+    the registry's order (the sweep's first):
 
-    sections: tuple = ()
-    appendix: tuple = ()
-    figures: tuple = ()
-    tables: tuple = ()
-    findings: tuple[str, ...] = ()
+    - ``head``: sections before Findings (the studies' overview);
+    - in Findings: ``opening`` (sentences of its first paragraph: scaling and the cost of
+      sparsity), ``findings`` (the claims' paragraph) and ``sentences`` (the last paragraph);
+      ``verdicts`` (rows of :data:`experiments.report.verdicts.VERDICT_COLUMNS`; None: it
+      judged none) among the claims of its table and in ``verdicts.csv``;
+    - ``figures`` in Figures;
+    - ``theory``: blocks of the Theory vs measurement section (present when a part gives one);
+    - ``sections`` after Theory vs measurement;
+    - in Tables: ``tables`` (sub-sections), then every part's ``last_tables`` (what is missing,
+      what it cost);
+    - ``appendix`` after the Tables section, ``closing`` at the end of the document;
+    - ``files``: CSV tables written beside the report (None removes the file).
+
+    A block of ``theory`` or ``sections``, or an entry of ``findings``, may be a function of
+    every part's verdicts (:data:`Judged`): the claims' table of Theory vs measurement shows
+    them all, and a failed claim's sentences (a list) give the probes' quantities."""
+
+    head: tuple = ()
+    opening: tuple[str, ...] = ()
+    findings: tuple = ()
     sentences: tuple[str, ...] = ()
     verdicts: pd.DataFrame | None = None
+    figures: tuple = ()
+    theory: tuple = ()
+    sections: tuple = ()
+    tables: tuple = ()
+    last_tables: tuple = ()
+    appendix: tuple = ()
+    closing: tuple = ()
     files: Mapping[str, pd.DataFrame | None] = field(default_factory=dict)
 
 

@@ -1,79 +1,28 @@
-"""Theory vs measurement: the papers' claims judged on the probes along the runs.
+"""Every part's verdicts, as the report shows them: the columns of a verdict row
+(:data:`VERDICT_COLUMNS`), the claims in words (:func:`claim_words`), the Findings' table
+(:func:`findings_table`), the claims' table of Theory vs measurement (:func:`verdict_table`)
+and ``verdicts.csv`` (:func:`verdicts_frame`). Each measurement judges its own claims
+(:meth:`experiments.measurement.Measurement.report`: the probes', L at Lee et al.'s stage, the
+delay axis').
 
-Per run, :func:`verdicts` summarizes the probe table per level (``theory.summarize``: B_simple
-at the goal, L along the run, lambda_max, with hierarchical bootstrap intervals) and judges every
-claim of ``theory.verdicts.claims`` against the fitted curves: McCandlish et al. (2018), Lee et al.
-(2021)'s sparsity claim, and the shape of the curve (Shallue et al. 2019), each in the paper's
-tier and a strict one, with its interval and a verdict "holds", "does not hold" or
-"inconclusive". :func:`verdict_sentences` states each verdict in one sentence; when a claim
-fails, :func:`failure_sentences` gives the quantities that show why.
-
-The step ratios count every run, those that missed the goal censored at their budget
-(:func:`level_runs`, :mod:`theory.verdicts.step_ratio`); each verdict records its statistic.
+Shared by those that judge the sweep's curves: :func:`level_curves` (one measured curve per
+level) and :func:`level_runs` (every run with its steps, those that missed the goal censored
+at their budget, :mod:`theory.verdicts.step_ratio`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
-from theory.verdicts.claims import FAILS, judge_claims
-from theory.errors import TheoryError
 from theory.models.predict import MeasuredCurve
-from theory.verdicts.noise_along import b_simple_along, b_simple_at_goal, noise_points
 from theory.verdicts.step_ratio import RUN_COLUMNS
-from theory.verdicts.summaries import find, summarize
 
-from experiments.report.analysis import Fits, reached_groups
-from experiments.report.formatting import fmt_interval, fmt_num, sparsity_label
+from experiments.report.formatting import fmt_interval, fmt_num
 
 VERDICT_COLUMNS = ["run", "series", "sparsity", "claim", "tier", "value", "low", "high",
                    "allowed_low", "allowed_high", "verdict", "reason", "statistic"]
 METAPARAMETER_KEYS = ["lr", "momentum", "decay_steps", "end_factor"]
-STEPS_DEFINITION = (
-    "Steps-to-result: the first scheduled evaluation (every [eval] step) whose validation metric "
-    "meets the goal, refined to the step inside the replay window; a trial's metric can dip below "
-    "the target between two evaluations and come back, so [eval] every = 1 gives the "
-    "schedule-free answer.")
-
-
-def verdicts(groups: pd.DataFrame, probes: pd.DataFrame, fits: Fits, runs: Sequence[str],
-             trials: pd.DataFrame | None = None, replicates: Sequence[str] = (),
-             stage: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """Every claim's verdict per run and level (columns :data:`VERDICT_COLUMNS`), and per run
-    why none could be judged (when so). ``trials`` and ``replicates``: as :func:`level_runs`
-    (without ``trials``, each reached group is a run); ``stage``: the probes at Lee et al.'s
-    stage, whose runs that met the goal join the early probes' in B_simple at the goal
-    (:func:`goal_noise`)."""
-    reached = reached_groups(groups)
-    rows, skipped = [], []
-    for run in runs:
-        mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
-        g = reached[reached["run"] == run]
-        series_of = dict(zip(g["sparsity"], g["series"]))
-        level_fits = {s: fits.objects[name] for s, name in series_of.items() if name in fits.objects}
-        if mine.empty or not level_fits:
-            skipped.append(f"{run}: no claim judged ({'no probes' if mine.empty else 'no fitted curve'}).")
-            continue
-        curves = level_curves(g)
-        try:
-            summaries = summarize(mine)
-            probed = {s: f for s, f in level_fits.items() if _has(summaries, s)}
-            judged = judge_claims(summaries, probed, curves, runs=level_runs(
-                groups[groups["run"] == run], trials, run in replicates),
-                b_simple=goal_noise(mine, stage, trials, run))
-        except TheoryError as exc:
-            skipped.append(f"{run}: no claim judged ({exc}).")
-            continue
-        rows += [{"run": run, "series": series_of[v.sparsity], "sparsity": v.sparsity,
-                  "claim": v.claim, "tier": v.tier, "value": v.value, "low": v.interval[0],
-                  "high": v.interval[1], "allowed_low": v.threshold[0],
-                  "allowed_high": v.threshold[1], "verdict": v.verdict, "reason": v.reason,
-                  "statistic": v.statistic}
-                 for v in judged]
-    return pd.DataFrame(rows, columns=VERDICT_COLUMNS), skipped
 
 
 def level_curves(reached: pd.DataFrame) -> list[MeasuredCurve]:
@@ -106,59 +55,12 @@ def level_runs(groups: pd.DataFrame, trials: pd.DataFrame | None,
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
-def goal_noise(probes: pd.DataFrame, stage: pd.DataFrame | None,
-               trials: pd.DataFrame | None, run: str) -> dict:
-    """B_simple at the goal per level of one run, pooled over its early probes' runs and the
-    runs at Lee et al.'s stage that met the goal (``theory.verdicts.noise_along``)."""
-    return b_simple_at_goal(noise_points(probes, _met(stage, trials, run)))
-
-
-def _met(stage: pd.DataFrame | None, trials: pd.DataFrame | None,
-         run: str) -> pd.DataFrame | None:
-    """The rows at Lee et al.'s stage of one run's trials that met the goal (the others end at
-    their budget, not at the goal)."""
-    if stage is None or not len(stage) or trials is None or not len(trials):
-        return None
-    met = trials[(trials["run"] == run) & (trials["status"] == "reached")]
-    keys = ["sparsity", "seed", "batch_size", "trial"]
-    return stage[stage["run"] == run].merge(met[keys].drop_duplicates(), on=keys)
-
-
-def noise_along_table(groups: pd.DataFrame, probes: pd.DataFrame,
-                      stage: pd.DataFrame | None, trials: pd.DataFrame | None,
-                      runs: Sequence[str]) -> pd.DataFrame:
-    """B_simple along training per series, pooled over its probed runs (the early probes' and
-    those at Lee et al.'s stage that met the goal) in fifths of the run, with bootstrap
-    intervals over runs (``theory.verdicts.noise_along.b_simple_along``)."""
-    rows = []
-    for run in runs:
-        mine = probes[probes["run"] == run] if "run" in probes else probes.iloc[:0]
-        series = dict(zip(groups.loc[groups["run"] == run, "sparsity"],
-                          groups.loc[groups["run"] == run, "series"]))
-        for x in b_simple_along(noise_points(mine, _met(stage, trials, run))):
-            rows.append({"series": series.get(x.sparsity, sparsity_label(x.sparsity)),
-                         "fraction of the run": f"{x.start:.1f}-{x.stop:.1f}",
-                         "B_simple [90 %]": f"{fmt_num(x.value, 3)} "
-                                            f"{fmt_interval(*x.interval)}",
-                         "runs": x.runs, "points": x.points, "interval over": x.over})
-    return pd.DataFrame(rows, columns=["series", "fraction of the run", "B_simple [90 %]", "runs",
-                                       "points", "interval over"])
-
-
 def verdicts_frame(table: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
     """The verdicts as ``verdicts.csv`` stores them: ``study`` (the run's spec name) first, then
     :data:`VERDICT_COLUMNS`, rows by run, claim, tier and level."""
     study = dict(zip(info["run"], info["study"]))
     out = table.assign(study=[study[r] for r in table["run"]])[["study", *VERDICT_COLUMNS]]
     return out.sort_values(["run", "claim", "tier", "sparsity"], kind="stable").reset_index(drop=True)
-
-
-def _has(summaries, sparsity: float) -> bool:
-    try:
-        find(summaries, sparsity, "b_simple_goal")
-    except TheoryError:
-        return False
-    return True
 
 
 def verdict_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -217,29 +119,3 @@ def findings_table(table: pd.DataFrame) -> pd.DataFrame:
         "tier": table["tier"], "verdict": table["verdict"],
         "the numbers": [numbers(r) for r in table.itertuples(index=False)]},
         columns=["claim", "tier", "verdict", "the numbers"])
-
-
-def verdict_sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per verdict, with its numbers."""
-    return [f"{r.series}, {r.claim} ({r.tier} tier): {r.verdict} — {r.reason}."
-            for r in table.itertuples(index=False)]
-
-
-def failure_sentences(table: pd.DataFrame, probes: pd.DataFrame) -> list[str]:
-    """When a claim does not hold: L, lambda_max and |G|^2 along the runs, per level (dense beside
-    sparse), and a plain statement that the theory does not explain this workload."""
-    failed = table[table["verdict"] == FAILS]
-    out = []
-    for run, f in failed.groupby("run", sort=False):
-        mine = probes[(probes["run"] == run)]
-        parts = []
-        for sparsity, g in mine.groupby("sparsity"):
-            med = g.groupby("quantity")["value"].median()
-            parts.append(f"{sparsity_label(sparsity)}: median along the runs L = "
-                         f"{fmt_num(med.get('local_lipschitz', np.nan), 3)}, λ_max = "
-                         f"{fmt_num(med.get('hessian_top', np.nan), 3)}, |G|² = "
-                         f"{fmt_num(med.get('g_sq', np.nan), 3)}")
-        claims = ", ".join(sorted(set(f["claim"])))
-        out.append(f"{run}: {claims} does not hold, so the theory does not explain this workload "
-                   f"({'; '.join(parts)}).")
-    return out

@@ -31,5 +31,6 @@ class Delay(Measurement):
         delays = delay_view(ctx.every.groups, ctx.every.trials)
         if not delays.measured:
             return Part(files={"delays": None})
-        return Part(sections=(delay_section(ctx.runs, delays),), verdicts=delays.verdicts,
+        return Part(sections=(delay_section(ctx.runs, delays),),
+                    verdicts=delays.verdicts if len(delays.verdicts) else None,
                     files={"delays": delays.points})

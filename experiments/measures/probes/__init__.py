@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.measurement import Measurement, RunContext, register
+from experiments.measurement import Measurement, Part, ReportContext, RunContext, register
 
 
 @register("probes")
@@ -34,3 +34,8 @@ class Probes(Measurement):
         from experiments.run.probes import start_probes
 
         return start_probes(ctx.spec, ctx.dataset, ctx.store, executor=ctx.executor)
+
+    def report(self, ctx: ReportContext) -> Part:
+        from experiments.measures.probes.section import probes_part   # late: matplotlib
+
+        return probes_part(ctx)

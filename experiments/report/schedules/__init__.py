@@ -1,3 +1,4 @@
-"""The report's section on the batch-size policies' shoot-out (``[schedules]``): the table per
-policy against the best fixed batch size, the verdicts, each anchor's claimed gain beside what
-it gains here, and the figure of the batch-size trajectories (:mod:`~.section`, :mod:`~.view`)."""
+"""The batch-size policies' shoot-out's numbers (``[schedules]``, :mod:`~.view`): per policy
+the steps, examples and modelled time to the goal against the best fixed batch size, with
+intervals and verdicts. Shared by the report's section (:mod:`experiments.measures.schedules`)
+and the advice (:mod:`experiments.run.advise_schedule`), so it stays below both."""

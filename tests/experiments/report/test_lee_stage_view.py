@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from experiments.report.lee_stage_view import STAGES, flip_sentence, stage_tables, stage_view
+from experiments.measures.stage.view import STAGES, flip_sentence, stage_tables, stage_view
 from experiments.report.runs import load_runs
 from experiments.report.write import write_report
 

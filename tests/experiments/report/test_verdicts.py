@@ -3,6 +3,7 @@ verdict by value, the report section's table and sentences, and the steps-to-res
 
 import pytest
 
+from experiments.measures.probes import verdicts as PV
 from experiments.report import analysis as A
 from experiments.report import verdicts as V
 from experiments.report.formatting import fmt_interval, fmt_num
@@ -16,7 +17,7 @@ from ..synthetic import PROBES
 def judged(full):
     runs = load_runs([full])
     fits = A.fit_series(runs.groups, runs.order)
-    table, skipped = V.verdicts(runs.groups, runs.probes, fits, runs.labels)
+    table, skipped = PV.verdicts(runs.groups, runs.probes, fits, runs.labels)
     return runs, fits, table, skipped
 
 
@@ -59,7 +60,7 @@ def test_the_report_section_holds_the_table_the_figures_and_the_findings_open_wi
     assert last["fraction of the run"] == "0.8-1.0"
     assert last["B_simple [90 %]"].startswith(fmt_num(sums["trace_sigma"] / sums["g_sq"], 3))
     assert last["runs"] == dense.groupby(["seed", "batch_size"]).ngroups > 1
-    assert paragraphs.texts[0].startswith(V.STEPS_DEFINITION)
+    assert paragraphs.texts[0].startswith(PV.STEPS_DEFINITION)
     assert "This report used: " in paragraphs.texts[0] and "every 10" in paragraphs.texts[0]
     shown = sub.blocks[0].frame
     assert len(shown) == len(table) and list(shown.verdict) == list(table.verdict)
@@ -82,6 +83,6 @@ def test_the_report_section_holds_the_table_the_figures_and_the_findings_open_wi
 def test_a_failed_claim_gets_the_quantities_and_a_plain_statement(judged):
     runs, _, table, _ = judged
     failed = table.iloc[:1].assign(verdict="does not hold", claim="lee_sparsity (S_min ratio)")
-    (sentence,) = V.failure_sentences(failed, runs.probes)
+    (sentence,) = PV.failure_sentences(failed, runs.probes)
     assert "the theory does not explain this workload" in sentence
     assert f"L = {PROBES[0.9]['local_lipschitz']:g}" in sentence

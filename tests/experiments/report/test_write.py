@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from experiments.report.figures import measurement as F
-from experiments.report.figures import theory as TF
+from experiments.measures.probes import figures as PF
 from experiments.report.write import ReportError, write_report
 from experiments.report.runs import load_runs
 from experiments.store.database import StoreError
@@ -183,7 +183,7 @@ def test_partial_run_reports_what_exists_and_lists_what_is_missing(partial):
     assert "Incomplete: 2 groups missing, 1 failed, 2 sparsity levels without probes" in md
     # no probes stored: every panel of Figure 6 says so instead of drawing
     runs = load_runs([partial])
-    fig = TF.smoothness_figure(runs.probes, list(runs.order), F.colors(list(runs.order)))
+    fig = PF.smoothness_figure(runs.probes, list(runs.order), F.colors(list(runs.order)))
     assert len(fig.axes) == 2
     assert all([t.get_text().endswith("not measured") for t in ax.texts] == [True] and not ax.lines
                for ax in fig.axes)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from experiments.report.figures import measurement as F
-from experiments.report.figures import theory as TF
+from experiments.measures.probes import figures as PF
 from experiments.report.runs import load_runs
 
 from experiments.report import analysis as A
@@ -19,7 +19,7 @@ def test_b_simple_figure_draws_each_batch_size_against_the_fitted_band(full):
     runs = load_runs([full])
     order = list(runs.order)
     fits = A.fit_series(runs.groups, order)
-    fig = TF.b_simple_figure(runs.probes, fits.table, order, F.colors(order))
+    fig = PF.b_simple_figure(runs.probes, fits.table, order, F.colors(order))
     for ax, s, series in zip(fig.axes, (0.0, 0.9), order):
         lines = [line for line in ax.lines if line.get_label().startswith("B = ")]
         assert [line.get_label() for line in lines] == [f"B = {b}" for b in PROBED_BATCHES]
@@ -38,7 +38,7 @@ def test_smoothness_figure_sets_dense_beside_sparse(full):
     order = list(runs.order)
     probes = runs.probes.copy()
     probes["value"] = probes["value"] * probes["batch_size"]   # tell the batch sizes apart
-    fig = TF.smoothness_figure(probes, order, F.colors(order))
+    fig = PF.smoothness_figure(probes, order, F.colors(order))
     lipschitz, top = fig.axes
     for ax, quantity in ((lipschitz, "local_lipschitz"), (top, "hessian_top")):
         assert len(ax.lines) == len(order) * len(PROBED_BATCHES)

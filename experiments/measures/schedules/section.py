@@ -1,7 +1,7 @@
-"""The report's shoot-out section (``[schedules]``): the table per policy against the best fixed
-batch size (:mod:`experiments.report.schedules.view`), the anchors' claimed gains beside what
-they gain here, and the figure of the batch-size trajectories beside the sweep's B_crit and the
-branching CBS(t)."""
+"""The report's shoot-out section (``[schedules]``, :func:`schedules_part`): the table per
+policy against the best fixed batch size (:mod:`experiments.report.schedules.view`), the
+anchors' claimed gains beside what they gain here, and the figure of the batch-size
+trajectories beside the sweep's B_crit and the branching CBS(t)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pandas as pd
 from theory.errors import TheoryError
 from theory.models.scaling import fit_scaling
 
+from experiments.measurement import Part, ReportContext
 from experiments.report.figures import measurement as F
 from experiments.report.formatting import fmt_interval, fmt_num
 from experiments.report.runs import RunSet
@@ -33,6 +34,12 @@ TEXT = (
     "are in the table's last column). Intervals: geometric mean over replicate data orders, "
     f"{int(LEVEL * 100)} % t interval on the log scale. Verdict: the paired time ratio policy / "
     "best fixed over replicates; beats (interval below 1), loses (above 1), inconclusive.")
+
+
+def schedules_part(ctx: ReportContext) -> Part:
+    """The shoot-out's section, where the store holds its rows."""
+    rows = rows_of(ctx.runs)
+    return Part(sections=(schedules_section(ctx.runs, rows),) if len(rows) else ())
 
 
 def rows_of(runs: RunSet) -> pd.DataFrame:
