@@ -4,7 +4,10 @@ tables generated from them.
     python -m experiments.scripts.docs_verdicts runs/lee_lipschitz_fashion_mnist [RUN_DIR ...] \\
         [--assets docs/assets/reproductions] [--page docs/reproductions.md]
 
-For each run folder: its verdicts, computed from the store as its report computes them
+A RUN_DIR may join several folders with commas, reported together as the study reported them
+(a study and its bias controls:
+``runs/lee_decisive_fashion_mnist,runs/lee_decisive_fashion_mnist/no_bias``; the study is the
+first folder's). For each run folder: its verdicts, computed from the store as its report computes them
 (:func:`experiments.report.write.build`), go to ``ASSETS/<study>/verdicts.csv`` with a
 ``source`` column naming the folder. Then every table block of ``--page`` between
 ``<!-- verdicts-table STUDY -->`` and ``<!-- /verdicts-table -->`` is written again from
@@ -64,14 +67,17 @@ def write_tables(page: Path, assets: Path) -> int:
     return count
 
 
-def write_verdicts(run_dir: Path, assets: Path) -> Path:
-    """The run folder's verdicts, as its report computes them, into
-    ``assets/<study>/verdicts.csv``; the file's path."""
+def write_verdicts(run_dir: Path | list[Path], assets: Path) -> Path:
+    """The run folder's verdicts (or those of several folders reported together, the first
+    naming the study), as its report computes them, into ``assets/<study>/verdicts.csv``; the
+    file's path."""
     from experiments.report.runs import load_runs
     from experiments.report.write import CSV_FORMAT, build
 
-    runs = load_runs([run_dir])
-    frame = build(runs).tables["verdicts"].assign(source=f"generated from the store in {run_dir.name}/ "
+    dirs = [run_dir] if isinstance(run_dir, Path) else list(run_dir)
+    runs = load_runs(dirs)
+    names = ", ".join(f"{d.name}/" for d in dirs)
+    frame = build(runs).tables["verdicts"].assign(source=f"generated from the store in {names} "
                                                "by experiments/scripts/docs_verdicts.py")
     path = assets / runs.runs[0].name / "verdicts.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +95,7 @@ def main(argv: list[str]) -> int:
         elif arg == "--page":
             pages.append(Path(next(args)))
         else:
-            run_dirs.append(Path(arg))
+            run_dirs.append([Path(d) for d in arg.split(",")])
     for run_dir in run_dirs:
         print(write_verdicts(run_dir, assets))
     for page in pages:

@@ -85,3 +85,18 @@ def test_the_report_holds_the_decisive_and_bias_control_rows(twin):
     assert steps.low <= steps.value <= steps.high and "paired bootstrap" in steps.reason
     md = (run / "report.md").read_text()
     assert "lee_L_resolved (steps >= 10)" in md and "lee_L_rises: biases removed" in md
+
+
+def test_the_docs_verdicts_of_a_study_and_its_controls_are_its_reports(twin, tmp_path):
+    """``docs_verdicts RUN,RUN/no_bias,RUN/dense_biases`` stores what the study's report
+    judged, bias-control rows included (one folder alone would miss them)."""
+    from experiments.scripts import docs_verdicts
+
+    run, _ = twin
+    folders = [run, run / "no_bias", run / "dense_biases"]
+    assert docs_verdicts.main([",".join(map(str, folders)), "--assets", str(tmp_path)]) == 0
+    got = pd.read_csv(tmp_path / TWIN / "verdicts.csv")
+    pd.testing.assert_frame_equal(got.drop(columns="source"), pd.read_csv(run / "verdicts.csv"))
+    assert "lee_L_rises: biases removed" in set(got.claim)
+    alone = docs_verdicts.write_verdicts(run, tmp_path / "alone")
+    assert "lee_L_rises: biases removed" not in set(pd.read_csv(alone).claim)
