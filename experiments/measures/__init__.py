@@ -3,11 +3,16 @@
 does): the pruning sanity checks (:mod:`~experiments.measures.sanity`), time to result on real
 hardware (:mod:`~experiments.measures.hardware`), the gradient-delay axis
 (:mod:`~experiments.measures.delay`), the critical batch by branching
-(:mod:`~experiments.measures.branching`) and the probes (:mod:`~experiments.measures.probes`).
-The order is the registry's: the runner starts them in it (branching before the probes: a
-level's branching is the longer task) and the report places their parts in it.
+(:mod:`~experiments.measures.branching`), the probes (:mod:`~experiments.measures.probes`), L
+at Lee et al.'s stage (:mod:`~experiments.measures.stage`) and the batch-size policies'
+shoot-out (:mod:`~experiments.measures.schedules`). The order is the registry's: the runner
+starts them in it (branching before the probes: a level's branching is the longer task) and
+finishes them in it (the shoot-out last: it reads the branching rows), and the report places
+their parts in it.
 
 A measurement of the user's own needs no file here: see :mod:`experiments.measurement`.
 """
 
-from experiments.measures import sanity, hardware, delay, branching, probes  # noqa: F401
+from experiments.measures import (  # noqa: F401
+    sanity, hardware, delay, branching, probes, stage, schedules,
+)
