@@ -10,7 +10,11 @@ hardware, the gradient-delay axis, or a measurement of the user's own) is a
   schema (:mod:`experiments.store.schema`) is its core tables plus every registered one;
 - whether a spec asks for it and what the store still lacks (:meth:`Measurement.wanted`,
   :meth:`Measurement.pending`), and its tasks (:meth:`Measurement.start`): the runner
-  (:func:`experiments.run.runner.measure_runs`) starts every pending one;
+  (:func:`experiments.run.runner.measure_runs`) starts every pending one, and finishes them in
+  the registry's order;
+- what it takes inside a group's runs while the group trains (:meth:`Measurement.watch`: L at
+  Lee et al.'s stage), its rows written with the group;
+- its tasks' summed seconds in ``timing.json`` (:meth:`Measurement.seconds`);
 - its part of the report (:meth:`Measurement.report`, a :class:`Part`: sections, figures,
   tables, sentences, verdicts and CSV files), which :func:`experiments.report.write.build`
   places.

@@ -140,7 +140,7 @@ def _watched(*args, watchers: list, first_index: int = 0, **kwargs) -> training.
     watches = [w.watch(first_index) for w in watchers]
     joined = watches[0] if len(watches) == 1 else training.Watch(
         sorted({t for w in watches for t in w.steps}),
-        lambda t, *args: [w.callback(t, *args) for w in watches if t in w.steps])
+        lambda t, *weights: [w.callback(t, *weights) for w in watches if t in w.steps])
     return training.train_trials(*args, first_index=first_index, watch=joined, **kwargs)
 
 
