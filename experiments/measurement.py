@@ -10,7 +10,11 @@ hardware, the gradient-delay axis, or a measurement of the user's own) is a
   schema (:mod:`experiments.store.schema`) is its core tables plus every registered one;
 - whether a spec asks for it and what the store still lacks (:meth:`Measurement.wanted`,
   :meth:`Measurement.pending`), and its tasks (:meth:`Measurement.start`): the runner
-  (:func:`experiments.run.runner.measure_runs`) starts every pending one;
+  (:func:`experiments.run.runner.measure_runs`) starts every pending one, and finishes them in
+  the registry's order;
+- what it takes inside a group's runs while the group trains (:meth:`Measurement.watch`: L at
+  Lee et al.'s stage), its rows written with the group;
+- its tasks' summed seconds in ``timing.json`` (:meth:`Measurement.seconds`);
 - its part of the report (:meth:`Measurement.report`, a :class:`Part`: sections, figures,
   tables, sentences, verdicts and CSV files), which :func:`experiments.report.write.build`
   places.
@@ -47,8 +51,9 @@ class Table:
     it), its SQL column definitions ``sql`` (types, checks, primary key), the ``sort`` keys its
     frame is read in, its ``volatile`` columns (that differ between two runs of one spec: wall
     times), the ``added`` columns (name, SQL type) a store written before them gains when opened
-    for writing, and its integer columns that may hold NULL (``nullable_int``, read as pandas'
-    Int64)."""
+    for writing, its integer columns that may hold NULL (``nullable_int``, read as pandas'
+    Int64), and the names it had in stores written before it was renamed (``former``: read,
+    and migrated when opened for writing, under ``name``)."""
 
     name: str
     columns: tuple[str, ...]
@@ -57,6 +62,7 @@ class Table:
     volatile: tuple[str, ...] = ()
     added: tuple[tuple[str, str], ...] = ()
     nullable_int: tuple[str, ...] = ()
+    former: tuple[str, ...] = ()
 
     def create(self) -> str:
         """The ``CREATE TABLE IF NOT EXISTS`` statement."""
@@ -162,9 +168,41 @@ class Measurement:
         already measured and wrote everything."""
         return None
 
+    def watch(self, spec: Any, group: Any) -> Any | None:
+        """What this measurement takes inside the runs of ``group``
+        (:class:`experiments.spec.plan.GroupPlan`) while the group trains: None (the default)
+        for nothing, else a picklable plan, made on the driver and shipped with the group,
+        whose ``watcher(model, dataset, mask_of)`` (in the worker: the group's network, its
+        data set, and trial -> that trial's mask) returns an object with ``watch(first_index)``,
+        the :class:`training.Watch` of each ``train_trials`` call of the group (its trial k is
+        the group's trial ``first_index + k``), and ``taken(group, outcome)``: what it took, by
+        table (rows in the table's column order, without ``lib_version`` and
+        ``torch_version``), written with the group in its transaction, each table's rows of the
+        group's (sparsity, seed, batch_size) replaced (none written where a table has no row)."""
+        return None
+
+    def seconds(self, frame: Callable[[str], pd.DataFrame]) -> dict[str, Any]:
+        """This measurement's entries of ``timing.json``'s summed task seconds
+        (:func:`experiments.run.timing.task_seconds`), read from a store's tables
+        (``frame(table)``): by kind of task, :class:`TaskSeconds` (default: none)."""
+        return {}
+
     def report(self, ctx: ReportContext) -> Part:
         """This measurement's part of the report (default: none)."""
         return Part()
+
+
+@dataclass(frozen=True)
+class TaskSeconds:
+    """One kind of a measurement's tasks in a store (:meth:`Measurement.seconds`): how many
+    ``tasks`` ran, their summed ``seconds`` (None: not known, a store written before they were
+    stored), the ``unit`` a task is counted in ("run"), and ``share``: the key under which
+    their seconds over the training's are recorded too (None: they are not)."""
+
+    tasks: int
+    seconds: float | None
+    unit: str
+    share: str | None = None
 
 
 MEASURES: Registry[Measurement] = Registry(

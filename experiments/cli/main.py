@@ -134,7 +134,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     import training
 
     from experiments.run.executors import torch_threads
-    from experiments.run.probes import PROBE_THREADS, probe_network
+    from experiments.measures.probes.tasks import PROBE_THREADS, probe_network
 
     ds = training.data.load(args.dataset, **ddp.options(args.dataset_option))
     net = training.models.build(args.model, ds, seed=args.seed)

@@ -4,11 +4,12 @@ does): the sweep itself (:mod:`~experiments.measures.sweep`: no task, the report
 sections), the pruning sanity checks (:mod:`~experiments.measures.sanity`), time to result on real
 hardware (:mod:`~experiments.measures.hardware`), the gradient-delay axis
 (:mod:`~experiments.measures.delay`), the critical batch by branching
-(:mod:`~experiments.measures.branching`), the probes (:mod:`~experiments.measures.probes`),
-L at Lee et al.'s stage (:mod:`~experiments.measures.stage`) and the batch-size policies'
-shoot-out (:mod:`~experiments.measures.schedules`).
-The order is the registry's: the runner starts them in it (branching before the probes: a
-level's branching is the longer task) and the report places their parts in it.
+(:mod:`~experiments.measures.branching`), the probes (:mod:`~experiments.measures.probes`), L
+at Lee et al.'s stage (:mod:`~experiments.measures.stage`) and the batch-size policies'
+shoot-out (:mod:`~experiments.measures.schedules`). The order is the registry's: the runner
+starts them in it (branching before the probes: a level's branching is the longer task) and
+finishes them in it (the shoot-out last: it reads the branching rows), and the report places
+their parts in it.
 
 A measurement of the user's own needs no file here: see :mod:`experiments.measurement`.
 """

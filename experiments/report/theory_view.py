@@ -120,7 +120,7 @@ def _nqm_curves() -> pd.DataFrame:
     return df[np.isfinite(df["steps"])].reset_index(drop=True)
 
 
-# written into a run folder by the probes when eval mode changes the model (experiments.run.probes)
+# written into a run folder by the probes when eval mode changes the model (experiments.measures.probes.tasks)
 PROBE_DEFINITION_FILE = "probe_definition.txt"
 
 

@@ -6,8 +6,11 @@ once, on the driver, from the same initialization the workers build
 ``training.train_trials`` call and return plain picklable data
 (:class:`experiments.store.schema.GroupRecord`); only the driver writes the store, one transaction per
 group, so Ctrl-C or SIGKILL at any moment leaves a consistent store that a rerun completes.
+A measurement that takes something inside a group's runs ships its plan with the group
+(:meth:`experiments.measurement.Measurement.watch`) and its rows come back with the record.
 Then every registered measurement the spec asks for (:mod:`experiments.measurement`: the probes,
-branching, a user's own) measures what the store lacks (:func:`measure_runs`).
+branching, the policies' shoot-out, a user's own) measures what the store lacks
+(:func:`measure_runs`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from experiments.run.executors import (
 )
 from experiments.spec import factories
 from experiments.spec.plan import GroupPlan, plan, run_order
-from experiments.run.lipschitz_inside import InsideL, InsidePlan, inside_plan, run_end
 from experiments.run.rounds import train_rounds
 from experiments.run.tuning import tune
 from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
@@ -59,7 +61,9 @@ class GroupTask:
     whether the compiled kernel is usable (the driver built it or found it missing, once), the
     device to train on (``"cuda"``: the worker's own GPU, :func:`executors.local_pool`), the
     program the store recorded for the group's cell (None: :func:`choose_group_program` has not
-    decided it yet) and the program choice that decides it (``"measure"`` or ``"rules"``)."""
+    decided it yet), the program choice that decides it (``"measure"`` or ``"rules"``) and what
+    the measurements take inside its runs (``watches``: their plans,
+    :meth:`experiments.measurement.Measurement.watch`)."""
 
     plan: GroupPlan
     workload: Workload
@@ -68,7 +72,7 @@ class GroupTask:
     device: str = "cpu"
     program: str | None = None
     program_choice: str | None = None
-    lipschitz: InsidePlan | None = None   # L taken inside its runs (run.lipschitz_inside)
+    watches: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,14 +98,14 @@ def run_group(task: GroupTask) -> GroupRecord:
             # mask_per_trial: every trial from its own initialization (its mask is its row)
             inits = task.workload.init_params(task.workload.load_dataset(), p.seed,
                                               len(p.trials))
-            inside = None if task.lipschitz is None else InsideL(
-                task.lipschitz, model, ds,
-                lambda trial: task.workload.trial_mask(task.mask, trial))
+            watchers = [w.watcher(model, ds,
+                                  lambda trial: task.workload.trial_mask(task.mask, trial))
+                        for w in task.watches]
             res = train_group(model, ds, list(p.trials), run, masks=task.mask,
                               complete=cfg.get("complete_trials", False), reserve=p.reserve,
                               init_params=inits, program=task.program,
-                              train=training.train_trials if inside is None else
-                              functools.partial(_watched, inside=inside))
+                              train=functools.partial(_watched, watchers=watchers)
+                              if watchers else training.train_trials)
             where = training.device.device_info(task.device)
             precision = run.precision
     except Exception as exc:  # noqa: BLE001 - any failure is recorded with its traceback
@@ -126,17 +130,18 @@ def run_group(task: GroupTask) -> GroupRecord:
         program=res.program, device=where.device, device_name=where.name,
         cuda_version=where.cuda_version, driver_version=where.driver_version,
         precision=precision, delay=p.delay,
-        stage=() if inside is None else inside.rows(
-            p.sparsity, p.seed, p.batch_size,
-            {i: e for i in range(len(rows))
-             if (e := run_end(res.status[i], res.hit_step[i], res.curves[i])) is not None}))
+        measured=tuple((table, tuple(rows)) for w in watchers
+                       for table, rows in w.taken(p, res).items()))
 
 
-def _watched(*args, inside: InsideL, first_index: int = 0, **kwargs) -> training.TrialsResult:
-    """``training.train_trials`` with ``inside``'s watch (trial k of the call is trial
-    ``first_index + k`` of the group)."""
-    return training.train_trials(*args, first_index=first_index,
-                                 watch=inside.watch(first_index), **kwargs)
+def _watched(*args, watchers: list, first_index: int = 0, **kwargs) -> training.TrialsResult:
+    """``training.train_trials`` with the watchers' watches joined (trial k of the call is
+    trial ``first_index + k`` of the group)."""
+    watches = [w.watch(first_index) for w in watchers]
+    joined = watches[0] if len(watches) == 1 else training.Watch(
+        sorted({t for w in watches for t in w.steps}),
+        lambda t, *weights: [w.callback(t, *weights) for w in watches if t in w.steps])
+    return training.train_trials(*args, first_index=first_index, watch=joined, **kwargs)
 
 
 @contextlib.contextmanager
@@ -303,17 +308,16 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
     down here); otherwise ``dask`` (an address or ``"local"``) or a local process pool of
     ``workers`` (default: ``[executor] workers`` of the spec, else the CPU count). Groups already
     in the store are skipped; then every measurement the spec asks for measures what the
-    store lacks (:func:`measure_runs`), and the policies' shoot-out (``[schedules]``,
-    :mod:`experiments.run.schedules`) runs (``probes=False`` skips them all), and the report is
-    written.
+    store lacks (:func:`measure_runs`: the probes, branching, the policies' shoot-out, ...;
+    ``probes=False`` skips them all), and the report is written.
     A spec listing several optimizers or pruning series (criteria, sanity checks) runs one
     sub-study per optimizer and series in ``out/<optimizer>/<series>`` (``Spec.variants``) and
     writes one report comparing them into ``out``. ``cost_model``: put this machine's DDP cost
     model into ``out`` for the report's time-to-result section (:mod:`experiments.run.costcache`:
     measured once per machine and workload, then cached; ``sparsescale study`` does this unless
     given ``--no-cost-model`` or ``--no-report``). The wall time of each phase and the training
-    time per batch size and the summed seconds of the training, probe and branching tasks go to
-    ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
+    time per batch size and the summed seconds of the training's and each measurement's tasks go
+    to ``timing.json`` (:mod:`experiments.run.timing`), printed unless ``quiet``.
     A group-sequential ``[stopping]`` rule trains the groups round by round and stops at the
     first look that stops (:mod:`experiments.run.rounds`).
     ``[tuning]``: the search first, into ``out/search`` (:mod:`experiments.run.tuning`).
@@ -381,8 +385,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
                                                record=out, executor=ex)
                     tasks = [GroupTask(g, workload, masks[(g.sparsity, g.seed)], use_kernels,
                                        spec.device, program_choice=spec.program_choice,
-                                       lipschitz=inside_plan(spec, g.sparsity, g.batch_size,
-                                                             g.seed, g.max_steps, g.delay))
+                                       watches=tuple(w for m in measurement.wanted(spec) if
+                                                     (w := m.watch(spec, g)) is not None))
                              for g in todo]
                     with clock.phase("programs"):
                         tasks = cell_programs(tasks, ex, store)
@@ -414,13 +418,8 @@ def run_study(config: str | Path | Spec, out: str | Path | None = None,
             finally:
                 if own:
                     ex.shutdown(wait=False, cancel_futures=True)
-        if probes and spec.schedules.enabled:
-            from experiments.run.schedules import run_schedules   # late: only shoot-outs need it
-            with clock.phase("schedules"):
-                run_schedules(spec, dataset, store, quiet)
         trained = timing.training_by_batch_size(store.frame("groups"))
-        tasks = timing.task_seconds(store.frame("groups"), store.frame("probes"),
-                                    store.frame("branching"), store.frame("stage_probes"))
+        tasks = timing.task_seconds(store.frame)
     if cost_model:
         from experiments.run.costcache import ensure_cost_model
 
@@ -482,8 +481,9 @@ def measure_runs(ctx: measurement.RunContext, measures: list[measurement.Measure
                  quiet: bool) -> None:
     """Start every measurement of ``measures`` (in ``ctx.executor``'s workers, in the registry's
     order: branching before the probes, a level's branching being longer than a probed run),
-    then wait for each and write it, so the pool idles neither between them nor while the
-    driver writes results. Each skips what the store already holds."""
+    then wait for each and write it, in the same order (one that reads another's rows, the
+    policies' shoot-out, is registered after it), so the pool idles neither between them nor
+    while the driver writes results. Each skips what the store already holds."""
     pending = [m.start(ctx) for m in measures]
     for finish in pending:
         if finish is not None:

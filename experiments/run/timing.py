@@ -1,13 +1,14 @@
-"""Where a study's wall time goes: masks, training (per batch size), probes, branching, report.
+"""Where a study's wall time goes: masks, training (per batch size), measurements, report.
 
 ``run_study`` times each phase it runs with a :class:`PhaseClock` and reads from its store every
 finished group's own training time and trial-steps, summed per batch size, and the kernels that
 trained them (:mod:`training.engine.strategy`), and the summed seconds of each kind of task
-(:func:`task_seconds`: training groups, probed runs, branching measurements); :func:`record`
+(:func:`task_seconds`: training groups, then each measurement's, e.g. probed runs and branching
+measurements, :meth:`experiments.measurement.Measurement.seconds`); :func:`record`
 writes them to ``timing.json`` in the run folder and prints the breakdown. Phase times are wall
 clock of this invocation (a rerun that skips stored groups shows a short training phase); the
-measurements (the probes, branching, a user's own) share one phase, "measurements", because they
-run together in one pool. Task seconds are each task's own time summed over tasks (from the store, so a rerun
+measurements (the probes, branching, the policies' shoot-out, a user's own) share one phase,
+"measurements", because they run together in one pool. Task seconds are each task's own time summed over tasks (from the store, so a rerun
 reports what the stored work cost), so with several workers they add up to more than their
 phase's wall time; the probes' share of training compares like with like, summed task seconds
 against summed group seconds.
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from experiments import measurement
 
 TIMING_FILE = "timing.json"
 
@@ -56,61 +59,43 @@ def training_by_batch_size(groups: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _summed(values: pd.Series) -> float | None:
+def summed(values: pd.Series) -> float | None:
     """Sum of the known values (None when none is known: a store written before the column)."""
     known = values.dropna()
     return float(known.sum()) if len(known) else None
 
 
-def probed_runs(probes: pd.DataFrame, stage: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per probed run with its ``seconds``: the runs along [0, H] (one per (sparsity,
-    seed, batch size)), and the runs probed only at Lee et al.'s stage (rows of ``stage``,
-    the store's ``stage_probes``, whose seconds no run along [0, H] shares: the best trial's
-    run is in both tables with the same seconds, and counts once)."""
-    key = ["sparsity", "seed", "batch_size"]
-    runs = probes.drop_duplicates(key)[key + ["seconds"]]
-    if stage is None or not len(stage):
-        return runs.reset_index(drop=True)
-    staged = stage.drop_duplicates(key + ["trial"])[key + ["seconds"]]
-    both = staged.merge(runs.drop_duplicates(), how="left", indicator=True)
-    own = staged[both["_merge"].to_numpy() == "left_only"]
-    return pd.concat([runs, own], ignore_index=True)
-
-
-def task_seconds(groups: pd.DataFrame, probes: pd.DataFrame,
-                 branching: pd.DataFrame, stage: pd.DataFrame | None = None
-                 ) -> dict[str, Any]:
-    """Summed seconds per kind of task of a store: ``training`` (finished groups, their
-    ``wall_time``), ``probes`` (probed runs, :func:`probed_runs`: the ``seconds`` of each
-    one's replay and measurements) and ``branching`` (one per (sparsity, seed),
-    the ``seconds`` of its measurement, warmup included), each ``{"tasks", "seconds"}``
-    (``seconds`` None where the store does not hold them), and ``probe_share`` = probe seconds
-    / training seconds (None when either is unknown or training is 0)."""
+def task_seconds(frame: Callable[[str], pd.DataFrame]) -> dict[str, Any]:
+    """Summed seconds per kind of task of a store (``frame(table)`` reads its tables):
+    ``training`` (finished groups, their ``wall_time``), then each registered measurement's
+    kinds (:meth:`experiments.measurement.Measurement.seconds`: the probed runs, the branching
+    measurements, ...), in the registry's order, each ``{"tasks", "seconds", "unit"}``
+    (``seconds`` None where the store does not hold them); a kind with a ``share`` key also
+    records its seconds / training seconds under it, and names it as its ``share`` (None when
+    either is unknown or training is 0)."""
+    groups = frame("groups")
     done = groups[groups.status == "done"]
-    runs = probed_runs(probes, stage)
-    levels = branching.drop_duplicates(["sparsity", "seed"])
-    out: dict[str, Any] = {
-        "training": {"tasks": len(done), "seconds": _summed(done.wall_time) if len(done) else 0.0},
-        "probes": {"tasks": len(runs), "seconds": _summed(runs.seconds) if len(runs) else 0.0},
-        "branching": {"tasks": len(levels),
-                      "seconds": _summed(levels.seconds) if len(levels) else 0.0},
-    }
-    train, probe = out["training"]["seconds"], out["probes"]["seconds"]
-    out["probe_share"] = probe / train if train and probe is not None else None
+    train = summed(done.wall_time) if len(done) else 0.0
+    out: dict[str, Any] = {"training": {"tasks": len(done), "seconds": train, "unit": "group"}}
+    for _, m in measurement.MEASURES.items():
+        for kind, t in m.seconds(frame).items():
+            out[kind] = {"tasks": t.tasks, "seconds": t.seconds, "unit": t.unit}
+            if t.share is not None:
+                out[kind]["share"] = t.share
+                out[t.share] = t.seconds / train if train and t.seconds is not None else None
     return out
 
 
 def _format_tasks(tasks: dict[str, Any]) -> str:
-    def one(kind: str, unit: str) -> str:
-        t = tasks[kind]
+    """'training 5.0 s in 2 groups, probes 2.2 s in 3 runs (45 % of training), ...'."""
+    def one(kind: str, t: dict[str, Any]) -> str:
         seconds = "? s" if t["seconds"] is None else f"{t['seconds']:.1f} s"
-        return f"{kind} {seconds} in {t['tasks']} {unit}{'' if t['tasks'] == 1 else 's'}"
+        share = tasks.get(t.get("share"))
+        return (f"{kind} {seconds} in {t['tasks']} {t['unit']}{'' if t['tasks'] == 1 else 's'}"
+                + ("" if share is None else f" ({100 * share:.0f} % of training)"))
 
-    share = tasks["probe_share"]
     return ("task seconds (each task's own, summed over workers): "
-            + one("training", "group") + ", " + one("probes", "run")
-            + ("" if share is None else f" ({100 * share:.0f} % of training)")
-            + ", " + one("branching", "measurement"))
+            + ", ".join(one(k, t) for k, t in tasks.items() if isinstance(t, dict)))
 
 
 def format_timing(timing: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import sys
 
 import pruning
 import training
-from experiments.run.probes import probe_network
+from experiments.measures.probes.tasks import probe_network
 
 
 def measure(dataset: training.Dataset, model_name: str, sparsities: list[float], examples: int,

@@ -1,6 +1,6 @@
 """The cost of L at Lee et al.'s stage as a fraction of the training it measures: by replay
 (the probes' path without ``lipschitz_in_run``) and inside the run
-(:mod:`experiments.run.lipschitz_inside`).
+(:mod:`experiments.measures.stage.inside`).
 
 One run of level ``sparsity`` (one torch thread, the study's precision): a run folder's first
 probed run, up to its end; or, given a config (a TOML path or bundled name), trial 0 of the
@@ -35,8 +35,8 @@ import torch
 import theory
 import training
 from experiments.run.executors import torch_threads
-from experiments.run.lipschitz_inside import LIPSCHITZ_SAMPLE_SEED, InsideL, InsidePlan
-from experiments.run.probes import STAGE_MEASURED, probe_tasks
+from experiments.measures.stage.inside import LIPSCHITZ_SAMPLE_SEED, InsideL, InsidePlan
+from experiments.measures.probes.tasks import STAGE_MEASURED, probe_tasks
 from experiments.run.workload import Workload, on_device, stored_trial
 from experiments.spec.plan import plan
 from experiments.spec.study import load as load_spec

@@ -3,9 +3,10 @@
 Stdlib ``sqlite3`` in WAL mode with explicit transactions. Only the driver process writes it: a
 group's rows (its ``groups`` row, its ``trials`` and ``curves``) go in ONE transaction, so a study
 killed at any moment leaves either the whole group or none of it, and a rerun simply redoes the
-groups that are missing. Likewise a sparsity level's probe rows, and each unit of work of a
-measurement (:meth:`Store.replace_rows`: a (sparsity, seed)'s CBS(t) rows with its warmup
-comparison), are one transaction each. A store written before a table existed gains it when opened for writing and
+groups that are missing; the rows a measurement took inside the group's runs go in the same
+transaction. Likewise each unit of work of a measurement (:meth:`Store.replace_rows`: a
+sparsity level's probe rows, a (sparsity, seed)'s CBS(t) rows with its warmup comparison) is
+one transaction. A store written before a table existed gains it when opened for writing and
 reads as an empty table with the table's columns when only read. The ``study`` table holds exactly one row; opening a folder whose store was
 made from a different spec (a different ``spec_hash``) is refused, so studies never mix.
 
@@ -36,10 +37,7 @@ import pandas as pd
 from training.config import ADAM_KEYS
 from training.errors import SparsescaleError, SparsescaleIOError
 
-from experiments.store.schema import (
-    COLUMNS, PROBE_QUANTITIES, STAGE_QUANTITIES, GroupRecord, ProbeRow, StageRow, StudyInfo,
-    schema,
-)
+from experiments.store.schema import COLUMNS, GroupRecord, StudyInfo, schema
 from experiments.store.upgrade import add_columns, read_frame, rename_tables
 from experiments.store.refusals import other_data, other_study
 
@@ -281,11 +279,12 @@ class Store:
                 "INSERT INTO curves (group_key, trial, step, train_loss, metric) VALUES (?, ?, ?, ?, ?)",
                 [(rec.key, t.trial, int(s), _none_if_nan(l), _none_if_nan(m))
                  for t in rec.trials for s, l, m in t.curve])
-            if rec.stage:   # L at Lee's stage taken inside the group's runs
-                c.execute("DELETE FROM stage_probes WHERE sparsity = ? AND seed = ? AND "
-                          "batch_size = ?", (float(rec.sparsity), int(rec.seed),
-                                             int(rec.batch_size)))
-                _insert_stage(c, rec.stage, lv, tv)
+            # what a measurement took inside the group's runs (Measurement.watch)
+            where = {"sparsity": float(rec.sparsity), "seed": int(rec.seed),
+                     "batch_size": int(rec.batch_size)}
+            for table, rows in rec.measured:
+                if rows:
+                    _replace(c, table, rows, where, {"lib_version": lv, "torch_version": tv})
 
         self._write(tx)
 
@@ -310,34 +309,6 @@ class Store:
 
         self._write(tx)
         return self.programs()
-
-    # -- probes --------------------------------------------------------------------------------
-
-    def probed_sparsities(self) -> set[float]:
-        return {float(r[0]) for r in self.conn.execute("SELECT DISTINCT sparsity FROM probes")}
-
-    def write_probes(self, sparsity: float, rows: Sequence[ProbeRow],
-                     stage: Sequence[StageRow] = ()) -> None:
-        """Write all probe rows of one sparsity level, and its rows at Lee et al.'s stage
-        (``stage``), in one transaction (replacing old ones; the level's stage rows only
-        when ``stage`` holds some: L taken inside the runs came with the groups)."""
-        for given, allowed in ((rows, PROBE_QUANTITIES), (stage, STAGE_QUANTITIES)):
-            bad = sorted({r.quantity for r in given} - set(allowed))
-            if bad:
-                raise StoreContentError(f"probe quantities {bad}; allowed: {', '.join(allowed)}")
-        lv, tv = lib_version(), torch_version()
-
-        def tx(c: sqlite3.Cursor) -> None:
-            for table in ("probes", "stage_probes")[:2 if stage else 1]:
-                c.execute(f"DELETE FROM {table} WHERE sparsity = ?", (float(sparsity),))
-            c.executemany(
-                f"INSERT INTO probes ({', '.join(COLUMNS['probes'])}) VALUES "
-                f"({', '.join('?' * len(COLUMNS['probes']))})",
-                [(float(sparsity), int(r.seed), int(r.batch_size), int(r.step), float(r.fraction),
-                  r.quantity, _none_if_nan(r.value), r.seconds, lv, tv) for r in rows])
-            _insert_stage(c, stage, lv, tv)
-
-        self._write(tx)
 
     # -- looks -------------------------------------------------------------------------------
 
@@ -367,19 +338,11 @@ class Store:
         not at all. A row is a tuple in the order of ``COLUMNS[table]`` without the
         ``lib_version`` and ``torch_version`` columns, which are filled in where the table has
         them."""
-        where = dict(where or {})
-        condition = " AND ".join(f"{k} = ?" for k in where) or "1"
         versions = {"lib_version": lib_version(), "torch_version": torch_version()}
 
         def tx(c: sqlite3.Cursor) -> None:
             for table, table_rows in rows.items():
-                filled = [k for k in versions if k in COLUMNS[table]]
-                names = [k for k in COLUMNS[table] if k not in versions] + filled
-                c.execute(f"DELETE FROM {table} WHERE {condition}", tuple(where.values()))
-                c.executemany(
-                    f"INSERT INTO {table} ({', '.join(names)}) VALUES "
-                    f"({', '.join('?' * len(names))})",
-                    [(*map(_cell, row), *(versions[k] for k in filled)) for row in table_rows])
+                _replace(c, table, table_rows, where or {}, versions)
 
         self._write(tx)
 
@@ -414,14 +377,18 @@ def stored_study(run_dir: str | Path) -> tuple[StudyInfo | None, set[str]]:
     return (StudyInfo(*row) if row else None), keys
 
 
-def _insert_stage(c: sqlite3.Cursor, rows: Sequence[StageRow], lv: str, tv: str) -> None:
-    """Insert rows of Lee et al.'s stage (``stage_probes``)."""
-    c.executemany(
-        f"INSERT INTO stage_probes ({', '.join(COLUMNS['stage_probes'])}) VALUES "
-        f"({', '.join('?' * len(COLUMNS['stage_probes']))})",
-        [(float(r.sparsity), int(r.seed), int(r.batch_size), int(r.trial), int(r.step),
-          int(r.horizon), r.quantity, _none_if_nan(r.value), r.examples, r.seconds, lv, tv)
-         for r in rows])
+def _replace(c: sqlite3.Cursor, table: str, rows: Sequence[Sequence[Any]],
+             where: Mapping[str, Any], versions: Mapping[str, str]) -> None:
+    """Replace the rows of ``table`` matching ``where`` (column -> value; empty: every row) with
+    ``rows``, tuples in the order of ``COLUMNS[table]`` without the ``versions`` columns, which
+    are filled in where the table has them (:meth:`Store.replace_rows`)."""
+    condition = " AND ".join(f"{k} = ?" for k in where) or "1"
+    filled = [k for k in versions if k in COLUMNS[table]]
+    names = [k for k in COLUMNS[table] if k not in versions] + filled
+    c.execute(f"DELETE FROM {table} WHERE {condition}", tuple(where.values()))
+    c.executemany(f"INSERT INTO {table} ({', '.join(names)}) VALUES "
+                  f"({', '.join('?' * len(names))})",
+                  [(*map(_cell, row), *(versions[k] for k in filled)) for row in rows])
 
 
 def _split_sql(script: str) -> Iterable[str]:

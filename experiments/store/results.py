@@ -21,8 +21,8 @@ from experiments.store.database import DB_NAME, StoreContentError, check_is_stor
 from experiments.store.schema import COLUMNS
 from experiments.store.upgrade import read_frame
 
-# the tables a Results holds as fields; every other one (the probes' and each measurement's) is
-# in Results.tables
+# the tables a Results holds as fields; every other one (``looks``, each measurement's) is in
+# Results.tables
 FIELDS = ("study", "groups", "trials", "curves", "programs")
 
 
@@ -35,11 +35,11 @@ class Results:
     ``study`` has one row; ``groups`` one per (sparsity, batch size, seed); ``trials`` one per
     trial; ``curves`` one per (trial, evaluation step); ``programs`` one per cell (batch size):
     the program every group of it ran (``groups.program``, each group's); ``predictions`` is
-    empty unless something stored predictions. ``tables``: every other table, by name (the
-    probes' ``probes``, one row per measured quantity, and ``stage_probes``, one per
-    quantity at each step k N of each probed trial at Lee et al.'s stage; and each registered
-    measurement's, :mod:`experiments.measurement`: ``branching``, ``warmup``, a user's own;
-    ``looks``, one per look a group-sequential rule took while the study trained,
+    empty unless something stored predictions. ``tables``: every other table, by name (each
+    registered measurement's, :mod:`experiments.measurement`: ``probes``, one row per measured
+    quantity; ``stage_probes``, one per quantity at each step k N of each probed trial at Lee
+    et al.'s stage; ``branching``, ``warmup``, ``policy_runs``, a user's own; and ``looks``,
+    one per look a group-sequential rule took while the study trained,
     :mod:`experiments.run.rounds`), also read as attributes (``results.branching``).
     """
 

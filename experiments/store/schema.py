@@ -2,25 +2,24 @@
 
 ``COLUMNS`` is the contract between the writer (:mod:`experiments.store.database`), the readers
 (:func:`experiments.store.results.load_results`) and the report: tables and columns are added;
-the one column renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, the
-one table renamed (``schedule_probes``, now ``stage_probes``) in ``RENAMED_TABLES``, and a store
-holding an old name is read, and migrated when opened for writing, under the new one
-(:mod:`experiments.store.upgrade`).
-Workers return :class:`GroupRecord` (with its :class:`TrialRow` s) as plain picklable data; the
-probes produce :class:`ProbeRow` s (and, at Lee et al.'s stage, :class:`StageRow` s);
-:class:`StudyInfo` is the study's one row.
+the one column renamed (``groups.kernel``, now ``groups.program``) is in ``RENAMED_COLUMNS``, a
+table renamed in ``RENAMED_TABLES`` (its :class:`~experiments.measurement.Table`'s ``former``
+names), and a store holding an old name is read, and migrated when opened for writing, under
+the new one (:mod:`experiments.store.upgrade`).
+Workers return :class:`GroupRecord` (with its :class:`TrialRow` s, and the rows a measurement
+took inside its runs) as plain picklable data; :class:`StudyInfo` is the study's one row.
 
 The core tables (``CORE_*``, :data:`CORE_SCHEMA`) are the study's own; every registered
 measurement (:mod:`experiments.measurement`) adds its tables, and ``COLUMNS``, ``SORT_KEYS``,
-``ADDED_COLUMNS``, ``VOLATILE`` and :func:`schema` are the core ones followed by theirs
-(:class:`WithMeasurements`): the schema names no kind of measurement but the probes, whose
-tables are still defined here, and keeps the group-sequential rule's ``looks``
-(:mod:`experiments.run.rounds`) among the core tables: the stopping rule is the study's own.
+``ADDED_COLUMNS``, ``VOLATILE``, ``RENAMED_TABLES`` and :func:`schema` are the core ones
+followed by theirs (:class:`WithMeasurements`): the schema names no kind of measurement. The
+group-sequential rule's ``looks`` (:mod:`experiments.run.rounds`) is a core table: the stopping
+rule is the study's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +38,6 @@ CORE_COLUMNS: dict[str, tuple[str, ...]] = {
                "decay_steps", "end_factor", "effective_lr", "status", "hit_step", "final_metric",
                "beta1", "beta2", "eps", "weight_decay", "delay"),
     "curves": ("group_key", "trial", "step", "train_loss", "metric"),
-    "probes": ("sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value",
-               "seconds", "lib_version", "torch_version"),
-    "stage_probes": ("sparsity", "seed", "batch_size", "trial", "step", "horizon", "quantity",
-                     "value", "examples", "seconds", "lib_version", "torch_version"),
     "programs": ("batch_size", "program", "choice", "recorded"),
     "looks": ("look", "looks", "pairs", "mean", "low", "high", "statistic", "boundary",
               "nominal", "stop", "why", "recorded"),
@@ -52,8 +47,6 @@ CORE_SORT_KEYS: dict[str, list[str]] = {
     "groups": ["sparsity", "batch_size", "delay", "seed", "key"],
     "trials": ["sparsity", "batch_size", "delay", "seed", "group_key", "trial"],
     "curves": ["group_key", "trial", "step"],
-    "probes": ["sparsity", "seed", "batch_size", "step", "quantity"],
-    "stage_probes": ["sparsity", "seed", "batch_size", "trial", "step", "quantity"],
     "programs": ["batch_size"],
     "looks": ["look"],
 }
@@ -85,17 +78,10 @@ RENAMED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "groups": (("kernel", "program"),),   # until 2026-12: "kernel" named the program
 }
 
-# Tables renamed after stores were written with the old name: old -> new. A store holding the
-# old table gets the new name when opened for writing (ALTER TABLE ... RENAME TO); a read-only
-# reader reads the old table under the new name.
-RENAMED_TABLES: dict[str, str] = {
-    "schedule_probes": "stage_probes",   # until 2026-12: "schedule" named Lee et al.'s stage
-}
 
 # Columns that legitimately differ between two runs of the same spec.
 CORE_VOLATILE = {"study": ("created",), "groups": ("wall_time", "finished"),
-                 "probes": ("seconds",), "programs": ("recorded",), "stage_probes": ("seconds",),
-                 "looks": ("recorded",)}
+                 "programs": ("recorded",), "looks": ("recorded",)}
 
 CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -129,20 +115,6 @@ CREATE TABLE IF NOT EXISTS trials (
 CREATE TABLE IF NOT EXISTS curves (
     group_key TEXT NOT NULL REFERENCES groups(key), trial INTEGER NOT NULL, step INTEGER NOT NULL,
     train_loss REAL, metric REAL, PRIMARY KEY (group_key, trial, step));
-CREATE TABLE IF NOT EXISTS probes (
-    sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
-    step INTEGER NOT NULL, fraction REAL NOT NULL CHECK (fraction BETWEEN 0 AND 1),
-    quantity TEXT NOT NULL, value REAL, seconds REAL,
-    lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    PRIMARY KEY (sparsity, seed, batch_size, step, quantity));
-CREATE TABLE IF NOT EXISTS stage_probes (   -- L at Lee et al.'s stage: every N steps to the goal
-    sparsity REAL NOT NULL, seed INTEGER NOT NULL, batch_size INTEGER NOT NULL,
-    trial INTEGER NOT NULL, step INTEGER NOT NULL,
-    horizon INTEGER NOT NULL,   -- the trial's own steps-to-result: the run ends there
-    quantity TEXT NOT NULL, value REAL,
-    examples INTEGER,           -- the sample L's gradients used (NULL: the whole training split)
-    seconds REAL, lib_version TEXT NOT NULL, torch_version TEXT NOT NULL,
-    PRIMARY KEY (sparsity, seed, batch_size, trial, step, quantity));
 CREATE TABLE IF NOT EXISTS programs (
     batch_size INTEGER PRIMARY KEY,   -- the cell: a study's model, optimizer and precision are one
     program TEXT NOT NULL,            -- training.engine.programs.registry.PROGRAMS: every group of the cell runs it
@@ -155,15 +127,6 @@ CREATE TABLE IF NOT EXISTS looks (   -- a group-sequential rule's looks (experim
     stop INTEGER NOT NULL,   -- 1: the study stopped at this look (no later round trained)
     why TEXT NOT NULL, recorded TEXT NOT NULL);
 """
-
-# theory.verdicts.trajectory.QUANTITIES, spelled out: the schema does not import torch
-PROBE_QUANTITIES = ("g_sq", "trace_sigma", "b_simple", "b_noise", "g_h_g", "hessian_top",
-                    "local_lipschitz", "loss")
-# at Lee et al.'s stage: L (on lipschitz_examples, or the split), the noise and the loss at the
-# same points, and L on the whole split where lipschitz_check asks for it
-STAGE_QUANTITIES = ("local_lipschitz", "local_lipschitz_full", "g_sq", "trace_sigma",
-                    "b_simple", "loss")
-
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -210,8 +173,9 @@ class GroupRecord:
     driver_version: str | None = None
     precision: str | None = None
     delay: int = 0   # its trials' gradient delay (training.delay)
-    # L at Lee et al.'s stage taken inside its runs (experiments.run.lipschitz_inside)
-    stage: tuple["StageRow", ...] = ()
+    # rows a measurement took inside its runs (experiments.measurement.Measurement.watch), by
+    # table: each replaces that table's rows of the group's (sparsity, seed, batch_size)
+    measured: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = ()
 
     @property
     def n_reached(self) -> int:
@@ -220,40 +184,6 @@ class GroupRecord:
     @property
     def n_diverged(self) -> int:
         return sum(t.status == "diverged" for t in self.trials)
-
-
-@dataclass(frozen=True)
-class ProbeRow:
-    """One probe measurement along one run (``fraction`` = step / H); ``seconds``: wall time of
-    that run's replay and measurements (the same on each of its rows)."""
-
-    sparsity: float
-    seed: int
-    batch_size: int
-    step: int
-    fraction: float
-    quantity: str
-    value: float | None
-    seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """One measurement at Lee et al.'s stage: trial ``trial`` of the group (sparsity, seed,
-    batch_size), at step ``step`` = k N of its run, which reached the goal at ``horizon``;
-    ``examples``: the sample L's gradients used (None: the whole training split; rows of
-    ``local_lipschitz_full`` always None); ``seconds``: that run's replay and measurements."""
-
-    sparsity: float
-    seed: int
-    batch_size: int
-    trial: int
-    step: int
-    horizon: int
-    quantity: str
-    value: float | None
-    examples: int | None = None
-    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -270,18 +200,19 @@ class StudyInfo:
 
 
 class WithMeasurements(Mapping):
-    """A core mapping (table -> value) and, after it, every registered measurement's tables
-    (:func:`experiments.measurement.tables`) with the value ``field`` takes from their
-    :class:`experiments.measurement.Table`: read at each use, so a measurement registered later
-    (a user's, imported by its spec) is in the schema of every store opened after it."""
+    """A core mapping and, after it, the entries ``entries`` gives for every registered
+    measurement's table (:func:`experiments.measurement.tables`; falsy values left out): read
+    at each use, so a measurement registered later (a user's, imported by its spec) is in the
+    schema of every store opened after it."""
 
-    def __init__(self, core: Mapping[str, Any], field: Callable[[measurement.Table], Any]):
+    def __init__(self, core: Mapping[str, Any],
+                 entries: Callable[[measurement.Table], Iterable[tuple[str, Any]]]):
         self.core = core
-        self.field = field
+        self.entries = entries
 
     def _all(self) -> dict[str, Any]:
-        own = {name: self.field(t) for name, t in measurement.tables().items()}
-        return {**self.core, **{k: v for k, v in own.items() if v}}
+        own = [kv for t in measurement.tables().values() for kv in self.entries(t)]
+        return {**self.core, **{k: v for k, v in own if v}}
 
     def __getitem__(self, table: str) -> Any:
         return self._all()[table]
@@ -293,11 +224,21 @@ class WithMeasurements(Mapping):
         return len(self._all())
 
 
-COLUMNS = WithMeasurements(CORE_COLUMNS, lambda t: t.columns)
-SORT_KEYS = WithMeasurements(CORE_SORT_KEYS, lambda t: list(t.sort))
-ADDED_COLUMNS = WithMeasurements(CORE_ADDED_COLUMNS, lambda t: t.added)
-VOLATILE = WithMeasurements(CORE_VOLATILE, lambda t: t.volatile)
-TABLE_NULLABLE_INT = WithMeasurements({}, lambda t: t.nullable_int)
+def per_table(field: Callable[[measurement.Table], Any]
+              ) -> Callable[[measurement.Table], Iterable[tuple[str, Any]]]:
+    """The entries of :class:`WithMeasurements` keyed by table name: ``field`` of each."""
+    return lambda t: ((t.name, field(t)),)
+
+
+COLUMNS = WithMeasurements(CORE_COLUMNS, per_table(lambda t: t.columns))
+SORT_KEYS = WithMeasurements(CORE_SORT_KEYS, per_table(lambda t: list(t.sort)))
+ADDED_COLUMNS = WithMeasurements(CORE_ADDED_COLUMNS, per_table(lambda t: t.added))
+VOLATILE = WithMeasurements(CORE_VOLATILE, per_table(lambda t: t.volatile))
+TABLE_NULLABLE_INT = WithMeasurements({}, per_table(lambda t: t.nullable_int))
+# Tables renamed after stores were written with the old name: old -> new (each Table's
+# ``former`` names). A store holding the old table gets the new name when opened for writing
+# (ALTER TABLE ... RENAME TO); a read-only reader reads the old table under the new name.
+RENAMED_TABLES = WithMeasurements({}, lambda t: ((old, t.name) for old in t.former))
 
 
 def schema() -> str:

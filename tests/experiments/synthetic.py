@@ -1,5 +1,5 @@
 """Synthetic study stores with a known truth, written through the store's public writing API
-(``experiments.store.database.open_store`` / ``write_group`` / ``write_probes``): no training."""
+(``experiments.store.database.open_store`` / ``write_group``, ``experiments.measures.probes.store.write_probes``): no training."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import zlib
 
 import numpy as np
 
-from experiments.store.schema import GroupRecord, ProbeRow, StageRow, StudyInfo, TrialRow
+from experiments.measures.probes.store import ProbeRow, write_probes
+from experiments.measures.stage.store import StageRow
+from experiments.store.schema import GroupRecord, StudyInfo, TrialRow
 from experiments.spec.study import loads
 from experiments.store.database import open_store
 
@@ -157,7 +159,7 @@ def make_store(run_dir, *, name="synthetic", optimizer="sgd", seeds=(0,), skip=(
                                                   20000, float(rng.uniform(1, 2)), 6 * (steps or 20000),
                                                   cfg, tuple(trials)))
             if probes:
-                store.write_probes(sparsity, probe_rows(sparsity, spec.seeds),
+                write_probes(store, sparsity, probe_rows(sparsity, spec.seeds),
                                    stage_rows(sparsity, stage[sparsity], spec.seeds,
                                               1.1 if sparsity == 0 else None) if stage else ())
     return run_dir

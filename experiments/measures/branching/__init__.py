@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.measurement import Measurement, Part, ReportContext, RunContext, register
+from experiments.measurement import (
+    Measurement, Part, ReportContext, RunContext, TaskSeconds, register,
+)
 from experiments.measures.branching.store import BRANCHING, WARMUP, branched
+from experiments.run.timing import summed
 
 
 @register("branching")
@@ -46,6 +49,12 @@ class Branching(Measurement):
         from experiments.measures.branching.tasks import start_branching
 
         return start_branching(ctx.spec, ctx.dataset, ctx.store, executor=ctx.executor)
+
+    def seconds(self, frame) -> dict[str, TaskSeconds]:
+        """One measurement per (sparsity, seed): the seconds of each, warmup included."""
+        levels = frame(BRANCHING.name).drop_duplicates(["sparsity", "seed"])
+        return {"branching": TaskSeconds(len(levels), summed(levels.seconds) if len(levels)
+                                         else 0.0, "measurement")}
 
     def report(self, ctx: ReportContext) -> Part:
         from experiments.measures.branching.section import branching_section   # late: matplotlib

@@ -31,7 +31,7 @@ from theory.estimators.branching import branch_factors, critical_batch
 from experiments.measures.branching.store import BranchRow, WarmupRow, branched, write_branching
 from experiments.run.branching import branch_critical_batch, warmup_comparison
 from experiments.run.executors import torch_threads
-from experiments.run.probes import PROBE_THREADS
+from experiments.measures.probes.tasks import PROBE_THREADS
 from experiments.spec.study import Spec
 from experiments.spec.tables.branching import Branching
 from experiments.store.database import Store

@@ -19,7 +19,6 @@ from experiments.report.schedules.view import (
     BEST_FIXED, CLAIMS, LEVEL, summary, trajectories,
 )
 from experiments.report.sections import Figure, Paragraphs, Section, Table
-from experiments.store import policy_runs
 
 HEADING = "Batch-size policies against the best fixed batch size"
 TEXT = (
@@ -44,7 +43,8 @@ def schedules_part(ctx: ReportContext) -> Part:
 
 def rows_of(runs: RunSet) -> pd.DataFrame:
     """The ``policy_runs`` rows of every run, with a ``run`` column."""
-    frames = [policy_runs.read(r.results.run_dir).assign(run=r.label) for r in runs.runs]
+    frames = [r.results.tables.get("policy_runs", pd.DataFrame()).assign(run=r.label)
+              for r in runs.runs]
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -1,5 +1,5 @@
 """Lee et al. (2021)'s L at their own stage, for the report: the store's ``stage_probes``
-(L every N steps of each probed run up to its goal or budget, :mod:`experiments.run.probes`)
+(L every N steps of each probed run up to its goal or budget, :mod:`experiments.measures.probes.tasks`)
 read by :mod:`theory.verdicts.lee_stage`, beside the initialization and the early probes.
 
 - :func:`stage_view`: per run of the report, each level's L per (batch size, step) with its

@@ -22,7 +22,7 @@ goal or the step budget (``train_iterations``) ends the run, on the whole traini
 against the whole split at the first point of one run per listed level.
 
 ``lipschitz_in_run = true`` takes L at the same steps inside the training runs
-(:mod:`experiments.run.lipschitz_inside`: the trainer hands each update's weights to the
+(:mod:`experiments.measures.stage.inside`: the trainer hands each update's weights to the
 measurement, no replay): every trial that did not diverge is measured at the probed batch sizes
 (explicit ones, ``"smallest"`` or ``"largest"``: the trainer cannot wait for the fitted
 ``"b_crit"``), so ``lipschitz_trials`` is not used; with a sample, the whole-split check runs at

@@ -1,5 +1,5 @@
 """The ``[schedules]`` table of a study spec: the shoot-out of batch-size policies against the
-best fixed batch size of the same study's sweep (:mod:`experiments.run.schedules`)::
+best fixed batch size of the same study's sweep (:mod:`experiments.measures.schedules`)::
 
     [schedules]
     enabled = true

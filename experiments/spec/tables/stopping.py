@@ -39,7 +39,7 @@ from theory.verdicts.sequential import BOUNDARIES
 from experiments.spec.checks import Checker
 
 RULES = ("fixed", "group_sequential")
-# the quantities measured at Lee's stage (experiments.run.probes.STAGE_MEASURED)
+# the quantities measured at Lee's stage (experiments.measures.probes.tasks.STAGE_MEASURED)
 METRICS = ("local_lipschitz", "g_sq", "trace_sigma", "b_simple", "loss")
 KEYS = ("rule", "metric", "sparsity", "reference", "effect", "alpha", "pairs", "rounds",
         "boundary")

@@ -12,7 +12,8 @@ from experiments.cli.main import main
 from experiments.report.design_view import design, metric_points
 from experiments.store.database import open_store
 from experiments.store.results import load_results
-from experiments.store.schema import StageRow
+from experiments.measures.probes.store import write_probes
+from experiments.measures.stage.store import StageRow
 
 from ..synthetic import make_store
 
@@ -31,7 +32,7 @@ def pilot(tmp_path_factory):
                                 math.exp(mu + shared[trial] + own[trial] + rng.normal(0, 0.3)),
                                 500, 1.0)
                     for trial in range(RUNS) for step in (0, *STEPS)]
-            store.write_probes(sparsity, [], rows)
+            write_probes(store, sparsity, [], rows)
     return run_dir
 
 

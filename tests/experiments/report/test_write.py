@@ -1,5 +1,5 @@
 """Study reports from small synthetic stores (no training): written through the store's public
-writing API (``experiments.store.database.open_store`` / ``write_group`` / ``write_probes``)."""
+writing API (``experiments.store.database.open_store`` / ``write_group``, ``experiments.measures.probes.store.write_probes``)."""
 
 from __future__ import annotations
 

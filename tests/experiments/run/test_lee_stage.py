@@ -13,7 +13,7 @@ import torch
 import pruning
 import theory
 import training
-from experiments.run.probes import longest_first, probe_cost, probe_tasks
+from experiments.measures.probes.tasks import longest_first, probe_cost, probe_tasks
 from experiments.store.database import Store
 from experiments.run.timing import TIMING_FILE
 from theory.estimators.functional import select_examples
@@ -84,7 +84,8 @@ def test_points_fall_at_multiples_of_n_up_to_each_trials_own_end(staged):
     seconds, _ = probe_cost(g, staged.probes, s)
     assert seconds == pytest.approx(runs.seconds.sum())
     tasks = json.loads((staged.run_dir / TIMING_FILE).read_text())["tasks"]["probes"]
-    assert tasks == {"tasks": len(runs), "seconds": pytest.approx(seconds)}
+    assert tasks == {"tasks": len(runs), "seconds": pytest.approx(seconds), "unit": "run",
+                     "share": "probe_share"}
 
 
 def test_a_level_that_never_met_the_goal_is_probed_along_its_budget(staged):

@@ -8,7 +8,7 @@ import torch
 import pruning
 import theory
 import training
-from experiments.run.lipschitz_inside import FULL, InsideL, InsidePlan, inside_plan, run_end
+from experiments.measures.stage.inside import FULL, InsideL, InsidePlan, inside_plan, run_end
 from experiments.spec.study import SpecError, loads
 
 from ..conftest import TINY, run_text

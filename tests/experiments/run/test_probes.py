@@ -12,7 +12,8 @@ import experiments
 import pruning
 import theory
 import training
-from experiments.run.probes import probe_cost, probe_network
+from experiments.measures.probes.store import probed_sparsities
+from experiments.measures.probes.tasks import probe_cost, probe_network
 from experiments.run.timing import TIMING_FILE
 
 from ...probe_models import build, loop_gradients, moments
@@ -54,8 +55,9 @@ def test_probes_cover_three_batch_sizes_and_ten_points_per_level_and_seed(probed
     assert seconds == pytest.approx(runs.seconds.sum()) and training_seconds == g.wall_time.sum()
     # timing.json reports the probes apart from training and branching (none here)
     tasks = json.loads((probed.run_dir / TIMING_FILE).read_text())["tasks"]
-    assert tasks["probes"] == {"tasks": len(runs), "seconds": pytest.approx(seconds)}
-    assert tasks["branching"] == {"tasks": 0, "seconds": 0.0}
+    assert tasks["probes"] == {"tasks": len(runs), "seconds": pytest.approx(seconds),
+                               "unit": "run", "share": "probe_share"}
+    assert tasks["branching"] == {"tasks": 0, "seconds": 0.0, "unit": "measurement"}
     assert tasks["probe_share"] == pytest.approx(seconds / g[g.status == "done"].wall_time.sum())
 
 
@@ -130,7 +132,7 @@ def test_an_adamw_study_stores_and_replays_its_adam_keys(tmp_path):
 
 
 def test_torch_threads_sets_and_restores_the_thread_count():
-    from experiments.run.probes import torch_threads
+    from experiments.measures.probes.tasks import torch_threads
 
     before = torch.get_num_threads()
     other = 2 if before == 1 else 1
@@ -149,7 +151,7 @@ def test_probes_do_not_depend_on_where_they_ran(probed, tmp_path):
     import shutil
     import sqlite3
 
-    from experiments.run.probes import run_probes
+    from experiments.measures.probes.tasks import run_probes
     from experiments.store.database import open_store
     from experiments.run.workload import Workload
 
@@ -159,7 +161,7 @@ def test_probes_do_not_depend_on_where_they_ran(probed, tmp_path):
         db.execute("DELETE FROM probes")
     spec = probed.spec
     with open_store(copy) as store:
-        assert store.probed_sparsities() == set()
+        assert probed_sparsities(store) == set()
         run_probes(spec, Workload.of(spec).load_dataset(), store, quiet=True)
     again = experiments.load_results(copy).probes
     cols = ["sparsity", "seed", "batch_size", "step", "fraction", "quantity", "value"]

@@ -10,7 +10,10 @@ from experiments.report.design_view import looks
 from experiments.run.rounds import round_seeds, stopped_at, train_rounds
 from experiments.spec.study import loads
 from experiments.store.database import Store
-from experiments.store.schema import GroupRecord, StageRow
+from dataclasses import astuple
+
+from experiments.measures.stage.store import StageRow
+from experiments.store.schema import GroupRecord
 
 from .test_lipschitz_inside import IN_RUN
 
@@ -39,7 +42,8 @@ def _trainer(store, effect, spread):
                 store.write_group(GroupRecord(
                     key=f"{sparsity}-{seed}", sparsity=sparsity, batch_size=8, seed=seed,
                     status="done", steps_to_result=None, best_trial=None, max_steps=1250,
-                    wall_time=0.0, trial_steps=0, config_json="{}", stage=stage))
+                    wall_time=0.0, trial_steps=0, config_json="{}",
+                    measured=(("stage_probes", tuple(map(astuple, stage))),)))
 
     return train, trained
 

@@ -370,3 +370,28 @@ def test_a_killed_driver_leaves_no_process_and_a_rerun_completes_the_store(tmp_p
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert_same_store(killed, run_tiny(toml, tmp_path / "whole"))
+
+
+def test_the_watches_of_two_measurements_are_joined_into_one(monkeypatch):
+    """Each measurement's watch is called at its own steps, with the call's first trial."""
+    from experiments.run import runner
+
+    calls = []
+
+    class Watcher:
+        def __init__(self, name, steps):
+            self.name, self.steps = name, steps
+
+        def watch(self, first_index):
+            return training.Watch(self.steps, lambda t, ids, before, after:
+                                  calls.append((self.name, first_index, t)))
+
+    seen = {}
+    monkeypatch.setattr(training, "train_trials",
+                        lambda *args, watch, first_index, **kwargs: seen.setdefault("w", watch))
+    runner._watched(watchers=[Watcher("a", (2, 4)), Watcher("b", (4, 6))], first_index=3)
+    joined = seen["w"]
+    assert list(joined.steps) == [2, 4, 6]
+    for t in joined.steps:
+        joined.callback(t, [0], {}, {})
+    assert calls == [("a", 3, 2), ("a", 3, 4), ("b", 3, 4), ("b", 3, 6)]

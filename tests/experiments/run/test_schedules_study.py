@@ -10,10 +10,9 @@ import pytest
 
 from experiments.report.schedules.view import summary
 from experiments.run.runner import run_study
-from experiments.run.schedules import best_fixed, time_model
+from experiments.measures.schedules.tasks import best_fixed, time_model
 from experiments.spec.errors import SpecError
 from experiments.spec.study import loads
-from experiments.store import policy_runs
 from experiments.store.results import load_results
 
 from ..conftest import TINY
@@ -33,7 +32,7 @@ def study(tmp_path_factory):
 
 
 def test_every_policy_and_the_best_fixed_b_over_five_replicates(study):
-    rows = policy_runs.read(study)
+    rows = load_results(study).policy_runs
     assert sorted(set(rows.policy)) == sorted(POLICIES + ["best fixed"])
     assert all(sorted(r) == [0, 1, 2, 3, 4] for _, r in rows.groupby("policy").replicate)
     groups = load_results(study).groups
@@ -67,7 +66,7 @@ def test_every_policy_and_the_best_fixed_b_over_five_replicates(study):
 
 
 def test_summary_verdicts_and_report_section(study):
-    rows = policy_runs.read(study).assign(run="tiny")
+    rows = load_results(study).policy_runs.assign(run="tiny")
     table = summary(rows)
     assert set(table.verdict) <= {"", "beats", "loses", "inconclusive", "not reached"}
     fixed = table[table.policy == "best fixed"].iloc[0]
@@ -78,9 +77,9 @@ def test_summary_verdicts_and_report_section(study):
 
 
 def test_a_rerun_keeps_what_is_stored(study):
-    before = policy_runs.read(study)
+    before = load_results(study).policy_runs
     run_study(loads(TWIN), out=study, workers=1, quiet=True, report=False, cost_model=False)
-    pd.testing.assert_frame_equal(policy_runs.read(study), before.drop(columns=[]))
+    pd.testing.assert_frame_equal(load_results(study).policy_runs, before.drop(columns=[]))
 
 
 def test_table_errors_name_the_key():

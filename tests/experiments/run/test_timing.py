@@ -39,9 +39,11 @@ def test_study_records_and_prints_its_breakdown(tiny_toml, tmp_path, capsys):
         assert r["trial_steps_per_s"] == pytest.approx(r["trial_steps"] / r["seconds"])
         assert r["programs"] == sorted(set(mine.program))
         assert set(mine.program) <= {"fused", "batched"}   # the tiny study's MLP
-    assert timing["tasks"]["training"] == {"tasks": 6,
+    assert timing["tasks"]["training"] == {"tasks": 6, "unit": "group",
                                            "seconds": pytest.approx(float(groups.wall_time.sum()))}
-    assert timing["tasks"]["probes"] == timing["tasks"]["branching"] == {"tasks": 0, "seconds": 0.0}
+    assert timing["tasks"]["probes"] == {"tasks": 0, "seconds": 0.0, "unit": "run",
+                                         "share": "probe_share"}
+    assert timing["tasks"]["branching"] == {"tasks": 0, "seconds": 0.0, "unit": "measurement"}
     assert timing["tasks"]["probe_share"] == 0.0
     assert format_timing(timing) in printed and "task seconds" in printed
     # a rerun trains nothing: no training phase, the same groups per batch size
@@ -60,17 +62,20 @@ def test_task_seconds_sum_each_kind_of_task_apart():
                            "batch_size": [8, 8, 64, 8], "seconds": [1.5, 1.5, 0.25, 0.5]})
     branching = pd.DataFrame({"sparsity": [0.0, 0.0, 0.9], "seed": [0, 0, 0],
                               "seconds": [4.0, 4.0, nan]})   # 0.9: written before the column
-    tasks = task_seconds(groups, probes, branching)
-    assert tasks["training"] == {"tasks": 2, "seconds": 5.0}   # failed groups left out
-    assert tasks["probes"] == {"tasks": 3, "seconds": 2.25}
-    assert tasks["branching"] == {"tasks": 2, "seconds": 4.0}
+    tables = {"groups": groups, "probes": probes, "branching": branching,
+              "stage_probes": pd.DataFrame(columns=["sparsity", "seed", "batch_size", "trial"])}
+    tasks = task_seconds(tables.__getitem__)
+    assert tasks["training"] == {"tasks": 2, "seconds": 5.0, "unit": "group"}   # failed left out
+    assert tasks["probes"] == {"tasks": 3, "seconds": 2.25, "unit": "run", "share": "probe_share"}
+    assert tasks["branching"] == {"tasks": 2, "seconds": 4.0, "unit": "measurement"}
     assert tasks["probe_share"] == pytest.approx(2.25 / 5.0)
     text = format_timing({"phases": {"training": 1.0}, "tasks": tasks, "training": []})
-    assert ("training 5.0 s in 2 groups, probes 2.2 s in 3 runs (45 % of training), "
-            "branching 4.0 s in 2 measurements") in text
+    assert ("training 5.0 s in 2 groups, branching 4.0 s in 2 measurements, "
+            "probes 2.2 s in 3 runs (45 % of training)") in text
     # a store whose probes predate their seconds: unknown, not zero, and no share
-    old = task_seconds(groups, probes.assign(seconds=nan), branching.iloc[:0])
-    assert old["probes"] == {"tasks": 3, "seconds": None} and old["probe_share"] is None
-    assert old["branching"] == {"tasks": 0, "seconds": 0.0}
-    assert "probes ? s in 3 runs, branching 0.0 s in 0 measurements" in format_timing(
+    old = task_seconds({**tables, "probes": probes.assign(seconds=nan),
+                        "branching": branching.iloc[:0]}.__getitem__)
+    assert old["probes"]["seconds"] is None and old["probe_share"] is None
+    assert old["branching"] == {"tasks": 0, "seconds": 0.0, "unit": "measurement"}
+    assert "branching 0.0 s in 0 measurements, probes ? s in 3 runs" in format_timing(
         {"phases": {}, "tasks": old, "training": []})

@@ -5,10 +5,10 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from experiments.store.schema import (
-    COLUMNS, GroupRecord, ProbeRow, StageRow, StudyInfo, TrialRow,
-)
+from experiments.store.schema import COLUMNS, GroupRecord, StudyInfo, TrialRow
 from experiments.spec.study import loads
+from experiments.measures.probes.store import ProbeRow, write_probes
+from experiments.measures.stage.store import StageRow
 from experiments.measures.branching.store import (
     BranchRow, WarmupRow, branched, write_branching,
 )
@@ -35,8 +35,8 @@ def record(key="k1", status="done", trials=2):
 def test_round_trip(tmp_path):
     with open_store(tmp_path, STUDY) as store:
         store.write_group(record())
-        store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "b_simple", 3.5, 2.0),
-                                 ProbeRow(0.5, 1, 32, 10, 1.0, "hessian_top", 7.0, 2.5)])
+        write_probes(store, 0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "b_simple", 3.5, 2.0),
+                          ProbeRow(0.5, 1, 32, 10, 1.0, "hessian_top", 7.0, 2.5)])
     res = load_results(tmp_path)
     assert list(res.study.columns) == list(COLUMNS["study"]) and len(res.study) == 1
     assert res.spec == SPEC and res.spec.hash == SPEC.hash and res.spec.toml == TINY
@@ -163,11 +163,11 @@ def test_a_store_written_before_lee_stage_reads_it_empty_then_gains_it(tmp_path)
     stage = [StageRow(0.5, 0, 32, trial, step, 3100, "local_lipschitz", 2.0 + trial, 2000, 9.0)
              for trial in (0, 2) for step in (1000, 2000, 3000)]
     with open_store(tmp_path, STUDY) as store:
-        store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "loss", 2.3, 9.0)],
-                           stage + [StageRow(0.5, 0, 32, 0, 1000, 3100,
-                                                "local_lipschitz_full", 2.1, None, 9.0)])
+        write_probes(store, 0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "loss", 2.3, 9.0)],
+                     stage + [StageRow(0.5, 0, 32, 0, 1000, 3100,
+                                       "local_lipschitz_full", 2.1, None, 9.0)])
         with pytest.raises(StoreContentError, match="probe quantities \\['lambda'\\]"):
-            store.write_probes(0.5, [], [StageRow(0.5, 0, 32, 0, 1, 2, "lambda", 1.0)])
+            write_probes(store, 0.5, [], [StageRow(0.5, 0, 32, 0, 1, 2, "lambda", 1.0)])
     s = load_results(tmp_path).stage_probes
     sample, full = s[s.quantity == "local_lipschitz"], s[s.quantity == "local_lipschitz_full"]
     assert len(s) == 7 and sample.examples.tolist() == [2000] * 6

@@ -5,7 +5,9 @@ import sqlite3
 
 from experiments.store.database import DB_NAME, open_store
 from experiments.store.results import load_results
-from experiments.store.schema import COLUMNS, RENAMED_TABLES, ProbeRow, StageRow
+from experiments.measures.probes.store import ProbeRow, write_probes
+from experiments.measures.stage.store import StageRow
+from experiments.store.schema import COLUMNS, RENAMED_TABLES
 
 from .test_database import STUDY
 
@@ -55,8 +57,8 @@ def test_an_old_store_reads_schedule_probes_as_stage_probes_then_gains_the_new_n
         before.stage_probes.drop(columns=["lib_version", "torch_version"]))
 
     with open_store(tmp_path, STUDY) as store:   # and written under the new name
-        store.write_probes(0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "loss", 2.3, 9.0)],
-                           [StageRow(0.5, 0, 32, 1, 1000, 3100, "local_lipschitz", 7.0, 2000)])
+        write_probes(store, 0.5, [ProbeRow(0.5, 0, 32, 0, 0.0, "loss", 2.3, 9.0)],
+                     [StageRow(0.5, 0, 32, 1, 1000, 3100, "local_lipschitz", 7.0, 2000)])
     assert load_results(tmp_path).stage_probes.value.tolist() == [7.0]   # the level replaced
 
 

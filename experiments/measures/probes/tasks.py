@@ -9,9 +9,9 @@ measured at ``points`` evenly spaced steps of [0, H] (``theory.probe_steps``): |
 and B_simple averaged over ``average`` consecutive steps, B_noise and G^T H G, lambda_max, Lee
 et al. (2021)'s local Lipschitz constant of the run's own update, and the training loss.
 
-Rows go to the store's ``probes`` table (columns ``sparsity, seed, batch_size, step, fraction,
-quantity, value`` and ``seconds``, the wall time of that run's replay and measurements), one
-transaction per sparsity level; a rerun skips levels already probed. The runs are independent
+Rows go to the store's ``probes`` table (:mod:`experiments.measures.probes.store`: columns
+``sparsity, seed, batch_size, step, fraction, quantity, value`` and ``seconds``, the wall time
+of that run's replay and measurements), one transaction per sparsity level; a rerun skips levels already probed. The runs are independent
 tasks: a study probes them in its worker pool, one run per task.
 
 At Lee et al.'s stage (``[probes] lipschitz_every = N``, :mod:`experiments.spec.tables.probes`) the
@@ -25,9 +25,10 @@ at (the budget), as Lee's code logs L in every run (:func:`probe_tasks`). Each i
 replay and task; the first one is the run the points along [0, H] are measured on.
 ``lipschitz_check`` adds L on the whole split at the first point of each listed level's first
 probed run (lowest seed, smallest probed batch size, best trial).
-These rows go to the ``stage_probes`` table in the level's transaction.
+These rows go to the ``stage_probes`` table (:mod:`experiments.measures.stage.store`) in the
+level's transaction.
 With ``lipschitz_in_run`` none of this replays: L at Lee's stage (and its check) came with
-the groups (:mod:`experiments.run.lipschitz_inside`), and only the best trial of each probed
+the groups (:mod:`experiments.measures.stage.inside`), and only the best trial of each probed
 group is replayed, for the points along [0, H].
 """
 
@@ -51,11 +52,13 @@ from theory.errors import TheoryError
 from theory.estimators.functional import changed_by_eval_mode, probe_definition
 from theory.verdicts.trajectory import needed_steps
 
+from experiments.measures.probes.store import (
+    ProbeRow, probed_runs, probed_sparsities, write_probes,
+)
+from experiments.measures.stage.inside import LIPSCHITZ_SAMPLE_SEED
+from experiments.measures.stage.store import StageRow
 from experiments.report.theory_view import PROBE_DEFINITION_FILE
 from experiments.run.executors import torch_threads
-from experiments.run.lipschitz_inside import LIPSCHITZ_SAMPLE_SEED
-from experiments.run.timing import probed_runs
-from experiments.store.schema import ProbeRow, StageRow
 from experiments.spec.study import Spec
 from experiments.store.database import Store
 from experiments.run.workload import Workload, best_trials, on_device, stored_trial
@@ -126,7 +129,7 @@ def probe_run(spec: Spec, dataset: training.Dataset, model: torch.nn.Module, gro
                              device=spec.device, precision=spec.precision)
     along = (theory.probe_steps(horizon, p.points) if horizon > 0 else (0,)) if early else ()
     # Lee's stage ends where the run did, or at lipschitz_until in every run (a fixed window);
-    # inside the run, L at Lee's stage came with the group (experiments.run.lipschitz_inside)
+    # inside the run, L at Lee's stage came with the group (experiments.measures.stage.inside)
     end = p.lipschitz_until or horizon
     lee = (theory.stage_steps(end, p.lipschitz_every, p.lipschitz_start)
            if p.lipschitz_every and not p.lipschitz_in_run else ())
@@ -249,7 +252,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
     per task) and return the function that waits for them and writes them (its argument:
     ``quiet``); without an executor that function probes in this process. Submitting first lets
     a caller put other work (the branching measurement) into the same pool before waiting."""
-    todo = [s for s in spec.sparsities if s not in store.probed_sparsities()]
+    todo = [s for s in spec.sparsities if s not in probed_sparsities(store)]
     if not todo:
         return lambda quiet: None
     record_definition(Workload.of(spec).build_model(dataset, spec.seeds[0]), store.path.parent)
@@ -269,7 +272,7 @@ def start_probes(spec: Spec, dataset: training.Dataset, store: Store,
             for run_rows, stage_rows in results:
                 rows += run_rows
                 stage += stage_rows
-            store.write_probes(sparsity, rows, stage)
+            write_probes(store, sparsity, rows, stage)
 
         with tqdm(total=sum(map(len, levels.values())), disable=quiet, desc="probes",
                   unit="run") as bar:
@@ -313,7 +316,8 @@ def run_probes(spec: Spec, dataset: training.Dataset, store: Store, quiet: bool 
 def probe_cost(groups: pd.DataFrame, probes: pd.DataFrame,
                stage: pd.DataFrame | None = None) -> tuple[float, float]:
     """(probe seconds, training seconds) of a stored study: the sum over probed runs of their
-    replay and measurement time (``experiments.run.timing.probed_runs``: with ``stage``, the
-    runs probed only at Lee's stage too), and the sum of the groups' wall times."""
+    replay and measurement time (:func:`~experiments.measures.probes.store.probed_runs`: with
+    ``stage``, the runs probed only at Lee's stage too), and the sum of the groups' wall
+    times."""
     return (float(np.nansum(probed_runs(probes, stage).seconds)),
             float(groups.wall_time.sum()))

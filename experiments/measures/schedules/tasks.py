@@ -15,8 +15,10 @@ For each (sparsity, seed) with a stored sweep:
    a data order of its own (:func:`experiments.run.branching.branch_data_seeds`; replicate 0 is
    the stored run's). The best fixed B uses the same data seeds.
 
-Rows go to the store's ``policy_runs`` table (:mod:`experiments.store.policy_runs`); a rerun skips
-what is stored. Runs in the driver process, with the probes' torch threads.
+Rows go to the store's ``policy_runs`` table (:mod:`experiments.measures.schedules.store`); a
+rerun skips what is stored. Runs in the driver process, with the probes' torch threads, after
+the other measurements (:class:`experiments.measures.schedules.Schedules`: last in the
+registry, so the branching rows it reads are written).
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ from theory.policies import LinearTime, PolicyTrial, make_policy, train_under_po
 from training.distributed.costmodel import CostModelError, Measurements, StepTime, fit
 from training.schedules.order import trial_seed
 
+from experiments.measures.probes.tasks import PROBE_THREADS
+from experiments.measures.schedules import store as R
 from experiments.run.branching import branch_data_seeds
 from experiments.run.executors import torch_threads
-from experiments.run.probes import PROBE_THREADS
 from experiments.run.workload import Workload, base_group, best_trial, on_device, stored_trial
-from experiments.store import policy_runs as R
 from experiments.spec.tables.schedules import Schedules
 from experiments.spec.study import Spec
 from experiments.store.database import Store

@@ -19,29 +19,32 @@ goal first), up to its run's end (:func:`run_end`): its goal step, else its last
 budget under ``stop = "all"``). The points a trial trained past its goal (up to the evaluation
 that saw it) are dropped. ``lipschitz_check`` (with a sample: every level) adds L on the whole
 split at the first point of trial 0 of each level's first group (first seed, smallest probed
-batch size). The rows go to ``stage_probes`` with the group (``GroupRecord.stage``), their
-``seconds`` the measuring time of that trial; the noise at Lee's stage is not measured here
-(it is the replay path's).
+batch size). The rows go to ``stage_probes`` with the group (the stage measurement's
+:meth:`~experiments.measurement.Measurement.watch`: :class:`InsidePlan` made on the driver,
+:class:`InsideL` in the worker, its rows in ``GroupRecord.measured``), their ``seconds`` the
+measuring time of that trial; the noise at Lee's stage is not measured here (it is the replay
+path's).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
+from typing import Any
 
 import torch
 
 import theory
 import training
 
+from experiments.measures.stage.store import STAGE_PROBES, StageRow
 from experiments.spec.study import Spec
-from experiments.store.schema import StageRow
 
 # L's measurement precision: the replay path's (theory.probe_trajectory's default dtype)
 LIPSCHITZ_DTYPE = torch.float32
 # L's fixed sample at Lee's stage: the same examples for every run, level and point, inside the
-# run or by replay (experiments.run.probes)
+# run or by replay (experiments.measures.probes.tasks)
 LIPSCHITZ_SAMPLE_SEED = 0
 FULL = "local_lipschitz_full"
 
@@ -69,6 +72,11 @@ class InsidePlan:
     check: bool
     seed: int = 0
     dtype: torch.dtype = LIPSCHITZ_DTYPE
+
+    def watcher(self, model: torch.nn.Module, dataset: training.Dataset,
+                mask_of: Callable[[int], Mapping[str, torch.Tensor] | None]) -> "InsideL":
+        """The worker's watcher of the group (:meth:`experiments.measurement.Measurement.watch`)."""
+        return InsideL(self, model, dataset, mask_of)
 
 
 def inside_plan(spec: Spec, sparsity: float, batch_size: int, seed: int, max_steps: int,
@@ -131,10 +139,19 @@ class InsideL:
             for (trial, t, quantity), value in sorted(self.values.items())
             if trial in ends and t <= ends[trial])
 
+    def taken(self, group: Any, outcome: Any) -> dict[str, list[tuple]]:
+        """The ``stage_probes`` rows of ``group`` (its plan: sparsity, seed, batch size) once
+        trained (``outcome``: each trial's status, goal step and curve): :meth:`rows` of the
+        trials that did not diverge, up to their runs' ends (:func:`run_end`)."""
+        ends = {i: e for i, status in enumerate(outcome.status)
+                if (e := run_end(status, outcome.hit_step[i], outcome.curves[i])) is not None}
+        return {STAGE_PROBES.name: [astuple(r) for r in self.rows(
+            group.sparsity, group.seed, group.batch_size, ends)]}
+
 
 def run_end(status: str, hit_step: int | None, curve: training.Curve) -> int | None:
     """Where a trained trial's run ended, as the replay path reads it from the store
-    (:func:`experiments.run.probes.run_end`): its goal step when it reached the goal, else its
+    (:func:`experiments.measures.probes.tasks.run_end`): its goal step when it reached the goal, else its
     last evaluation; None for a diverged trial (not measured)."""
     if status == "diverged":
         return None
