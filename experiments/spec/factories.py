@@ -52,8 +52,9 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -185,6 +186,50 @@ def resolve(kind: str, path: str, folders: Iterable[str] = (), digest: str | Non
                                  f"than the study's (install or share the same file, or load "
                                  f"the spec again)")
     return Resolved(path, obj, found, origin)
+
+
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def path_key(problems: Any, value: str, path: str, kind: str, folders: Iterable[str],
+             digests: Mapping[str, str] | None, found: dict[str, str], *,
+             accept: Callable[[Any], Any], errors: tuple[type[Exception], ...],
+             digest_key: str, reload: bool = False) -> str | None:
+    """One import path a spec names for a ``kind`` of its own (a criterion, a measurement):
+    ``value`` if it holds, else None after ``problems.add(key, line)`` (an
+    :class:`experiments.spec.checks.Checker`; ``path`` is the spec key it came from).
+
+    A new spec (``digests`` None): the path is imported (``folders`` after ``sys.path``) and
+    its object given to ``accept``, which raises one of ``errors`` when it is no ``kind``; its
+    module's digest goes into ``found``. A stored spec: the digest recorded under
+    ``digest_key`` must be 64 hex digits and goes into ``found``; with ``reload`` the object
+    is imported and accepted where this process can import it at that digest (for the report)
+    and skipped where it cannot."""
+    try:
+        if digests is None:
+            resolved = resolve(kind, value, folders)
+            accept(resolved.fn)
+            found[value] = resolved.digest
+            return value
+        split(kind, value)
+    except FactoryError as exc:
+        problems.add(path, exc.detail)
+        return None
+    except errors as exc:
+        problems.add(path, str(exc))
+        return None
+    digest = digests.get(value)
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        problems.add(digest_key, f"found {digest!r}; allowed: the 64 hex digits of the SHA-256 "
+                                 f"of the {kind}'s module")
+        return None
+    if reload:
+        try:
+            accept(resolve(kind, value, (), digest).fn)
+        except (FactoryError, *errors):
+            pass
+    found[value] = digest
+    return value
 
 
 def _in_process(kind: str, path: str, digest: str | None) -> Resolved:

@@ -14,15 +14,13 @@ recorded.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from experiments import measurement
 from experiments.spec.checks import Checker, did_you_mean
-from experiments.spec.factories import FactoryError, is_path, resolve, split
+from experiments.spec.factories import is_path, path_key
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def measures_key(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...] = (),
@@ -57,27 +55,7 @@ def _one(ck: Checker, value: str, path: str, folders: tuple[str, ...],
         listed = ", ".join([*allowed, 'a measurement "package.module:Class"'])
         ck.add(path, f"found {value!r}{did_you_mean(value, allowed)}; allowed: {listed}")
         return None
-    try:
-        if digests is None:
-            resolved = resolve("measurement", value, folders)
-            measurement.add_instance(value, resolved.fn)
-            found[value] = resolved.digest
-            return value
-        split("measurement", value)
-    except FactoryError as exc:
-        ck.add(path, exc.detail)
-        return None
-    except measurement.MeasurementError as exc:
-        ck.add(path, str(exc))
-        return None
-    digest = digests.get(value)
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        ck.add("measure_digests", f"found {digest!r}; allowed: the 64 hex digits of the SHA-256 "
-                                  f"of the measurement's module")
-        return None
-    try:   # for the report: its part, where this process can import it
-        measurement.add_instance(value, resolve("measurement", value, (), digest).fn)
-    except (FactoryError, measurement.MeasurementError):
-        pass
-    found[value] = digest
-    return value
+    return path_key(ck, value, path, "measurement", folders, digests, found,
+                    accept=lambda obj: measurement.add_instance(value, obj),
+                    errors=(measurement.MeasurementError,), digest_key="measure_digests",
+                    reload=True)

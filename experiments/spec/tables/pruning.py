@@ -48,7 +48,6 @@ each trial from its own initialization. How the runner does it: :mod:`experiment
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +58,7 @@ import pruning
 from pruning.registry import EXAMPLES
 
 from experiments.spec.checks import Checker, did_you_mean
-from experiments.spec.factories import FactoryError, is_path, resolve, split
+from experiments.spec.factories import is_path, path_key
 from experiments.spec.series import SANITY
 
 # the keys that say how a mask is made (PruningOptions)
@@ -71,7 +70,6 @@ KEYS = ("criterion", "sanity", *OPTION_KEYS)
 # the key's deprecated name: read as "criterion", and the name the canonical JSON (every stored
 # spec and hash) gives it and its digest
 DEPRECATED, HASHED = "method", {"criterion": "method", "criterion_digest": "method_digest"}
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def pruning_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float, ...] | None,
@@ -147,26 +145,10 @@ def _criterion(ck: Checker, value: Any, path: str, folders: tuple[str, ...],
         near = did_you_mean(str(value), pruning.list_criteria())
         ck.add(path, f"found {value!r}{near}; allowed: {_allowed()}")
         return None
-    try:
-        if digests is None:
-            resolved = resolve("criterion", value, folders)
-            pruning.registry.criterion(value)   # the object at the path is a score function
-            found[value] = resolved.digest
-            return value
-        split("criterion", value)
-    except FactoryError as exc:
-        ck.add(path, exc.detail)
-        return None
-    except pruning.PruningError as exc:
-        ck.add(path, str(exc))
-        return None
-    digest = digests.get(value)
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        ck.add("pruning.method_digest", f"found {digest!r}; allowed: the 64 hex digits of the "
-                                        f"SHA-256 of the criterion's module")
-        return None
-    found[value] = digest
-    return value
+    # the object at the path must be a score function
+    return path_key(ck, value, path, "criterion", folders, digests, found,
+                    accept=lambda _: pruning.registry.criterion(value),
+                    errors=(pruning.PruningError,), digest_key="pruning.method_digest")
 
 
 def _sanity(ck: Checker, raw: Any) -> tuple[str, ...] | None:

@@ -4,7 +4,6 @@ and where and how the groups train (``device``, ``precision``, ``init``)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +11,7 @@ from training.device import PRECISIONS, DeviceError, check_device
 from training.models.initialization import INITS
 
 from experiments.spec.checks import Checker, did_you_mean, registry
-from experiments.spec.factories import FactoryError, is_path, path_of, resolve, split
+from experiments.spec.factories import DIGEST, FactoryError, is_path, path_of, resolve, split
 
 
 def workload_table(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...] = (),
@@ -43,9 +42,6 @@ def workload_table(ck: Checker, raw: Mapping[str, Any], folders: tuple[str, ...]
             if options is not None:
                 ck.plain(options, path)
     return names["dataset"], names["model"], dataset_options, model_options, found
-
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _name(ck: Checker, value: Any, kind: str, folders: tuple[str, ...],
@@ -79,7 +75,7 @@ def _name(ck: Checker, value: Any, kind: str, folders: tuple[str, ...],
         ck.add(path, exc.detail)
         return None
     digest = digests.get(kind)
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         ck.add(f"workload.{kind}_digest", f"found {digest!r}; allowed: the 64 hex digits of the "
                                           f"SHA-256 of the factory's source")
         return None
