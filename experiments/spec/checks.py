@@ -65,6 +65,17 @@ class Checker:
             return None
         return value
 
+    def optional_table(self, d: Mapping[str, Any], key: str, allowed: tuple[str, ...]
+                       ) -> dict[str, Any] | None:
+        """The table ``d[key]`` of a spec that may leave it out, its keys checked against
+        ``allowed``; None when it is absent or not a table (the latter recorded)."""
+        if key not in d:
+            return None
+        table = self.table(d, key, key)
+        if table is not None:
+            self.keys(table, key, allowed)
+        return table
+
     def choice(self, value: Any, path: str, allowed: list[str] | tuple[str, ...]) -> str | None:
         if value is None:   # TOML has no null: None means the key is missing
             self.add(path, f"missing; allowed: {', '.join(allowed)}")

@@ -83,12 +83,9 @@ def stopping_table(ck: Checker, raw: Mapping[str, Any], sparsities: tuple[float,
                    ) -> Stopping | None:
     """The ``[stopping]`` table checked (module docstring); ``in_run``: L is taken inside the
     training runs; None when absent or bad."""
-    if "stopping" not in raw:
-        return None
-    st = ck.table(raw, "stopping", "stopping")
+    st = ck.optional_table(raw, "stopping", KEYS)
     if st is None:
         return None
-    ck.keys(st, "stopping", KEYS)
     rule = ck.choice(st.get("rule"), "stopping.rule", RULES)
     metric = ck.choice(st.get("metric", QUANTITY), "stopping.metric", METRICS)
     levels = sparsities or ()

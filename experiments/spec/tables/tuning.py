@@ -55,12 +55,9 @@ class Tuning:
 def tuning_table(ck: Checker, raw: Mapping[str, Any], seeds: tuple[int | None, ...] | None
                  ) -> Tuning | None:
     """The ``[tuning]`` table checked (module docstring); None when absent or bad."""
-    if "tuning" not in raw:
-        return None
-    table = ck.table(raw, "tuning", "tuning")
+    table = ck.optional_table(raw, "tuning", KEYS)
     if table is None:
         return None
-    ck.keys(table, "tuning", KEYS)
     points = ck.integer(table.get("points"), "tuning.points", 1)
     seed = ck.integer(table.get("seed"), "tuning.seed", 0)
     if seed is not None and seed in (seeds or ()):
