@@ -1,7 +1,15 @@
 """The decisive Lee study's tiny twin (``lee_decisive_twin``, issue 47) end to end: the search
 then the repeats at each cell's best point (checked against the search's stored trials), L over
 the same window in every probed run, and the report's decisive and bias-control verdicts with
-finite numbers."""
+finite numbers.
+
+Slow (about 45 s on two cores: three series of searches, repeats and probes on a CNN), so run
+with ``pytest -m slow`` or ``sparsescale study lee_decisive_twin``. The default suite covers its
+parts: the search's best point (``test_tuning.py``), L's window at Lee's stage
+(``test_lee_stage.py``), the bias controls' sub-studies (``spec/test_tuning_keys.py``,
+``spec/test_lee_protocol_keys.py``) and the decisive verdicts
+(``theory/verdicts/test_lee_decisive.py``).
+"""
 
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +24,7 @@ from experiments.store.results import load_results
 from training.errors import SparsescaleError
 
 TWIN = "lee_decisive_twin"
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +35,10 @@ def twin(tmp_path_factory):
     except SparsescaleError as exc:   # Fashion-MNIST is installed separately
         pytest.skip(f"fashion_mnist not available: {exc}")
     out = tmp_path_factory.mktemp("twin") / "run"
-    # the rules choose the program: no timing of candidate programs in a test
+    # the rules choose the program: no timing of candidate programs in a test; no DDP cost
+    # model either (the report's time to result is not what these tests check)
     return run_study(spec, out=out, executor=ThreadPoolExecutor(1), quiet=True,
-                     program_choice="rules"), spec
+                     program_choice="rules", cost_model=False), spec
 
 
 def best_by_hand(search):

@@ -7,7 +7,8 @@ version and the CPU instruction set, ``store_digest.machine``); elsewhere the sl
 with that reason. Check a run folder by hand::
 
     sparsescale study lee_theory_mnist1d --workers 1 --no-report --out runs/lt
-    python -m experiments.scripts.store_digest --golden tests/experiments/store/golden_digests.json runs/lt
+    python -m experiments.scripts.store_digest \
+        --golden tests/experiments/store/golden_digests.json runs/lt
 """
 
 from __future__ import annotations
