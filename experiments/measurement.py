@@ -241,6 +241,13 @@ def tables() -> dict[str, Table]:
     return {t.name: t for _, m in MEASURES.items() for t in m.tables}
 
 
+def table_enabled(spec: Any, table: str) -> bool:
+    """Whether ``spec`` has the spec table ``table`` (an attribute) with ``enabled`` set: what
+    most measurements' ``wanted`` asks."""
+    settings = getattr(spec, table, None)
+    return bool(settings is not None and settings.enabled)
+
+
 def wanted(spec: Any) -> list[Measurement]:
     """The registered measurements ``spec`` asks for, in registration order."""
     return [m for _, m in MEASURES.items() if m.wanted(spec)]

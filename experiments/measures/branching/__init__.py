@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments.measurement import (
-    Measurement, Part, ReportContext, RunContext, TaskSeconds, register,
+    Measurement, Part, ReportContext, RunContext, TaskSeconds, register, table_enabled,
 )
 from experiments.measures.branching.store import BRANCHING, WARMUP, branched
 from experiments.run.timing import summed
@@ -29,8 +29,7 @@ class Branching(Measurement):
     tables = (BRANCHING, WARMUP)
 
     def wanted(self, spec: Any) -> bool:
-        settings = getattr(spec, "branching", None)
-        return bool(settings is not None and settings.enabled)
+        return table_enabled(spec, "branching")
 
     def pending(self, ctx: RunContext) -> bool:
         done = branched(ctx.store)

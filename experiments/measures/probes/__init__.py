@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments.measurement import (
-    Measurement, Part, ReportContext, RunContext, TaskSeconds, register,
+    Measurement, Part, ReportContext, RunContext, TaskSeconds, register, table_enabled,
 )
 from experiments.measures.probes.store import PROBES, probed_runs, probed_sparsities
 from experiments.run.timing import summed
@@ -31,8 +31,7 @@ class Probes(Measurement):
     tables = (PROBES,)
 
     def wanted(self, spec: Any) -> bool:
-        settings = getattr(spec, "probes", None)
-        return bool(settings is not None and settings.enabled)
+        return table_enabled(spec, "probes")
 
     def pending(self, ctx: RunContext) -> bool:
         probed = probed_sparsities(ctx.store)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.measurement import Measurement, Part, ReportContext, RunContext, register
+from experiments.measurement import (
+    Measurement, Part, ReportContext, RunContext, register, table_enabled,
+)
 from experiments.measures.schedules.store import POLICY_RUNS, done
 
 
@@ -28,8 +30,7 @@ class Schedules(Measurement):
     tables = (POLICY_RUNS,)
 
     def wanted(self, spec: Any) -> bool:
-        settings = getattr(spec, "schedules", None)
-        return bool(settings is not None and settings.enabled)
+        return table_enabled(spec, "schedules")
 
     def pending(self, ctx: RunContext) -> bool:
         stored = done(ctx.store)

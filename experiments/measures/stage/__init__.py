@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.measurement import Measurement, Part, ReportContext, register
+from experiments.measurement import Measurement, Part, ReportContext, register, table_enabled
 from experiments.measures.stage.store import STAGE_PROBES
 
 
@@ -31,8 +31,7 @@ class Stage(Measurement):
     tables = (STAGE_PROBES,)
 
     def wanted(self, spec: Any) -> bool:
-        settings = getattr(spec, "probes", None)
-        return bool(settings is not None and settings.enabled and settings.lipschitz_every)
+        return table_enabled(spec, "probes") and bool(spec.probes.lipschitz_every)
 
     def pending(self, ctx: Any) -> bool:
         return False   # measured by the probes' replays or inside the groups' runs
